@@ -1,0 +1,74 @@
+"""The one place that prepares the process for Megatron Bridge and imports it (once).
+
+Import cost on a 2-core machine is ~30 s and ~1.3 GB, so every entry point (CLI, tests, bench) goes through
+`import_bridge()` exactly once per process.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import warnings
+from pathlib import Path
+
+from overlapkit import te_stub
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Hugging Face hub-cache layout with config.json only (no weights, no tokenizer): Bridge's Llama recipes call
+# AutoBridge.from_hf_pretrained("meta-llama/..."), which reads just the config. Offline, a recipe builds in ms.
+HF_CACHE = REPO_ROOT / "recipes" / "hf_cache"
+
+# Exact pins; a drifted lock must fail loudly (tests/unit_tests/test_stack.py, `make plan` header).
+PINNED = {"megatron-bridge": "0.6.2", "megatron-core": "0.19.2", "nemo-run": "0.11.1"}
+
+_BRIDGE = None
+
+
+def offline_env(environ: dict | None = None) -> dict:
+    """Hub offline + repo-local cache, unless the caller already chose a cache."""
+    env = os.environ if environ is None else environ
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("HF_HUB_CACHE", str(HF_CACHE))
+    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    return env
+
+
+def quiet_logs() -> None:
+    """Bridge/Core/transformers print import-time warnings about missing TE/Apex on CPU: expected, not news."""
+    for name in ("megatron", "megatron.core", "megatron.bridge", "transformers", "nemo_run", "torch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
+
+
+def import_bridge():
+    """Import `megatron.bridge` once, offline, with the Transformer Engine shim (a no-op where TE exists)."""
+    global _BRIDGE
+    if _BRIDGE is None:
+        offline_env()
+        quiet_logs()
+        # Stays installed: Bridge imports gpt_full_te_layer_autocast_spec lazily too. It only ever serves the two
+        # named importers, so it is invisible to megatron-core and everything else.
+        te_stub.install()
+        import megatron.bridge as bridge
+
+        quiet_logs()  # some imports reset levels
+        _BRIDGE = bridge
+    return _BRIDGE
+
+
+def installed_versions() -> dict[str, str]:
+    return {name: importlib.metadata.version(name) for name in PINNED}
+
+
+def version_drift() -> list[str]:
+    """One line per package whose installed version differs from its pin."""
+    return [
+        f"{name} {have} is installed but this repo pins {want}: run `make setup`"
+        for name, want in PINNED.items()
+        if (have := importlib.metadata.version(name)) != want
+    ]
