@@ -1,0 +1,201 @@
+"""Apply the full overlap stack to a Bridge ConfigContainer, and resolve what a run will really get.
+
+`resolve` runs Bridge's own `MixedPrecisionConfig.setup` and `CommOverlapConfig.finalize/setup` on copies of the
+recipe's model/optimizer/ddp configs for the planned world size. Those are pure dataclass manipulations (no
+torch.distributed, no CUDA), so they are safe on CPU. We never re-implement Bridge's gating; we only read its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from dataclasses import dataclass, field
+
+from overlapkit import presets
+
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the run will execute. TE availability is a property of the target's container, not of this machine."""
+
+    nodes: int
+    gpus_per_node: int = GPUS_PER_NODE
+    gpu: str = "h100"
+    te_available: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass
+class OverlapIntent:
+    """What the recipe claims, beyond what ConfigContainer can say."""
+
+    tp_preset: str | None = None  # exported preset name, presets.DEFAULT_TP_CONFIG (opt-in), or None = auto
+    param_gather_with_optimizer_step: bool = False  # opt-in: Bridge leaves it off because of checkpointing
+
+
+@dataclass
+class Resolved:
+    """Bridge's effective configs for one planned world size, plus what Bridge said while deciding."""
+
+    model: object
+    ddp: object
+    optimizer: object
+    comm: object
+    data_parallel_size: int
+    bridge_warnings: list[str] = field(default_factory=list)
+
+
+class LayoutError(ValueError):
+    """One-line, user-facing."""
+
+
+def dtype_of(cfg) -> str:
+    mp = cfg.mixed_precision
+    return "fp8" if mp is not None and not isinstance(mp, str) and mp.fp8 else "bf16"
+
+
+def shape_of(cfg, gpu: str = "h100") -> presets.Shape:
+    m = cfg.model
+    return presets.Shape(
+        gpu,
+        dtype_of(cfg),
+        m.hidden_size,
+        m.tensor_model_parallel_size,
+        m.context_parallel_size or 1,
+        cfg.train.micro_batch_size,
+        m.seq_length,
+    )
+
+
+def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = "h100"):
+    """Switch on every overlap the layout allows. Mutates and returns `cfg`; raises PresetError on no preset."""
+    from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+    intent = intent or OverlapIntent()
+    m = cfg.model
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    vpp = m.virtual_pipeline_model_parallel_size or 1
+    old = cfg.comm_overlap
+    if tp > 1:
+        m.sequence_parallel = True  # TP overlap requires SP; Bridge drops TP overlap without it
+        if intent.tp_preset == presets.DEFAULT_TP_CONFIG:
+            tp_cfg = None
+        else:
+            name = intent.tp_preset or presets.select(shape_of(cfg, gpu))
+            tp_cfg = presets.preset_object(name)
+        comm = CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=tp_cfg)
+    else:
+        comm = CommOverlapConfig(tp_comm_overlap=False)  # TP=1: no TP collectives to overlap
+    # Keep pipeline-bubble knobs the base recipe chose (e.g. GPT3 175B's deferred embedding wgrad).
+    if old is not None:
+        comm.defer_embedding_wgrad_compute = old.defer_embedding_wgrad_compute
+        comm.wgrad_deferral_limit = old.wgrad_deferral_limit
+    comm.overlap_param_gather_with_optimizer_step = intent.param_gather_with_optimizer_step
+    cfg.comm_overlap = comm
+
+    # DP overlap lives in Megatron DDP + the distributed optimizer; Bridge switches it on when DP>1.
+    cfg.ddp.use_distributed_optimizer = True
+    cfg.optimizer.use_distributed_optimizer = True
+    cfg.ddp.overlap_grad_reduce = True
+    cfg.ddp.overlap_param_gather = True
+    cfg.ddp.align_param_gather = pp > 1 and vpp > 1
+
+    # Precision knobs go through cfg.mixed_precision: its setup() overwrites the ddp/optimizer copies.
+    mp = cfg.mixed_precision
+    mp.grad_reduce_in_fp32 = False  # BF16 reduce-scatter halves DP traffic (NVIDIA's perf recipes do the same)
+    mp.fp8_param_gather = bool(mp.fp8)  # gather FP8 params: half the all-gather bytes of BF16
+    cfg.ddp.grad_reduce_in_fp32 = mp.grad_reduce_in_fp32
+    return cfg
+
+
+@contextlib.contextmanager
+def te_flag(available: bool):
+    """Bridge gates TP overlap on its module-level `HAVE_TE`, probed at import on *this* machine. For the resolve we
+    need the *target's* answer, so set it for the duration and restore it after. This is the only place we touch it.
+    """
+    from megatron.bridge.training import comm_overlap as co
+
+    saved = co.HAVE_TE
+    co.HAVE_TE = available
+    try:
+        yield
+    finally:
+        co.HAVE_TE = saved
+
+
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def data_parallel_size(cfg, world_size: int) -> int:
+    m = cfg.model
+    mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1)
+    if world_size % mp:
+        raise LayoutError(
+            f"{world_size} GPUs do not divide by TP·PP·CP = {m.tensor_model_parallel_size}·"
+            f"{m.pipeline_model_parallel_size}·{m.context_parallel_size or 1} = {mp}: use a node count whose "
+            f"GPU total is a multiple of {mp}"
+        )
+    return world_size // mp
+
+
+def resolve(cfg, target: Target) -> Resolved:
+    """Effective overlap state for `target`, computed by Bridge's own setup code on copies of `cfg`."""
+    dp = data_parallel_size(cfg, target.world_size)
+    model, ddp, opt = copy.deepcopy(cfg.model), copy.deepcopy(cfg.ddp), copy.deepcopy(cfg.optimizer)
+    comm = copy.deepcopy(cfg.comm_overlap)
+    cap = _Capture()
+    root = logging.getLogger()
+    root.addHandler(cap)
+    saved_level = root.level
+    root.setLevel(min(saved_level, logging.WARNING) if saved_level else logging.WARNING)
+    try:
+        mp = cfg.mixed_precision
+        if mp is not None and not isinstance(mp, str):
+            mp = copy.deepcopy(mp)
+            mp.finalize()
+            mp.setup(model, opt, ddp)
+        if comm is not None:
+            comm.data_parallel_size = dp
+            with te_flag(target.te_available):
+                comm.finalize()
+                comm.setup(model, opt, ddp)
+    finally:
+        root.removeHandler(cap)
+        root.setLevel(saved_level)
+    return Resolved(model, ddp, opt, comm, dp, cap.messages)
+
+
+def params_per_layer(m) -> int:
+    """Dense GQA transformer layer parameters (weights only; biases and norms are noise at these sizes)."""
+    h, ffn = m.hidden_size, m.ffn_hidden_size
+    q = (m.kv_channels or h // m.num_attention_heads) * m.num_attention_heads
+    kv = (m.kv_channels or h // m.num_attention_heads) * (m.num_query_groups or m.num_attention_heads)
+    mlp = (3 if m.gated_linear_unit else 2) * h * ffn
+    return h * (q + 2 * kv) + q * h + mlp + 2 * h
+
+
+def embedding_params(m) -> int:
+    vocab = m.vocab_size or 0
+    return vocab * m.hidden_size * (1 if m.share_embeddings_and_output_weights else 2)
+
+
+def total_params(m) -> int:
+    return m.num_layers * params_per_layer(m) + embedding_params(m)
+
+
+def chunk_params(m) -> int:
+    """Parameters of one model chunk on one TP rank: what one DDP grad buffer holds on a middle pipeline stage."""
+    chunks = m.pipeline_model_parallel_size * (m.virtual_pipeline_model_parallel_size or 1)
+    return m.num_layers * params_per_layer(m) // chunks // m.tensor_model_parallel_size
