@@ -6,8 +6,11 @@
 set -euo pipefail
 
 # mariadb-server + slurmdbd: so `sacct` works (nemo_run polls sacct for job state).
-# iproute2: `ip netns` / veth pairs give each fake node its own address.
-PKGS=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2)
+# iproute2 (ip/ss) and util-linux (unshare, preinstalled): namespaces, checks.
+# libpmix-dev: `srun --mpi=pmix` (what NeMo/Megatron launchers pass) dlopens
+# pmix2/lib/libpmix.so, the unversioned name that only the -dev package ships;
+# with just libpmix2 srun fails "can not load PMIx library".
+PKGS=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 libpmix-dev)
 
 [ "$(id -u)" = 0 ] || { echo "install.sh: must run as root" >&2; exit 1; }
 
@@ -29,7 +32,7 @@ created_policy=0
 if [ ! -e "$policy" ]; then
   printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; created_policy=1
 fi
-trap '[ "$created_policy" = 1 ] && rm -f "$policy"' EXIT
+trap 'if [ "$created_policy" = 1 ]; then rm -f "$policy"; fi' EXIT
 
 echo "install.sh: installing ${missing[*]}"
 apt-get update -qq
