@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from overlapkit import presets
-from overlapkit.overlap import OverlapIntent, Resolved, Target, chunk_params, dtype_of, shape_of
+from overlapkit.overlap import OverlapIntent, Resolved, Target, chunk_params, dtype_of, intent_of, shape_of
 
 ON, OFF, NA = "on", "off", "n/a"
 # A bucket of >= 2**30 *parameters* is 2-4 GiB of gradients: no chunk of our models warrants it, while 1 GiB written
@@ -67,7 +67,7 @@ class AuditReport:
 
 def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None = None, env=None) -> AuditReport:
     """Audit recipe `cfg` (as written) against Bridge's `resolved` state for `target`; `env` adds launch-time rules."""
-    intent = intent or OverlapIntent()
+    intent = intent or intent_of(cfg)
     rep = AuditReport()
     err = lambda code, msg: rep.findings.append(Finding("error", code, msg))  # noqa: E731
     warn = lambda code, msg: rep.findings.append(Finding("warning", code, msg))  # noqa: E731

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from overlapkit import presets
 
 GPUS_PER_NODE = 8
+INTENT_ATTR = "_overlapkit_intent"  # apply_overlap_stack records the intent on the cfg; the audit reads it back
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,12 @@ def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = 
     mp.grad_reduce_in_fp32 = False  # BF16 reduce-scatter halves DP traffic (NVIDIA's perf recipes do the same)
     mp.fp8_param_gather = bool(mp.fp8)  # gather FP8 params: half the all-gather bytes of BF16
     cfg.ddp.grad_reduce_in_fp32 = mp.grad_reduce_in_fp32
+    setattr(cfg, INTENT_ATTR, intent)
     return cfg
+
+
+def intent_of(cfg) -> OverlapIntent:
+    return getattr(cfg, INTENT_ATTR, None) or OverlapIntent()
 
 
 @contextlib.contextmanager
@@ -157,9 +163,9 @@ def resolve(cfg, target: Target) -> Resolved:
     comm = copy.deepcopy(cfg.comm_overlap)
     cap = _Capture()
     root = logging.getLogger()
-    root.addHandler(cap)
-    saved_level = root.level
-    root.setLevel(min(saved_level, logging.WARNING) if saved_level else logging.WARNING)
+    # Bridge reports drops with root-logger warnings. Route them to the audit only (not to stderr) for the resolve.
+    saved_handlers, saved_level = root.handlers[:], root.level
+    root.handlers, root.level = [cap], logging.WARNING
     try:
         mp = cfg.mixed_precision
         if mp is not None and not isinstance(mp, str):
@@ -172,8 +178,7 @@ def resolve(cfg, target: Target) -> Resolved:
                 comm.finalize()
                 comm.setup(model, opt, ddp)
     finally:
-        root.removeHandler(cap)
-        root.setLevel(saved_level)
+        root.handlers, root.level = saved_handlers, saved_level
     return Resolved(model, ddp, opt, comm, dp, cap.messages)
 
 

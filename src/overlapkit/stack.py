@@ -6,6 +6,7 @@ Import cost on a 2-core machine is ~30 s and ~1.3 GB, so every entry point (CLI,
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import os
@@ -37,12 +38,24 @@ def offline_env(environ: dict | None = None) -> dict:
 
 def quiet_logs() -> None:
     """Bridge/Core/transformers print import-time warnings about missing TE/Apex on CPU: expected, not news."""
-    for name in ("megatron", "megatron.core", "megatron.bridge", "transformers", "nemo_run", "torch"):
+    noisy = ("megatron.bridge.utils.import_utils", "megatron.bridge.utils.fusions")  # TE/Apex-absent notices
+    for name in ("megatron", "megatron.core", "megatron.bridge", "transformers", "nemo_run", "torch", *noisy):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=SyntaxWarning)
+
+
+@contextlib.contextmanager
+def silenced():
+    """Mute Bridge's import/build-time notices on CPU (TE/Apex absent, fusions disabled): expected here, not news.
+    Never used around `overlap.resolve`, whose Bridge warnings are the audit's evidence."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def import_bridge():
@@ -54,7 +67,8 @@ def import_bridge():
         # Stays installed: Bridge imports gpt_full_te_layer_autocast_spec lazily too. It only ever serves the two
         # named importers, so it is invisible to megatron-core and everything else.
         te_stub.install()
-        import megatron.bridge as bridge
+        with silenced():
+            import megatron.bridge as bridge
 
         quiet_logs()  # some imports reset levels
         _BRIDGE = bridge

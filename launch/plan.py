@@ -1,0 +1,89 @@
+"""`make plan` / `make recipes`: build a recipe, apply overrides, resolve and audit its overlap stack. No GPU needed.
+
+Exit status: 0 when the audit has no errors, 1 when it has, 2 for bad input (unknown recipe/key, bad value, NODES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from overlapkit import stack
+
+ROOT = stack.REPO_ROOT
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(prog="make plan", description=__doc__)
+    p.add_argument("recipe", nargs="?", help="recipe name (make recipes lists them)")
+    p.add_argument("--nodes", default="", help="8-GPU nodes (default: the recipe's); rescales data parallelism")
+    p.add_argument("--set", default="", help='dotted overrides, e.g. "train.global_batch_size=512"')
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--runs", default=str(ROOT / "runs"), help="where run directories go")
+    p.add_argument("--list", action="store_true", help="list every recipe")
+    return p.parse_args(argv)
+
+
+def _nodes(text: str) -> int | None:
+    if not text.strip():
+        return None
+    if not text.strip().isdigit():
+        raise ValueError(f"NODES={text!r}: must be a whole number of 8-GPU nodes")
+    return int(text)
+
+
+def list_recipes(con) -> int:
+    import recipes
+    from overlapkit.plan import make_plan
+    from overlapkit.report import overlap_summary, recipes_table
+
+    rows = []
+    for name in recipes.names():
+        p = make_plan(name)
+        lay = p.layout
+        rows.append({
+            "recipe": name, "model": lay["model"], "gpus": lay["gpus"], "dtype": lay["dtype"],
+            "layout": f"{lay['tp']}/{lay['pp']}/{lay['cp']}/{lay['vpp'] or '-'}/{lay['dp']}",
+            "batch": f"{lay['mbs']}/{lay['gbs']}", "seq": lay["seq"], "on": overlap_summary(p.report),
+            "audit": "OK" if p.report.ok else f"{len(p.report.errors)} errors",
+        })  # fmt: skip
+    con.print(recipes_table(rows))
+    con.print("overlaps: TP = tensor-parallel userbuffers, P2P = pipeline p2p, RS/AG = data-parallel grad "
+              "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather")  # fmt: skip
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    from overlapkit.report import console
+
+    out = console()
+    try:
+        nodes = _nodes(args.nodes)
+        stack.import_bridge()
+        if args.list:
+            return list_recipes(console(width=max(out.width, 140)))  # one row per recipe, never wrapped
+        if not args.recipe:
+            raise ValueError("no recipe given: make plan RECIPE=<name> (make recipes lists them)")
+        from overlapkit.plan import make_plan, write_run_dir
+        from overlapkit.report import render_plan
+
+        plan = make_plan(args.recipe, nodes=nodes, sets=args.set)
+    except (KeyError, ValueError) as exc:  # UnknownRecipe, OverrideError, PresetError, LayoutError, PlanError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = write_run_dir(plan, Path(args.runs))
+    if args.format == "json":
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        render_plan(plan, out)
+        out.print(f"run directory: {run_dir}", markup=False)
+    for f in plan.report.errors:
+        print(f"error: [{f.code}] {f.message}", file=sys.stderr)
+    return 0 if plan.report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
