@@ -79,7 +79,9 @@ def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None 
 
     # --- TP comm overlap (userbuffers) -------------------------------------------------------------------------
     if tp < 2:
-        rep.rows.append(Row("tp_comm_overlap", NA, f"TP={tp}: no tensor-parallel collectives to overlap"))
+        rep.rows.append(
+            Row("tp_comm_overlap", NA, f"TP={tp} by design of this layout: no tensor-parallel collectives to overlap")
+        )
         if requested_tp:
             err(
                 "tp_overlap_dropped",

@@ -191,13 +191,13 @@ def params_per_layer(m) -> int:
     return h * (q + 2 * kv) + q * h + mlp + 2 * h
 
 
-def embedding_params(m) -> int:
-    vocab = m.vocab_size or 0
+def embedding_params(m, vocab: int | None = None) -> int:
+    vocab = m.vocab_size or vocab or 0  # GPT3's provider leaves vocab to the tokenizer (set at runtime)
     return vocab * m.hidden_size * (1 if m.share_embeddings_and_output_weights else 2)
 
 
-def total_params(m) -> int:
-    return m.num_layers * params_per_layer(m) + embedding_params(m)
+def total_params(m, vocab: int | None = None) -> int:
+    return m.num_layers * params_per_layer(m) + embedding_params(m, vocab)
 
 
 def chunk_params(m) -> int:

@@ -45,7 +45,7 @@ class Plan:
             "seq": m.seq_length,
             "dtype": dtype_of(self.cfg),
             "preset": presets.name_of(self.cfg.comm_overlap.tp_comm_overlap_cfg) if self.cfg.comm_overlap else None,
-            "params_b": round(total_params(m) / 1e9, 1),
+            "params_b": round(total_params(m, self.cfg.tokenizer.vocab_size) / 1e9, 1),
         }
 
     def to_dict(self) -> dict:

@@ -1,0 +1,178 @@
+"""Every shipped recipe builds offline on CPU, passes its audit, and matches the committed golden layout table.
+
+Regenerate goldens after an intended change with `UPDATE_GOLDEN=1 make test PYTEST_ARGS=-k golden`, then review the
+diff like code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+from rich.console import Console
+
+import recipes
+from launch import plan as plan_cli
+from overlapkit import stack
+from overlapkit.overlap import total_params
+from overlapkit.plan import make_plan, write_run_dir
+from overlapkit.report import render_plan
+
+GOLDEN = stack.REPO_ROOT / "tests" / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+
+def layout_row(name: str) -> dict:
+    p = make_plan(name)
+    return {**p.layout, "overlaps": {r.name: r.state for r in p.report.rows}, "audit_ok": p.report.ok}
+
+
+def check_golden(path, actual: str):
+    if UPDATE:
+        path.write_text(actual)
+    assert path.read_text() == actual, f"{path.name} differs from the plan; review, then UPDATE_GOLDEN=1"
+
+
+def test_there_are_ten_recipes_covering_the_four_models_and_both_dtypes():
+    names = recipes.names()
+    assert len(names) == 10
+    assert {recipes.get(n).model for n in names} == {"Llama3 8B", "Llama3 70B", "Llama3.1 405B", "GPT3 175B"}
+    assert {n.rsplit("_", 1)[1] for n in names} == {"bf16", "fp8cs"}
+    for n in names:
+        r = recipes.get(n)
+        assert n.startswith(r.model.lower().replace(" ", "_").replace(".", "")) or n.startswith("llama31")
+        assert f"_{r.gpus}gpu_h100_" in n and r.source and r.time_limit.count(":") == 2
+
+
+@pytest.mark.parametrize("name", recipes.names())
+def test_recipe_builds_offline_passes_the_audit_and_has_no_warnings(name):
+    before = dict(os.environ)
+    p = make_plan(name)
+    assert dict(os.environ) == before  # pure builder: no environment writes
+    assert p.report.ok, [f.message for f in p.report.errors]
+    assert p.report.warnings == []
+    assert p.report.row("overlap_grad_reduce").state == "on" and p.report.row("overlap_param_gather").state == "on"
+    assert p.report.row("tp_comm_overlap").state == ("n/a" if p.layout["tp"] == 1 else "on")
+
+
+def test_layout_table_matches_golden():
+    table = {name: layout_row(name) for name in recipes.names()}
+    check_golden(GOLDEN / "recipes_layout.json", json.dumps(table, indent=2, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("name", ["llama3_70b_pretrain_64gpu_h100_bf16", "llama3_8b_pretrain_8gpu_h100_fp8cs"])
+def test_plan_output_matches_golden(name):
+    buf = io.StringIO()
+    render_plan(make_plan(name), Console(file=buf, width=120, color_system=None, highlight=False))
+    check_golden(GOLDEN / f"plan_{name}.txt", buf.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("hf", "name"),
+    [("Meta-Llama-3-8B", "llama3_8b_pretrain_8gpu_h100_bf16"), ("Meta-Llama-3-70B", "llama3_70b_pretrain_64gpu_h100_bf16"),
+     ("Meta-Llama-3.1-405B", "llama31_405b_pretrain_512gpu_h100_bf16")],
+)  # fmt: skip
+def test_shipped_hf_configs_reach_the_megatron_provider(hf, name):
+    snap = stack.HF_CACHE / f"models--meta-llama--{hf}" / "snapshots" / "config-only" / "config.json"
+    hf_cfg = json.loads(snap.read_text())
+    m = recipes.get(name).build().model
+    assert (m.hidden_size, m.ffn_hidden_size, m.num_layers) == (
+        hf_cfg["hidden_size"], hf_cfg["intermediate_size"], hf_cfg["num_hidden_layers"])  # fmt: skip
+    assert (m.num_attention_heads, m.num_query_groups, m.vocab_size) == (
+        hf_cfg["num_attention_heads"], hf_cfg["num_key_value_heads"], hf_cfg["vocab_size"])  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "billions"), [("llama3_8b_pretrain_8gpu_h100_bf16", 8.0), ("llama3_70b_pretrain_64gpu_h100_bf16", 70.6), ("llama31_405b_pretrain_512gpu_h100_bf16", 405.8), ("gpt3_175b_pretrain_128gpu_h100_bf16", 174.3)])  # fmt: skip  (GPT3: tied embeddings, NullTokenizer vocab 32000)
+def test_parameter_counts_match_the_model_names(name, billions):
+    cfg = recipes.get(name).build()
+    assert total_params(cfg.model, cfg.tokenizer.vocab_size) / 1e9 == pytest.approx(billions, abs=0.1)
+
+
+# --- overrides in both directions --------------------------------------------------------------------------------
+
+R70 = "llama3_70b_pretrain_64gpu_h100_bf16"
+
+
+def test_sequence_parallel_off_on_70b_fails_with_the_fix_and_back_on_passes():
+    off = make_plan(R70, sets="model.sequence_parallel=false")
+    assert not off.report.ok and "model.sequence_parallel=true" in off.report.errors[0].message
+    assert make_plan(R70, sets="model.sequence_parallel=false model.sequence_parallel=true").report.ok
+
+
+def test_param_gather_with_optimizer_step_opt_in_turns_it_on():
+    p = make_plan(R70, sets="overlap.param_gather_with_optimizer_step=true checkpoint.save=null")
+    assert p.report.row("overlap_param_gather_with_optimizer_step").state == "on" and p.report.ok
+    assert p.changes[0] == ("overlap.param_gather_with_optimizer_step", None, True)
+
+
+def test_switching_dp_overlap_off_and_on():
+    assert "overlap_param_gather_off" in make_plan(R70, sets="comm_overlap.overlap_param_gather=false").report.codes()
+    assert make_plan(R70, sets="comm_overlap.overlap_param_gather=true").report.ok
+
+
+def test_global_batch_and_nodes_change_the_plan():
+    p = make_plan(R70, nodes=16, sets="train.global_batch_size=512")
+    assert (p.layout["gpus"], p.layout["dp"], p.layout["gbs"]) == (128, 4, 512) and p.report.ok
+    assert p.changes == [("train.global_batch_size", 256, 512)]
+
+
+def test_micro_batch_2_on_gpt3_warns_about_the_mbs1_preset():
+    p = make_plan("gpt3_175b_pretrain_128gpu_h100_bf16", sets="train.micro_batch_size=2")
+    assert p.report.ok and p.report.codes("warning") == {"preset_tuning_mismatch"}
+
+
+# --- the CLI: exit codes, one-line errors, run directory ---------------------------------------------------------
+
+
+def cli(capsys, *argv):
+    code = plan_cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["llama3_70b"], "closest: llama3_70b_pretrain_64gpu_h100_bf16"),
+        ([R70, "--set", "train.global_batch_sz=1"], "did you mean train.global_batch_size?"),
+        ([R70, "--set", "train.global_batch_size=abc"], "expected an integer"),
+        ([R70, "--set", "model.sequence_parallel=maybe"], "expected true or false"),
+        ([R70, "--set", "overlap.tp_presets=default"], "did you mean overlap.tp_preset?"),
+        ([R70, "--set", "train.global_batch_size"], "is not KEY=VALUE"),
+        ([R70, "--nodes", "3"], "multiple of 32"),
+        ([R70, "--nodes", "two"], "whole number"),
+    ],
+)
+def test_bad_input_is_a_one_line_error_with_exit_2(capsys, tmp_path, argv, needle):
+    code, out, err = cli(capsys, *argv, "--runs", str(tmp_path))
+    assert code == 2 and out == "" and needle in err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert list(tmp_path.iterdir()) == []  # nothing written for a plan that was never made
+
+
+def test_audit_failure_exits_1_with_reasons_on_stderr(capsys, tmp_path):
+    code, out, err = cli(capsys, R70, "--set", "model.sequence_parallel=false", "--runs", str(tmp_path))
+    assert code == 1 and "error: [tp_overlap_dropped]" in err and "audit: 1 error(s)" in out
+
+
+def test_json_plan_and_run_directory(capsys, tmp_path):
+    code, out, _ = cli(capsys, R70, "--format", "json", "--runs", str(tmp_path))
+    data = json.loads(out)
+    assert code == 0 and data["audit"]["ok"] and data["layout"]["tp"] == 4
+    run_dir = tmp_path / os.path.basename(data["run_dir"])
+    assert json.loads((run_dir / "plan.json").read_text())["recipe"] == R70
+    yaml_text = (run_dir / "config.yaml").read_text()
+    assert "tp_comm_overlap: true" in yaml_text and "overlap_p2p_comm: true" in yaml_text
+
+
+def test_run_directories_never_overwrite(tmp_path):
+    p = make_plan(R70)
+    a, b = write_run_dir(p, tmp_path, stamp="x"), write_run_dir(p, tmp_path, stamp="x")
+    assert a != b and a.exists() and b.exists()
+
+
+def test_recipes_list(capsys):
+    code, out, _ = cli(capsys, "--list")
+    assert code == 0 and all(n in out for n in recipes.names()) and out.count(" OK") == 10
