@@ -71,20 +71,38 @@ def test_plan_output_matches_golden(name):
 
 @pytest.mark.parametrize(
     ("hf", "name"),
-    [("Meta-Llama-3-8B", "llama3_8b_pretrain_8gpu_h100_bf16"), ("Meta-Llama-3-70B", "llama3_70b_pretrain_64gpu_h100_bf16"),
-     ("Meta-Llama-3.1-405B", "llama31_405b_pretrain_512gpu_h100_bf16")],
-)  # fmt: skip
+    [
+        ("Meta-Llama-3-8B", "llama3_8b_pretrain_8gpu_h100_bf16"),
+        ("Meta-Llama-3-70B", "llama3_70b_pretrain_64gpu_h100_bf16"),
+        ("Meta-Llama-3.1-405B", "llama31_405b_pretrain_512gpu_h100_bf16"),
+    ],
+)
 def test_shipped_hf_configs_reach_the_megatron_provider(hf, name):
     snap = stack.HF_CACHE / f"models--meta-llama--{hf}" / "snapshots" / "config-only" / "config.json"
     hf_cfg = json.loads(snap.read_text())
     m = recipes.get(name).build().model
     assert (m.hidden_size, m.ffn_hidden_size, m.num_layers) == (
-        hf_cfg["hidden_size"], hf_cfg["intermediate_size"], hf_cfg["num_hidden_layers"])  # fmt: skip
+        hf_cfg["hidden_size"],
+        hf_cfg["intermediate_size"],
+        hf_cfg["num_hidden_layers"],
+    )
     assert (m.num_attention_heads, m.num_query_groups, m.vocab_size) == (
-        hf_cfg["num_attention_heads"], hf_cfg["num_key_value_heads"], hf_cfg["vocab_size"])  # fmt: skip
+        hf_cfg["num_attention_heads"],
+        hf_cfg["num_key_value_heads"],
+        hf_cfg["vocab_size"],
+    )
 
 
-@pytest.mark.parametrize(("name", "billions"), [("llama3_8b_pretrain_8gpu_h100_bf16", 8.0), ("llama3_70b_pretrain_64gpu_h100_bf16", 70.6), ("llama31_405b_pretrain_512gpu_h100_bf16", 405.8), ("gpt3_175b_pretrain_128gpu_h100_bf16", 174.3)])  # fmt: skip  (GPT3: tied embeddings, NullTokenizer vocab 32000)
+# GPT3: tied embeddings and Bridge's NullTokenizer vocab (32000) on mock data.
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [
+        ("llama3_8b_pretrain_8gpu_h100_bf16", 8.0),
+        ("llama3_70b_pretrain_64gpu_h100_bf16", 70.6),
+        ("llama31_405b_pretrain_512gpu_h100_bf16", 405.8),
+        ("gpt3_175b_pretrain_128gpu_h100_bf16", 174.3),
+    ],
+)
 def test_parameter_counts_match_the_model_names(name, billions):
     cfg = recipes.get(name).build()
     assert total_params(cfg.model, cfg.tokenizer.vocab_size) / 1e9 == pytest.approx(billions, abs=0.1)
