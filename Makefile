@@ -3,12 +3,16 @@ RECIPE  ?= llama3_70b_pretrain_64gpu_h100_bf16
 NODES   ?=
 SET     ?=
 FORMAT  ?= text
+CLUSTER ?= local
+DRYRUN  ?=
+PREFLIGHT ?=
+RUN     ?=
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan bench
+.PHONY: help setup test lint recipes plan bench submit status logs cancel sbatch run-local slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,3 +34,27 @@ plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overla
 
 bench: ## plan-all time vs bare `import megatron.bridge`, measured side by side
 	$(PY) bench/plan_all.py
+
+submit: ## submit RECIPE to CLUSTER via nemo_run (NODES=, SET=, DRYRUN=1 prints the sbatch, PREFLIGHT=1 checks only)
+	$(PY) -m launch.submit submit --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"
+
+status: ## state and preflight result of RUN= (default: the latest run on CLUSTER)
+	$(PY) -m launch.submit status --cluster "$(CLUSTER)" --run "$(RUN)"
+
+logs: ## print the job logs of RUN= (default: the latest run on CLUSTER)
+	$(PY) -m launch.submit logs --cluster "$(CLUSTER)" --run "$(RUN)"
+
+cancel: ## cancel RUN= (default: the latest run on CLUSTER)
+	$(PY) -m launch.submit cancel --cluster "$(CLUSTER)" --run "$(RUN)"
+
+sbatch: ## write a standalone sbatch script for RECIPE on CLUSTER (plain-sbatch path, no nemo_run)
+	$(PY) -m launch.submit sbatch --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --preflight "$(PREFLIGHT)"
+
+run-local: ## run RECIPE on this 8-GPU node with torchrun (nemo_run LocalExecutor; NODES is 1)
+	$(PY) -m launch.submit run-local --recipe "$(RECIPE)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"
+
+slurm-up: ## install and start the local multi-node dev Slurm (root; idempotent)
+	bash slurm/local/start.sh
+
+slurm-down: ## stop the local dev Slurm
+	bash slurm/local/stop.sh

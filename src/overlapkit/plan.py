@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import overrides, presets, stack
-from overlapkit.audit import AuditReport, audit
+from overlapkit.audit import AuditReport, Finding, audit
 from overlapkit.overlap import Resolved, Target, apply_overlap_stack, dtype_of, intent_of, resolve, total_params
 
 
@@ -26,6 +26,8 @@ class Plan:
     resolved: Resolved
     report: AuditReport
     changes: list = field(default_factory=list)
+    ledger: object = None  # envvars.Ledger: the launch-time environment with provenance
+    profile: object = None  # profiles.ClusterProfile, when planned for a cluster
     run_dir: Path | None = None
 
     @property
@@ -56,6 +58,8 @@ class Plan:
             "layout": self.layout,
             "overrides": [{"key": k, "old": _jsonable(o), "new": _jsonable(n)} for k, o, n in self.changes],
             "audit": self.report.to_dict(),
+            "cluster": self.profile.name if self.profile else None,
+            "env": self.ledger.to_dict() if self.ledger else None,
             "run_dir": str(self.run_dir) if self.run_dir else None,
         }
 
@@ -64,9 +68,13 @@ def _jsonable(v):
     return v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
 
 
-def make_plan(name: str, *, nodes: int | None = None, sets=None, te_available: bool = True) -> Plan:
-    """Build recipe `name`, apply `sets` (dotted overrides), resolve and audit for `nodes` (default: the recipe's)."""
+def make_plan(
+    name: str, *, nodes: int | None = None, sets=None, te_available: bool = True, profile=None, caller_env=None
+) -> Plan:
+    """Build recipe `name`, apply `sets` (dotted overrides), resolve for `nodes` (default: the recipe's), build the
+    launch environment ledger (with `profile`'s layer when given) and audit the whole stack, env rules included."""
     import recipes
+    from overlapkit.envvars import build_ledger
 
     entry = recipes.get(name)
     with stack.silenced():
@@ -80,7 +88,17 @@ def make_plan(name: str, *, nodes: int | None = None, sets=None, te_available: b
         raise PlanError(f"NODES={nodes}: must be a positive number of 8-GPU nodes")
     target = Target(nodes=nodes or entry.nodes, te_available=te_available)
     res = resolve(cfg, target)
-    return Plan(entry, cfg, target, res, audit(cfg, target, res), changes)
+    plan = Plan(entry, cfg, target, res, AuditReport(), changes, profile=profile)
+    plan.ledger = build_ledger(plan, profile, caller_env)
+    plan.report = audit(cfg, target, res, env=plan.ledger.values())
+    # Layer conflicts join the audit; a CUDA_DEVICE_MAX_CONNECTIONS override is already the audit's own error.
+    dup = "cuda_max_connections" in plan.report.codes()
+    plan.report.findings += [
+        Finding(c.level, "env_conflict", c.message)
+        for c in plan.ledger.conflicts
+        if not (dup and c.name == "CUDA_DEVICE_MAX_CONNECTIONS")
+    ]
+    return plan
 
 
 def resolved_config(plan: Plan):
@@ -102,4 +120,7 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     plan.run_dir = run_dir
     resolved_config(plan).to_yaml(str(run_dir / "config.yaml"))
     (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    # What the in-job preflight compares each rank's environment with (secrets by name only).
+    ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}
+    (run_dir / "ledger.json").write_text(json.dumps(ledger, indent=2) + "\n")
     return run_dir

@@ -44,6 +44,8 @@ def render_plan(plan, con: Console) -> None:
     for o in d["overrides"]:
         con.print(escape(f"override: {o['key']} = {o['new']} (was {o['old']})"))
     con.print(audit_table(plan.report))
+    if plan.ledger is not None:
+        plan.ledger.render(con)
     for f in plan.report.warnings:
         con.print(f"[yellow]warning[/] {escape(f'[{f.code}]')} {escape(f.message)}")
     for f in plan.report.errors:

@@ -1,0 +1,152 @@
+"""The in-job entry point: what every rank runs.
+
+1. Preflight, on every rank, with the standard library only (64 ranks × a 1.3 GB Bridge import cannot work on a
+   small node, and the checks must run before anything initialises CUDA): the process environment holds exactly
+   the ledger's values (CUDA_DEVICE_MAX_CONNECTIONS in particular must come from the launcher: read at CUDA init,
+   setting it from Python later does nothing), Slurm's world size/ranks match the plan, Transformer Engine is
+   importable where TP overlap is on (on GPU nodes), and userbuffers can bootstrap (PMIx from `srun --mpi=pmix`).
+   Each rank writes `preflight/rank-NNNNN.json` into the run directory.
+2. Rank 0 (with `--checks full`) also rebuilds the recipe by name with the same overrides, re-audits it, checks the
+   audit still matches the submitted plan, and writes `preflight.json` with every rank's result.
+3. Unless `--preflight-only`: Bridge's `pretrain(cfg, forward_step)` with the GPT forward step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _env_int(*names: str) -> int | None:
+    for n in names:
+        if os.environ.get(n, "").isdigit():
+            return int(os.environ[n])
+    return None
+
+
+def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.environ) -> dict:
+    """Cheap checks every rank runs; returns this rank's record (secrets: present or not, never their values)."""
+    lay = plan["layout"]
+    failures, notes = [], []
+    seen = {name: environ.get(name) for name in ledger}
+    for name, want in ledger.items():
+        if environ.get(name) != want:
+            failures.append(f"{name}={environ.get(name)!r} but the ledger says {want!r}")
+    for name in secrets:
+        if not environ.get(name):
+            failures.append(f"secret {name} is not in the job environment: export it in the submitting shell")
+    if "torch" in sys.modules:  # nothing imported torch before the env check: CUDA cannot have been initialised
+        failures.append("torch was imported before the preflight: CUDA_DEVICE_MAX_CONNECTIONS may be too late")
+    rank, world = _env_int("SLURM_PROCID", "RANK"), _env_int("SLURM_NTASKS", "WORLD_SIZE")
+    local, nnodes = _env_int("SLURM_LOCALID", "LOCAL_RANK"), _env_int("SLURM_NNODES", "NNODES")
+    if world != lay["gpus"]:
+        failures.append(f"world size {world} != planned {lay['gpus']} GPUs")
+    if nnodes is not None and nnodes != lay["nodes"]:
+        failures.append(f"{nnodes} nodes != planned {lay['nodes']}")
+    if rank is None or world is None or not 0 <= rank < world:
+        failures.append(f"rank {rank} outside world size {world}")
+    if local is None or not 0 <= local < 8:
+        failures.append(f"local rank {local} outside 0..7 (8 GPUs per node)")
+    tp_on = plan["audit"]["rows"]["tp_comm_overlap"]["state"] == "on"
+    gpu_node = Path("/dev/nvidiactl").exists()
+    if tp_on and importlib.util.find_spec("transformer_engine") is None:
+        msg = "Transformer Engine is not importable but TP overlap is on"
+        (failures if gpu_node else notes).append(msg + ("" if gpu_node else " (CPU node: dry run, not fatal)"))
+    if tp_on and not any(k in environ for k in ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+        failures.append("TP overlap's userbuffers bootstrap needs MPI/PMIx ranks: launch with `srun --mpi=pmix`")
+    return {
+        "rank": rank,
+        "local_rank": local,
+        "world_size": world,
+        "nodes": nnodes,
+        "host": os.uname().nodename,
+        "slurm_job_id": environ.get("SLURM_JOB_ID"),
+        "env": seen,
+        "ok": not failures,
+        "failures": failures,
+        "notes": notes,
+    }
+
+
+def reaudit(plan: dict, args) -> list[str]:
+    """Rank 0: rebuild the recipe with Bridge and check the audit still says what the submitted plan said."""
+    from overlapkit.plan import make_plan
+
+    again = make_plan(args.recipe, nodes=args.nodes, sets=args.set).to_dict()
+    out = [f"re-audit error: {e['message']}" for e in again["audit"]["errors"]]
+    if again["layout"] != plan["layout"] or again["audit"]["rows"] != plan["audit"]["rows"]:
+        out.append("the recipe rebuilt in the job differs from the submitted plan (code changed since submit?)")
+    return out
+
+
+def collect(run_dir: Path, world: int, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    files = []
+    while time.monotonic() < deadline:
+        files = sorted((run_dir / "preflight").glob("rank-*.json"))
+        if len(files) >= world:
+            break
+        time.sleep(0.5)
+    return [json.loads(f.read_text()) for f in files]
+
+
+def write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="launch.entry", description=__doc__)
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--nodes", type=int, default=None)
+    ap.add_argument("--set", default="")
+    ap.add_argument("--preflight-only", action="store_true")
+    ap.add_argument("--checks", choices=("full", "env"), default="full", help="env: skip rank 0's Bridge re-audit")
+    args = ap.parse_args(argv)
+    plan = json.loads((args.run_dir / "plan.json").read_text())
+    ledger = json.loads((args.run_dir / "ledger.json").read_text())
+    rec = rank_checks(plan, ledger["values"], ledger.get("secrets", ()))
+    (args.run_dir / "preflight").mkdir(exist_ok=True)
+    write_json(args.run_dir / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
+    if rec["failures"]:
+        print(f"preflight failed on rank {rec['rank']}: " + "; ".join(rec["failures"]), file=sys.stderr)
+    ok = rec["ok"]
+    if rec["rank"] == 0:
+        errors = reaudit(plan, args) if args.checks == "full" else []
+        ranks = collect(args.run_dir, rec["world_size"] or 1, timeout=120)
+        bad = [r["rank"] for r in ranks if not r["ok"]]
+        summary = {
+            "ok": ok and not errors and not bad and len(ranks) == rec["world_size"],
+            "checks": args.checks,
+            "ranks_reported": len(ranks),
+            "world_size": rec["world_size"],
+            "failed_ranks": bad,
+            "reaudit_errors": errors,
+            "hosts": sorted({r["host"] for r in ranks}),
+        }
+        write_json(args.run_dir / "preflight.json", summary)
+        print(f"preflight: {'OK' if summary['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
+        ok = summary["ok"]
+    if not ok:
+        return 1
+    if args.preflight_only:
+        return 0
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    from overlapkit.plan import make_plan
+
+    cfg = make_plan(args.recipe, nodes=args.nodes, sets=args.set).cfg
+    pretrain(cfg, forward_step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

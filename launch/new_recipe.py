@@ -1,0 +1,72 @@
+"""`make new-recipe`: fork a recipe for a new model size, pick its layout, write recipes/<name>.py, audit it.
+
+    python -m launch.new_recipe --from llama3_70b_pretrain_64gpu_h100_bf16 --name llama3_34b_pretrain_32gpu_h100_bf16 \\
+        --layers 48 --ffn 22016
+
+Shape flags default to the FROM recipe's; GPUs and dtype come from the name (<model>_pretrain_<N>gpu_h100_<dtype>);
+layout flags pin part of the layout, the search picks the rest. The file is kept only when the audit is clean and the
+memory estimate fits. Exit status: 0 written, 1 the built recipe fails its audit, 2 bad request (one line on stderr,
+no file written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from overlapkit import stack
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other bad request
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _args(argv):
+    p = _Parser(prog="make new-recipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--from", dest="from_name", required=True, help="recipe to fork (make recipes lists them)")
+    p.add_argument("--name", required=True, help="new recipe: <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
+    for flag in ("hidden", "layers", "heads", "query-groups", "ffn", "seq"):
+        p.add_argument(f"--{flag}", type=int, help=f"model {flag} (default: the FROM recipe's)")
+    p.add_argument("--gpus", type=int, help="GPUs, a multiple of 8 (default: N in the name)")
+    p.add_argument("--dtype", choices=("bf16", "fp8cs"), help="default: the name's suffix")
+    for flag in ("tp", "pp", "vpp", "cp", "mbs"):
+        p.add_argument(f"--{flag}", type=int, help=f"pin {flag.upper()} (default: searched)")
+    p.add_argument("--gbs", type=int, help="global batch size (default: the FROM recipe's)")
+    p.add_argument("--model", help='registry label (default from the name, e.g. "Llama3 34B")')
+    p.add_argument("--recipes-dir", default=str(stack.REPO_ROOT / "recipes"), help="where the file goes")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    stack.import_bridge()
+    from overlapkit import memory
+    from overlapkit.report import console, render_plan
+    from overlapkit.scaffold import ForkError, ForkRequest, fork
+
+    req = ForkRequest(
+        from_name=args.from_name, name=args.name, gpus=args.gpus, dtype=args.dtype, gbs=args.gbs, model=args.model,
+        shape={k: getattr(args, k) for k in ("hidden", "layers", "heads", "query_groups", "ffn", "seq")},
+        layout={k: getattr(args, k) for k in ("tp", "pp", "vpp", "cp", "mbs")}, recipes_dir=Path(args.recipes_dir),
+    )  # fmt: skip
+    try:
+        res = fork(req)
+    except ForkError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    out = console()
+    out.print(f"wrote {res.path} (forked from {args.from_name})", markup=False)
+    out.print(f"layout: {res.choice.describe()}: {res.choice.why}", markup=False)
+    for alt in res.alternatives:
+        out.print(f"  also fits: {alt.describe()}: {alt.memory.total_gb:.1f} GB", markup=False)
+    render_plan(res.plan, out)
+    out.print(memory.table(res.memory))
+    out.print(res.memory.summary(), markup=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

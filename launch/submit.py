@@ -1,0 +1,149 @@
+"""`make submit|status|logs|cancel|sbatch|run-local`: launch an audited recipe on Slurm (nemo_run) or one node.
+
+Nothing is submitted when the audit has errors. Exit status: 0 ok, 1 audit/job failure, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from overlapkit import stack
+
+
+def _args(argv):
+    ap = argparse.ArgumentParser(prog="launch.submit", description=__doc__)
+    ap.add_argument("action", choices=("submit", "status", "logs", "cancel", "sbatch", "run-local"))
+    ap.add_argument("--recipe", default="")
+    ap.add_argument("--cluster", default="local", help="profile name in slurm/profiles/ or a path to a .toml")
+    ap.add_argument("--nodes", default="")
+    ap.add_argument("--set", default="")
+    ap.add_argument("--dryrun", default="", help="non-empty: print sbatch script, plan and ledger; submit nothing")
+    ap.add_argument("--preflight", default="", help="1: stop after the in-job preflight; env: also skip the re-audit")
+    ap.add_argument("--run", default="", help="run directory for status/logs/cancel (default: the latest)")
+    ap.add_argument("--wait", action="store_true", help="submit: wait for the job to finish; exit 1 unless COMPLETED")
+    return ap.parse_args(argv)
+
+
+def _flags(args) -> tuple[bool, str]:
+    pre = args.preflight.strip().lower()
+    if pre not in ("", "0", "1", "env", "full"):
+        raise ValueError(f"PREFLIGHT={args.preflight!r}: use 1 (preflight only) or env (preflight, no re-audit)")
+    return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
+
+
+def _nodes(text: str):
+    if not text.strip():
+        return None
+    if not text.strip().isdigit():
+        raise ValueError(f"NODES={text!r}: must be a whole number of 8-GPU nodes")
+    return int(text)
+
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
+
+
+def wait_for(job_id: str, timeout: float = 900) -> str:
+    from overlapkit.submit import job_state
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = job_state(job_id)
+        if state.startswith(TERMINAL):
+            return state
+        time.sleep(2)
+    return "TIMEOUT_WAITING"
+
+
+def do_submit(args, out) -> int:
+    from overlapkit import sbatch, submit
+    from overlapkit.report import render_plan
+
+    preflight_only, checks = _flags(args)
+    sub = submit.prepare(args.recipe, args.cluster, nodes=_nodes(args.nodes), sets=args.set,
+                         preflight_only=preflight_only, checks=checks)  # fmt: skip
+    render_plan(sub.plan, out)
+    if args.action == "sbatch":
+        print(f"sbatch script: {sbatch.write(sub)}")
+        return 0
+    if args.dryrun:
+        print(submit.dryrun(sub))
+        print(f"# every rank runs (scripts/train.sh, from the packaged code directory):\n{sub.command}")
+        print(f"dry run: nothing submitted; plan and ledger in {sub.run_dir}")
+        return 0
+    info = submit.submit(sub)
+    print(f"submitted job {info['job_id']} to {sub.profile.name}; run directory: {sub.run_dir}")
+    if not args.wait:
+        return 0
+    state = wait_for(info["job_id"])
+    print(f"job {info['job_id']}: {state}")
+    return 0 if state == "COMPLETED" else 1
+
+
+def do_run_local(args, out) -> int:
+    """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm)."""
+    import nemo_run as run
+
+    from overlapkit.envvars import EnvVarPlugin
+    from overlapkit.plan import make_plan, write_run_dir
+    from overlapkit.report import render_plan
+
+    preflight_only, checks = _flags(args)
+    plan = make_plan(args.recipe, nodes=1, sets=args.set)
+    render_plan(plan, out)
+    if not plan.report.ok:
+        return 1
+    run_dir = write_run_dir(plan, stack.REPO_ROOT / "runs" / "local")
+    entry = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", "1", "--checks", checks]
+    entry += ["--set", args.set] if args.set else []
+    entry += ["--preflight-only"] if preflight_only else []
+    executor = run.LocalExecutor(ntasks_per_node=8, launcher="torchrun", env_vars={"PYTHONPATH": "src:."})
+    task = run.Script(path="launch.entry", args=entry, entrypoint="python", m=True)
+    with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
+        exp.add(task, name="train", plugins=[EnvVarPlugin.from_ledger(plan.ledger)])
+        exp.dryrun(log=True) if args.dryrun else exp.run(sequential=True, tail_logs=True)
+    return 0
+
+
+def do_run_dir_action(args) -> int:
+    from overlapkit import submit
+    from overlapkit.profiles import load_profile
+
+    run_dir = Path(args.run) if args.run else submit.latest_run(load_profile(args.cluster).job_path / "runs")
+    info = submit.load_submission(run_dir)
+    if args.action == "status":
+        pre = run_dir / "preflight.json"
+        print(f"{run_dir.name}: job {info['job_id']} {submit.job_state(info['job_id'])}")
+        print(f"preflight: {pre.read_text().strip() if pre.exists() else 'not written yet'}")
+    elif args.action == "logs":
+        for f in submit.log_files(info):
+            print(f"==> {f} <==\n{f.read_text(errors='replace')}")
+    else:
+        submit.cancel(info)
+        print(f"cancelled job {info['job_id']} ({run_dir.name})")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    from overlapkit.report import console
+
+    out = console()
+    try:
+        if args.action in ("status", "logs", "cancel"):
+            return do_run_dir_action(args)
+        if not args.recipe:
+            raise ValueError(f"no recipe given: make {args.action} RECIPE=<name> (make recipes lists them)")
+        stack.import_bridge()
+        return do_run_local(args, out) if args.action == "run-local" else do_submit(args, out)
+    except (KeyError, ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NEMORUN_HOME", str(stack.REPO_ROOT / "runs" / "nemo_run"))
+    sys.exit(main())

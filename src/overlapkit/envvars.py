@@ -1,0 +1,293 @@
+"""Launch-time environment: derived from the layout, layered, recorded with provenance, handed to nemo_run.
+
+Four layers, lowest to highest precedence; the highest layer that sets a variable wins:
+
+1. `derived`  what the topology and GPU need (`derived_env`); the floor every layout gets.
+2. `bridge`   the recipe config's `cfg.env_vars`, i.e. what Bridge's base recipe put there. A reviewed, model-specific
+              choice beats our generic rule. (At run time Bridge applies them with `os.environ.setdefault`,
+              training/config.py `apply_environment_variables`, so anything the launcher exports already wins.)
+3. `recipe`   our `Recipe.env`: measured for this exact recipe, each with its reason and source.
+4. `cluster`  the cluster profile's `env`: network/fabric facts (NCCL_IB_HCA, NCCL_SOCKET_IFNAME) and site workarounds
+              that no recipe can know, so the site has the last word.
+
+Every change of a lower layer's value is a `warning` conflict, except CUDA_DEVICE_MAX_CONNECTIONS: its value is the
+overlap's correctness (kernel order), which only the topology decides, so moving it away from the derived value is an
+`error` (audit.py `_audit_env` checks the final value). Secrets (`profiles.is_secret`) never get a value here: a
+profile lists them by name, the ledger shows "<from caller env>", and `passthrough_secrets` is only for the
+submitting process's own environment.
+
+The submitting shell's environment reaches the job too (sbatch's default `--export=ALL`; nemo_run's local executor
+copies os.environ). For a name the plan sets, the plan's value wins (nemo_run writes `export NAME=value` into the
+sbatch script), so the shell's value is silently ignored; a tuning name (NCCL_*, NVTE_*...) the plan does not set
+reaches the job unrecorded. Both are reported as `shell_overrides`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+import nemo_run as run
+from rich.markup import escape
+from rich.table import Table
+
+from overlapkit.profiles import ClusterProfile, is_secret
+
+LAYERS = ("derived", "bridge", "recipe", "cluster")
+PINNED = "CUDA_DEVICE_MAX_CONNECTIONS"
+SECRET_VALUE = "<from caller env>"
+HOPPER = ("h100", "h200", "h800", "gh200")
+PERF = "megatron.bridge.perf_recipes.llama.h100.llama3"
+COMMON = "megatron.bridge.recipes.utils.environment_utils.COMMON_RECIPE_ENV_VARS"
+# Shell variables that change a run even when the plan does not set them: sbatch (--export=ALL by default) and
+# nemo_run's local executor (torchx copies os.environ) hand the caller's environment to the job.
+TUNING_PREFIXES = ("NCCL_", "NVTE_", "TORCH_NCCL_", "CUDA_DEVICE_", "PYTORCH_CUDA_", "CUBLAS_", "UB_")
+# Every layout: Bridge's common recipe defaults, with the reasons its source gives (the H100 perf recipes repeat them;
+# TORCH_NCCL_HIGH_PRIORITY is also megatron.bridge.perf_recipes.environment.COMMON_PERF_ENV_VARS).
+_COMMON = {
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": ("1", "consistent NCCL stream handling"),
+    "TORCH_NCCL_HIGH_PRIORITY": ("1", "NCCL work on a high-priority stream"),
+    "NCCL_NVLS_ENABLE": ("0", "no NCCL NVLink-SHARP user buffers in the baselines"),
+    "NCCL_GRAPH_REGISTER": ("0", "no NCCL graph registration with the expandable allocator"),
+    "PYTORCH_CUDA_ALLOC_CONF": ("expandable_segments:True", "let long runs grow allocator segments"),
+}
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    value: str
+    reason: str  # one line, with its source
+
+
+@dataclass
+class Entry:
+    name: str
+    value: str
+    layer: str
+    reason: str
+    overridden: list[tuple[str, str]] = field(default_factory=list)  # lower layers that set it: (layer, value)
+    secret: bool = False
+
+
+@dataclass(frozen=True)
+class Conflict:
+    name: str
+    layers: tuple[str, ...]  # (lower, higher), or the one layer at fault
+    values: tuple[str, ...]
+    level: str  # "warning" | "error"
+    message: str
+
+
+@dataclass(frozen=True)
+class ShellOverride:
+    name: str
+    shell_value: str
+    plan_value: str | None  # None: the plan does not set it, so the shell's value reaches the job unrecorded
+    message: str
+
+
+def derived_env(plan) -> dict[str, EnvEntry]:
+    """What the layout needs, each with its reason and public source."""
+    m, res, gpu = plan.cfg.model, plan.resolved, plan.target.gpu
+    tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size or 1
+    fsdp = bool(plan.cfg.ddp.use_megatron_fsdp)
+    if gpu not in HOPPER:
+        raise ValueError(f"derived_env knows Hopper GPUs only ({', '.join(HOPPER)}), not {gpu!r}: add its rules")
+    env: dict[str, EnvEntry] = {}
+    fsdp_note = "Megatron-FSDP asserts it is not 1 (megatron/bridge/training/config.py)"
+    if (tp > 1 or cp > 1) and not fsdp:
+        value = "1"
+        why = f"TP={tp}/CP={cp} comm overlap needs compute and comm kernels kept in issue order (one hardware queue); "
+        why += f"{PERF} sets 1 for its TP4 and CP2 layouts"
+    elif tp > 1 or cp > 1:
+        value, why = "32", f"{fsdp_note}, although TP={tp}/CP={cp} overlap wants 1 (reported as a conflict)"
+    else:
+        value = "32"
+        why = f"TP=CP=1: 1 would serialise DP grad-reduce/param-gather with compute; {PERF} 8B fp8cs uses 32"
+        why += f"; {fsdp_note}" if fsdp else ""
+    env[PINNED] = EnvEntry(value, why)
+    rm, rddp = res.model, res.ddp
+    overlap = rm.tp_comm_overlap or rm.overlap_p2p_comm or rddp.overlap_grad_reduce or rddp.overlap_param_gather
+    if overlap or cp > 1:
+        margin = f"leave 20 SMs to the overlapped comm kernels during LayerNorm ({PERF}, all H100 layouts)"
+        env["NVTE_FWD_LAYERNORM_SM_MARGIN"] = EnvEntry("20", margin)
+        env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = EnvEntry("20", margin)
+    if pp > 1:
+        env["NCCL_P2P_NET_CHUNKSIZE"] = EnvEntry(
+            "2097152", f"PP={pp}: 2 MiB p2p chunks over the network ({PERF} 70B, 'Pipeline communication tuning')"
+        )
+    for name, (value, why) in _COMMON.items():
+        env[name] = EnvEntry(value, f"{why} ({COMMON})")
+    return env
+
+
+def secret_names(profile: ClusterProfile | None) -> tuple[str, ...]:
+    return tuple(profile.secrets) if profile else ()
+
+
+def passthrough_secrets(profile: ClusterProfile | None, caller_env=None) -> dict[str, str]:
+    """The real secret values, for the submitting process's environment only (sbatch exports them); never write them."""
+    env = os.environ if caller_env is None else caller_env
+    return {name: env[name] for name in secret_names(profile) if name in env}
+
+
+@dataclass
+class Ledger:
+    entries: list[Entry] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
+    shell_overrides: list[ShellOverride] = field(default_factory=list)
+    missing_secrets: list[str] = field(default_factory=list)
+
+    def entry(self, name: str) -> Entry:
+        return next(e for e in self.entries if e.name == name)
+
+    def values(self) -> dict[str, str]:
+        """What the job exports; secrets are absent (an exported placeholder would shadow the real value)."""
+        return {e.name: e.value for e in self.entries if not e.secret}
+
+    @property
+    def secrets(self) -> list[str]:
+        return [e.name for e in self.entries if e.secret]
+
+    @property
+    def errors(self) -> list[Conflict]:
+        return [c for c in self.conflicts if c.level == "error"]
+
+    def to_dict(self) -> dict:
+        """Stable keys: the run directory's plan.json and the nightly read them."""
+        env = [{**asdict(e), "overridden": [{"layer": la, "value": v} for la, v in e.overridden]} for e in self.entries]
+        return {
+            "precedence": list(LAYERS),
+            "env": env,
+            "conflicts": [{**asdict(c), "layers": list(c.layers), "values": list(c.values)} for c in self.conflicts],
+            "shell_overrides": [asdict(s) for s in self.shell_overrides],
+            "secrets": self.secrets,
+            "missing_secrets": list(self.missing_secrets),
+        }
+
+    def rows(self) -> list[tuple[str, str, str, str, str]]:
+        """(variable, value, layer, lower layers that also set it, reason) per entry, for a table."""
+        return [
+            (e.name, e.value, e.layer, ", ".join(f"{la}={v}" for la, v in e.overridden), e.reason) for e in self.entries
+        ]
+
+    def render(self, con) -> None:
+        t = Table(title=f"Launch environment (precedence: {' < '.join(LAYERS)})", title_justify="left")
+        t.add_column("variable", no_wrap=True)
+        t.add_column("value", no_wrap=True)
+        t.add_column("layer", no_wrap=True)
+        t.add_column("why (and what it replaced)")
+        for name, value, layer, lower, reason in self.rows():
+            t.add_row(*(escape(c) for c in (name, value, layer, reason + (f" [over {lower}]" if lower else ""))))
+        con.print(t)
+        for c in self.conflicts:
+            style = "red" if c.level == "error" else "yellow"
+            con.print(f"[{style}]{c.level}[/] {escape(f'[env:{c.name}]')} {escape(c.message)}")
+        for s in self.shell_overrides:
+            con.print(f"[yellow]shell[/] {escape(s.message)}")
+        for name in self.missing_secrets:
+            con.print(f"[yellow]secret[/] {escape(name)} is not set in this shell: export it before submitting")
+
+
+def build_ledger(plan, profile: ClusterProfile | None = None, caller_env=None) -> Ledger:
+    """Merge the four layers for `plan` (and `profile`), recording every value's layer, reason and what it replaced."""
+    caller_env = dict(os.environ if caller_env is None else caller_env)
+    derived = derived_env(plan)
+    cluster = profile.env if profile else {}
+    layers = [
+        ("derived", {k: (e.value, e.reason) for k, e in derived.items()}),
+        ("bridge", {k: (str(v), _bridge_reason(k, plan)) for k, v in (plan.cfg.env_vars or {}).items()}),
+        ("recipe", {k: (str(v.value), v.reason or "recipe env (no reason given)") for k, v in plan.recipe.env.items()}),
+        ("cluster", {k: (v, f"site setting in {profile.source}") for k, v in cluster.items()}),
+    ]
+    led, merged = Ledger(), {}
+    for layer, values in layers:
+        for name, (value, reason) in values.items():
+            if is_secret(name):  # the value is never kept, not even in a conflict
+                fix = f"put {name} in secrets = [...] and export it in your shell"
+                msg = f"{name} has a literal value in the {layer} layer: {fix}"
+                led.conflicts.append(Conflict(name, (layer,), ("<redacted>",), "error", msg))
+                continue
+            prev = merged.get(name)
+            if prev is None:
+                merged[name] = Entry(name, value, layer, reason)
+                continue
+            if prev.value != value:
+                led.conflicts.append(_conflict(name, prev, layer, value, derived[PINNED].value))
+            merged[name] = Entry(name, value, layer, reason, [*prev.overridden, (prev.layer, prev.value)])
+    m = plan.cfg.model
+    if plan.cfg.ddp.use_megatron_fsdp and (m.tensor_model_parallel_size > 1 or (m.context_parallel_size or 1) > 1):
+        msg = f"{PINNED}: TP/CP overlap needs 1 but Megatron-FSDP refuses 1; use TP=CP=1 or ddp.use_megatron_fsdp=false"
+        led.conflicts.append(Conflict(PINNED, ("derived",), (derived[PINNED].value,), "error", msg))
+    for name in secret_names(profile):
+        why = f"secret listed by {profile.source}: passed by name from the submitting shell (sbatch --export=ALL)"
+        merged[name] = Entry(name, SECRET_VALUE, "cluster", why, secret=True)
+        if name not in caller_env:
+            led.missing_secrets.append(name)
+    led.entries = list(merged.values())
+    led.shell_overrides = _shell_overrides(led, caller_env, set(secret_names(profile)))
+    return led
+
+
+def _conflict(name: str, prev: Entry, layer: str, value: str, derived_pinned: str) -> Conflict:
+    msg = f"{name}={value} ({layer}) replaces {prev.value} ({prev.layer})"
+    if name == PINNED and value != derived_pinned:  # the overlap's correctness, decided by the topology alone
+        msg += f": the topology needs {derived_pinned}; remove it from the {layer} layer"
+        return Conflict(name, (prev.layer, layer), (prev.value, value), "error", msg)
+    return Conflict(name, (prev.layer, layer), (prev.value, value), "warning", msg)
+
+
+def _shell_overrides(led: Ledger, caller_env: dict, secrets: set[str]) -> list[ShellOverride]:
+    plan, out = led.values(), []
+    for name, shell in sorted(caller_env.items()):
+        if name in secrets or is_secret(name):
+            continue
+        if name in plan and plan[name] != shell:
+            layer = led.entry(name).layer
+            msg = (
+                f"{name}={shell} is exported in this shell but the plan sets {plan[name]} ({layer}): "
+                "the job gets the plan's value; unset yours or move it to the cluster profile"
+            )
+            out.append(ShellOverride(name, shell, plan[name], msg))
+        elif name not in plan and name.startswith(TUNING_PREFIXES):
+            msg = (
+                f"{name}={shell} is exported in this shell and reaches the job unrecorded (sbatch --export=ALL); "
+                "unset it or put it in the cluster profile's env"
+            )
+            out.append(ShellOverride(name, shell, None, msg))
+    return out
+
+
+def _bridge_reason(name: str, plan) -> str:
+    from megatron.bridge.recipes.utils.environment_utils import COMMON_RECIPE_ENV_VARS
+
+    if name in COMMON_RECIPE_ENV_VARS:
+        return f"Bridge base recipe's cfg.env_vars: common default ({COMMON})"
+    return f"Bridge base recipe's cfg.env_vars ({plan.recipe.name})"
+
+
+@dataclass(kw_only=True)
+class EnvVarPlugin(run.Plugin):
+    """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars.
+
+    nemo_run writes executor.env_vars as `export NAME=value` lines into the sbatch script, so secrets are refused
+    here: they reach the job from the submitting shell (sbatch --export=ALL), never from a file."""
+
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.env = dict(self.env)  # our own copy: later edits to the ledger's dict do not leak into a submitted job
+        for name, value in self.env.items():
+            if is_secret(name):
+                raise ValueError(f"{name} looks like a secret: list it in the profile's secrets = [...], not in env")
+            if not isinstance(value, str):
+                raise TypeError(f"{name}={value!r}: env values must be strings (executor.env_vars are exported)")
+
+    @classmethod
+    def from_ledger(cls, ledger: Ledger) -> EnvVarPlugin:
+        return cls(env=ledger.values())
+
+    def setup(self, task, executor) -> None:
+        # A new dict: executors are cloned per task and may share their env_vars; the task (Script/Partial) is
+        # left untouched, since the environment belongs to the executor.
+        executor.env_vars = {**(executor.env_vars or {}), **self.env}

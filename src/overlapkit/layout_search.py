@@ -1,0 +1,197 @@
+"""Layout search: every TP/PP/VPP/CP/MBS split of a model over N H100s that divides, fits memory and keeps the overlap
+stack on, ranked, each with a one-line "why".
+
+Divisibility follows the audit (overlapkit.audit): heads and query groups by TP, layers (+ Bridge's embedding/loss
+accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS. Memory comes from overlapkit.memory with
+the settings overlap.apply_overlap_stack imposes (SP on with TP>1, distributed optimizer, BF16 grad reduce, FP8 param
+gather on FP8), without recompute. PP>1 is only searched with VPP>1: the audit rejects PP without VPP (no p2p
+overlap). Ranking, best first: an exact Bridge userbuffers preset (or TP=1, where TP overlap is n/a) before the
+explicit opt-in `overlap.tp_preset=default`; DP>1 (DP overlap on); the smallest PP (pipeline bubble), then TP, then CP
+(their collectives); the largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is
+tuned for it); then memory headroom.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from overlapkit import presets
+from overlapkit.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
+from overlapkit.overlap import GPUS_PER_NODE
+
+TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NVLink node
+
+
+class LayoutSearchError(ValueError):
+    """One-line, user-facing."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    layers: int
+    heads: int
+    query_groups: int
+    ffn: int
+    seq: int
+    vocab: int
+    dtype: str = "bf16"  # "bf16" | "fp8" (presets' spelling; recipes say fp8cs)
+    kv_channels: int | None = None
+    gated: bool = True
+    tied: bool = False
+    dropout: bool = False
+    account_embedding: bool = False
+    account_loss: bool = False
+
+    def describe(self) -> str:
+        return (
+            f"h{self.hidden} L{self.layers} heads{self.heads} groups{self.query_groups} ffn{self.ffn} "
+            f"seq{self.seq} {self.dtype}"
+        )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tp: int
+    pp: int
+    vpp: int | None
+    cp: int
+    dp: int
+    mbs: int
+    gbs: int
+    preset: str | None  # exact Bridge preset, presets.DEFAULT_TP_CONFIG (explicit opt-in), or None for TP=1
+    memory: MemoryEstimate
+    why: str = ""
+
+    @property
+    def exact_preset(self) -> bool:
+        return self.preset != presets.DEFAULT_TP_CONFIG
+
+    def describe(self) -> str:
+        return f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vpp or '-'} DP{self.dp} MBS{self.mbs} GBS{self.gbs}"
+
+
+def shape_errors(s: ModelShape) -> list[str]:
+    errs = []
+    if s.hidden % s.heads and not s.kv_channels:
+        errs.append(f"hidden {s.hidden} is not divisible by heads {s.heads} (head dim)")
+    if s.heads % s.query_groups:
+        errs.append(f"heads {s.heads} are not divisible by query groups {s.query_groups} (GQA)")
+    return errs
+
+
+def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, cp: int, mbs: int, gbs: int):
+    """Why this split does not divide (the audit's rules); empty when it does."""
+    errs = []
+    if tp not in TPS:
+        errs.append(f"TP{tp} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")
+    if gpus % (tp * pp * cp):
+        return errs + [f"{gpus} GPUs are not divisible by TP·PP·CP={tp * pp * cp}"]
+    dp = gpus // (tp * pp * cp)
+    if s.heads % tp:
+        errs.append(f"heads {s.heads} are not divisible by TP{tp}")
+    if s.query_groups % tp:
+        errs.append(f"query groups {s.query_groups} are not divisible by TP{tp}")
+    if tp > 1 and s.seq % tp:
+        errs.append(f"seq {s.seq} is not divisible by TP{tp}")
+    if cp > 1 and s.seq % (2 * cp):
+        errs.append(f"seq {s.seq} is not divisible by 2·CP={2 * cp}")
+    units = s.layers + s.account_embedding + s.account_loss
+    if pp > 1 and not (vpp and vpp > 1):
+        errs.append(f"PP{pp} needs VPP>1 for p2p overlap")
+    elif pp > 1 and units % (pp * vpp):
+        errs.append(f"layers {s.layers} (+embedding/loss: {units}) are not divisible by PP·VPP={pp * vpp}")
+    if gbs % (dp * mbs):
+        errs.append(f"GBS {gbs} is not divisible by DP·MBS={dp}·{mbs}")
+    elif pp > 1 and gbs // (dp * mbs) < pp:
+        errs.append(f"GBS {gbs} gives {gbs // (dp * mbs)} microbatches, fewer than PP{pp}: the pipeline never fills")
+    return errs
+
+
+def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs) -> Workload:
+    """The Workload overlap.apply_overlap_stack would produce for this split."""
+    return Workload(
+        hidden=s.hidden, layers=s.layers, heads=s.heads, query_groups=s.query_groups, ffn=s.ffn, vocab=s.vocab,
+        seq=s.seq, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=gpus // (tp * pp * cp), mbs=mbs, gbs=gbs, dtype=s.dtype,
+        kv_channels=s.kv_channels, gated=s.gated, tied=s.tied, dropout=s.dropout, sequence_parallel=True,
+        tp_overlap=tp > 1, fp8_param_gather=s.dtype == "fp8", grad_fp32=False, distributed_optimizer=True,
+        account_embedding=s.account_embedding, account_loss=s.account_loss,
+    )  # fmt: skip
+
+
+def preset_for(s: ModelShape, tp: int, cp: int, mbs: int, gpu: str = "h100") -> str | None:
+    if tp == 1:
+        return None
+    try:
+        return presets.select(presets.Shape(gpu, s.dtype, s.hidden, tp, cp, mbs, s.seq))
+    except presets.PresetError:
+        return presets.DEFAULT_TP_CONFIG
+
+
+def _splits(s: ModelShape, gpus: int, fixed: dict):
+    units = s.layers + s.account_embedding + s.account_loss
+    for tp in [fixed["tp"]] if "tp" in fixed else TPS:
+        for cp in [fixed["cp"]] if "cp" in fixed else CPS:
+            pps = [fixed["pp"]] if "pp" in fixed else [p for p in range(1, units + 1) if gpus % (tp * cp * p) == 0]
+            for pp in pps:
+                vpps = [None] if pp == 1 else range(2, units // pp + 1)
+                for vpp in [fixed["vpp"]] if "vpp" in fixed else vpps:
+                    for mbs in [fixed["mbs"]] if "mbs" in fixed else MBSS:
+                        yield tp, pp, (vpp if pp > 1 else None), cp, mbs
+
+
+def _rank(c: Candidate, s: ModelShape):
+    per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
+    return (not c.exact_preset, c.dp == 1, c.pp, c.tp, c.cp, per_chunk < 2, -(c.vpp or 1), c.mbs, -c.memory.headroom_gb)
+
+
+def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
+    if c.tp == 1:
+        tp = "TP1: no TP collectives (TP overlap n/a)"
+    elif c.exact_preset:
+        tp = f"TP{c.tp} inside a node with Bridge preset {c.preset}"
+    else:
+        tp = (
+            f"TP{c.tp} inside a node; no Bridge preset for h{s.hidden} tp{c.tp} mbs{c.mbs} seq{s.seq}: explicit "
+            f"overlap.tp_preset={presets.DEFAULT_TP_CONFIG} (TE's default userbuffers config)"
+        )
+    pp = "PP1" if c.pp == 1 else f"PP{c.pp}×VP{c.vpp} interleaved (p2p overlap on)"
+    pp += " is the smallest PP that fits" if c.pp == min_pp else ""
+    cp = f"; CP{c.cp}" if c.cp > 1 else ""
+    dp = f"DP{c.dp} overlaps grad reduce-scatter/param all-gather" if c.dp > 1 else "DP1: no DP overlap"
+    return f"{tp}; {pp}{cp}; {dp}; {c.memory.total_gb:.1f} of {c.memory.budget_gb:.1f} GB"
+
+
+def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top: int = 5, gpu: str = "h100"):
+    """The `top` best layouts of `s` on `gpus` H100s, best first; LayoutSearchError (one line) when none qualifies.
+    `fixed` pins any of tp/pp/vpp/cp/mbs (e.g. from the command line)."""
+    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
+        raise LayoutSearchError(f"{gpus} GPUs: use a multiple of {GPUS_PER_NODE} (whole H100 nodes)")
+    if errs := shape_errors(s):
+        raise LayoutSearchError(f"model shape {s.describe()} does not divide: {'; '.join(errs)}")
+    why_not, fitting, best_unfit = Counter(), [], None
+    for tp, pp, vpp, cp, mbs in _splits(s, gpus, fixed):
+        if errs := layout_errors(s, gpus, tp, pp, vpp, cp, mbs, gbs):
+            why_not[errs[0]] += 1
+            continue
+        est = estimate_workload(workload(s, gpus, tp, pp, vpp, cp, mbs, gbs), gpu)
+        c = Candidate(tp, pp, vpp, cp, gpus // (tp * pp * cp), mbs, gbs, preset_for(s, tp, cp, mbs, gpu), est)
+        if est.fits:
+            fitting.append(c)
+        elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:
+            best_unfit = c
+    pinned = f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""
+    if not fitting and best_unfit is not None:
+        m = best_unfit.memory
+        raise LayoutSearchError(
+            f"no layout of {s.describe()} on {gpus} GPUs{pinned} fits an H100: the smallest estimate is "
+            f"{m.total_gb:.0f} GB > {m.budget_gb:.1f} GB ({best_unfit.describe()}); use more GPUs"
+        )
+    if not fitting:
+        reasons = "; ".join(r for r, _ in why_not.most_common(2)) or "no split to try"
+        raise LayoutSearchError(f"no layout of {s.describe()} on {gpus} GPUs{pinned} divides: {reasons}")
+    fitting.sort(key=lambda c: _rank(c, s))
+    min_pp = min(c.pp for c in fitting)
+    return [replace(c, why=_why(c, s, min_pp)) for c in fitting[:top]]

@@ -1,0 +1,302 @@
+"""Per-GPU memory estimate for dense GQA transformer recipes on H100 80 GB: does the first step OOM?
+
+"GB" here is GiB (2**30 B), the unit of torch.cuda memory stats and of nvidia-smi's MiB/1024. The peak is on the
+first pipeline stage: it holds the input embedding and the most in-flight microbatches (as in Megatron-LM's
+`megatron/training/theoretical_memory_usage.py`, which this follows). Per component:
+
+- weights: BF16, 2 B/param. FP8 with fp8_param_gather: transformer-layer weights are FP8 (1 B) plus the FP8
+  transpose TE caches for the backward GEMMs (Hopper FP8 GEMMs take only the TN layout): 2 B; FP8 without it: BF16
+  plus TE's cached FP8 copy and transpose: 4 B. Embedding and output layer stay BF16.
+- grads: Megatron DDP's grad buffer holds fp32 when ddp.grad_reduce_in_fp32, else the param dtype (BF16): 4 or 2 B.
+- optimizer: Adam keeps fp32 master params + m + v = 12 B/param (ZeRO, Rajbhandari et al. 2020, K=12; Megatron's
+  `6 + 12/DP` bytes/param). The distributed optimizer shards it over the DP×CP group (megatron-core builds it on
+  `intra_dp_cp_group`); Megatron's formula divides by DP alone. The fp32 copy of the grad shard made at the step
+  is not counted: activations are freed by then.
+- activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models") Table 2,
+  sequence parallel: s·b·h·(34 + 5·a·s/h)/t bytes per layer. Adapted: flash/fused attention (TE's default on H100)
+  stores no s² softmax/dropout tensors, only its output and a fp32 log-sum-exp per head and token; Q, K, V sized
+  for GQA; a gated MLP stores both FC1 halves; dropout masks only when hidden_dropout > 0 (Llama: 0); FP8 runs save
+  the four linear-layer inputs as FP8. Tokens per rank are s·b/CP. For GPT3 with dropout this is Megatron's
+  `s·b·h·(18 + 4·ffn/h)/t`. Times the layers the first stage holds at once: 1F1B holds min(PP, microbatches)
+  microbatches of its layers; the interleaved schedule holds 2(PP−1) + (VPP−1)·PP + 1 chunk-microbatches
+  (megatron/core/pipeline_parallel/schedules.py get_pp_rank_microbatches), which is Megatron's
+  `L·(1 + (PP−1)/(PP·VPP))`. Recompute: "full" keeps each recomputed group's input (2·s·b·h/(t·CP)) plus one
+  group's activations while it is recomputed; "selective" recomputes core attention (megatron-core's default
+  recompute_modules), which flash attention already does not store: no saving is credited.
+- logits: PP=1 only (the first stage is also the last): Megatron's 4·s·b·h·(1 + V/h)/t.
+- userbuffers (TP overlap on): TE's initialize_ub registers one buffer per overlapped GEMM, the ten fields of
+  Bridge's TransformerLayerTPOverlapCfg (qkv/proj/fc1/fc2 fprop and dgrad, qkv/fc1 wgrad), each the full
+  [s·b/CP, h] tensor; in FP8 the six all-gather ones are FP8 (1 B), the rest BF16.
+- reserve: 3 GB for the CUDA context (~1 GB), NCCL communicators of the TP/PP/DP/CP/DP×CP groups (~1.5 GB) and
+  cuBLAS/TE workspaces (~0.5 GB).
+
+Fits when the total is within an H100 80 GB (81559 MiB per nvidia-smi = 79.6 GB) minus a 4 GB margin (5%) for
+allocator fragmentation. Validation: on the formula's own assumptions the weight+optimizer and activation terms
+equal Megatron-LM's theoretical_memory_usage (tests/unit_tests/test_memory.py); every shipped recipe, all run by
+NVIDIA on H100 80 GB, estimates inside the budget, with Llama3 8B FP8 only thanks to its 5-layer full recompute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from overlapkit import overlap
+
+GB = 2**30
+HBM_GB = {"h100": 81559 / 1024}  # nvidia-smi total on an H100 SXM5 80 GB
+MARGIN_GB = 4.0  # allocator fragmentation: about 5% of the card
+RESERVE_GB = 3.0  # CUDA context + NCCL communicators + cuBLAS/TE workspaces (see the module docstring)
+UB_BUFFERS = ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad", "qkv_fprop")
+UB_BUFFERS += ("proj_dgrad", "fc1_fprop", "fc2_dgrad", "proj_fprop", "fc2_fprop")  # Bridge's TP overlap cfg fields
+UB_ALL_GATHER = {"qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad", "qkv_dgrad", "fc1_dgrad"}  # FP8 under FP8
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything the estimate reads: the model shape, the layout and the precision/recompute knobs."""
+
+    hidden: int
+    layers: int
+    heads: int
+    query_groups: int
+    ffn: int
+    vocab: int
+    seq: int
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    cp: int = 1
+    dp: int = 1
+    mbs: int = 1
+    gbs: int = 1
+    dtype: str = "bf16"  # "bf16" | "fp8"
+    kv_channels: int | None = None
+    gated: bool = True
+    tied: bool = False
+    dropout: bool = False
+    sequence_parallel: bool = True
+    tp_overlap: bool = True
+    fp8_param_gather: bool = True
+    grad_fp32: bool = False
+    distributed_optimizer: bool = True
+    account_embedding: bool = False  # Bridge's account_for_{embedding,loss}_in_pipeline_split
+    account_loss: bool = False
+    recompute: str | None = None  # model.recompute_granularity
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    mb_group: int | None = None  # microbatch_group_size_per_vp_stage (megatron-core default: PP)
+
+    def model(self):
+        """The provider attribute names overlap.params_per_layer/embedding_params read."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(
+            hidden_size=self.hidden, ffn_hidden_size=self.ffn, num_attention_heads=self.heads,
+            num_query_groups=self.query_groups, kv_channels=self.kv_channels, gated_linear_unit=self.gated,
+            vocab_size=self.vocab, share_embeddings_and_output_weights=self.tied, num_layers=self.layers,
+        )  # fmt: skip
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden // self.heads
+
+    @property
+    def microbatches(self) -> int:
+        return max(1, self.gbs // (self.dp * self.mbs))
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    logits_gb: float
+    comm_buffers_gb: float
+    reserve_gb: float
+    hbm_gb: float
+    margin_gb: float
+    params_per_gpu: int
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_gb(self) -> float:
+        parts = (self.weights_gb, self.grads_gb, self.optimizer_gb, self.activations_gb, self.logits_gb)
+        return sum(parts) + self.comm_buffers_gb + self.reserve_gb
+
+    @property
+    def budget_gb(self) -> float:
+        return self.hbm_gb - self.margin_gb
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gb <= self.budget_gb
+
+    @property
+    def headroom_gb(self) -> float:
+        return self.budget_gb - self.total_gb
+
+    def rows(self) -> list[tuple[str, float, str]]:
+        """(component, GB, note) per component, then the total; for a table."""
+        names = ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "reserve")
+        out = [(n, round(getattr(self, f"{n}_gb"), 2), self.notes.get(n, "")) for n in names]
+        verdict = "fits" if self.fits else "does NOT fit"
+        return out + [("total", round(self.total_gb, 2), f"{verdict}: budget {self.budget_gb:.1f} GB")]
+
+    def summary(self) -> str:
+        verdict = "fits" if self.fits else "does NOT fit"
+        return (
+            f"memory (first pipeline stage, per GPU): {self.total_gb:.1f} GB of {self.budget_gb:.1f} GB budget "
+            f"(H100 {self.hbm_gb:.1f} GB − {self.margin_gb:.0f} GB margin): {verdict}"
+        )
+
+
+def workload_of(cfg, target: overlap.Target) -> Workload:
+    """The Workload a Bridge ConfigContainer describes on `target` (DP from overlap.data_parallel_size)."""
+    m, mp, comm = cfg.model, cfg.mixed_precision, cfg.comm_overlap
+    real_mp = mp is not None and not isinstance(mp, str)
+    tp = m.tensor_model_parallel_size
+    return Workload(
+        hidden=m.hidden_size, layers=m.num_layers, heads=m.num_attention_heads,
+        query_groups=m.num_query_groups or m.num_attention_heads, ffn=m.ffn_hidden_size,
+        vocab=m.vocab_size or cfg.tokenizer.vocab_size or 0, seq=m.seq_length, tp=tp,
+        pp=m.pipeline_model_parallel_size, vpp=m.virtual_pipeline_model_parallel_size, cp=m.context_parallel_size or 1,
+        dp=overlap.data_parallel_size(cfg, target.world_size), mbs=cfg.train.micro_batch_size,
+        gbs=cfg.train.global_batch_size, dtype=overlap.dtype_of(cfg), kv_channels=m.kv_channels,
+        gated=bool(m.gated_linear_unit), tied=bool(m.share_embeddings_and_output_weights),
+        dropout=bool(m.hidden_dropout), sequence_parallel=bool(m.sequence_parallel or tp == 1),
+        tp_overlap=bool(comm is not None and comm.tp_comm_overlap and tp > 1),
+        fp8_param_gather=bool(real_mp and mp.fp8_param_gather),
+        grad_fp32=bool(mp.grad_reduce_in_fp32 if real_mp else cfg.ddp.grad_reduce_in_fp32),  # mp overwrites ddp
+        distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer),
+        account_embedding=bool(m.account_for_embedding_in_pipeline_split),
+        account_loss=bool(m.account_for_loss_in_pipeline_split), recompute=m.recompute_granularity,
+        recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers,
+        mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None),
+    )  # fmt: skip
+
+
+def first_stage_layers(w: Workload) -> tuple[int, int]:
+    """(transformer layers per model chunk, layers on the first stage). Bridge's accounting puts the embedding in
+    the first chunk's share; the chunk size is rounded up, an upper bound when the split is uneven."""
+    if w.pp == 1:
+        return w.layers, w.layers
+    vpp = w.vpp or 1
+    per_chunk = math.ceil((w.layers + w.account_embedding + w.account_loss) / (w.pp * vpp))
+    return per_chunk, min(w.layers, per_chunk * vpp - w.account_embedding)
+
+
+def activation_terms(w: Workload) -> dict[str, float]:
+    """Bytes stored per layer, in units of (tokens·h) elements; see the module docstring for the derivation."""
+    q, kv, f = w.head_dim * w.heads / w.hidden, w.head_dim * w.query_groups / w.hidden, w.ffn / w.hidden
+    lin = 1 if w.dtype == "fp8" else 2  # TE saves FP8 copies of linear inputs under FP8
+    return {
+        "norm inputs (2 norms)": 4,
+        "QKV input": lin,
+        "Q + attention output": 4 * q + (q if w.dtype == "fp8" else 0),  # FP8: proj also saves its FP8 input
+        "K + V (GQA)": 4 * kv,
+        "flash-attn log-sum-exp (fp32)": 4 * w.heads / w.hidden,
+        "FC1 input": lin,
+        "FC1 output": (4 if w.gated else 2) * f,
+        "FC2 input": lin * f,
+        "dropout masks": 2 if w.dropout else 0,
+    }
+
+
+_REPLICATED_WITHOUT_SP = ("norm inputs (2 norms)", "QKV input", "FC1 input", "dropout masks")  # Korthikanti §4.2.2
+
+
+def layer_activation_bytes(w: Workload) -> float:
+    tokens = w.seq * w.mbs / w.cp
+    terms = activation_terms(w)
+    if w.sequence_parallel or w.tp == 1:
+        return tokens * w.hidden * sum(terms.values()) / w.tp
+    rep = sum(v for k, v in terms.items() if k in _REPLICATED_WITHOUT_SP)
+    return tokens * w.hidden * (rep + (sum(terms.values()) - rep) / w.tp)
+
+
+def in_flight_chunks(w: Workload) -> int:
+    """Model-chunk forward passes whose activations the first stage holds at the peak."""
+    if w.pp == 1:
+        return 1
+    if not w.vpp or w.vpp == 1:
+        return min(w.pp, w.microbatches)
+    warmup = 2 * (w.pp - 1) + (w.vpp - 1) * (w.mb_group or w.pp)
+    return min(warmup + 1, w.microbatches * w.vpp)
+
+
+def activation_bytes(w: Workload) -> tuple[float, str]:
+    per_layer, chunk_layers = layer_activation_bytes(w), first_stage_layers(w)[0]
+    ckpt = 2 * w.seq * w.mbs / w.cp * w.hidden / w.tp  # a recomputed group's BF16 input, sequence-sharded
+    n = w.recompute_num_layers or 1
+    if w.recompute == "full" and w.recompute_method == "uniform":
+        stored, transient = math.ceil(chunk_layers / n) * ckpt, min(n, chunk_layers) * per_layer
+        how = f"full recompute, uniform groups of {n}"
+    elif w.recompute == "full":  # "block": the first n layers of every chunk are recomputed
+        k = min(n, chunk_layers)
+        stored, transient = k * ckpt + (chunk_layers - k) * per_layer, per_layer if k else 0.0
+        how = f"full recompute of {k} of {chunk_layers} layers per chunk"
+    else:
+        stored, transient = chunk_layers * per_layer, 0.0
+        how = "no recompute" if w.recompute is None else "selective (core_attn: nothing stored with flash attn)"
+    chunks = in_flight_chunks(w)
+    note = f"{per_layer / 2**20:.0f} MB/layer × {chunk_layers} layers × {chunks} in flight; {how}"
+    return chunks * stored + transient, note
+
+
+def estimate_workload(w: Workload, gpu: str = "h100") -> MemoryEstimate:
+    m = w.model()
+    chunk_layers, layers = first_stage_layers(w)
+    emb = w.vocab * w.hidden * (2 if w.pp == 1 and not w.tied else 1)  # the output layer too when PP=1
+    layer_params = layers * overlap.params_per_layer(m)
+    params = (layer_params + emb) // w.tp
+    fp8 = w.dtype == "fp8"
+    wbytes = (2 if w.fp8_param_gather else 4) if fp8 else 2
+    gbytes = 4 if w.grad_fp32 else 2
+    shard = w.dp * w.cp if w.distributed_optimizer else 1
+    act, act_note = activation_bytes(w)
+    tokens = w.seq * w.mbs // w.cp
+    logits = 4 * tokens * w.hidden * (1 + w.vocab / w.hidden) / w.tp if w.pp == 1 else 0.0
+    ub = sum(tokens * w.hidden * (1 if fp8 and n in UB_ALL_GATHER else 2) for n in UB_BUFFERS) if w.tp_overlap else 0
+    notes = {
+        "weights": f"{params / 1e9:.2f}B params/GPU ({layers} layers{' + embedding' if emb else ''}, /TP{w.tp})"
+        f" × {wbytes} B{' (FP8 + transpose)' if fp8 and w.fp8_param_gather else ''}",
+        "grads": f"× {gbytes} B ({'fp32' if w.grad_fp32 else 'bf16'} DDP grad buffer)",
+        "optimizer": f"× 12 B / {shard} (fp32 master + Adam m, v; "
+        + (f"distributed over DP{w.dp}·CP{w.cp})" if w.distributed_optimizer else "not distributed)"),
+        "activations": act_note,
+        "logits": "fp32 logits + loss inputs (PP=1)" if logits else "on the last stage (PP>1)",
+        "comm_buffers": f"{len(UB_BUFFERS)} userbuffers of {tokens}×{w.hidden}" if ub else "no TP overlap",
+        "reserve": "CUDA context, NCCL communicators, cuBLAS/TE workspaces",
+    }
+    return MemoryEstimate(
+        weights_gb=(layer_params * wbytes + emb * 2) / w.tp / GB if fp8 else params * 2 / GB,
+        grads_gb=params * gbytes / GB,
+        optimizer_gb=params * 12 / shard / GB,
+        activations_gb=act / GB,
+        logits_gb=logits / GB,
+        comm_buffers_gb=ub / GB,
+        reserve_gb=RESERVE_GB,
+        hbm_gb=HBM_GB[gpu],
+        margin_gb=MARGIN_GB,
+        params_per_gpu=params,
+        notes=notes,
+    )
+
+
+def estimate(cfg, target: overlap.Target) -> MemoryEstimate:
+    """Per-GPU peak memory of recipe config `cfg` on `target` (see the module docstring for every term)."""
+    return estimate_workload(workload_of(cfg, target), target.gpu)
+
+
+def table(est: MemoryEstimate):
+    """A rich Table of est.rows() (for `make plan` and launch/new_recipe.py)."""
+    from rich.table import Table
+
+    t = Table(title="Memory estimate per GPU (first pipeline stage, GB = GiB)", title_justify="left")
+    for col in ("component", "GB", "how"):
+        t.add_column(col, justify="right" if col == "GB" else "left")
+    for name, gb, note in est.rows():
+        t.add_row(name, f"{gb:.2f}", note)
+    return t

@@ -1,0 +1,185 @@
+"""Cluster profiles: where a recipe runs (account, partition, container, mounts, network env, secrets by name).
+
+One TOML file per cluster in `slurm/profiles/<name>.toml`, loaded into a frozen `ClusterProfile`. Every error is one
+line that names the fix. Secrets are listed by *name* only (`secrets = ["WANDB_API_KEY"]`): their values stay in the
+submitting shell, which sbatch exports to the job (`--export=ALL` is its default), and are never written anywhere.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from overlapkit.stack import REPO_ROOT
+
+PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
+# Megatron Bridge v0.6.0's release notes are titled "NeMo Framework 26.08 — Megatron Bridge Release Notes"
+# (github.com/NVIDIA-NeMo/Megatron-Bridge/releases/tag/v0.6.0), following 26.04 → 0.4.0 and 26.06 → 0.5.0
+# (docs/releases/software-versions.md, roadmap issue #3754). Nothing in the installed 0.6.2 wheel names a tag, and a
+# patch tag (26.08.0x) may carry 0.6.2 exactly: check `pip show megatron-bridge` inside the image before a real run.
+DEFAULT_CONTAINER = "nvcr.io/nvidia/nemo:26.08"
+DEFAULT_JOB_DIR = "runs/slurm"  # relative paths are under the repo root
+# Userbuffers (TP overlap) bootstrap over MPI when TE's NCCL bootstrap is off; pmix is what Slurm's srun offers.
+DEFAULT_SRUN_ARGS = ("--mpi=pmix",)
+
+SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NGC_API_KEY", "COMET_API_KEY"})
+_SECRET = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|^(TOKEN|SECRET)$", re.IGNORECASE)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"^(\d+-([01]?\d|2[0-3])|\d+):[0-5]\d:[0-5]\d$")  # HH:MM:SS or D-HH:MM:SS (sbatch --time)
+# nemo_run writes `export NAME=value` into the sbatch script without quoting (core/execution/slurm.py), so a value
+# with spaces or shell characters would be split or executed.
+_UNSAFE = re.compile(r"[\s'\"`$;&|<>()\\]")
+
+
+class ProfileError(ValueError):
+    """One-line, user-facing."""
+
+
+def is_secret(name: str) -> bool:
+    return name.upper() in SECRET_NAMES or bool(_SECRET.search(name))
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    name: str
+    account: str
+    partition: str
+    container_image: str | None = DEFAULT_CONTAINER  # None: no pyxis/enroot (`container_image = ""` in TOML)
+    container_mounts: tuple[str, ...] = ()
+    gpus_per_node: int = 8
+    time_limit: str | None = None  # None: the recipe's time_limit
+    srun_args: tuple[str, ...] = DEFAULT_SRUN_ARGS
+    exclusive: bool = True  # whole nodes: a shared node's traffic would skew the overlap
+    env: dict[str, str] = field(default_factory=dict)  # network env (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...)
+    secrets: tuple[str, ...] = ()  # names only; values come from the submitting shell
+    job_dir: str = DEFAULT_JOB_DIR  # where nemo_run writes experiments (LocalTunnel/SSHTunnel job_dir)
+    # The interpreter each rank runs: the container's `python`, or a venv path; "{repo}" is this checkout.
+    python: str = "python"
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def job_path(self) -> Path:
+        p = Path(self.job_dir).expanduser()
+        return p if p.is_absolute() else REPO_ROOT / p
+
+    @property
+    def source(self) -> str:
+        return _show(self.path) if self.path else f"profile {self.name} (in memory)"
+
+    def to_dict(self) -> dict:
+        return {
+            f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else list(v) if isinstance(v, tuple) else v
+            for f in fields(self)
+        }
+
+
+_KEYS = [f.name for f in fields(ClusterProfile) if f.name != "path"]
+_REQUIRED = ("account", "partition")
+
+
+def list_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+
+
+def load_profile(name_or_path: str | Path) -> ClusterProfile:
+    """`local`, `example-eos`, or a path to a .toml file."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if not (text.endswith(".toml") or "/" in text):
+        path = PROFILES_DIR / f"{text}.toml"
+    if not path.is_file():
+        avail = list_profiles()
+        close = difflib.get_close_matches(path.stem, avail, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ProfileError(
+            f"unknown cluster profile {text!r}; {hint}available: {', '.join(avail) or 'none'} "
+            f"(add slurm/profiles/<name>.toml)"
+        )
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{_show(path)}: invalid TOML: {' '.join(str(exc).split())}") from None
+    return parse_profile(data, name=data.get("name", path.stem), path=path)
+
+
+def parse_profile(data: dict, *, name: str, path: Path | None = None) -> ClusterProfile:
+    """Validate a profile's TOML table; every error is one line naming the file, the key and the fix."""
+    where = _show(path) if path else f"profile {name}"
+
+    def fail(msg: str):
+        raise ProfileError(f"{where}: {msg}")
+
+    for key in data:
+        if key not in _KEYS:
+            close = difflib.get_close_matches(key, _KEYS, n=1, cutoff=0.5)
+            fail(f"unknown key {key!r}; " + (f"did you mean {close[0]}?" if close else f"valid: {', '.join(_KEYS)}"))
+    for key in _REQUIRED:
+        if key not in data:
+            fail(f'missing key {key!r}: add {key} = "..." (sinfo -s / sacctmgr show assoc list yours)')
+    out: dict = {"name": name, "path": path}
+    for key in ("name", "account", "partition", "container_image", "time_limit", "job_dir", "python"):
+        if key in data:
+            if not isinstance(data[key], str):
+                fail(f'{key} = {data[key]!r}: expected a string, e.g. {key} = "..."')
+            out[key] = data[key]
+    if "container_image" in out:
+        out["container_image"] = out["container_image"] or None
+    if out.get("time_limit") is not None and not _TIME.match(out["time_limit"]):
+        fail(f'time_limit = {out["time_limit"]!r}: use HH:MM:SS or D-HH:MM:SS, e.g. "04:00:00" or "1-00:00:00"')
+    for key in ("container_mounts", "srun_args", "secrets"):
+        if key in data:
+            value = data[key]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                fail(f'{key} = {value!r}: expected a list of strings, e.g. {key} = ["..."]')
+            out[key] = tuple(value)
+    for mount in out.get("container_mounts", ()):
+        if ":" not in mount:
+            fail(f'container_mounts entry {mount!r}: use SRC:DST[:FLAGS], e.g. "/lustre:/lustre"')
+    for secret in out.get("secrets", ()):
+        if not _ENV_NAME.match(secret):
+            fail(f"secrets entry {secret!r} is not an environment variable name (letters, digits, _)")
+    if "gpus_per_node" in data:
+        gpn = data["gpus_per_node"]
+        if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+            fail(f"gpus_per_node = {gpn!r}: expected a positive integer (8 on an H100 node)")
+        out["gpus_per_node"] = gpn
+    if "exclusive" in data:
+        if not isinstance(data["exclusive"], bool):
+            fail(f"exclusive = {data['exclusive']!r}: expected true or false")
+        out["exclusive"] = data["exclusive"]
+    if "env" in data:
+        out["env"] = _env(data["env"], fail)
+    both = set(out.get("env", {})) & set(out.get("secrets", ()))
+    if both:
+        fail(f"{sorted(both)[0]} is in both env and secrets: keep it in secrets only")
+    return ClusterProfile(**out)
+
+
+def _env(table, fail) -> dict[str, str]:
+    if not isinstance(table, dict):
+        fail(f'env = {table!r}: expected a table, e.g. [env] NCCL_IB_HCA = "mlx5"')
+    env = {}
+    for key, value in table.items():
+        if is_secret(key):
+            fail(f"{key} has a literal value: put {key} in secrets = [...] and export it in your shell")
+        if not _ENV_NAME.match(key):
+            fail(f"env key {key!r} is not an environment variable name (letters, digits, _)")
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            fail(f'env.{key} = {value!r}: expected a string or integer, e.g. {key} = "1"')
+        if _UNSAFE.search(str(value)):
+            fail(
+                f"env.{key} = {str(value)!r}: nemo_run writes `export {key}=value` unquoted into the sbatch "
+                "script; use a value without spaces, quotes or shell characters"
+            )
+        env[key] = str(value)
+    return env
+
+
+def _show(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,51 @@
+"""The plain-sbatch path: a standalone script from the same plan and ledger, for login nodes without nemo_run.
+
+It runs the repository checkout in place (`--chdir`), so that checkout must be on the shared filesystem.
+"""
+
+from __future__ import annotations
+
+import shlex
+from string import Template
+
+from overlapkit import stack
+from overlapkit.submit import TASKS_PER_NODE, Submission
+
+TEMPLATE = stack.REPO_ROOT / "slurm" / "templates" / "pretrain.sbatch"
+
+
+def render(sub: Submission) -> str:
+    p, plan = sub.profile, sub.plan
+    by_name = {e.name: e for e in plan.ledger.entries}
+    exports = "\n".join(
+        f"export {name}={shlex.quote(value)}  # {by_name[name].layer}: {by_name[name].reason}"
+        for name, value in plan.ledger.values().items()
+    )
+    srun = list(p.srun_args)
+    if p.container_image:  # pyxis: the image, the mounts, and the checkout itself at the same path
+        mounts = [*p.container_mounts, f"{stack.REPO_ROOT}:{stack.REPO_ROOT}", f"{sub.run_dir}:{sub.run_dir}"]
+        srun += [f"--container-image={p.container_image}", f"--container-mounts={','.join(mounts)}"]
+    return Template(TEMPLATE.read_text()).substitute(
+        recipe=plan.recipe.name,
+        cluster=p.name,
+        run_dir=sub.run_dir,
+        account=p.account,
+        partition=p.partition,
+        nodes=plan.target.nodes,
+        tasks_per_node=TASKS_PER_NODE,
+        gpus_per_node=p.gpus_per_node,
+        time=p.time_limit or plan.recipe.time_limit,
+        exclusive="#SBATCH --exclusive" if p.exclusive else "# (shared nodes: exclusive = false in the profile)",
+        secrets=" " + ", ".join(plan.ledger.secrets) if plan.ledger.secrets else " none",
+        exports=exports,
+        srun_args=shlex.join(srun),
+        code_dir=shlex.quote(str(stack.REPO_ROOT)),
+        command=shlex.quote(sub.command),
+    )
+
+
+def write(sub: Submission) -> str:
+    path = sub.run_dir / "sbatch.sh"
+    path.write_text(render(sub))
+    path.chmod(0o755)
+    return str(path)

@@ -1,0 +1,216 @@
+"""Fork a recipe for a new model size: shape → layout search → recipe file → build + audit + memory → file kept.
+
+The new file reuses the FROM recipe's Bridge base function (`base` in its module) with the new shape, then goes
+through recipes._base.h100_pretrain/register exactly like the shipped recipes. It is written to a hidden temp file,
+loaded and registered under `recipes.<name>`, planned and audited; only when the audit is clean and the memory
+estimate fits is it renamed into place. On any failure the temp file and the registry entry are removed: a bad
+request leaves nothing behind and fails with one line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overlapkit import layout_search, memory, stack
+from overlapkit.overlap import GPUS_PER_NODE
+
+NAME_RE = re.compile(
+    r"^(?P<model>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<dtype>bf16|fp8cs)$"
+)
+SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq")
+LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "mbs")
+RECIPES_DIR = stack.REPO_ROOT / "recipes"
+
+
+class ForkError(ValueError):
+    """One-line, user-facing. exit_code: 2 for a bad request, 1 when the built recipe fails its audit."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(" ".join(str(message).split()))  # always one line
+        self.exit_code = exit_code
+
+
+@dataclass
+class ForkRequest:
+    from_name: str
+    name: str
+    shape: dict = field(default_factory=dict)  # any of SHAPE_FIELDS; the rest from the FROM recipe
+    layout: dict = field(default_factory=dict)  # any of LAYOUT_FIELDS pinned; the rest searched
+    gpus: int | None = None  # default: N in the name
+    dtype: str | None = None  # bf16 | fp8cs; default: the name's suffix
+    gbs: int | None = None  # default: the FROM recipe's
+    model: str | None = None  # registry label; default from the name ("llama3_34b" → "Llama3 34B")
+    recipes_dir: Path = RECIPES_DIR
+
+
+@dataclass
+class ForkResult:
+    name: str
+    path: Path
+    choice: layout_search.Candidate
+    alternatives: list
+    plan: object  # overlapkit.plan.Plan
+    memory: memory.MemoryEstimate
+
+
+def model_label(prefix: str) -> str:
+    return " ".join(t.upper() if re.fullmatch(r"\d+(\.\d+)?[bm]", t) else t.capitalize() for t in prefix.split("_"))
+
+
+def _check_name(req: ForkRequest) -> tuple[str, int, str]:
+    import recipes
+
+    m = NAME_RE.match(req.name)
+    if not m:
+        raise ForkError(f"recipe name {req.name!r} must be <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
+    gpus, dtype = int(m["gpus"]), m["dtype"]
+    if req.gpus is not None and req.gpus != gpus:
+        raise ForkError(f"--gpus {req.gpus} contradicts the name's {gpus}gpu: rename or change --gpus")
+    if req.dtype is not None and req.dtype != dtype:
+        raise ForkError(f"--dtype {req.dtype} contradicts the name's _{dtype} suffix")
+    if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
+        raise ForkError(f"{gpus} GPUs: use a multiple of {GPUS_PER_NODE} (whole H100 nodes)")
+    for where in {Path(req.recipes_dir), RECIPES_DIR}:
+        if (where / f"{req.name}.py").exists():
+            raise ForkError(f"recipe {req.name} already exists ({where / f'{req.name}.py'}): pick another name")
+    if req.name in recipes.REGISTRY:
+        raise ForkError(f"recipe {req.name} is already registered: pick another name")
+    return m["model"], gpus, dtype
+
+
+def _base_shape(cfg, req: ForkRequest, dtype: str) -> layout_search.ModelShape:
+    m = cfg.model
+    groups = m.num_query_groups or m.num_attention_heads
+    have = dict(hidden=m.hidden_size, layers=m.num_layers, heads=m.num_attention_heads, query_groups=groups)
+    have.update(ffn=m.ffn_hidden_size, seq=m.seq_length)
+    new = {**have, **{k: v for k, v in req.shape.items() if v is not None}}
+    for k, v in new.items():
+        if not isinstance(v, int) or v < 1:
+            raise ForkError(f"--{k.replace('_', '-')} {v!r}: must be a positive whole number")
+    return layout_search.ModelShape(
+        **new, vocab=m.vocab_size or cfg.tokenizer.vocab_size, dtype="fp8" if dtype == "fp8cs" else "bf16",
+        gated=bool(m.gated_linear_unit), tied=bool(m.share_embeddings_and_output_weights),
+        dropout=bool(m.hidden_dropout), account_embedding=bool(m.account_for_embedding_in_pipeline_split),
+        account_loss=bool(m.account_for_loss_in_pipeline_split),
+    )  # fmt: skip
+
+
+TEMPLATE = '''"""{doc}
+"""
+
+from recipes._base import Layout, OverlapIntent, h100_pretrain, register
+from {base_module} import base as _from_base
+
+SHAPE = dict(hidden_size={s.hidden}, num_layers={s.layers}, ffn_hidden_size={s.ffn})
+SHAPE.update(num_attention_heads={s.heads}, num_query_groups={s.query_groups}, kv_channels={kv})
+LAYOUT = Layout(tp={c.tp}, pp={c.pp}, cp={c.cp}, vpp={c.vpp}, mbs={c.mbs}, gbs={c.gbs}, seq={s.seq})
+INTENT = {intent}
+
+
+def base():
+    """The base recipe's Bridge config with this model's shape."""
+    cfg = _from_base()
+    for key, value in SHAPE.items():
+        setattr(cfg.model, key, value)
+    return cfg
+
+
+@register(model="{model}", nodes={nodes}, source="forked from {from_name}")
+def {name}():
+    """{dtype_word}, {layout}, seq {s.seq}."""
+    return h100_pretrain(base, "{dtype}", LAYOUT, INTENT)
+'''
+
+
+def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_module: str) -> str:
+    if c.exact_preset:
+        intent = "None  # userbuffers preset: " + (c.preset or "n/a (TP=1)")
+    else:
+        intent = 'OverlapIntent(tp_preset="default")  # no Bridge userbuffers preset fits: explicit opt-in'
+    nodes = gpus // GPUS_PER_NODE
+    head = f"{model} on {gpus} H100s ({nodes} nodes), forked from {req.from_name} by launch/new_recipe.py."
+    body = (
+        f"Shape: hidden {s.hidden}, {s.layers} layers, {s.heads} heads, {s.query_groups} query groups, FFN {s.ffn}, "
+        f"seq {s.seq}; vocabulary ({s.vocab}), tokenizer and the rest from `{base_module}.base`. "
+        f"Layout {c.describe()} chosen by overlapkit.layout_search: {c.why}."
+    )
+    doc = "\n".join(textwrap.wrap(head, 113)) + "\n\n" + "\n".join(textwrap.wrap(body, 116))
+    return TEMPLATE.format(
+        doc=doc, model=model, nodes=gpus // GPUS_PER_NODE, from_name=req.from_name, s=s, base_module=base_module,
+        layout=c.describe(), kv=s.kv_channels or s.hidden // s.heads, c=c, intent=intent, name=req.name,
+        dtype=dtype, dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
+    )  # fmt: skip
+
+
+def load(path: Path, name: str):
+    """Import the recipe file at `path` as `recipes.<name>`; its @register adds it to the registry."""
+    spec = importlib.util.spec_from_file_location(f"recipes.{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    with stack.silenced():
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def unregister(name: str) -> None:
+    import recipes
+
+    recipes.REGISTRY.pop(name, None)
+    sys.modules.pop(f"recipes.{name}", None)
+
+
+def fork(req: ForkRequest) -> ForkResult:
+    """Write, register and audit `recipes/<name>.py`; ForkError (one line) and no file on any failure."""
+    import recipes
+    from overlapkit.plan import make_plan
+
+    prefix, gpus, dtype = _check_name(req)
+    try:
+        entry = recipes.get(req.from_name)
+    except recipes.UnknownRecipe as exc:
+        raise ForkError(str(exc)) from None
+    base_module = entry.build.__module__
+    if not callable(getattr(sys.modules[base_module], "base", None)):
+        raise ForkError(f"{base_module} has no Bridge base function `base` to fork from")
+    with stack.silenced():
+        from_cfg = entry.build()
+    shape = _base_shape(from_cfg, req, dtype)
+    unknown = set(req.layout) - set(LAYOUT_FIELDS)
+    if unknown:
+        raise ForkError(f"unknown layout field(s) {sorted(unknown)}: use {', '.join(LAYOUT_FIELDS)}")
+    gbs = req.gbs or from_cfg.train.global_batch_size
+    try:
+        cands = layout_search.search(shape, gpus, gbs=gbs, fixed=req.layout)
+    except layout_search.LayoutSearchError as exc:
+        raise ForkError(str(exc)) from None
+    model = req.model or model_label(prefix)
+    text = render(req, model, gpus, dtype, shape, cands[0], base_module)
+    out_dir = Path(req.recipes_dir)
+    final, tmp = out_dir / f"{req.name}.py", out_dir / f".{req.name}.py.tmp"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(text)
+    try:
+        mod = load(tmp, req.name)
+        plan = make_plan(req.name)
+        if not plan.report.ok:
+            first = plan.report.errors[0]
+            more = f" (+{len(plan.report.errors) - 1} more)" if len(plan.report.errors) > 1 else ""
+            raise ForkError(f"{req.name} fails its audit: [{first.code}] {first.message}{more}", exit_code=1)
+        est = memory.estimate(plan.cfg, plan.target)
+        if not est.fits:
+            raise ForkError(f"{req.name} does not fit: {est.summary()}")
+        os.replace(tmp, final)
+        mod.__file__ = str(final)
+    except BaseException as exc:
+        unregister(req.name)
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, ForkError | KeyboardInterrupt | SystemExit):
+            raise
+        raise ForkError(f"{req.name} does not build: {type(exc).__name__}: {exc}") from exc
+    return ForkResult(req.name, final, cands[0], cands[1:], plan, est)

@@ -1,0 +1,171 @@
+"""Submission: a planned, audited recipe → a run directory → nemo_run's SlurmExecutor (or the plain-sbatch path).
+
+The run directory (`<profile job_dir>/runs/<recipe>-<time>/`) is on the cluster's shared filesystem and holds
+plan.json, config.yaml, ledger.json, then the job's preflight results and submission.json (job id, experiment).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from overlapkit import stack
+from overlapkit.plan import Plan, make_plan, write_run_dir
+from overlapkit.profiles import ClusterProfile, load_profile
+
+TASKS_PER_NODE = 8  # one rank per H100
+
+
+class SubmitError(RuntimeError):
+    """One-line, user-facing."""
+
+
+@dataclass
+class Submission:
+    plan: Plan
+    profile: ClusterProfile
+    run_dir: Path
+    command: str  # what every rank runs, from the packaged code directory
+
+
+def python_for(profile: ClusterProfile) -> str:
+    return profile.python.replace("{repo}", str(stack.REPO_ROOT))
+
+
+def entry_command(plan: Plan, profile: ClusterProfile, run_dir: Path, preflight_only: bool, checks: str) -> str:
+    """Bash for one rank: the packaged repo is the working directory; src/ and the root go on PYTHONPATH."""
+    args = ["-m", "launch.entry", "--recipe", plan.recipe.name, "--run-dir", str(run_dir)]
+    args += ["--nodes", str(plan.target.nodes), "--checks", checks]
+    if plan.changes:
+        args += ["--set", " ".join(f"{k}={_raw(v)}" for k, _, v in plan.changes)]
+    if preflight_only:
+        args.append("--preflight-only")
+    return (
+        'export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"\n'
+        f"exec {shlex.quote(python_for(profile))} {shlex.join(args)}"
+    )
+
+
+def _raw(v) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def prepare(recipe: str, cluster: str, *, nodes=None, sets="", preflight_only=False, checks="full", caller_env=None):
+    """Plan for `cluster`, refuse on audit errors, and write the run directory."""
+    profile = load_profile(cluster)
+    plan = make_plan(recipe, nodes=nodes, sets=sets, profile=profile, caller_env=caller_env)
+    if not plan.report.ok:
+        first = plan.report.errors[0]
+        raise SubmitError(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
+    run_dir = write_run_dir(plan, profile.job_path / "runs")
+    return Submission(plan, profile, run_dir, entry_command(plan, profile, run_dir, preflight_only, checks))
+
+
+def slurm_executor(sub: Submission):
+    import nemo_run as run
+    from nemo_run.config import set_nemorun_home
+
+    p = sub.profile
+    # With a LocalTunnel, nemo_run writes the sbatch script under NEMORUN_HOME and sbatch reads it from the tunnel's
+    # job_dir: both must be the same directory or sbatch cannot find the script.
+    set_nemorun_home(str(p.job_path))
+    return run.SlurmExecutor(
+        account=p.account,
+        partition=p.partition,
+        nodes=sub.plan.target.nodes,
+        ntasks_per_node=TASKS_PER_NODE,
+        gpus_per_node=p.gpus_per_node,
+        time=p.time_limit or sub.plan.recipe.time_limit,
+        exclusive=p.exclusive or None,
+        container_image=p.container_image or None,
+        container_mounts=list(p.container_mounts),
+        srun_args=list(p.srun_args),
+        tunnel=run.LocalTunnel(job_dir=str(p.job_path / "experiments")),
+        packager=run.GitArchivePackager(),  # ships this repo at its committed HEAD
+    )
+
+
+def experiment(sub: Submission):
+    import nemo_run as run
+
+    return run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR")
+
+
+def add_task(exp, sub: Submission) -> None:
+    import nemo_run as run
+
+    from overlapkit.envvars import EnvVarPlugin
+
+    exp.add(run.Script(inline=sub.command), name="train", plugins=[EnvVarPlugin.from_ledger(sub.plan.ledger)])
+
+
+def sbatch_text(job) -> str:
+    """The sbatch script nemo_run generated for a dry-run job."""
+    return job._dryrun_info.request.materialize()
+
+
+def dryrun(sub: Submission) -> str:
+    with experiment(sub) as exp:
+        add_task(exp, sub)
+        exp.dryrun(log=False)
+        return sbatch_text(exp.jobs[0])
+
+
+def submit(sub: Submission) -> dict:
+    with experiment(sub) as exp:
+        add_task(exp, sub)
+        exp.run(detach=True)
+        handle = exp.jobs[0].handle
+        exp_dir = exp._exp_dir
+    m = re.search(r"(\d+)$", handle or "")
+    if not m:
+        raise SubmitError(f"nemo_run returned no Slurm job id (handle {handle!r}); see {exp_dir}")
+    info = {
+        "job_id": m.group(1),
+        "experiment_dir": str(exp_dir),
+        "cluster": sub.profile.name,
+        "run_dir": str(sub.run_dir),
+    }
+    (sub.run_dir / "submission.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+# --- status / logs / cancel for a run directory -----------------------------------------------------------------
+
+
+def load_submission(run_dir: Path) -> dict:
+    f = run_dir / "submission.json"
+    if not f.exists():
+        raise SubmitError(f"{run_dir} has no submission.json: not a submitted run (make submit writes it)")
+    return json.loads(f.read_text())
+
+
+def latest_run(root: Path) -> Path:
+    runs = sorted((p for p in root.glob("*/submission.json")), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise SubmitError(f"no submitted runs under {root}: give RUN=<run directory>")
+    return runs[-1].parent
+
+
+def job_state(job_id: str) -> str:
+    """Slurm's final word from sacct (needs slurmdbd), else squeue's, else UNKNOWN."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+    state = out.stdout.strip().splitlines()[0].split()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    if not state:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+        state = out.stdout.strip()
+    return state or "UNKNOWN"
+
+
+def log_files(info: dict) -> list[Path]:
+    return sorted(Path(info["experiment_dir"]).glob("*/log-*.out")) + sorted(
+        Path(info["experiment_dir"]).glob("*/sbatch_*.out")
+    )
+
+
+def cancel(info: dict) -> None:
+    subprocess.run(["scancel", info["job_id"]], check=True)

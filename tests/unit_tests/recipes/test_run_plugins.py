@@ -1,0 +1,371 @@
+"""The env-var plugin, its provenance ledger and cluster profiles, on real recipe plans and real nemo_run objects.
+
+Plans come from `make_plan` (Bridge builds and resolves them for real); executors and tasks are nemo_run's own
+classes. The caller's environment is always passed explicitly, so the machine's shell cannot change a result.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import json
+from functools import cache
+
+import nemo_run as run
+import pytest
+
+from overlapkit.audit import audit
+from overlapkit.envvars import (
+    LAYERS,
+    PINNED,
+    SECRET_VALUE,
+    EnvVarPlugin,
+    build_ledger,
+    derived_env,
+    passthrough_secrets,
+    secret_names,
+)
+from overlapkit.plan import make_plan
+from overlapkit.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
+from overlapkit.report import console
+from recipes._base import EnvVar
+
+B8, F8, B70, F70 = (
+    "llama3_8b_pretrain_8gpu_h100_bf16",
+    "llama3_8b_pretrain_8gpu_h100_fp8cs",
+    "llama3_70b_pretrain_64gpu_h100_bf16",
+    "llama3_70b_pretrain_64gpu_h100_fp8cs",
+)
+MARGINS = ("NVTE_FWD_LAYERNORM_SM_MARGIN", "NVTE_BWD_LAYERNORM_SM_MARGIN")
+CHUNK = "NCCL_P2P_NET_CHUNKSIZE"
+COMMON = {
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+    "TORCH_NCCL_HIGH_PRIORITY": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_GRAPH_REGISTER": "0",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+}
+REAL_SECRET = "sk-real-wandb-0123456789"
+
+
+@cache
+def plan(name: str, sets: str = ""):
+    """Built once per (recipe, overrides); tests that change a layer work on `layered`'s copy."""
+    return make_plan(name, sets=sets)
+
+
+def layered(name: str, *, bridge=None, recipe=None):
+    """A copy of `plan(name)` with extra Bridge cfg.env_vars and Recipe.env entries (the cached plan stays clean)."""
+    p = plan(name)
+    cfg = copy.copy(p.cfg)
+    cfg.env_vars = {**p.cfg.env_vars, **(bridge or {})}
+    return dataclasses.replace(p, cfg=cfg, recipe=dataclasses.replace(p.recipe, env={**p.recipe.env, **(recipe or {})}))
+
+
+def profile(**kw) -> ClusterProfile:
+    return ClusterProfile(**{"name": "test", "account": "acct", "partition": "batch", **kw})
+
+
+def rendered(ledger) -> str:
+    buf = io.StringIO()
+    ledger.render(console(file=buf, width=240))
+    return buf.getvalue()
+
+
+# --- derived layer: one row per topology -------------------------------------------------------------------------
+
+TOPOLOGY = [
+    # recipe, overrides, CUDA_DEVICE_MAX_CONNECTIONS, LayerNorm SM margins set, NCCL_P2P_NET_CHUNKSIZE set
+    pytest.param(B70, "", "1", True, True, id="tp4-pp4-cp2"),
+    pytest.param(F70, "", "1", True, True, id="tp4-pp8-cp1"),
+    pytest.param(B8, "", "1", True, False, id="tp1-pp1-cp2"),
+    pytest.param(F8, "", "32", True, False, id="tp1-pp1-cp1"),
+    pytest.param(F8, "model.tensor_model_parallel_size=2 model.sequence_parallel=true", "1", True, False, id="tp2-cp1"),
+    pytest.param(B8, "model.context_parallel_size=1", "32", True, False, id="cp2-to-cp1"),
+    pytest.param(
+        B70,
+        "model.pipeline_model_parallel_size=1 model.virtual_pipeline_model_parallel_size=null",
+        "1",
+        True,
+        False,
+        id="tp4-pp1",
+    ),
+    pytest.param(F8, "ddp.use_megatron_fsdp=true", "32", True, False, id="fsdp-tp1-cp1"),
+    pytest.param(
+        F8,
+        "comm_overlap.overlap_grad_reduce=false comm_overlap.overlap_param_gather=false",
+        "32",
+        False,
+        False,
+        id="no-overlap",
+    ),
+]
+
+
+@pytest.mark.parametrize("name, sets, cuda, margins, chunk", TOPOLOGY)
+def test_derived_env_per_topology(name, sets, cuda, margins, chunk):
+    env = derived_env(plan(name, sets))
+    assert env[PINNED].value == cuda
+    assert all((m in env) is margins for m in MARGINS)
+    assert all(env[m].value == "20" for m in MARGINS if margins)
+    assert (CHUNK in env) is chunk and (not chunk or env[CHUNK].value == "2097152")
+    assert {k: env[k].value for k in COMMON} == COMMON
+
+
+def test_8b_bf16_gets_1_and_8b_fp8_gets_32_with_cited_sources():
+    bf16, fp8 = derived_env(plan(B8))[PINNED], derived_env(plan(F8))[PINNED]
+    assert (bf16.value, fp8.value) == ("1", "32")
+    assert "CP=2" in bf16.reason and "megatron.bridge.perf_recipes.llama.h100.llama3" in bf16.reason
+    assert "serialise DP" in fp8.reason and "8B fp8cs uses 32" in fp8.reason
+
+
+def test_fsdp_reason_cites_bridges_assert():
+    reason = derived_env(plan(F8, "ddp.use_megatron_fsdp=true"))[PINNED].reason
+    assert "Megatron-FSDP asserts it is not 1" in reason and "training/config.py" in reason
+
+
+def test_every_derived_reason_cites_a_megatron_bridge_source():
+    for p in (plan(B70), plan(F8)):
+        for name, entry in derived_env(p).items():
+            assert "megatron" in entry.reason and entry.reason.strip(), name
+
+
+# --- the ledger: layers, provenance, conflicts ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [B8, F8, B70, F70])
+def test_shipped_recipes_have_no_conflicts_and_pass_the_env_audit(name):
+    p = plan(name)
+    led = build_ledger(p, caller_env={})
+    assert led.conflicts == [] and led.shell_overrides == [] and led.secrets == []
+    rep = audit(p.cfg, p.target, p.resolved, env=led.values())
+    assert "cuda_max_connections" not in rep.codes()
+    assert rep.row("CUDA_DEVICE_MAX_CONNECTIONS").detail.startswith(led.values()[PINNED])
+
+
+def test_every_entry_records_a_layer_and_a_reason():
+    led = build_ledger(plan(F8), load_profile("example-eos"), caller_env={"WANDB_API_KEY": REAL_SECRET})
+    assert {e.layer for e in led.entries} == set(LAYERS)
+    for e in led.entries:
+        assert e.layer in LAYERS and e.reason.strip(), e.name
+    cta, hca = led.entry("NCCL_CTA_POLICY"), led.entry("NCCL_IB_HCA")
+    assert cta.layer == "recipe" and "8B FP8 baseline" in cta.reason
+    assert hca.layer == "cluster" and "slurm/profiles/example-eos.toml" in hca.reason
+
+
+def test_bridge_layer_agrees_with_derived_and_cites_common_recipe_env_vars():
+    led = build_ledger(plan(B8), caller_env={})
+    e = led.entry("TORCH_NCCL_HIGH_PRIORITY")
+    assert (e.value, e.layer, e.overridden) == ("1", "bridge", [("derived", "1")])
+    assert "COMMON_RECIPE_ENV_VARS" in e.reason
+    assert led.entry(PINNED).layer == "derived"  # Bridge's base recipe does not set it
+
+
+def test_precedence_derived_lt_bridge_lt_recipe_lt_cluster():
+    p = layered(
+        B70,
+        bridge={CHUNK: 1048576, "NCCL_ALGO": "Tree"},
+        recipe={CHUNK: EnvVar(524288, "measured on our fabric"), "NCCL_ALGO": EnvVar("Ring", "measured")},
+    )
+    led = build_ledger(p, profile(env={CHUNK: "4194304"}), caller_env={})
+    chunk, algo = led.entry(CHUNK), led.entry("NCCL_ALGO")
+    assert (chunk.value, chunk.layer) == ("4194304", "cluster")
+    assert chunk.overridden == [("derived", "2097152"), ("bridge", "1048576"), ("recipe", "524288")]
+    assert (algo.value, algo.layer, algo.reason) == ("Ring", "recipe", "measured")
+    assert led.values()[CHUNK] == "4194304" and led.values()["NCCL_ALGO"] == "Ring"
+    warned = [(c.name, c.layers, c.values, c.level) for c in led.conflicts]
+    assert warned == [  # in layer order, then in each layer's own order
+        (CHUNK, ("derived", "bridge"), ("2097152", "1048576"), "warning"),
+        (CHUNK, ("bridge", "recipe"), ("1048576", "524288"), "warning"),
+        ("NCCL_ALGO", ("bridge", "recipe"), ("Tree", "Ring"), "warning"),
+        (CHUNK, ("recipe", "cluster"), ("524288", "4194304"), "warning"),
+    ]
+
+
+def test_cluster_overriding_cuda_max_connections_is_an_error_and_the_audit_sees_it():
+    p = plan(B70)
+    led = build_ledger(p, profile(env={PINNED: "32"}), caller_env={})
+    assert led.values()[PINNED] == "32" and led.entry(PINNED).overridden == [("derived", "1")]
+    assert [(c.name, c.layers, c.values, c.level) for c in led.errors] == [
+        (PINNED, ("derived", "cluster"), ("1", "32"), "error")
+    ]
+    assert "topology needs 1" in led.errors[0].message
+    assert "cuda_max_connections" in audit(p.cfg, p.target, p.resolved, env=led.values()).codes("error")
+
+
+def test_bridge_setting_cuda_max_connections_1_on_tp1_cp1_is_an_error_and_same_value_is_not():
+    bad = build_ledger(layered(F8, bridge={PINNED: 1}), caller_env={})
+    assert [(c.layers, c.values, c.level) for c in bad.conflicts] == [(("derived", "bridge"), ("32", "1"), "error")]
+    same = build_ledger(layered(F8, recipe={PINNED: EnvVar(32, "pinned by hand")}), caller_env={})
+    assert same.conflicts == [] and same.entry(PINNED).layer == "recipe"
+
+
+def test_fsdp_with_cp2_is_a_ledger_error():
+    led = build_ledger(plan(B8, "ddp.use_megatron_fsdp=true"), caller_env={})
+    assert led.values()[PINNED] == "32"
+    assert [(c.name, c.layers, c.level) for c in led.errors] == [(PINNED, ("derived",), "error")]
+    assert "Megatron-FSDP refuses 1" in led.errors[0].message
+
+
+def test_shell_overrides_are_reported_from_the_given_caller_env():
+    env = {"NCCL_NVLS_ENABLE": "1", "NCCL_ALGO": "Ring", "NCCL_GRAPH_REGISTER": "0", "HOME": "/root", "HF_TOKEN": "x"}
+    led = build_ledger(plan(B70), caller_env=env)
+    got = [(s.name, s.shell_value, s.plan_value) for s in led.shell_overrides]
+    assert got == [("NCCL_ALGO", "Ring", None), ("NCCL_NVLS_ENABLE", "1", "0")]
+    assert "unset" in led.shell_overrides[1].message and "--export=ALL" in led.shell_overrides[0].message
+
+
+def test_to_dict_has_stable_keys_and_is_json():
+    led = build_ledger(plan(B70), profile(env={PINNED: "32"}), caller_env={"NCCL_ALGO": "Ring"})
+    d = json.loads(json.dumps(led.to_dict()))
+    assert list(d) == ["precedence", "env", "conflicts", "shell_overrides", "secrets", "missing_secrets"]
+    assert d["precedence"] == ["derived", "bridge", "recipe", "cluster"]
+    assert list(d["env"][0]) == ["name", "value", "layer", "reason", "overridden", "secret"]
+    assert list(d["conflicts"][0]) == ["name", "layers", "values", "level", "message"]
+    assert list(d["shell_overrides"][0]) == ["name", "shell_value", "plan_value", "message"]
+    assert d["env"][0]["overridden"] == [{"layer": "derived", "value": "1"}]
+
+
+def test_rows_and_render_show_value_layer_and_reason():
+    led = build_ledger(plan(B70), profile(env={PINNED: "32"}), caller_env={})
+    row = next(r for r in led.rows() if r[0] == CHUNK)
+    assert row[:4] == (CHUNK, "2097152", "derived", "") and "Pipeline communication tuning" in row[4]
+    text = rendered(led)
+    assert "derived < bridge < recipe < cluster" in text and CHUNK in text
+    assert "error [env:CUDA_DEVICE_MAX_CONNECTIONS]" in text
+
+
+# --- secrets -------------------------------------------------------------------------------------------------------
+
+
+def test_secrets_pass_by_name_and_their_values_are_never_recorded(tmp_path):
+    prof = load_profile("example-eos")
+    caller = {"WANDB_API_KEY": REAL_SECRET, "MY_SERVICE_TOKEN": "tok-456", "NCCL_ALGO": "Ring"}
+    led = build_ledger(plan(F8), prof, caller_env=caller)
+    assert secret_names(prof) == ("WANDB_API_KEY", "HF_TOKEN")
+    assert led.entry("WANDB_API_KEY").value == SECRET_VALUE and led.entry("WANDB_API_KEY").secret
+    assert led.secrets == ["WANDB_API_KEY", "HF_TOKEN"] and led.missing_secrets == ["HF_TOKEN"]
+    assert "WANDB_API_KEY" not in led.values() and "HF_TOKEN" not in led.values()
+    executor = run.SlurmExecutor(account="acct", tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
+    EnvVarPlugin.from_ledger(led).setup(run.Script(inline="echo hi"), executor)
+    text = "\n".join(
+        [json.dumps(led.to_dict()), json.dumps(led.values()), json.dumps(executor.env_vars), rendered(led)]
+    )
+    for leaked in (REAL_SECRET, "tok-456"):
+        assert leaked not in text
+    assert "WANDB_API_KEY" not in executor.env_vars and executor.env_vars["NCCL_IB_HCA"].startswith("mlx5_0")
+    assert passthrough_secrets(prof, caller) == {"WANDB_API_KEY": REAL_SECRET}
+
+
+def test_a_literal_secret_in_a_layer_is_an_error_and_is_dropped():
+    led = build_ledger(layered(B8, recipe={"HF_TOKEN": EnvVar("hf_literal_abc", "oops")}), caller_env={})
+    assert [(c.name, c.layers, c.values, c.level) for c in led.errors] == [
+        ("HF_TOKEN", ("recipe",), ("<redacted>",), "error")
+    ]
+    assert "put HF_TOKEN in secrets = [...]" in led.errors[0].message
+    assert "hf_literal_abc" not in json.dumps(led.to_dict()) + rendered(led)
+
+
+def test_plugin_refuses_a_secret_name():
+    with pytest.raises(ValueError, match="WANDB_API_KEY looks like a secret"):
+        EnvVarPlugin(env={"WANDB_API_KEY": "abc"})
+
+
+# --- the nemo_run plugin -------------------------------------------------------------------------------------------
+
+
+def _noop(x: int = 1) -> int:
+    return x
+
+
+def test_plugin_merges_into_slurm_executor_without_mutating_shared_dicts(tmp_path):
+    led = build_ledger(plan(B70), caller_env={})
+    plugin = EnvVarPlugin.from_ledger(led)
+    before = dict(plugin.env)
+    shared = {"FOO": "bar", PINNED: "8"}
+    executor = run.SlurmExecutor(account="acct", env_vars=shared, tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
+    task = run.Script(inline="echo hi")
+    task_before = copy.deepcopy(task)
+    plugin.setup(task, executor)
+    assert executor.env_vars == {"FOO": "bar", **led.values()} and executor.env_vars[PINNED] == "1"
+    assert shared == {"FOO": "bar", PINNED: "8"} and executor.env_vars is not shared
+    assert plugin.env == before and task == task_before
+
+
+def test_plugin_merges_into_local_executor_with_a_partial_task():
+    led = build_ledger(plan(F8), profile(env={"NCCL_SOCKET_IFNAME": "lo"}), caller_env={})
+    plugin = EnvVarPlugin.from_ledger(led)
+    executor = run.LocalExecutor(ntasks_per_node=8)
+    task = run.Partial(_noop, x=2)
+    plugin.setup(task, executor)
+    assert executor.env_vars[PINNED] == "32" and executor.env_vars["NCCL_SOCKET_IFNAME"] == "lo"
+    assert executor.env_vars == led.values() and task.x == 2
+    source = led.values()
+    own = EnvVarPlugin(env=source)
+    source[PINNED] = "changed"  # the plugin holds its own copy: later edits do not reach a submitted job
+    assert own.env[PINNED] == "32"
+
+
+# --- cluster profiles ----------------------------------------------------------------------------------------------
+
+
+def test_shipped_profiles_load():
+    assert {"local", "example-eos"} <= set(list_profiles())
+    local, eos = load_profile("local"), load_profile("example-eos")
+    assert (local.account, local.partition, local.container_image) == ("root", "local", None)
+    assert local.srun_args == ("--mpi=pmix",) and local.gpus_per_node == 8 and local.secrets == ()
+    assert local.job_path.parts[-2:] == ("runs", "slurm")
+    assert eos.container_image == DEFAULT_CONTAINER == "nvcr.io/nvidia/nemo:26.08"
+    assert eos.container_mounts == ("/lustre:/lustre",) and eos.exclusive is True
+    assert eos.secrets == ("WANDB_API_KEY", "HF_TOKEN") and eos.env["NCCL_IB_TIMEOUT"] == "22"
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "site.toml"
+    path.write_text('account = "a"\npartition = "p"\n' + text)
+    return path
+
+
+BAD_PROFILES = [
+    pytest.param('acount = "x"\n', "unknown key 'acount'; did you mean account?", id="unknown-key"),
+    pytest.param('time_limit = "4:00"\n', "use HH:MM:SS or D-HH:MM:SS", id="bad-time"),
+    pytest.param('time_limit = "1-25:00:00"\n', "use HH:MM:SS or D-HH:MM:SS", id="bad-day-hours"),
+    pytest.param(
+        '[env]\nWANDB_API_KEY = "abc"\n',
+        "WANDB_API_KEY has a literal value: put WANDB_API_KEY in secrets = [...] and export it in your shell",
+        id="literal-secret",
+    ),
+    pytest.param("gpus_per_node = 0\n", "gpus_per_node = 0: expected a positive integer", id="zero-gpus"),
+    pytest.param('gpus_per_node = "8"\n', "expected a positive integer", id="gpus-as-string"),
+    pytest.param('exclusive = "yes"\n', "exclusive = 'yes': expected true or false", id="bool-as-string"),
+    pytest.param('srun_args = "--mpi=pmix"\n', "expected a list of strings", id="args-not-list"),
+    pytest.param('container_mounts = ["/lustre"]\n', "use SRC:DST[:FLAGS]", id="bad-mount"),
+    pytest.param('[env]\nNCCL_IB_HCA = "mlx5_0 mlx5_1"\n', "unquoted into the sbatch script", id="unsafe-value"),
+    pytest.param('secrets = ["HF_TOKEN"]\n[env]\nNCCL_X = true\n', "expected a string or integer", id="env-bool"),
+    pytest.param('account = "dup"\n', "invalid TOML", id="invalid-toml"),
+]
+
+
+@pytest.mark.parametrize("text, fix", BAD_PROFILES)
+def test_profile_errors_are_one_line_and_name_the_fix(tmp_path, text, fix):
+    with pytest.raises(ProfileError) as exc:
+        load_profile(_write(tmp_path, text))
+    msg = str(exc.value)
+    assert "\n" not in msg and fix in msg and msg.split(": ")[0].endswith("site.toml")
+
+
+def test_missing_account_and_unknown_profile_are_one_line(tmp_path):
+    (tmp_path / "bare.toml").write_text('partition = "p"\n')
+    with pytest.raises(ProfileError, match=r"missing key 'account': add account = "):
+        load_profile(tmp_path / "bare.toml")
+    with pytest.raises(ProfileError) as exc:
+        load_profile("eos")
+    msg = str(exc.value)
+    assert "\n" not in msg and "unknown cluster profile 'eos'" in msg and "example-eos, local" in msg
+
+
+def test_profile_defaults_and_empty_container(tmp_path):
+    prof = load_profile(_write(tmp_path, 'time_limit = "1-00:00:00"\ncontainer_image = ""\n'))
+    assert (prof.name, prof.time_limit, prof.container_image, prof.exclusive) == ("site", "1-00:00:00", None, True)
+    assert load_profile(_write(tmp_path, "")).container_image == DEFAULT_CONTAINER
