@@ -6,9 +6,9 @@ accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS.
 the settings overlap.apply_overlap_stack imposes (SP on with TP>1, distributed optimizer, BF16 grad reduce, FP8 param
 gather on FP8), without recompute. PP>1 is only searched with VPP>1: the audit rejects PP without VPP (no p2p
 overlap). Ranking, best first: an exact Bridge userbuffers preset (or TP=1, where TP overlap is n/a) before the
-explicit opt-in `overlap.tp_preset=default`; DP>1 (DP overlap on); the smallest PP (pipeline bubble), then TP, then CP
-(their collectives); the largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is
-tuned for it); then memory headroom.
+explicit opt-in `overlap.tp_preset=default`; DP>1 (DP overlap on); at least 10% of the memory budget free (the
+estimate's error bar); the smallest PP (pipeline bubble), then TP, then CP (their collectives); the largest VPP that
+keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory headroom.
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from overlapkit import presets
+from overlapkit import presets, stack
 from overlapkit.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
 from overlapkit.overlap import GPUS_PER_NODE
 
 TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NVLink node
+# The estimate is a model, not a measurement: a layout within 10% of the budget is one allocator spike from an OOM on
+# step 1, so it ranks after every layout with more headroom (still listed: it does fit the estimate).
+TIGHT_FRACTION = 0.10
 
 
 class LayoutSearchError(ValueError):
@@ -141,9 +144,14 @@ def _splits(s: ModelShape, gpus: int, fixed: dict):
                         yield tp, pp, (vpp if pp > 1 else None), cp, mbs
 
 
+def tight(c: Candidate) -> bool:
+    return c.memory.headroom_gb < TIGHT_FRACTION * c.memory.budget_gb
+
+
 def _rank(c: Candidate, s: ModelShape):
     per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
-    return (not c.exact_preset, c.dp == 1, c.pp, c.tp, c.cp, per_chunk < 2, -(c.vpp or 1), c.mbs, -c.memory.headroom_gb)
+    return (not c.exact_preset, c.dp == 1, tight(c), c.pp, c.tp, c.cp, per_chunk < 2, -(c.vpp or 1), c.mbs,
+            -c.memory.headroom_gb)  # fmt: skip
 
 
 def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
@@ -160,13 +168,15 @@ def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
     pp += " is the smallest PP that fits" if c.pp == min_pp else ""
     cp = f"; CP{c.cp}" if c.cp > 1 else ""
     dp = f"DP{c.dp} overlaps grad reduce-scatter/param all-gather" if c.dp > 1 else "DP1: no DP overlap"
-    return f"{tp}; {pp}{cp}; {dp}; {c.memory.total_gb:.1f} of {c.memory.budget_gb:.1f} GB"
+    mem = f"{c.memory.total_gb:.1f} of {c.memory.budget_gb:.1f} GB" + (" (tight: < 10% free)" if tight(c) else "")
+    return f"{tp}; {pp}{cp}; {dp}; {mem}"
 
 
 def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top: int = 5, gpu: str = "h100"):
     """The `top` best layouts of `s` on `gpus` H100s, best first; LayoutSearchError (one line) when none qualifies.
     `fixed` pins any of tp/pp/vpp/cp/mbs (e.g. from the command line)."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    stack.import_bridge()  # presets are read from Bridge; this prepares the process (TE shim, offline) once
     if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
         raise LayoutSearchError(f"{gpus} GPUs: use a multiple of {GPUS_PER_NODE} (whole H100 nodes)")
     if errs := shape_errors(s):
@@ -190,7 +200,8 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
             f"{m.total_gb:.0f} GB > {m.budget_gb:.1f} GB ({best_unfit.describe()}); use more GPUs"
         )
     if not fitting:
-        reasons = "; ".join(r for r, _ in why_not.most_common(2)) or "no split to try"
+        ranked = sorted(why_not, key=lambda r: (r.startswith(f"{gpus} GPUs"), -why_not[r]))  # specific reasons first
+        reasons = "; ".join(ranked[:2]) or "no split to try"
         raise LayoutSearchError(f"no layout of {s.describe()} on {gpus} GPUs{pinned} divides: {reasons}")
     fitting.sort(key=lambda c: _rank(c, s))
     min_pp = min(c.pp for c in fitting)

@@ -9,6 +9,7 @@ request leaves nothing behind and fails with one line.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -104,7 +105,7 @@ def _base_shape(cfg, req: ForkRequest, dtype: str) -> layout_search.ModelShape:
 TEMPLATE = '''"""{doc}
 """
 
-from recipes._base import Layout, OverlapIntent, h100_pretrain, register
+from recipes._base import {imports}
 from {base_module} import base as _from_base
 
 SHAPE = dict(hidden_size={s.hidden}, num_layers={s.layers}, ffn_hidden_size={s.ffn})
@@ -129,10 +130,12 @@ def {name}():
 
 
 def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_module: str) -> str:
+    imports = "Layout, h100_pretrain, register"
     if c.exact_preset:
         intent = "None  # userbuffers preset: " + (c.preset or "n/a (TP=1)")
     else:
         intent = 'OverlapIntent(tp_preset="default")  # no Bridge userbuffers preset fits: explicit opt-in'
+        imports = "Layout, OverlapIntent, h100_pretrain, register"
     nodes = gpus // GPUS_PER_NODE
     head = f"{model} on {gpus} H100s ({nodes} nodes), forked from {req.from_name} by launch/new_recipe.py."
     body = (
@@ -140,17 +143,18 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         f"seq {s.seq}; vocabulary ({s.vocab}), tokenizer and the rest from `{base_module}.base`. "
         f"Layout {c.describe()} chosen by overlapkit.layout_search: {c.why}."
     )
-    doc = "\n".join(textwrap.wrap(head, 113)) + "\n\n" + "\n".join(textwrap.wrap(body, 116))
+    doc = "\n".join(textwrap.wrap(head, 113, break_on_hyphens=False)) + "\n\n" + "\n".join(textwrap.wrap(body, 116, break_on_hyphens=False))
     return TEMPLATE.format(
         doc=doc, model=model, nodes=gpus // GPUS_PER_NODE, from_name=req.from_name, s=s, base_module=base_module,
-        layout=c.describe(), kv=s.kv_channels or s.hidden // s.heads, c=c, intent=intent, name=req.name,
+        imports=imports, layout=c.describe(), kv=s.kv_channels or s.hidden // s.heads, c=c, intent=intent, name=req.name,
         dtype=dtype, dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
     )  # fmt: skip
 
 
 def load(path: Path, name: str):
     """Import the recipe file at `path` as `recipes.<name>`; its @register adds it to the registry."""
-    spec = importlib.util.spec_from_file_location(f"recipes.{name}", path)
+    loader = importlib.machinery.SourceFileLoader(f"recipes.{name}", str(path))  # any suffix: the temp file too
+    spec = importlib.util.spec_from_file_location(f"recipes.{name}", path, loader=loader)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     with stack.silenced():

@@ -6,8 +6,11 @@ plan.json, config.yaml, ledger.json, then the job's preflight results and submis
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import sys
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -54,9 +57,9 @@ def _raw(v) -> str:
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def prepare(recipe: str, cluster: str, *, nodes=None, sets="", preflight_only=False, checks="full", caller_env=None):
-    """Plan for `cluster`, refuse on audit errors, and write the run directory."""
-    profile = load_profile(cluster)
+def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, checks="full", caller_env=None):
+    """Plan for `cluster` (a profile name, path or ClusterProfile), refuse on audit errors, write the run directory."""
+    profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
     plan = make_plan(recipe, nodes=nodes, sets=sets, profile=profile, caller_env=caller_env)
     if not plan.report.ok:
         first = plan.report.errors[0]
@@ -108,15 +111,28 @@ def sbatch_text(job) -> str:
     return job._dryrun_info.request.materialize()
 
 
+@contextlib.contextmanager
+def _no_stdin():
+    """nemo_run's LocalTunnel runs git/sbatch through invoke, which mirrors stdin; a submission never needs input
+    (and under pytest or CI there is none to read)."""
+    saved = sys.stdin
+    with open(os.devnull) as devnull:
+        sys.stdin = devnull
+        try:
+            yield
+        finally:
+            sys.stdin = saved
+
+
 def dryrun(sub: Submission) -> str:
-    with experiment(sub) as exp:
+    with _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         exp.dryrun(log=False)
         return sbatch_text(exp.jobs[0])
 
 
 def submit(sub: Submission) -> dict:
-    with experiment(sub) as exp:
+    with _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         exp.run(detach=True)
         handle = exp.jobs[0].handle

@@ -1,0 +1,106 @@
+"""End to end on the real local Slurm (slurm/local/start.sh: 8 fake nodes × 8 fake GPUs): preflight-only runs.
+
+Nothing is mocked: `make submit` plans, writes the run directory, and submits through nemo_run's SlurmExecutor with a
+LocalTunnel; the job runs launch.entry on every rank; we read Slurm's verdict from sacct and each rank's record.
+The jobs run the committed HEAD (nemo_run's GitArchivePackager), as on a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launch import submit as submit_cli
+from overlapkit import stack, submit
+from overlapkit.profiles import load_profile
+
+pytestmark = pytest.mark.slurm
+R8, R70 = "llama3_8b_pretrain_8gpu_h100_fp8cs", "llama3_70b_pretrain_64gpu_h100_bf16"
+
+
+def wait(job_id: str, timeout: float = 600) -> str:
+    state = submit_cli.wait_for(job_id, timeout)
+    return state.split()[0]
+
+
+def ranks(run_dir: Path) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted((run_dir / "preflight").glob("rank-*.json"))]
+
+
+def newest_run(root: Path, recipe: str) -> Path:
+    return max(root.glob(f"{recipe}-*/submission.json"), key=lambda p: p.stat().st_mtime).parent
+
+
+def check_ranks(run_dir: Path, world: int, nodes: int) -> list[dict]:
+    ledger = json.loads((run_dir / "ledger.json").read_text())["values"]
+    recs = ranks(run_dir)
+    assert len(recs) == world and sorted(r["rank"] for r in recs) == list(range(world))
+    assert all(r["env"] == ledger for r in recs)  # every rank saw exactly the ledger's values
+    assert all(r["world_size"] == world and r["nodes"] == nodes and r["ok"] for r in recs)
+    assert len({r["host"] for r in recs}) == nodes
+    return recs
+
+
+def test_make_submit_preflight_only_completes_with_the_ledger_on_every_rank():
+    env = {**os.environ, "NCCL_DEBUG": "INFO"}  # a stale shell export: reported at submit, never lost silently
+    out = subprocess.run(["make", "submit", f"RECIPE={R8}", "CLUSTER=local", "PREFLIGHT=1"], cwd=stack.REPO_ROOT,
+                         capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "NCCL_DEBUG=INFO is exported in this shell" in out.stdout
+    run_dir = newest_run(load_profile("local").job_path / "runs", R8)
+    info = json.loads((run_dir / "submission.json").read_text())
+    assert wait(info["job_id"]) == "COMPLETED"
+    for name in ("plan.json", "config.yaml", "ledger.json", "preflight.json"):
+        assert (run_dir / name).exists(), name
+    summary = json.loads((run_dir / "preflight.json").read_text())
+    assert summary["ok"] and summary["checks"] == "full" and summary["reaudit_errors"] == []
+    recs = check_ranks(run_dir, world=8, nodes=1)
+    assert recs[0]["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"  # TP=CP=1
+
+
+@pytest.fixture
+def profile(tmp_path):
+    return dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
+
+
+def test_70b_preflight_runs_64_tasks_across_8_nodes(profile):
+    sub = submit.prepare(R70, profile, preflight_only=True, checks="full", caller_env={})
+    info = submit.submit(sub)
+    assert wait(info["job_id"]) == "COMPLETED"
+    recs = check_ranks(sub.run_dir, world=64, nodes=8)
+    assert {r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] for r in recs} == {"1"}
+    assert json.loads((sub.run_dir / "preflight.json").read_text())["ok"]
+
+
+def test_missing_pmix_fails_the_job_and_slurm_says_failed(profile):
+    no_pmix = dataclasses.replace(profile, srun_args=())
+    sub = submit.prepare(R70, no_pmix, nodes=4, preflight_only=True, checks="env", caller_env={})
+    info = submit.submit(sub)
+    assert wait(info["job_id"]) == "FAILED"
+    failures = [f for r in ranks(sub.run_dir) for f in r["failures"]]
+    assert failures and all("srun --mpi=pmix" in f for f in failures)
+
+
+def test_cancelled_job_is_reported_cancelled(profile, capsys):
+    sub = submit.prepare(R8, profile, preflight_only=True, checks="full", caller_env={})
+    info = submit.submit(sub)
+    assert submit_cli.main(["cancel", "--run", str(sub.run_dir)]) == 0
+    assert wait(info["job_id"]) == "CANCELLED"
+    assert submit_cli.main(["status", "--run", str(sub.run_dir)]) == 0
+    assert f"job {info['job_id']} CANCELLED" in capsys.readouterr().out
+
+
+def test_twenty_submissions_at_once_all_complete(profile):
+    subs = [submit.prepare(R8, profile, preflight_only=True, checks="env", caller_env={}) for _ in range(20)]
+    infos = [submit.submit(s) for s in subs]
+    assert len({i["job_id"] for i in infos}) == 20
+    t0 = time.monotonic()
+    states = [wait(i["job_id"], timeout=max(60, 600 - (time.monotonic() - t0))) for i in infos]
+    assert states == ["COMPLETED"] * 20
+    assert all(json.loads((s.run_dir / "preflight.json").read_text())["ok"] for s in subs)

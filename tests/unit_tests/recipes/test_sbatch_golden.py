@@ -1,0 +1,83 @@
+"""Generated sbatch scripts, checked against committed golden files (as nemo_run's own tests do).
+
+Two paths, two recipes each: nemo_run's dry run (SlurmExecutor + our env-var plugin) and the plain-sbatch path.
+Paths that change per run (run directory, experiment id, checkout) are replaced by placeholders before comparing.
+Regenerate with UPDATE_GOLDEN=1 after an intended change, and review the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import pytest
+
+from overlapkit import sbatch, stack, submit
+from overlapkit.profiles import load_profile
+
+GOLDEN = stack.REPO_ROOT / "tests" / "golden"
+CASES = [("llama3_70b_pretrain_64gpu_h100_bf16", "example-eos"), ("llama3_8b_pretrain_8gpu_h100_fp8cs", "local")]
+
+
+def normalise(text: str, sub: submit.Submission) -> str:
+    text = text.replace(str(sub.run_dir), "<RUN_DIR>").replace(str(sub.profile.job_path), "<JOB_DIR>")
+    text = re.sub(r"(<JOB_DIR>/experiments/[^/\s]+/)[^/\s]+_\d+", r"\1<EXP_ID>", text)
+    return text.replace(str(stack.REPO_ROOT), "<REPO>")
+
+
+def check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.read_text() == text, f"{name} differs; review, then UPDATE_GOLDEN=1"
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """A shipped profile with its job_dir moved into tmp (example-eos points at /lustre)."""
+
+    def make(recipe, cluster):
+        profile = dataclasses.replace(load_profile(cluster), job_dir=str(tmp_path / "jobs"))
+        return submit.prepare(recipe, profile, preflight_only=True, caller_env={"WANDB_API_KEY": "s3cr3t-value"})
+
+    return make
+
+
+@pytest.mark.parametrize(("recipe", "cluster"), CASES)
+def test_nemo_run_sbatch_matches_golden(prepared, recipe, cluster):
+    sub = prepared(recipe, cluster)
+    text = normalise(submit.dryrun(sub), sub)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=" in text and "--mpi=pmix" in text
+    assert "s3cr3t-value" not in text and "WANDB_API_KEY" not in text  # secrets travel by name from the shell
+    check(f"sbatch_nemo_run_{recipe}_{cluster}.sh", text)
+
+
+@pytest.mark.parametrize(("recipe", "cluster"), CASES)
+def test_plain_sbatch_matches_golden(prepared, recipe, cluster):
+    sub = prepared(recipe, cluster)
+    text = normalise(sbatch.render(sub), sub)
+    assert "s3cr3t-value" not in text
+    check(f"sbatch_plain_{recipe}_{cluster}.sh", text)
+
+
+def test_70b_on_a_container_cluster_gets_the_overlap_env_pmix_and_the_container(prepared):
+    sub = prepared("llama3_70b_pretrain_64gpu_h100_bf16", "example-eos")
+    text = submit.dryrun(sub)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in text and "#SBATCH --nodes=8" in text
+    assert f"--container-image {sub.profile.container_image}" in text and "--mpi=pmix" in text
+
+
+@pytest.mark.parametrize(
+    ("recipe", "value"), [("llama3_8b_pretrain_8gpu_h100_fp8cs", "32"), ("llama3_8b_pretrain_8gpu_h100_bf16", "1")]
+)
+def test_8b_fp8_gets_32_connections_and_8b_bf16_with_cp2_gets_1(prepared, recipe, value):
+    text = submit.dryrun(prepared(recipe, "local"))
+    assert f"export CUDA_DEVICE_MAX_CONNECTIONS={value}\n" in text
+
+
+def test_audit_errors_submit_nothing(tmp_path):
+    profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
+    with pytest.raises(submit.SubmitError, match="nothing submitted: TP overlap requested but Bridge drops it"):
+        submit.prepare("llama3_70b_pretrain_64gpu_h100_bf16", profile, sets="model.sequence_parallel=false")
+    assert not (tmp_path / "jobs").exists()
