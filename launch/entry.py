@@ -67,6 +67,7 @@ def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.envir
         "host": os.uname().nodename,
         "slurm_job_id": environ.get("SLURM_JOB_ID"),
         "env": seen,
+        "launcher_vars": sorted(k for k in environ if k.startswith(("PMIX_", "PMI_", "OMPI_", "SLURM_MPI"))),
         "ok": not failures,
         "failures": failures,
         "notes": notes,
