@@ -7,12 +7,15 @@ CLUSTER ?= local
 DRYRUN  ?=
 PREFLIGHT ?=
 RUN     ?=
+FROM    ?= llama3_70b_pretrain_64gpu_h100_bf16
+NAME    ?=
+ARGS    ?=
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan bench submit status logs cancel sbatch run-local slurm-up slurm-down
+.PHONY: help setup test lint recipes plan bench new-recipe submit status logs cancel sbatch run-local slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,6 +34,9 @@ recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
 
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
 	$(PY) -m launch.plan $(RECIPE) --nodes "$(NODES)" --set "$(SET)" --format $(FORMAT)
+
+new-recipe: ## fork FROM into recipes/NAME.py for a new size: layout search, audit, memory estimate (ARGS="--layers 48")
+	$(PY) -m launch.new_recipe --from "$(FROM)" --name "$(NAME)" $(ARGS)
 
 bench: ## plan-all time vs bare `import megatron.bridge`, measured side by side
 	$(PY) bench/plan_all.py
@@ -58,3 +64,15 @@ slurm-up: ## install and start the local multi-node dev Slurm (root; idempotent)
 
 slurm-down: ## stop the local dev Slurm
 	bash slurm/local/stop.sh
+
+# Nightly regression (launch/nightly.py, README "Nightly regression").
+RECIPES ?=
+NIGHT   ?=
+LOG     ?=
+ITERS   ?= 60
+MIN_DP  ?= 2
+nightly: ; $(PY) -m launch.nightly submit --cluster "$(CLUSTER)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" --recipes "$(RECIPES)" --iters "$(ITERS)" --min-dp "$(MIN_DP)"  ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
+nightly-report: ; $(PY) -m launch.nightly report --cluster "$(CLUSTER)" --night "$(NIGHT)"  ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
+bless: ; $(PY) -m launch.nightly bless --run "$(RUN)"  ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<recipe>.json
+parse-log: ; $(PY) -m overlapkit.logparse "$(LOG)"  ## parse a Bridge/Megatron training log (LOG=) to JSON
+.PHONY: nightly nightly-report bless parse-log

@@ -96,6 +96,16 @@ def collect(run_dir: Path, world: int, timeout: float) -> list[dict]:
     return [json.loads(f.read_text()) for f in files]
 
 
+def wait_for_summary(path: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return bool(json.loads(path.read_text())["ok"])
+        time.sleep(0.5)
+    print(f"preflight: no verdict from rank 0 in {timeout:.0f} s ({path})", file=sys.stderr)
+    return False
+
+
 def write_json(path: Path, data) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -135,6 +145,10 @@ def main(argv=None) -> int:
         write_json(args.run_dir / "preflight.json", summary)
         print(f"preflight: {'OK' if summary['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
         ok = summary["ok"]
+    elif ok:
+        # Wait for rank 0's verdict: srun ends a step 60 s (--wait) after the first task exits, and rank 0's
+        # Bridge re-audit can take longer than that on a loaded node. All ranks then exit with the same verdict.
+        ok = wait_for_summary(args.run_dir / "preflight.json", timeout=900)
     if not ok:
         return 1
     if args.preflight_only:

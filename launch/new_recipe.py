@@ -58,13 +58,15 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     out = console()
-    out.print(f"wrote {res.path} (forked from {args.from_name})", markup=False)
-    out.print(f"layout: {res.choice.describe()}: {res.choice.why}", markup=False)
+    line = lambda text: out.print(text, markup=False, soft_wrap=True)  # noqa: E731  (one line, never re-wrapped)
+    line(f"wrote {res.path} (forked from {args.from_name})")
+    line(f"layout: {res.choice.describe()}")
+    line(f"  why: {res.choice.why}")
     for alt in res.alternatives:
-        out.print(f"  also fits: {alt.describe()}: {alt.memory.total_gb:.1f} GB", markup=False)
+        line(f"  also fits: {alt.describe()}: {alt.memory.total_gb:.1f} GB")
     render_plan(res.plan, out)
     out.print(memory.table(res.memory))
-    out.print(res.memory.summary(), markup=False)
+    line(res.memory.summary())
     return 0
 
 

@@ -13,6 +13,7 @@ keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -179,6 +180,10 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
     stack.import_bridge()  # presets are read from Bridge; this prepares the process (TE shim, offline) once
     if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
         raise LayoutSearchError(f"{gpus} GPUs: use a multiple of {GPUS_PER_NODE} (whole H100 nodes)")
+    if bad := [f"{k}={v}" for k, v in fixed.items() if not isinstance(v, int) or v < 1]:
+        raise LayoutSearchError(f"pinned {', '.join(bad)}: layout sizes are positive whole numbers")
+    if fixed.get("tp", 1) not in TPS:
+        raise LayoutSearchError(f"TP{fixed['tp']} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")
     if errs := shape_errors(s):
         raise LayoutSearchError(f"model shape {s.describe()} does not divide: {'; '.join(errs)}")
     why_not, fitting, best_unfit = Counter(), [], None
@@ -201,7 +206,8 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
         )
     if not fitting:
         ranked = sorted(why_not, key=lambda r: (r.startswith(f"{gpus} GPUs"), -why_not[r]))  # specific reasons first
-        reasons = "; ".join(ranked[:2]) or "no split to try"
+        kinds = {re.sub(r"\d+", "#", r): r for r in reversed(ranked)}  # one example of each kind of reason
+        reasons = "; ".join(sorted(kinds.values(), key=ranked.index)[:2]) or "no split to try"
         raise LayoutSearchError(f"no layout of {s.describe()} on {gpus} GPUs{pinned} divides: {reasons}")
     fitting.sort(key=lambda c: _rank(c, s))
     min_pp = min(c.pp for c in fitting)

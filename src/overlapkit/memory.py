@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from overlapkit import overlap
 
@@ -89,8 +90,6 @@ class Workload:
 
     def model(self):
         """The provider attribute names overlap.params_per_layer/embedding_params read."""
-        from types import SimpleNamespace
-
         return SimpleNamespace(
             hidden_size=self.hidden, ffn_hidden_size=self.ffn, num_attention_heads=self.heads,
             num_query_groups=self.query_groups, kv_channels=self.kv_channels, gated_linear_unit=self.gated,
@@ -141,14 +140,16 @@ class MemoryEstimate:
         """(component, GB, note) per component, then the total; for a table."""
         names = ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "reserve")
         out = [(n, round(getattr(self, f"{n}_gb"), 2), self.notes.get(n, "")) for n in names]
-        verdict = "fits" if self.fits else "does NOT fit"
-        return out + [("total", round(self.total_gb, 2), f"{verdict}: budget {self.budget_gb:.1f} GB")]
+        return out + [("total", round(self.total_gb, 2), f"{self.verdict}: budget {self.budget_gb:.1f} GB")]
+
+    @property
+    def verdict(self) -> str:
+        return "fits" if self.fits else "does NOT fit"
 
     def summary(self) -> str:
-        verdict = "fits" if self.fits else "does NOT fit"
         return (
             f"memory (first pipeline stage, per GPU): {self.total_gb:.1f} GB of {self.budget_gb:.1f} GB budget "
-            f"(H100 {self.hbm_gb:.1f} GB − {self.margin_gb:.0f} GB margin): {verdict}"
+            f"(H100 {self.hbm_gb:.1f} GB − {self.margin_gb:.0f} GB margin): {self.verdict}"
         )
 
 
@@ -166,7 +167,7 @@ def workload_of(cfg, target: overlap.Target) -> Workload:
         gbs=cfg.train.global_batch_size, dtype=overlap.dtype_of(cfg), kv_channels=m.kv_channels,
         gated=bool(m.gated_linear_unit), tied=bool(m.share_embeddings_and_output_weights),
         dropout=bool(m.hidden_dropout), sequence_parallel=bool(m.sequence_parallel or tp == 1),
-        tp_overlap=bool(comm is not None and comm.tp_comm_overlap and tp > 1),
+        tp_overlap=bool(comm is not None and comm.tp_comm_overlap and tp > 1 and target.te_available),  # else no UB
         fp8_param_gather=bool(real_mp and mp.fp8_param_gather),
         grad_fp32=bool(mp.grad_reduce_in_fp32 if real_mp else cfg.ddp.grad_reduce_in_fp32),  # mp overwrites ddp
         distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer),
@@ -247,8 +248,9 @@ def activation_bytes(w: Workload) -> tuple[float, str]:
 
 def estimate_workload(w: Workload, gpu: str = "h100") -> MemoryEstimate:
     m = w.model()
-    chunk_layers, layers = first_stage_layers(w)
-    emb = w.vocab * w.hidden * (2 if w.pp == 1 and not w.tied else 1)  # the output layer too when PP=1
+    layers = first_stage_layers(w)[1]
+    two = w.pp == 1 and not w.tied  # the untied output layer sits on the first stage too when PP=1
+    emb, emb_what = w.vocab * w.hidden * (1 + two), "embedding + output layer" if two else "embedding"
     layer_params = layers * overlap.params_per_layer(m)
     params = (layer_params + emb) // w.tp
     fp8 = w.dtype == "fp8"
@@ -260,7 +262,7 @@ def estimate_workload(w: Workload, gpu: str = "h100") -> MemoryEstimate:
     logits = 4 * tokens * w.hidden * (1 + w.vocab / w.hidden) / w.tp if w.pp == 1 else 0.0
     ub = sum(tokens * w.hidden * (1 if fp8 and n in UB_ALL_GATHER else 2) for n in UB_BUFFERS) if w.tp_overlap else 0
     notes = {
-        "weights": f"{params / 1e9:.2f}B params/GPU ({layers} layers{' + embedding' if emb else ''}, /TP{w.tp})"
+        "weights": f"{params / 1e9:.2f}B params/GPU ({layers} layers + {emb_what}, /TP{w.tp})"
         f" × {wbytes} B{' (FP8 + transpose)' if fp8 and w.fp8_param_gather else ''}",
         "grads": f"× {gbytes} B ({'fp32' if w.grad_fp32 else 'bf16'} DDP grad buffer)",
         "optimizer": f"× 12 B / {shard} (fp32 master + Adam m, v; "
@@ -272,17 +274,10 @@ def estimate_workload(w: Workload, gpu: str = "h100") -> MemoryEstimate:
     }
     return MemoryEstimate(
         weights_gb=(layer_params * wbytes + emb * 2) / w.tp / GB if fp8 else params * 2 / GB,
-        grads_gb=params * gbytes / GB,
-        optimizer_gb=params * 12 / shard / GB,
-        activations_gb=act / GB,
-        logits_gb=logits / GB,
-        comm_buffers_gb=ub / GB,
-        reserve_gb=RESERVE_GB,
-        hbm_gb=HBM_GB[gpu],
-        margin_gb=MARGIN_GB,
-        params_per_gpu=params,
-        notes=notes,
-    )
+        grads_gb=params * gbytes / GB, optimizer_gb=params * 12 / shard / GB, activations_gb=act / GB,
+        logits_gb=logits / GB, comm_buffers_gb=ub / GB, reserve_gb=RESERVE_GB, hbm_gb=HBM_GB[gpu],
+        margin_gb=MARGIN_GB, params_per_gpu=params, notes=notes,
+    )  # fmt: skip
 
 
 def estimate(cfg, target: overlap.Target) -> MemoryEstimate:

@@ -50,6 +50,13 @@ class Plan:
             "params_b": round(total_params(m, self.cfg.tokenizer.vocab_size) / 1e9, 1),
         }
 
+    def memory_dict(self) -> dict:
+        from overlapkit import memory
+
+        est = memory.estimate(self.cfg, self.target)
+        rows = [{"component": c, "gb": round(gb, 2), "note": n} for c, gb, n in est.rows()]
+        return {"total_gb": round(est.total_gb, 2), "fits": est.fits, "budget_gb": est.budget_gb, "rows": rows}
+
     def to_dict(self) -> dict:
         return {
             "recipe": self.recipe.name,
@@ -58,6 +65,7 @@ class Plan:
             "layout": self.layout,
             "overrides": [{"key": k, "old": _jsonable(o), "new": _jsonable(n)} for k, o, n in self.changes],
             "audit": self.report.to_dict(),
+            "memory": self.memory_dict(),
             "cluster": self.profile.name if self.profile else None,
             "env": self.ledger.to_dict() if self.ledger else None,
             "run_dir": str(self.run_dir) if self.run_dir else None,

@@ -7,6 +7,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from overlapkit import memory
+
 STYLE = {"on": "green", "off": "red", "n/a": "dim"}
 
 
@@ -44,6 +46,9 @@ def render_plan(plan, con: Console) -> None:
     for o in d["overrides"]:
         con.print(escape(f"override: {o['key']} = {o['new']} (was {o['old']})"))
     con.print(audit_table(plan.report))
+    est = memory.estimate(plan.cfg, plan.target)
+    con.print(memory.table(est))
+    con.print(escape(est.summary()))
     if plan.ledger is not None:
         plan.ledger.render(con)
     for f in plan.report.warnings:

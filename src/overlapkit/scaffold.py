@@ -77,6 +77,8 @@ def _check_name(req: ForkRequest) -> tuple[str, int, str]:
         raise ForkError(f"--dtype {req.dtype} contradicts the name's _{dtype} suffix")
     if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
         raise ForkError(f"{gpus} GPUs: use a multiple of {GPUS_PER_NODE} (whole H100 nodes)")
+    if not Path(req.recipes_dir).is_dir():
+        raise ForkError(f"--recipes-dir {req.recipes_dir} is not a directory")
     for where in {Path(req.recipes_dir), RECIPES_DIR}:
         if (where / f"{req.name}.py").exists():
             raise ForkError(f"recipe {req.name} already exists ({where / f'{req.name}.py'}): pick another name")
@@ -143,11 +145,15 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         f"seq {s.seq}; vocabulary ({s.vocab}), tokenizer and the rest from `{base_module}.base`. "
         f"Layout {c.describe()} chosen by overlapkit.layout_search: {c.why}."
     )
-    doc = "\n".join(textwrap.wrap(head, 113, break_on_hyphens=False)) + "\n\n" + "\n".join(textwrap.wrap(body, 116, break_on_hyphens=False))
+    doc = (
+        "\n".join(textwrap.wrap(head, 113, break_on_hyphens=False))
+        + "\n\n"
+        + "\n".join(textwrap.wrap(body, 116, break_on_hyphens=False))
+    )
     return TEMPLATE.format(
-        doc=doc, model=model, nodes=gpus // GPUS_PER_NODE, from_name=req.from_name, s=s, base_module=base_module,
-        imports=imports, layout=c.describe(), kv=s.kv_channels or s.hidden // s.heads, c=c, intent=intent, name=req.name,
-        dtype=dtype, dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
+        doc=doc, model=model, nodes=nodes, from_name=req.from_name, s=s, base_module=base_module, imports=imports,
+        layout=c.describe(), kv=s.kv_channels or s.hidden // s.heads, c=c, intent=intent, name=req.name, dtype=dtype,
+        dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
     )  # fmt: skip
 
 
@@ -157,8 +163,12 @@ def load(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(f"recipes.{name}", path, loader=loader)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
-    with stack.silenced():
-        spec.loader.exec_module(mod)
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ left next to the recipe
+    try:
+        with stack.silenced():
+            spec.loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = saved
     return mod
 
 
@@ -197,7 +207,6 @@ def fork(req: ForkRequest) -> ForkResult:
     text = render(req, model, gpus, dtype, shape, cands[0], base_module)
     out_dir = Path(req.recipes_dir)
     final, tmp = out_dir / f"{req.name}.py", out_dir / f".{req.name}.py.tmp"
-    out_dir.mkdir(parents=True, exist_ok=True)
     tmp.write_text(text)
     try:
         mod = load(tmp, req.name)
@@ -209,6 +218,8 @@ def fork(req: ForkRequest) -> ForkResult:
         est = memory.estimate(plan.cfg, plan.target)
         if not est.fits:
             raise ForkError(f"{req.name} does not fit: {est.summary()}")
+        if final.exists():  # written by someone else while we audited: never overwrite
+            raise ForkError(f"recipe {req.name} appeared at {final} meanwhile: pick another name")
         os.replace(tmp, final)
         mod.__file__ = str(final)
     except BaseException as exc:

@@ -3,7 +3,7 @@ on the shipped recipes (all run by NVIDIA on H100 80 GB, so all must fit)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +11,7 @@ import pytest
 import recipes
 from overlapkit.memory import (
     GB,
+    UB_BUFFERS,
     Workload,
     activation_bytes,
     estimate,
@@ -87,6 +88,9 @@ def test_logits_userbuffers_reserve_and_budget_by_hand():
     assert estimate_workload(TOY).comm_buffers_gb * GB == 10 * 2048 * 1024 * 2  # 10 userbuffers of [s·b/CP, h] BF16
     assert estimate_workload(replace(TOY, dtype="fp8")).comm_buffers_gb * GB == (6 * 1 + 4 * 2) * 2048 * 1024
     assert estimate_workload(replace(TOY, tp_overlap=False)).comm_buffers_gb == 0
+    from megatron.bridge.training.comm_overlap import TransformerLayerTPOverlapCfg  # one buffer per overlapped GEMM
+
+    assert set(UB_BUFFERS) == {f.name for f in fields(TransformerLayerTPOverlapCfg)} and len(UB_BUFFERS) == 10
     e = estimate_workload(TOY)
     assert e.reserve_gb == 3.0 and e.budget_gb == pytest.approx(81559 / 1024 - 4) and e.fits
     rows = e.rows()
