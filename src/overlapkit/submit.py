@@ -10,9 +10,9 @@ import contextlib
 import json
 import os
 import re
-import sys
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
