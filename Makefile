@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 .PHONY: help setup test lint recipes plan bench new-recipe submit status logs cancel sbatch run-local slurm-up slurm-down
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: ## install the pinned stack into .venv (uv sync --frozen)
 	$(UV) sync --frozen
@@ -71,8 +71,17 @@ NIGHT   ?=
 LOG     ?=
 ITERS   ?= 60
 MIN_DP  ?= 2
-nightly: ; $(PY) -m launch.nightly submit --cluster "$(CLUSTER)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" --recipes "$(RECIPES)" --iters "$(ITERS)" --min-dp "$(MIN_DP)"  ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
-nightly-report: ; $(PY) -m launch.nightly report --cluster "$(CLUSTER)" --night "$(NIGHT)"  ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
-bless: ; $(PY) -m launch.nightly bless --run "$(RUN)"  ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<recipe>.json
-parse-log: ; $(PY) -m overlapkit.logparse "$(LOG)"  ## parse a Bridge/Megatron training log (LOG=) to JSON
+JOB_DIR ?=
 .PHONY: nightly nightly-report bless parse-log
+
+nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
+	$(PY) -m launch.nightly submit --cluster "$(CLUSTER)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" --recipes "$(RECIPES)" --iters "$(ITERS)" --min-dp "$(MIN_DP)" --job-dir "$(JOB_DIR)"
+
+nightly-report: ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
+	$(PY) -m launch.nightly report --cluster "$(CLUSTER)" --night "$(NIGHT)" --job-dir "$(JOB_DIR)"
+
+bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<recipe>.json
+	$(PY) -m launch.nightly bless --run "$(RUN)"
+
+parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
+	$(PY) -m overlapkit.logparse "$(LOG)"

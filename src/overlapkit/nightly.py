@@ -1,0 +1,235 @@
+"""The nightly suite: each recipe's nightly shape, the night directory, the report and the history file.
+
+A night lives in `<profile job_dir>/nightly/<UTC stamp>/`: `night.json` (what was submitted), `report.md`,
+`results.json`, `plots/*.png`. Every night's numbers are appended to `<job_dir>/nightly/history.jsonl`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from overlapkit import logparse, regress
+
+GPUS_PER_NODE = 8
+NIGHTLY_ITERS = 60  # 10 warm-up + 50 steady iterations: enough for a ±5 % step-time mean and a loss curve's knee
+NIGHTLY_SEED = 1234
+# DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
+# an overlap that silently stops working there is exactly what the nightly is for. MIN_DP=1 gives the smallest run.
+MIN_DP = 2
+
+
+@dataclass(frozen=True)
+class Shape:
+    recipe: str
+    nodes: int
+    dp: int
+    gbs: int
+    sets: str  # dotted overrides, as SET= takes them
+
+    def to_dict(self) -> dict:
+        return {"recipe": self.recipe, "nodes": self.nodes, "dp": self.dp, "gbs": self.gbs, "sets": self.sets}
+
+
+def shape_for(recipe: str, layout: dict, *, iters: int = NIGHTLY_ITERS, min_dp: int = MIN_DP,
+              seed: int = NIGHTLY_SEED) -> Shape:  # fmt: skip
+    """TP/PP/CP/VPP stay (same overlap paths); DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes.
+    GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline schedule (warm-up, steady 1F1B,
+    cool-down) and each rank's work per step stay those of the full-size run, so step time is comparable."""
+    mp = layout["tp"] * layout["pp"] * layout["cp"]
+    full_dp = layout["nodes"] * GPUS_PER_NODE // mp
+    want = max(1, min(full_dp, min_dp))
+    nodes = math.ceil(mp * want / GPUS_PER_NODE)
+    dp = nodes * GPUS_PER_NODE // mp
+    microbatches = layout["gbs"] // (full_dp * layout["mbs"])
+    gbs = microbatches * dp * layout["mbs"]
+    sets = [
+        f"train.train_iters={iters}",
+        f"train.global_batch_size={gbs}",
+        f"scheduler.lr_warmup_iters={max(1, iters // 10)}",  # Megatron asserts warm-up < decay iters (= train_iters)
+        "dataset.blend=null",  # Bridge's mock data (GPTDatasetConfig with no blend)
+        f"rng.seed={seed}",
+        "logger.log_interval=1",
+        "logger.log_throughput=true",  # the TFLOP/s/GPU field is printed only with it
+        "checkpoint.save=null",
+        "checkpoint.load=null",  # never resume from an earlier run's checkpoint
+        "validation.eval_iters=0",
+    ]
+    return Shape(recipe, nodes, dp, gbs, " ".join(sets))
+
+
+# --- history: append-only JSONL ---------------------------------------------------------------------------------
+
+
+def append_history(path: Path, records: list[dict]) -> None:
+    """Append with O_APPEND and one write() + fsync, never rewriting earlier bytes: a crash can at worst leave a
+    torn last line (read_history skips it), never lose an earlier night. A full-file temp + os.replace would be
+    atomic too, but rewrites every past night each time and needs the directory fsync as well."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(logparse._clean(r), sort_keys=True) + "\n" for r in records).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_size and not _ends_with_newline(path):
+            data = b"\n" + data  # a previous crash left a torn line: start ours on a fresh one
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def read_history(path: Path) -> list[dict]:
+    """Every whole line; a torn one is skipped. The last record per (night, recipe) wins (a report re-run)."""
+    if not path.is_file():
+        return []
+    out: dict[tuple, dict] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "night" in rec and "recipe" in rec:
+            out[(rec["night"], rec["recipe"])] = rec
+    return sorted(out.values(), key=lambda r: (r["night"], r["recipe"]))
+
+
+# --- one recipe's result ----------------------------------------------------------------------------------------
+
+
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, preflight_only: bool) -> dict:
+    """One row of the report: parsed log, verdict, overlaps from plan.json's audit rows, preflight result."""
+    run_dir = Path(entry["run_dir"])
+    plan = _json(run_dir / "plan.json") or {}
+    rows = (plan.get("audit") or {}).get("rows", {})
+    pre = _json(run_dir / "preflight.json")
+    parsed = logparse.parse_files(logs) if logs else None
+    golden = regress.load_golden(entry["recipe"], goldens_dir)
+    verdict = regress.classify(parsed, state, golden, preflight_only=preflight_only,
+                               preflight_ok=bool(pre and pre.get("ok")), attempt=entry.get("attempt", 0))  # fmt: skip
+    if parsed is not None:
+        (run_dir / "parsed.json").write_text(logparse.to_json(parsed) + "\n")  # what make bless reads
+    return {
+        "recipe": entry["recipe"],
+        "nodes": entry["nodes"],
+        "dp": entry.get("dp"),
+        "job_id": entry.get("job_id"),
+        "state": state,
+        "run_dir": str(run_dir),
+        "verdict": verdict.to_dict(),
+        "summary": parsed["summary"] if parsed else None,
+        "losses": [(r["iteration"], r["lm_loss"]) for r in parsed["iterations"] if "lm_loss" in r] if parsed else [],
+        "golden": golden,
+        "overlaps_on": [k for k, v in rows.items() if v.get("state") == "on"],
+        "overlaps_off": [k for k, v in rows.items() if v.get("state") == "off"],
+        "preflight": pre,
+    }
+
+
+# --- the Markdown report ----------------------------------------------------------------------------------------
+
+
+def _fmt(value, golden=None, digits=1) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—" if value is None else str(value)
+    text = f"{value:.{digits}f}"
+    if golden:
+        text += f" ({(value - golden) / golden:+.1%} vs {golden:.{digits}f})"
+    return text
+
+
+def _loss_delta(res: dict) -> str:
+    check = next((c for c in res["verdict"]["checks"] if c["metric"] == "lm_loss"), None)
+    if check is None:
+        return "—"
+    return f"{check['delta']:+.2%} @ it {check['iteration']} (tol ±{check['tol']:.1%})"
+
+
+def _preflight(res: dict) -> str:
+    pre = res["preflight"]
+    if pre is None:
+        return "—"
+    errors = pre.get("reaudit_errors") or []
+    return f"{'OK' if pre.get('ok') else 'FAILED'} {pre.get('ranks_reported')}/{pre.get('world_size')} ranks" + (
+        f", {errors[0]}" if errors else ""
+    )
+
+
+def _notes(res: dict) -> list[str]:
+    notes = list(res["verdict"]["reasons"])
+    if res["golden"] is None and regress.NO_GOLDEN not in notes:
+        notes.append(regress.NO_GOLDEN)  # said on preflight-only nights too: the gap stays visible
+    return notes
+
+
+def render(night: dict, results: list[dict], plots: dict[str, str]) -> str:
+    lines = [
+        f"# Nightly regression — {night['stamp']} on `{night['cluster']}`",
+        "",
+        "Preflight-only night: no training on this machine, so there are no step times or losses to compare."
+        if night.get("preflight_only")
+        else f"{night.get('iters', NIGHTLY_ITERS)} iterations per recipe, mock data, seed {NIGHTLY_SEED}; "
+        f"step time/TFLOP/s after {logparse.WARMUP_ITERS} warm-up iterations, tol ±{regress.PERF_TOL:.0%}.",
+        "",
+        "| recipe | nodes (DP) | status | step time ms (vs golden) | TFLOP/s/GPU (vs golden) | loss Δ (worst) "
+        "| overlaps on | preflight | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        if res.get("skipped"):
+            lines.append(f"| {res['recipe']} | — | skipped | — | — | — | — | — | {res['skipped']} |")
+            continue
+        v, s, g = res["verdict"], res["summary"] or {}, res["golden"] or {}
+        lines.append(
+            f"| {res['recipe']} | {res['nodes']} ({res['dp']}) | **{v['status']}** "
+            f"| {_fmt(s.get('step_time_ms'), g.get('step_time_ms'))} "
+            f"| {_fmt(s.get('tflops_per_gpu'), g.get('tflops_per_gpu'))} | {_loss_delta(res)} "
+            f"| {', '.join(res['overlaps_on']) or '—'} | {_preflight(res)} | {'; '.join(_notes(res)) or '—'} |"
+        )
+    failed = [r["recipe"] for r in results if not r.get("skipped") and not r["verdict"]["ok"]]
+    lines += ["", f"**{len(failed)} failing**: {', '.join(failed)}" if failed else "**No failures.**", ""]
+    for title, rel in plots.items():
+        lines.append(f"![{title}]({rel})")
+    return "\n".join(lines) + "\n"
+
+
+def history_records(night: dict, results: list[dict]) -> list[dict]:
+    return [
+        {
+            "night": night["stamp"],
+            "cluster": night["cluster"],
+            "recipe": r["recipe"],
+            "status": r["verdict"]["status"],
+            "step_time_ms": (r["summary"] or {}).get("step_time_ms"),
+            "tflops_per_gpu": (r["summary"] or {}).get("tflops_per_gpu"),
+            "last_loss": (r["summary"] or {}).get("last_loss"),
+            "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        }
+        for r in results
+        if not r.get("skipped")
+    ]
+
+
+def write_report(night_dir: Path, night: dict, results: list[dict], history_path: Path) -> Path:
+    """report.md + results.json + plots, then the history line(s). Returns the report path."""
+    from overlapkit import nightly_plots
+
+    append_history(history_path, history_records(night, results))
+    plots = nightly_plots.draw(night_dir / "plots", results, read_history(history_path))
+    rel = {title: str(Path(p).relative_to(night_dir)) for title, p in plots.items()}
+    (night_dir / "results.json").write_text(logparse.to_json(results) + "\n")
+    out = night_dir / "report.md"
+    out.write_text(render(night, results, rel))
+    return out

@@ -1,0 +1,44 @@
+"""End to end on the real local Slurm: `make nightly CLUSTER=local PREFLIGHT=1` submits every recipe that fits the
+8 fake nodes in its nightly shape (preflight-only: this machine has no GPU), plus the summary job with
+`--dependency=afterany:<all>`; the summary job must start after every run ended and write the report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+
+import pytest
+
+from launch import submit as submit_cli
+from overlapkit import nightly, stack
+
+pytestmark = pytest.mark.slurm
+
+
+def _times(job_id: str) -> tuple[dt.datetime, dt.datetime]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Start,End"], capture_output=True, text=True)
+    start, end = out.stdout.strip().splitlines()[0].split("|")
+    return dt.datetime.fromisoformat(start), dt.datetime.fromisoformat(end)
+
+
+def test_make_nightly_preflight_submits_the_suite_and_the_report_runs_last(tmp_path):
+    jobs = tmp_path / "jobs"
+    out = subprocess.run(["make", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={jobs}"], cwd=stack.REPO_ROOT,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("skip llama31_405b") == 4 and "needs 32 nodes at DP=2" in out.stdout
+    (night_dir,) = (jobs / "nightly").iterdir()
+    night = json.loads((night_dir / "night.json").read_text())
+    ids = [e["job_id"] for e in night["entries"] if e.get("job_id")]
+    assert len(ids) == 6 and night["preflight_only"]
+    state = submit_cli.wait_for(night["report_job_id"], timeout=1800).split()[0]
+    assert state == "COMPLETED", (night_dir / f"report-{night['report_job_id']}.out").read_text()[-3000:]
+    report_start, _ = _times(night["report_job_id"])
+    assert all(report_start >= _times(i)[1] for i in ids)  # afterany: the summary ran after every run ended
+    report = (night_dir / "report.md").read_text()
+    assert report.count("preflight only — no training on this machine") == 6
+    assert report.count("| skipped |") == 4 and "OK 64/64 ranks" in report and "OK 8/8 ranks" in report
+    assert "tp_comm_overlap" in report and "overlap_grad_reduce" in report
+    hist = nightly.read_history(jobs / "nightly" / "history.jsonl")
+    assert {r["status"] for r in hist} == {"preflight_only"} and len(hist) == 6
