@@ -16,34 +16,23 @@ LAYOUT = Layout(tp=8, pp=8, cp=2, vpp=8, mbs=1, gbs=1536, seq=8192)  # the base 
 HALF_GBS = 768  # the 512-GPU variants keep DP's per-rank batch: 1536 × 512/1024
 
 
-@register(
-    model="Llama3.1 405B",
-    nodes=128,
-    time_limit="06:00:00",
-    source=f"{SRC}.llama31_405b_pretrain_1024gpu_h100_bf16_config",
-)
+def _registered(nodes: int, perf_recipe: str):
+    return register(model="Llama3.1 405B", nodes=nodes, time_limit="06:00:00", source=f"{SRC}.{perf_recipe}")
+
+
+@_registered(128, "llama31_405b_pretrain_1024gpu_h100_bf16_config")
 def llama31_405b_pretrain_1024gpu_h100_bf16():
     """BF16, TP8 PP8 CP2 VP8 (DP=8), MBS1 GBS1536, seq 8192."""
     return h100_pretrain(base, "bf16", LAYOUT)
 
 
-@register(
-    model="Llama3.1 405B",
-    nodes=128,
-    time_limit="06:00:00",
-    source=f"{SRC}.llama31_405b_pretrain_1024gpu_h100_fp8cs_config",
-)
+@_registered(128, "llama31_405b_pretrain_1024gpu_h100_fp8cs_config")
 def llama31_405b_pretrain_1024gpu_h100_fp8cs():
     """FP8 current scaling, TP8 PP8 CP2 VP8 (DP=8), MBS1 GBS1536, seq 8192."""
     return h100_pretrain(base, "fp8cs", LAYOUT)
 
 
-@register(
-    model="Llama3.1 405B",
-    nodes=64,
-    time_limit="06:00:00",
-    source=f"{SRC}.llama31_405b_pretrain_512gpu_h100_bf16_config",
-)
+@_registered(64, "llama31_405b_pretrain_512gpu_h100_bf16_config")
 def llama31_405b_pretrain_512gpu_h100_bf16():
     """The 1024-GPU BF16 recipe at DP=4 with GBS 768."""
     cfg = llama31_405b_pretrain_1024gpu_h100_bf16()
@@ -51,12 +40,7 @@ def llama31_405b_pretrain_512gpu_h100_bf16():
     return cfg
 
 
-@register(
-    model="Llama3.1 405B",
-    nodes=64,
-    time_limit="06:00:00",
-    source=f"{SRC}.llama31_405b_pretrain_512gpu_h100_fp8cs_config",
-)
+@_registered(64, "llama31_405b_pretrain_512gpu_h100_fp8cs_config")
 def llama31_405b_pretrain_512gpu_h100_fp8cs():
     """The 1024-GPU FP8 recipe at DP=4 with GBS 768."""
     cfg = llama31_405b_pretrain_1024gpu_h100_fp8cs()
