@@ -21,43 +21,43 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: ## install the pinned stack into .venv (uv sync --frozen)
-	$(UV) sync --frozen
+	@$(UV) sync --frozen
 
 test: ## run the test suite (one pytest process; Bridge is imported once)
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	@$(PY) -m pytest tests $(PYTEST_ARGS)
 
 lint: ## ruff check + format check
-	$(UV) run --frozen --quiet ruff check . && $(UV) run --frozen --quiet ruff format --check .
+	@$(UV) run --frozen --quiet ruff check . && $(UV) run --frozen --quiet ruff format --check .
 
 recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
-	$(PY) -m launch.plan --list
+	@$(PY) -m launch.plan --list
 
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
-	$(PY) -m launch.plan $(RECIPE) --nodes "$(NODES)" --set "$(SET)" --format $(FORMAT)
+	@$(PY) -m launch.plan $(RECIPE) --nodes "$(NODES)" --set "$(SET)" --format $(FORMAT)
 
 new-recipe: ## fork FROM into recipes/NAME.py for a new size: layout search, audit, memory estimate (ARGS="--layers 48")
-	$(PY) -m launch.new_recipe --from "$(FROM)" --name "$(NAME)" $(ARGS)
+	@$(PY) -m launch.new_recipe --from "$(FROM)" --name "$(NAME)" $(ARGS)
 
 bench: ## plan-all time vs bare `import megatron.bridge`, measured side by side
-	$(PY) bench/plan_all.py
+	@$(PY) bench/plan_all.py
 
 submit: ## submit RECIPE to CLUSTER via nemo_run (NODES=, SET=, DRYRUN=1 prints the sbatch, PREFLIGHT=1 checks only)
-	$(PY) -m launch.submit submit --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"
+	@$(PY) -m launch.submit submit --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"
 
 status: ## state and preflight result of RUN= (default: the latest run on CLUSTER)
-	$(PY) -m launch.submit status --cluster "$(CLUSTER)" --run "$(RUN)"
+	@$(PY) -m launch.submit status --cluster "$(CLUSTER)" --run "$(RUN)"
 
 logs: ## print the job logs of RUN= (default: the latest run on CLUSTER)
-	$(PY) -m launch.submit logs --cluster "$(CLUSTER)" --run "$(RUN)"
+	@$(PY) -m launch.submit logs --cluster "$(CLUSTER)" --run "$(RUN)"
 
 cancel: ## cancel RUN= (default: the latest run on CLUSTER)
-	$(PY) -m launch.submit cancel --cluster "$(CLUSTER)" --run "$(RUN)"
+	@$(PY) -m launch.submit cancel --cluster "$(CLUSTER)" --run "$(RUN)"
 
 sbatch: ## write a standalone sbatch script for RECIPE on CLUSTER (plain-sbatch path, no nemo_run)
-	$(PY) -m launch.submit sbatch --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --preflight "$(PREFLIGHT)"
+	@$(PY) -m launch.submit sbatch --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --preflight "$(PREFLIGHT)"
 
 run-local: ## run RECIPE on this 8-GPU node with torchrun (nemo_run LocalExecutor; NODES is 1)
-	$(PY) -m launch.submit run-local --recipe "$(RECIPE)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"
+	@$(PY) -m launch.submit run-local --recipe "$(RECIPE)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"
 
 slurm-up: ## install and start the local multi-node dev Slurm (root; idempotent)
 	bash slurm/local/start.sh
@@ -75,13 +75,13 @@ JOB_DIR ?=
 .PHONY: nightly nightly-report bless parse-log
 
 nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
-	$(PY) -m launch.nightly submit --cluster "$(CLUSTER)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" --recipes "$(RECIPES)" --iters "$(ITERS)" --min-dp "$(MIN_DP)" --job-dir "$(JOB_DIR)"
+	@$(PY) -m launch.nightly submit --cluster "$(CLUSTER)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" --recipes "$(RECIPES)" --iters "$(ITERS)" --min-dp "$(MIN_DP)" --job-dir "$(JOB_DIR)"
 
 nightly-report: ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
-	$(PY) -m launch.nightly report --cluster "$(CLUSTER)" --night "$(NIGHT)" --job-dir "$(JOB_DIR)"
+	@$(PY) -m launch.nightly report --cluster "$(CLUSTER)" --night "$(NIGHT)" --job-dir "$(JOB_DIR)"
 
 bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<recipe>.json
-	$(PY) -m launch.nightly bless --run "$(RUN)"
+	@$(PY) -m launch.nightly bless --run "$(RUN)"
 
 parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
-	$(PY) -m overlapkit.logparse "$(LOG)"
+	@$(PY) -m overlapkit.logparse "$(LOG)"
