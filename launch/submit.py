@@ -74,6 +74,10 @@ def do_submit(args, out) -> int:
         print(f"# every rank runs (scripts/train.sh, from the packaged code directory):\n{sub.command}")
         print(f"dry run: nothing submitted; plan and ledger in {sub.run_dir}")
         return 0
+    sha, dirty = submit.shipped_commit()
+    if dirty:  # the rank-0 re-audit also fails a job whose rebuilt recipe differs from this plan
+        print(f"warning: uncommitted changes are not shipped (the job runs {sha[:12]}): {', '.join(dirty[:5])}",
+              file=sys.stderr)  # fmt: skip
     info = submit.submit(sub)
     print(f"submitted job {info['job_id']} to {sub.profile.name}; run directory: {sub.run_dir}")
     if not args.wait:

@@ -131,6 +131,14 @@ def dryrun(sub: Submission) -> str:
         return sbatch_text(exp.jobs[0])
 
 
+def shipped_commit() -> tuple[str, list[str]]:
+    """(HEAD sha, tracked files with uncommitted changes): GitArchivePackager ships HEAD only."""
+    git = ["git", "-C", str(stack.REPO_ROOT)]
+    sha = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return sha, [line[3:] for line in dirty.stdout.splitlines()]
+
+
 def submit(sub: Submission) -> dict:
     with _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)

@@ -81,3 +81,20 @@ def test_audit_errors_submit_nothing(tmp_path):
     with pytest.raises(submit.SubmitError, match="nothing submitted: TP overlap requested but Bridge drops it"):
         submit.prepare("llama3_70b_pretrain_64gpu_h100_bf16", profile, sets="model.sequence_parallel=false")
     assert not (tmp_path / "jobs").exists()
+
+
+def test_uncommitted_changes_are_reported_because_only_head_ships(tmp_path, monkeypatch):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "recipe.py").write_text("a = 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    monkeypatch.setattr(stack, "REPO_ROOT", repo)
+    sha, dirty = submit.shipped_commit()
+    assert re.fullmatch(r"[0-9a-f]{40}", sha) and dirty == []
+    (repo / "recipe.py").write_text("a = 2\n")
+    assert submit.shipped_commit() == (sha, ["recipe.py"])
