@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapkit import overrides, presets, stack
+from overlapkit import memory, overrides, presets, stack
 from overlapkit.audit import AuditReport, Finding, audit
 from overlapkit.overlap import Resolved, Target, apply_overlap_stack, dtype_of, intent_of, resolve, total_params
 
@@ -28,6 +28,7 @@ class Plan:
     changes: list = field(default_factory=list)
     ledger: object = None  # envvars.Ledger: the launch-time environment with provenance
     profile: object = None  # profiles.ClusterProfile, when planned for a cluster
+    memory: object = None  # memory.MemoryEstimate for the first pipeline stage, computed once in make_plan
     run_dir: Path | None = None
 
     @property
@@ -51,9 +52,7 @@ class Plan:
         }
 
     def memory_dict(self) -> dict:
-        from overlapkit import memory
-
-        est = memory.estimate(self.cfg, self.target)
+        est = self.memory
         rows = [{"component": c, "gb": round(gb, 2), "note": n} for c, gb, n in est.rows()]
         return {"total_gb": round(est.total_gb, 2), "fits": est.fits, "budget_gb": est.budget_gb, "rows": rows}
 
@@ -98,6 +97,7 @@ def make_plan(
     res = resolve(cfg, target)
     plan = Plan(entry, cfg, target, res, AuditReport(), changes, profile=profile)
     plan.ledger = build_ledger(plan, profile, caller_env)
+    plan.memory = memory.estimate(cfg, target)
     plan.report = audit(cfg, target, res, env=plan.ledger.values())
     # Layer conflicts join the audit; a CUDA_DEVICE_MAX_CONNECTIONS override is already the audit's own error.
     dup = "cuda_max_connections" in plan.report.codes()

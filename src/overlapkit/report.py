@@ -46,7 +46,7 @@ def render_plan(plan, con: Console) -> None:
     for o in d["overrides"]:
         con.print(escape(f"override: {o['key']} = {o['new']} (was {o['old']})"))
     con.print(audit_table(plan.report))
-    est = memory.estimate(plan.cfg, plan.target)
+    est = plan.memory
     con.print(memory.table(est))
     con.print(escape(est.summary()))
     if plan.ledger is not None:
