@@ -26,7 +26,7 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def _nodes(text: str) -> int | None:
+def parse_nodes(text: str) -> int | None:
     if not text.strip():
         return None
     if not text.strip().isdigit():
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 
     out = console()
     try:
-        nodes = _nodes(args.nodes)
+        nodes = parse_nodes(args.nodes)
         stack.import_bridge()
         if args.list:
             return list_recipes(console(width=max(out.width, 140)))  # one row per recipe, never wrapped

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from launch.plan import parse_nodes
 from overlapkit import stack
 
 
@@ -35,14 +36,6 @@ def _flags(args) -> tuple[bool, str]:
     return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
 
 
-def _nodes(text: str):
-    if not text.strip():
-        return None
-    if not text.strip().isdigit():
-        raise ValueError(f"NODES={text!r}: must be a whole number of 8-GPU nodes")
-    return int(text)
-
-
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
 
 
@@ -63,7 +56,7 @@ def do_submit(args, out) -> int:
     from overlapkit.report import render_plan
 
     preflight_only, checks = _flags(args)
-    sub = submit.prepare(args.recipe, args.cluster, nodes=_nodes(args.nodes), sets=args.set,
+    sub = submit.prepare(args.recipe, args.cluster, nodes=parse_nodes(args.nodes), sets=args.set,
                          preflight_only=preflight_only, checks=checks)  # fmt: skip
     render_plan(sub.plan, out)
     if args.action == "sbatch":
