@@ -24,6 +24,9 @@ first pipeline stage: it holds the input embedding and the most in-flight microb
   group's activations while it is recomputed; "selective" recomputes core attention (megatron-core's default
   recompute_modules), which flash attention already does not store: no saving is credited.
 - logits: PP=1 only (the first stage is also the last): Megatron's 4·s·b·h·(1 + V/h)/t.
+- Without TE (the 1-GPU cuts of gpucut.py): megatron-core's local, unfused core attention stores s² scores per
+  head — Korthikanti's 5·a·s/h term, with 9 B per score because its torch softmax path keeps an fp32 output — and
+  the native cross entropy keeps 10 B per logit (BF16 logits, fp32 copy, fp32 softmax) instead of 4.
 - userbuffers (TP overlap on): TE's initialize_ub registers one buffer per overlapped GEMM, the ten fields of
   Bridge's TransformerLayerTPOverlapCfg (qkv/proj/fc1/fc2 fprop and dgrad, qkv/fc1 wgrad), each the full
   [s·b/CP, h] tensor; in FP8 the six all-gather ones are FP8 (1 B), the rest BF16.
@@ -45,7 +48,8 @@ from types import SimpleNamespace
 from overlapkit import overlap
 
 GB = 2**30
-HBM_GB = {"h100": 81559 / 1024}  # nvidia-smi total on an H100 SXM5 80 GB
+# nvidia-smi totals (MiB / 1024): H100 SXM5 80 GB; H200 141 GB (143771 MiB, as read on the lent H200 machines)
+HBM_GB = {"h100": 81559 / 1024, "h200": 143771 / 1024}
 MARGIN_GB = 4.0  # allocator fragmentation: about 5% of the card
 RESERVE_GB = 3.0  # CUDA context + NCCL communicators + cuBLAS/TE workspaces (see the module docstring)
 UB_BUFFERS = ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad", "qkv_fprop")
@@ -87,6 +91,8 @@ class Workload:
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
     mb_group: int | None = None  # microbatch_group_size_per_vp_stage (megatron-core default: PP)
+    attention: str = "flash"  # "flash" (TE fused/flash) | "unfused" (megatron-core's local DotProductAttention)
+    fused_cross_entropy: bool = True  # False: native vocab-parallel cross entropy (the no-TE 1-GPU cut)
 
     def model(self):
         """The provider attribute names overlap.params_per_layer/embedding_params read."""
@@ -118,6 +124,7 @@ class MemoryEstimate:
     margin_gb: float
     params_per_gpu: int
     notes: dict[str, str] = field(default_factory=dict)
+    gpu: str = "h100"
 
     @property
     def total_gb(self) -> float:
@@ -149,7 +156,7 @@ class MemoryEstimate:
     def summary(self) -> str:
         return (
             f"memory (first pipeline stage, per GPU): {self.total_gb:.1f} GB of {self.budget_gb:.1f} GB budget "
-            f"(H100 {self.hbm_gb:.1f} GB − {self.margin_gb:.0f} GB margin): {self.verdict}"
+            f"({self.gpu.upper()} {self.hbm_gb:.1f} GB − {self.margin_gb:.0f} GB margin): {self.verdict}"
         )
 
 
@@ -197,7 +204,11 @@ def activation_terms(w: Workload) -> dict[str, float]:
         "QKV input": lin,
         "Q + attention output": 4 * q + (q if w.dtype == "fp8" else 0),  # FP8: proj also saves its FP8 input
         "K + V (GQA)": 4 * kv,
-        "flash-attn log-sum-exp (fp32)": 4 * w.heads / w.hidden,
+        "flash-attn log-sum-exp (fp32)": 4 * w.heads / w.hidden if w.attention == "flash" else 0,
+        # Unfused (local spec) core attention stores s² scores per head: the fp32 softmax output (4 B, its
+        # backward input), the BF16 probabilities (2 B, the V-bmm input) and dropout output + mask (3 B) —
+        # Korthikanti's 5·a·s/h counted with the fp32 softmax that megatron-core's torch path keeps.
+        "unfused attention scores": 9 * w.heads * w.seq / w.cp / w.hidden if w.attention == "unfused" else 0,
         "FC1 input": lin,
         "FC1 output": (4 if w.gated else 2) * f,
         "FC2 input": lin * f,
@@ -246,7 +257,8 @@ def activation_bytes(w: Workload) -> tuple[float, str]:
     return chunks * stored + transient, note
 
 
-def estimate_workload(w: Workload, gpu: str = "h100") -> MemoryEstimate:
+def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = None) -> MemoryEstimate:
+    """hbm_gb: the card's total memory when measured (torch.cuda.mem_get_info), else HBM_GB[gpu]."""
     m = w.model()
     layers = first_stage_layers(w)[1]
     two = w.pp == 1 and not w.tied  # the untied output layer sits on the first stage too when PP=1
@@ -259,7 +271,9 @@ def estimate_workload(w: Workload, gpu: str = "h100") -> MemoryEstimate:
     shard = w.dp * w.cp if w.distributed_optimizer else 1
     act, act_note = activation_bytes(w)
     tokens = w.seq * w.mbs // w.cp
-    logits = 4 * tokens * w.hidden * (1 + w.vocab / w.hidden) / w.tp if w.pp == 1 else 0.0
+    # Native (unfused) cross entropy keeps BF16 logits, their fp32 copy and the fp32 softmax: 10 B per logit.
+    per_logit = 4 if w.fused_cross_entropy else 10
+    logits = tokens * (4 * w.hidden + per_logit * w.vocab) / w.tp if w.pp == 1 else 0.0
     ub = sum(tokens * w.hidden * (1 if fp8 and n in UB_ALL_GATHER else 2) for n in UB_BUFFERS) if w.tp_overlap else 0
     notes = {
         "weights": f"{params / 1e9:.2f}B params/GPU ({layers} layers + {emb_what}, /TP{w.tp})"
@@ -275,8 +289,8 @@ def estimate_workload(w: Workload, gpu: str = "h100") -> MemoryEstimate:
     return MemoryEstimate(
         weights_gb=(layer_params * wbytes + emb * 2) / w.tp / GB if fp8 else params * 2 / GB,
         grads_gb=params * gbytes / GB, optimizer_gb=params * 12 / shard / GB, activations_gb=act / GB,
-        logits_gb=logits / GB, comm_buffers_gb=ub / GB, reserve_gb=RESERVE_GB, hbm_gb=HBM_GB[gpu],
-        margin_gb=MARGIN_GB, params_per_gpu=params, notes=notes,
+        logits_gb=logits / GB, comm_buffers_gb=ub / GB, reserve_gb=RESERVE_GB, hbm_gb=hbm_gb or HBM_GB[gpu],
+        margin_gb=MARGIN_GB, params_per_gpu=params, notes=notes, gpu=gpu,
     )  # fmt: skip
 
 

@@ -61,6 +61,21 @@ def test_activation_bytes_per_layer_by_hand():
     assert layer_activation_bytes(replace(TOY, cp=2)) == layer_activation_bytes(TOY) / 2  # CP splits the tokens
 
 
+def test_no_te_terms_by_hand():
+    # Unfused (local spec) attention: s² scores per head at 9 B (fp32 softmax 4 + BF16 probs 2 + dropout 3), i.e.
+    # 9·a·s/h per element of s·b·h/t, in place of flash attention's fp32 log-sum-exp (4·a/h).
+    unfused = replace(TOY, attention="unfused")
+    assert layer_activation_bytes(unfused) == TOKENS_H_PER_TP * (37.03125 - 4 * 8 / 1024 + 9 * 8 * 2048 / 1024)
+    # Native cross entropy: 10 B per logit (BF16 logits, fp32 copy, fp32 softmax) instead of the fused 4 B.
+    pp1 = replace(TOY, pp=1, vpp=None)
+    native = estimate_workload(replace(pp1, fused_cross_entropy=False))
+    assert native.logits_gb * GB == 2048 * (4 * 1024 + 10 * 32000) / 2
+    # A measured card replaces the table's capacity; an H200 is 143771 MiB per nvidia-smi.
+    assert estimate_workload(TOY, hbm_gb=24.0).budget_gb == 20.0
+    assert estimate_workload(TOY, "h200").budget_gb == pytest.approx(143771 / 1024 - 4)
+    assert "(H200 " in estimate_workload(TOY, "h200").summary()
+
+
 def test_in_flight_microbatches_follow_megatrons_schedules():
     # Interleaved, first stage: 2(PP−1) + (VP−1)·PP warm-up + 1 = 5 chunks of 2 layers = 10 = L·(1 + (PP−1)/(PP·VP))
     assert in_flight_chunks(TOY) == 5
