@@ -10,12 +10,13 @@ RUN     ?=
 FROM    ?= llama3_70b_pretrain_64gpu_h100_bf16
 NAME    ?=
 ARGS    ?=
+CUTS    ?=
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan bench new-recipe submit status logs cancel sbatch run-local slurm-up slurm-down
+.PHONY: help setup test lint recipes plan bench gpu-check new-recipe submit status logs cancel sbatch run-local slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,6 +41,9 @@ new-recipe: ## fork FROM into recipes/NAME.py for a new size: layout search, aud
 
 bench: ## plan-all time vs bare `import megatron.bridge`, measured side by side
 	@$(PY) bench/plan_all.py
+
+gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by side (CUDA; CUTS="llama3_8b", ARGS=--list on CPU)
+	@$(PY) bench/gpu_cut.py $(foreach c,$(CUTS),--only $(c)) $(ARGS)
 
 submit: ## submit RECIPE to CLUSTER via nemo_run (NODES=, SET=, DRYRUN=1 prints the sbatch, PREFLIGHT=1 checks only)
 	@$(PY) -m launch.submit submit --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"

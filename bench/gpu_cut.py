@@ -1,0 +1,175 @@
+"""Real 1-GPU training: each dense recipe's cut next to the same cut of Bridge's own H100 recipe, in one run.
+
+    python bench/gpu_cut.py                    # every cut, both sides; logs + results.json under --out
+    python bench/gpu_cut.py --only llama3_8b   # one model
+    python bench/gpu_cut.py --list             # no GPU needed: the cuts, their memory estimates, what differs
+
+Each side trains in its own fresh process (torchrun, 1 rank) through Bridge's `pretrain()` with Bridge's GPT
+`forward_step`, on mock data; its log is parsed by overlapkit.logparse, exactly as the nightly parses a cluster run.
+Sides alternate per model so that they share the machine's state. Prints TFLOP/s/GPU and step time per side and the
+ratio ours ÷ Bridge (1.00 = our recipe knobs cost nothing on this cut). What a cut is: src/overlapkit/gpucut.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SKIP_RC = 3  # the child's exit status for "does not fit this GPU": a verdict, not a failure
+
+
+def _gpu_kind(name: str) -> str:
+    return "h200" if "H200" in name.upper() else "h100"
+
+
+def child(key: str, side: str, iters: int) -> int:
+    """One side of one cut, inside torchrun: build, check the memory estimate against this card, train."""
+    import torch
+
+    from overlapkit import gpucut, stack
+
+    stack.import_bridge()
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    cfg = gpucut.build(key, side, iters)
+    free, total = torch.cuda.mem_get_info()
+    est = gpucut.estimate(cfg, _gpu_kind(torch.cuda.get_device_name()), hbm_gb=total / 2**30)
+    m = cfg.model
+    print(f"CUT {key} {side}: {m.num_layers} layers, hidden {m.hidden_size}, seq {m.seq_length}, "
+          f"GBS {cfg.train.global_batch_size}, {iters} iterations — {gpucut.LABEL}", flush=True)  # fmt: skip
+    print(f"CUT estimate: {est.summary()}", flush=True)
+    if not est.fits:
+        print(f"CUT-SKIP: needs {est.total_gb:.1f} GB, this card gives {est.budget_gb:.1f} GB", flush=True)
+        return SKIP_RC
+    pretrain(cfg, forward_step)
+    return 0
+
+
+def run_side(key: str, side: str, iters: int, out: Path, timeout: float) -> dict:
+    """Run one side in a fresh torchrun process; its log goes to out/<key>.<side>.log. Returns its result."""
+    log = out / f"{key}.{side}.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+           str(Path(__file__).resolve()), "--child", key, side, "--iters", str(iters)]  # fmt: skip
+    t0 = time.monotonic()
+    with log.open("w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return classify(log, side, rc, iters, round(time.monotonic() - t0, 1))
+
+
+def classify(log: Path, side: str, rc, iters: int, wall_s: float) -> dict:
+    """A side's result from its log and exit status: ok only with every iteration logged and a clean exit."""
+    from overlapkit import logparse
+
+    parsed = logparse.parse_file(log, warmup=max(1, iters // 4))
+    n = parsed["summary"]["iterations"]
+    skip = [ln.split(": ", 1)[1] for ln in log.read_text(errors="replace").splitlines() if ln.startswith("CUT-SKIP")]
+    if rc == SKIP_RC and skip:
+        status = f"skipped: {skip[0]}"
+    elif rc == 0 and n == iters and not parsed["summary"]["nan_iterations"]:
+        status = "ok"
+    else:
+        why = next(iter(parsed["events"]), None) or ("NaN loss" if parsed["summary"]["nan_iterations"] else None)
+        status = f"failed ({why or f'rc {rc}'}, {n}/{iters} iterations)"
+    return {"side": side, "status": status, "rc": rc, "wall_s": wall_s, "log": log.name,
+            "summary": parsed["summary"], "events": parsed["events"]}  # fmt: skip
+
+
+def _fmt(x, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def table(results: dict[str, dict[str, dict]], header: str) -> str:
+    """One row per cut: each side's TFLOP/s/GPU and steady step time, and ours ÷ Bridge."""
+    from overlapkit import gpucut
+
+    lines = [header, f"{'cut':<13} {'layers':>6} {'seq':>5} │ {'ours TFLOP/s':>12} {'Bridge TFLOP/s':>14} "
+             f"{'ratio':>6} │ {'ours ms':>8} {'Bridge ms':>9} │ {'ours loss':>9} │ status"]  # fmt: skip
+    for key, sides in results.items():
+        cut = gpucut.CUTS[key]
+        o, b = (sides.get(s, {}).get("summary", {}) for s in gpucut.SIDES)
+        to, tb = o.get("tflops_per_gpu"), b.get("tflops_per_gpu")
+        ratio = to / tb if to and tb else None
+        status = "; ".join(f"{s}: {r['status']}" for s, r in sides.items() if r["status"] != "ok") or "ok"
+        lines.append(f"{key:<13} {cut.layers:>6} {cut.seq:>5} │ {_fmt(o.get('tflops_per_gpu'), '12.1f')} "
+                     f"{_fmt(b.get('tflops_per_gpu'), '14.1f')} {_fmt(ratio, '6.2f')} │ "
+                     f"{_fmt(o.get('step_time_ms'), '8.1f')} {_fmt(b.get('step_time_ms'), '9.1f')} │ "
+                     f"{_fmt(o.get('last_loss'), '9.3f')} │ {status}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def list_cuts() -> int:
+    """CPU: every cut's shape, estimate on H100/H200 and the non-layout knobs where ours and Bridge's differ."""
+    from overlapkit import gpucut, stack
+
+    stack.import_bridge()
+    for key, cut in gpucut.CUTS.items():
+        ours, bridge = (gpucut.build(key, s) for s in gpucut.SIDES)
+        fits = ", ".join(f"{g.upper()} {e.total_gb:.1f} GB {e.verdict}" for g in ("h100", "h200")
+                         if (e := gpucut.estimate(ours, g)))  # fmt: skip
+        print(f"{key}: {cut.layers} layers, seq {cut.seq}, GBS {cut.gbs} — {fits}")
+        print(f"  ours   = {cut.recipe}\n  Bridge = {cut.reference}" + (f"\n  note: {cut.note}" if cut.note else ""))
+        for field, a, b in gpucut.differences(ours, bridge):
+            print(f"  differs: {field}: ours {a!r}, Bridge {b!r}")
+    return 0
+
+
+def main(argv=None) -> int:
+    from overlapkit import gpucut, logparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", choices=list(gpucut.CUTS), help="a cut (repeatable; default: all)")
+    ap.add_argument("--iters", type=int, default=gpucut.ITERS)
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_cut" / time.strftime("%Y%m%d-%H%M%S"))
+    ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sides past this wall time")
+    ap.add_argument("--list", action="store_true", help="print the cuts and their estimates (no GPU needed)")
+    ap.add_argument("--child", nargs=2, metavar=("CUT", "SIDE"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(*args.child, args.iters)
+    if args.list:
+        return list_cuts()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU here: run this on a GPU node (see docs/gpu_check.md); --list works on CPU",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name()
+    header = f"{gpucut.LABEL} · {device} · torch {torch.__version__} · {args.iters} iterations"
+    print(header, flush=True)
+    t0, longest, results = time.monotonic(), 90.0, {}
+    for key in args.only or list(gpucut.CUTS):
+        results[key] = {}
+        for side in gpucut.SIDES:
+            left = args.budget_s - (time.monotonic() - t0)
+            if left < longest:
+                results[key][side] = {"side": side, "status": f"not run: {left:.0f} s of the time budget left"}
+                continue
+            res = results[key][side] = run_side(key, side, args.iters, args.out, left)
+            longest = max(longest, res["wall_s"]) if res["status"] == "ok" else longest
+            print(f"{key} {side}: {res['status']} in {res['wall_s']} s", flush=True)
+            if res["status"].startswith("skipped"):
+                results[key]["bridge"] = {**res, "side": "bridge"}  # the same cut: the same estimate
+                break
+    text = table(results, header)
+    print(text)
+    (args.out / "results.txt").write_text(text + "\n")
+    doc = {"device": device, "torch": torch.__version__, "label": gpucut.LABEL, "results": results}
+    (args.out / "results.json").write_text(logparse.to_json(doc))  # NaN/inf as strings: JSON has none
+    ok = all(r["status"] in ("ok",) or r["status"].startswith("skipped") for s in results.values() for r in s.values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
