@@ -13,6 +13,7 @@ ratio ours ÷ Bridge (1.00 = our recipe knobs cost nothing on this cut). What a 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+GOLDENS = REPO / "nightly" / "goldens" / "gpu_cut"  # <gpu>/<cut>.<side>.json, written only by --bless
 SKIP_RC = 3  # the child's exit status for "does not fit this GPU": a verdict, not a failure
 
 
@@ -51,7 +53,7 @@ def child(key: str, side: str, iters: int) -> int:
     return 0
 
 
-def run_side(key: str, side: str, iters: int, out: Path, timeout: float) -> dict:
+def run_side(key: str, side: str, iters: int, out: Path, timeout: float, gpu: str) -> dict:
     """Run one side in a fresh torchrun process; its log goes to out/<key>.<side>.log. Returns its result."""
     log = out / f"{key}.{side}.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
@@ -62,12 +64,17 @@ def run_side(key: str, side: str, iters: int, out: Path, timeout: float) -> dict
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    return classify(log, side, rc, iters, round(time.monotonic() - t0, 1))
+    from overlapkit import regress
+
+    golden = regress.load_golden(f"{key}.{side}", GOLDENS / gpu)
+    return classify(log, side, rc, iters, round(time.monotonic() - t0, 1), golden)
 
 
-def classify(log: Path, side: str, rc, iters: int, wall_s: float) -> dict:
-    """A side's result from its log and exit status: ok only with every iteration logged and a clean exit."""
-    from overlapkit import logparse
+def classify(log: Path, side: str, rc, iters: int, wall_s: float, golden: dict | None = None) -> dict:
+    """A side's result from its log and exit status: ok only with every iteration logged and a clean exit; an ok
+    side is then judged against its golden by the nightly's rules (regress.py: ±5 % perf, tiered loss, and an
+    unexpected improvement fails too)."""
+    from overlapkit import logparse, regress
 
     parsed = logparse.parse_file(log, warmup=max(1, iters // 4))
     n = parsed["summary"]["iterations"]
@@ -79,8 +86,12 @@ def classify(log: Path, side: str, rc, iters: int, wall_s: float) -> dict:
     else:
         why = next(iter(parsed["events"]), None) or ("NaN loss" if parsed["summary"]["nan_iterations"] else None)
         status = f"failed ({why or f'rc {rc}'}, {n}/{iters} iterations)"
-    return {"side": side, "status": status, "rc": rc, "wall_s": wall_s, "log": log.name,
-            "summary": parsed["summary"], "events": parsed["events"]}  # fmt: skip
+    res = {"side": side, "status": status, "rc": rc, "wall_s": wall_s, "log": log.name,
+           "summary": parsed["summary"], "events": parsed["events"]}  # fmt: skip
+    if status == "ok":
+        v = regress.classify(parsed, "COMPLETED", golden)
+        res["vs_golden"], res["golden_reasons"] = v.status, v.reasons
+    return res
 
 
 def _fmt(x, spec: str) -> str:
@@ -99,6 +110,8 @@ def table(results: dict[str, dict[str, dict]], header: str) -> str:
         to, tb = o.get("tflops_per_gpu"), b.get("tflops_per_gpu")
         ratio = to / tb if to and tb else None
         status = "; ".join(f"{s}: {r['status']}" for s, r in sides.items() if r["status"] != "ok") or "ok"
+        if status == "ok":
+            status = "ok · vs golden: " + ", ".join(f"{s} {r['vs_golden']}" for s, r in sides.items())
         lines.append(f"{key:<13} {cut.layers:>6} {cut.seq:>5} │ {_fmt(o.get('tflops_per_gpu'), '12.1f')} "
                      f"{_fmt(b.get('tflops_per_gpu'), '14.1f')} {_fmt(ratio, '6.2f')} │ "
                      f"{_fmt(o.get('step_time_ms'), '8.1f')} {_fmt(b.get('step_time_ms'), '9.1f')} │ "
@@ -131,12 +144,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_cut" / time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sides past this wall time")
     ap.add_argument("--list", action="store_true", help="print the cuts and their estimates (no GPU needed)")
+    ap.add_argument("--bless", type=Path, metavar="RUN_DIR", help="a reviewed run's ok sides -> goldens")
     ap.add_argument("--child", nargs=2, metavar=("CUT", "SIDE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(*args.child, args.iters)
     if args.list:
         return list_cuts()
+    if args.bless:
+        return bless(args.bless)
     import torch
 
     if not torch.cuda.is_available():
@@ -155,7 +171,7 @@ def main(argv=None) -> int:
             if left < longest:
                 results[key][side] = {"side": side, "status": f"not run: {left:.0f} s of the time budget left"}
                 continue
-            res = results[key][side] = run_side(key, side, args.iters, args.out, left)
+            res = results[key][side] = run_side(key, side, args.iters, args.out, left, _gpu_kind(device))
             longest = max(longest, res["wall_s"]) if res["status"] == "ok" else longest
             print(f"{key} {side}: {res['status']} in {res['wall_s']} s", flush=True)
             if res["status"].startswith("skipped"):
@@ -164,10 +180,56 @@ def main(argv=None) -> int:
     text = table(results, header)
     print(text)
     (args.out / "results.txt").write_text(text + "\n")
-    doc = {"device": device, "torch": torch.__version__, "label": gpucut.LABEL, "results": results}
+    doc = {"device": device, "gpu": _gpu_kind(device), "iters": args.iters, "label": gpucut.LABEL,
+           "versions": _versions(), "results": results}  # fmt: skip
     (args.out / "results.json").write_text(logparse.to_json(doc))  # NaN/inf as strings: JSON has none
-    ok = all(r["status"] in ("ok",) or r["status"].startswith("skipped") for s in results.values() for r in s.values())
-    return 0 if ok else 1
+    sides = [r for s in results.values() for r in s.values()]
+    ran = all(r["status"] == "ok" or r["status"].startswith("skipped") for r in sides)
+    return 0 if ran and all(r.get("vs_golden", "pass") in ("pass", "no_golden") for r in sides) else 1
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    names = ("torch", "megatron-core", "megatron-bridge", "transformers")
+    return {n: md.version(n) for n in names if _installed(n)}
+
+
+def _installed(name: str) -> bool:
+    import importlib.metadata as md
+
+    try:
+        return bool(md.version(name))
+    except md.PackageNotFoundError:
+        return False
+
+
+def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
+    """A reviewed run's ok sides -> nightly/goldens/gpu_cut/<gpu>/<cut>.<side>.json (the nightly's golden format)."""
+    from overlapkit import gpucut, logparse, regress
+
+    doc_path = run_dir / "results.json"
+    if not doc_path.is_file():
+        print(f"error: {run_dir}: no results.json — give --bless <a gpu_cut run directory>", file=sys.stderr)
+        return 2
+    doc, written = json.loads(doc_path.read_text()), []
+    for key, sides in doc["results"].items():
+        for side, res in sides.items():
+            if res["status"] != "ok":
+                print(f"not blessed: {key} {side}: {res['status']}")
+                continue
+            parsed = logparse.parse_file(run_dir / res["log"], warmup=max(1, doc["iters"] // 4))
+            c = gpucut.CUTS[key]
+            cut = {"layers": c.layers, "seq": c.seq, "gbs": c.gbs, "iters": doc["iters"], "device": doc["device"]}
+            plan = {"recipe": f"{key}.{side}", "layout": cut}
+            meta = {"run_dir": str(run_dir), "versions": doc["versions"], "container_image": None}
+            out = goldens / doc["gpu"] / f"{key}.{side}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(regress.make_golden(parsed, plan, meta), indent=2) + "\n")
+            written.append(out)
+    for out in written:
+        print(f"blessed {out}")
+    return 0 if written else 1
 
 
 if __name__ == "__main__":

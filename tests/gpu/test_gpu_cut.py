@@ -45,5 +45,6 @@ def test_cuts_train_side_by_side_and_parse(tmp_path):
             assert s["iterations"] == s["train_iters"] and s["nan_iterations"] == 0 and s["incomplete_lines"] == 0
             assert s["tflops_per_gpu"] > 1.0 and s["step_time_ms"] > 0 and s["peak_mem_gb"] > 0
             assert math.isfinite(float(s["last_loss"])) and float(s["last_loss"]) < math.log(128256) + 1
+            assert res["vs_golden"] in ("pass", "no_golden"), (key, side, res["golden_reasons"])
             ran += 1
     assert ran >= 2  # at least one cut on both sides

@@ -9,6 +9,7 @@ otherwise allocates on `torch.cuda.current_device()`), and training itself is th
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -150,8 +151,10 @@ def test_classify_and_table_from_bridge_printed_logs(bench, tmp_path):
                          "bridge": bench.classify(ref, "bridge", 0, n, 58.0)}}  # fmt: skip
     assert [r["status"] for r in res["llama3_8b"].values()] == ["ok", "ok"]
     assert res["llama3_8b"]["ours"]["summary"]["tflops_per_gpu"] == pytest.approx(300.0, rel=1e-3)
-    row = bench.table(res, "header").splitlines()[-1].split()
-    assert row[:3] == ["llama3_8b", "4", "2048"] and "0.94" in row and row[-1] == "ok"  # 300 / 320
+    line = bench.table(res, "header").splitlines()[-1]
+    row = line.split()
+    assert row[:3] == ["llama3_8b", "4", "2048"] and "0.94" in row  # 300 / 320
+    assert line.endswith("│ ok · vs golden: ours no_golden, bridge no_golden")
 
 
 def test_classify_failures(bench, tmp_path):
@@ -182,3 +185,39 @@ def test_without_gpu_the_bench_says_so_in_one_line(bench, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: no CUDA GPU here") and "--list" in err[0]
     assert not (tmp_path / "x").exists()
+
+
+def test_sides_are_judged_against_goldens_that_bless_writes(bench, tmp_path, capsys):
+    n, run, goldens = 20, tmp_path / "run", tmp_path / "goldens"
+    run.mkdir()
+
+    def side_log(name, ms, tflops):
+        return _log(run, name, bridge_log(curve(n), [ms] * n, tflops=[tflops] * n, world=1))
+
+    log = side_log("llama3_8b.ours.log", 400.0, 300.0)
+    first = bench.classify(log, "ours", 0, n, 60.0)
+    assert first["vs_golden"] == "no_golden"
+    oom = {"side": "bridge", "status": "failed (cuda_oom, 0/20 iterations)"}
+    doc = {"device": "NVIDIA H200", "gpu": "h200", "iters": n, "label": gpucut.LABEL, "versions": {"torch": "2.11.0"},
+           "results": {"llama3_8b": {"ours": first, "bridge": oom}}}  # fmt: skip
+    (run / "results.json").write_text(json.dumps(doc))
+    assert bench.bless(run, goldens) == 0
+    assert "not blessed: llama3_8b bridge: failed (cuda_oom" in capsys.readouterr().out
+    assert [p.name for p in (goldens / "h200").iterdir()] == ["llama3_8b.ours.json"]
+    g = json.loads((goldens / "h200" / "llama3_8b.ours.json").read_text())
+    assert g["recipe"] == "llama3_8b.ours" and g["layout"]["layers"] == 4 and g["versions"] == {"torch": "2.11.0"}
+    assert g["tflops_per_gpu"] == pytest.approx(300.0, rel=1e-3) and len(g["loss"]) == n
+    # The nightly's rules: the same run passes; 10 % slower is a regression; 10 % faster fails as well.
+    assert bench.classify(log, "ours", 0, n, 1.0, g)["vs_golden"] == "pass"
+    slow = bench.classify(side_log("slow.log", 440.0, 272.7), "ours", 0, n, 1.0, g)
+    assert slow["vs_golden"] == "regression" and "step_time_ms" in slow["golden_reasons"][0]
+    fast = bench.classify(side_log("fast.log", 360.0, 333.3), "ours", 0, n, 1.0, g)
+    assert fast["vs_golden"] == "unexpected_improvement"
+    row = bench.table({"llama3_8b": {"ours": fast, "bridge": first}}, "h").splitlines()[-1]
+    assert row.endswith("ok · vs golden: ours unexpected_improvement, bridge no_golden")
+
+
+def test_bless_needs_a_run_directory(bench, tmp_path, capsys):
+    assert bench.bless(tmp_path, tmp_path / "goldens") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no results.json" in err[0] and not (tmp_path / "goldens").exists()
