@@ -128,7 +128,7 @@ def list_cuts() -> int:
         ours, bridge = (gpucut.build(key, s) for s in gpucut.SIDES)
         fits = ", ".join(f"{g.upper()} {e.total_gb:.1f} GB {e.verdict}" for g in ("h100", "h200")
                          if (e := gpucut.estimate(ours, g)))  # fmt: skip
-        print(f"{key}: {cut.layers} layers, seq {cut.seq}, GBS {cut.gbs} — {fits}")
+        print(f"{key}: {cut.layers} layer{'s' * (cut.layers > 1)}, seq {cut.seq}, GBS {cut.gbs} — {fits}")
         print(f"  ours   = {cut.recipe}\n  Bridge = {cut.reference}" + (f"\n  note: {cut.note}" if cut.note else ""))
         for field, a, b in gpucut.differences(ours, bridge):
             print(f"  differs: {field}: ours {a!r}, Bridge {b!r}")

@@ -141,10 +141,17 @@ def _plain(v):
 
 
 def differences(a, b) -> list[tuple[str, object, object]]:
-    """(section.field, a's value, b's value) for every config field where two cut configs differ: the knobs that
-    can explain a ratio other than 1 (the layout is equal by construction)."""
+    """(section.field, a's value, b's value) for every config field where two cut configs differ at training time:
+    the knobs that can explain a ratio other than 1 (the layout is equal by construction). As in Bridge's
+    runtime_config_update, each side's mixed_precision is first applied to its model, optimizer and ddp configs, so
+    a value that precision would overwrite is not reported."""
+    import copy
     import dataclasses
 
+    a, b = copy.deepcopy(a), copy.deepcopy(b)
+    for c in (a, b):
+        if dataclasses.is_dataclass(c.mixed_precision):
+            c.mixed_precision.setup(c.model, c.optimizer, c.ddp)
     out = []
     for section in SECTIONS:
         x, y = getattr(a, section, None), getattr(b, section, None)
