@@ -13,6 +13,7 @@ ratio ours ÷ Bridge (1.00 = our recipe knobs cost nothing on this cut). What a 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -158,6 +159,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA GPU here: run this on a GPU node (see docs/gpu_check.md); --list works on CPU",
               file=sys.stderr)  # fmt: skip
+        return 2
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        print("error: Bridge's pretrain imports nvidia_resiliency_ext, which this venv leaves out (its wheels need "
+              "glibc >= 2.39): run in the NeMo container, or `uv pip install nvidia-resiliency-ext==0.6.0` where "
+              "glibc allows (docs/gpu_check.md)", file=sys.stderr)  # fmt: skip
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name()

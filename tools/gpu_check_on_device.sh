@@ -6,10 +6,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/device_out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "error: installing .whl/ failed: rebuild it with tools/device_wheels.py"; exit 2; }
+python3 -c "import platform; print('glibc', *platform.libc_ver())" | tee "$OUT/device.txt"
+# nvidia-resiliency-ext ships only manylinux_2_39 wheels; with an older glibc pip refuses the whole line, so it is
+# installed on its own and, if refused, unpacked: Bridge's pretrain imports only pure-Python modules of it (its one
+# extension, nvrx_cupti_module, serves straggler detection, which the check leaves off).
+nvrx=(.whl/nvidia_resiliency_ext-*.whl)
+rest=($(ls .whl/*.whl | grep -v nvidia_resiliency_ext))
+pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
+pip_target "${rest[@]}" || { echo "error: installing .whl/ failed: rebuild it with tools/device_wheels.py"; exit 2; }
+pip_target "${nvrx[@]}" 2>/dev/null || { echo "glibc < 2.39: unpacking ${nvrx[0]}"; python3 -m zipfile -e "${nvrx[0]}" /tmp/site; }
 export PYTHONPATH="/tmp/site:$PWD/src:$PWD" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/device.txt"
 run=runs/gpu_cut/device
 python3 bench/gpu_cut.py --out "$run" --budget-s "${BUDGET_S:-480}" "$@" 2>&1 | tee "$OUT/gpu_cut.txt"
 rc=${PIPESTATUS[0]}

@@ -226,3 +226,12 @@ def test_bless_needs_a_run_directory(bench, tmp_path, capsys):
     assert bench.bless(tmp_path, tmp_path / "goldens") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no results.json" in err[0] and not (tmp_path / "goldens").exists()
+
+
+def test_a_gpu_without_nvidia_resiliency_ext_is_a_one_line_error(bench, capsys, tmp_path, monkeypatch):
+    """This venv really lacks nvidia-resiliency-ext (pyproject overrides it out); only the GPU is pretended."""
+    assert importlib.util.find_spec("nvidia_resiliency_ext") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench.main(["--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nvidia-resiliency-ext==0.6.0" in err[0] and not (tmp_path / "x").exists()
