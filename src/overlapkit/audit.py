@@ -65,6 +65,33 @@ class AuditReport:
         }
 
 
+def split_violations(*, seq, layers, units, tp, pp, vpp, cp, dp, mbs, gbs) -> list[tuple[str, str]]:
+    """(code, message) for each divisibility rule a parallel split breaks, on bare numbers. One source for the audit
+    (on a built config, adding its fixes) and for layout_search (thousands of candidate splits, no configs).
+    `units`: transformer layers plus the embedding/loss that Bridge accounts in the pipeline split; None when an
+    explicit pipeline layout replaces the even split."""
+    out, stages = [], pp * (vpp or 1)
+    if tp > 1 and seq % tp:
+        out.append(("seq_not_divisible_tp", f"seq {seq} is not divisible by TP{tp}"))
+    if cp > 1 and seq % (2 * cp):
+        out.append(("seq_not_divisible_cp", f"seq {seq} is not divisible by 2·CP={2 * cp}"))
+    if pp > 1 and units is not None and units % stages:
+        out.append(("layers_not_divisible", f"layers {layers} (+embedding/loss: {units}) are not divisible by "
+                    f"PP·VPP={stages}"))  # fmt: skip
+    if gbs % (dp * mbs):
+        out.append(("gbs_not_divisible", f"GBS {gbs} is not divisible by DP·MBS={dp}·{mbs}"))
+    return out
+
+
+# What the audit adds to each split rule: why it matters, and the fix.
+SPLIT_FIXES = {
+    "seq_not_divisible_tp": "sequence parallel and TE need it",
+    "seq_not_divisible_cp": "CP load balancing splits each sequence in 2·CP chunks",
+    "layers_not_divisible": "change VPP/PP or give model.pipeline_model_parallel_layout",
+    "gbs_not_divisible": "use a multiple of {dp_mbs}",
+}
+
+
 def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None = None, env=None) -> AuditReport:
     """Audit recipe `cfg` (as written) against Bridge's `resolved` state for `target`; `env` adds launch-time rules."""
     intent = intent or intent_of(cfg)
@@ -131,10 +158,13 @@ def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None 
                     f"userbuffers preset {name} was tuned for another shape "
                     f"({', '.join(soft)}): buffers fit, SM counts may not; nearest: {presets.nearest(shape, 1)[0]}",
                 )
-    if tp > 1 and seq % tp:
-        err("seq_not_divisible_tp", f"seq_length {seq} is not divisible by TP={tp} (sequence parallel/TE need it)")
-    if cp > 1 and seq % (2 * cp):
-        err("seq_not_divisible_cp", f"seq_length {seq} is not divisible by 2·CP={2 * cp} (CP load balancing)")
+    units = None
+    if m.pipeline_model_parallel_layout is None:
+        units = m.num_layers + bool(m.account_for_embedding_in_pipeline_split)
+        units += bool(m.account_for_loss_in_pipeline_split)
+    split = dict(seq=seq, layers=m.num_layers, units=units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, mbs=mbs, gbs=gbs)
+    for code, msg in split_violations(**split):
+        err(code, f"{msg}: {SPLIT_FIXES[code].format(dp_mbs=dp * mbs)}")
 
     # --- Pipeline p2p overlap ------------------------------------------------------------------------------------
     if pp == 1:
@@ -151,24 +181,8 @@ def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None 
             why, fix = "comm_overlap.overlap_p2p_comm=false overrides Bridge", "set comm_overlap.overlap_p2p_comm=true"
         rep.rows.append(Row("overlap_p2p_comm", OFF, why))
         err("p2p_overlap_off", f"{why}; {fix}")
-    if pp > 1 and m.pipeline_model_parallel_layout is None:
-        stages = pp * (vpp or 1)
-        units = (
-            m.num_layers + bool(m.account_for_embedding_in_pipeline_split) + bool(m.account_for_loss_in_pipeline_split)
-        )
-        if units % stages:
-            err(
-                "layers_not_divisible",
-                f"num_layers {m.num_layers} (+embedding/loss accounted: {units}) is not "
-                f"divisible by PP·VPP={stages}: change VPP/PP or give model.pipeline_model_parallel_layout",
-            )
 
     # --- Data-parallel overlap (distributed optimizer) ---------------------------------------------------------
-    if gbs % (dp * mbs):
-        err(
-            "gbs_not_divisible",
-            f"global_batch_size {gbs} is not divisible by DP·MBS = {dp}·{mbs}: use a multiple of {dp * mbs}",
-        )
     dist_opt = bool(rddp.use_distributed_optimizer)
     grad_dtype = "fp32" if rddp.grad_reduce_in_fp32 else "bf16"
     if dp == 1:

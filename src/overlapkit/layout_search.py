@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from overlapkit import presets, stack
+from overlapkit.audit import split_violations
 from overlapkit.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
 from overlapkit.overlap import GPUS_PER_NODE
 
@@ -97,18 +98,13 @@ def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, c
         errs.append(f"heads {s.heads} are not divisible by TP{tp}")
     if s.query_groups % tp:
         errs.append(f"query groups {s.query_groups} are not divisible by TP{tp}")
-    if tp > 1 and s.seq % tp:
-        errs.append(f"seq {s.seq} is not divisible by TP{tp}")
-    if cp > 1 and s.seq % (2 * cp):
-        errs.append(f"seq {s.seq} is not divisible by 2·CP={2 * cp}")
-    units = s.layers + s.account_embedding + s.account_loss
     if pp > 1 and not (vpp and vpp > 1):
         errs.append(f"PP{pp} needs VPP>1 for p2p overlap")
-    elif pp > 1 and units % (pp * vpp):
-        errs.append(f"layers {s.layers} (+embedding/loss: {units}) are not divisible by PP·VPP={pp * vpp}")
-    if gbs % (dp * mbs):
-        errs.append(f"GBS {gbs} is not divisible by DP·MBS={dp}·{mbs}")
-    elif pp > 1 and gbs // (dp * mbs) < pp:
+    units = s.layers + s.account_embedding + s.account_loss
+    split = split_violations(seq=s.seq, layers=s.layers, units=units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, mbs=mbs,
+                             gbs=gbs)  # fmt: skip
+    errs += [msg for _, msg in split]
+    if pp > 1 and not gbs % (dp * mbs) and gbs // (dp * mbs) < pp:
         errs.append(f"GBS {gbs} gives {gbs // (dp * mbs)} microbatches, fewer than PP{pp}: the pipeline never fills")
     return errs
 
