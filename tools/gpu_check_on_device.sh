@@ -18,7 +18,7 @@ pip_target "${nvrx[@]}" 2>/dev/null || { echo "glibc < 2.39: unpacking ${nvrx[0]
 export PYTHONPATH="/tmp/site:$PWD/src:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/device.txt"
 run=runs/gpu_cut/device
-python3 bench/gpu_cut.py --out "$run" --budget-s "${BUDGET_S:-480}" "$@" 2>&1 | tee "$OUT/gpu_cut.txt"
+python3 bench/gpu_cut.py --out "$run" --budget-s "${BUDGET_S:-420}" "$@" 2>&1 | tee "$OUT/gpu_cut.txt"
 rc=${PIPESTATUS[0]}
 GPU_CUT_RESULTS="$run/results.json" python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt"
 cp "$run/results.json" "$OUT/" 2>/dev/null
