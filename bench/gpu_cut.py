@@ -41,7 +41,7 @@ def child(key: str, side: str, iters: int) -> int:
     from megatron.bridge.training.pretrain import pretrain
 
     cfg = gpucut.build(key, side, iters)
-    free, total = torch.cuda.mem_get_info()
+    total = torch.cuda.mem_get_info()[1]
     est = gpucut.estimate(cfg, _gpu_kind(torch.cuda.get_device_name()), hbm_gb=total / 2**30)
     m = cfg.model
     print(f"CUT {key} {side}: {m.num_layers} layers, hidden {m.hidden_size}, seq {m.seq_length}, "
@@ -197,17 +197,13 @@ def main(argv=None) -> int:
 def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
-    names = ("torch", "megatron-core", "megatron-bridge", "transformers")
-    return {n: md.version(n) for n in names if _installed(n)}
-
-
-def _installed(name: str) -> bool:
-    import importlib.metadata as md
-
-    try:
-        return bool(md.version(name))
-    except md.PackageNotFoundError:
-        return False
+    out = {}
+    for name in ("torch", "megatron-core", "megatron-bridge", "transformers"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:  # e.g. a source checkout on PYTHONPATH: say nothing rather than guess
+            pass
+    return out
 
 
 def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
