@@ -235,3 +235,11 @@ def test_a_gpu_without_nvidia_resiliency_ext_is_a_one_line_error(bench, capsys, 
     assert bench.main(["--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nvidia-resiliency-ext==0.6.0" in err[0] and not (tmp_path / "x").exists()
+
+
+def test_results_record_the_stack_versions(bench):
+    from overlapkit import stack
+
+    v = bench._versions()
+    assert all(v[k] == stack.PINNED[k] for k in ("megatron-core", "megatron-bridge"))
+    assert set(v) == {"torch", "megatron-core", "megatron-bridge", "transformers"}
