@@ -15,6 +15,7 @@ Pure: the builders read no files and no environment; bench/gpu_cut.py runs them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 
@@ -127,8 +128,8 @@ def build(key: str, side: str, iters: int = ITERS):
 
 def estimate(cfg, gpu: str = "h100", hbm_gb: float | None = None) -> memory.MemoryEstimate:
     """Memory estimate of a cut config on one GPU (unfused attention, native cross entropy, no userbuffers)."""
-    w = memory.workload_of(cfg, overlap.Target(nodes=1, gpus_per_node=1, te_available=False))
-    w = memory.Workload(**{**w.__dict__, "attention": "unfused", "fused_cross_entropy": False, "tp_overlap": False})
+    w = memory.workload_of(cfg, overlap.Target(nodes=1, gpus_per_node=1, te_available=False))  # no TE: no userbuffers
+    w = dataclasses.replace(w, attention="unfused", fused_cross_entropy=False)
     return memory.estimate_workload(w, gpu, hbm_gb)
 
 
@@ -146,7 +147,6 @@ def differences(a, b) -> list[tuple[str, object, object]]:
     runtime_config_update, each side's mixed_precision is first applied to its model, optimizer and ddp configs, so
     a value that precision would overwrite is not reported."""
     import copy
-    import dataclasses
 
     a, b = copy.deepcopy(a), copy.deepcopy(b)
     for c in (a, b):
