@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,15 +61,30 @@ def run_side(key: str, side: str, iters: int, out: Path, timeout: float, gpu: st
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
            str(Path(__file__).resolve()), "--child", key, side, "--iters", str(iters)]  # fmt: skip
     t0 = time.monotonic()
-    with log.open("w") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+    rc = run_logged(cmd, log, timeout)
     from overlapkit import regress
 
     golden = regress.load_golden(f"{key}.{side}", GOLDENS / gpu)
     return classify(log, side, rc, iters, round(time.monotonic() - t0, 1), golden)
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float):
+    """Run cmd with stdout+stderr into log; its exit status, or "timeout". torchrun's worker is a grandchild, so the
+    command gets its own process group and a timeout kills the whole group: a worker left behind would hold the GPU
+    through every later side."""
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return "timeout"
+
+
+def warmup_of(iters: int) -> int:
+    """Iterations the steady-state numbers skip: a quarter of a short run (logparse's 10 suit the nightly's 60)."""
+    return max(1, iters // 4)
 
 
 def classify(log: Path, side: str, rc, iters: int, wall_s: float, golden: dict | None = None) -> dict:
@@ -77,9 +93,10 @@ def classify(log: Path, side: str, rc, iters: int, wall_s: float, golden: dict |
     unexpected improvement fails too)."""
     from overlapkit import logparse, regress
 
-    parsed = logparse.parse_file(log, warmup=max(1, iters // 4))
+    text = log.read_text(errors="replace")
+    parsed = logparse.parse_text(text, warmup=warmup_of(iters))
     n = parsed["summary"]["iterations"]
-    skip = [ln.split(": ", 1)[1] for ln in log.read_text(errors="replace").splitlines() if ln.startswith("CUT-SKIP")]
+    skip = [ln.split(": ", 1)[1] for ln in text.splitlines() if ln.startswith("CUT-SKIP")]
     if rc == SKIP_RC and skip:
         status = f"skipped: {skip[0]}"
     elif rc == 0 and n == iters and not parsed["summary"]["nan_iterations"]:
@@ -220,7 +237,7 @@ def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
             if res["status"] != "ok":
                 print(f"not blessed: {key} {side}: {res['status']}")
                 continue
-            parsed = logparse.parse_file(run_dir / res["log"], warmup=max(1, doc["iters"] // 4))
+            parsed = logparse.parse_file(run_dir / res["log"], warmup=warmup_of(doc["iters"]))
             c = gpucut.CUTS[key]
             cut = {"layers": c.layers, "seq": c.seq, "gbs": c.gbs, "iters": doc["iters"], "device": doc["device"]}
             plan = {"recipe": f"{key}.{side}", "layout": cut}

@@ -8,6 +8,7 @@ otherwise allocates on `torch.cuda.current_device()`), and training itself is th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -95,8 +96,7 @@ def test_estimates_gate_the_card():
     assert not gpucut.estimate(gpucut.build("llama3_8b", "ours"), "h100", hbm_gb=24.0).fits  # measured card wins
     # Unfused attention is what makes the cut's activations large: the same cut with flash attention is smaller.
     w = memory.workload_of(gpucut.build("llama3_70b", "ours"), overlap.Target(nodes=1, gpus_per_node=1))
-    flash, unfused = (memory.estimate_workload(memory.Workload(**{**w.__dict__, "attention": a})) for a in
-                      ("flash", "unfused"))  # fmt: skip
+    flash, unfused = (memory.estimate_workload(dataclasses.replace(w, attention=a)) for a in ("flash", "unfused"))
     assert unfused.activations_gb > 2 * flash.activations_gb
 
 
@@ -243,3 +243,15 @@ def test_results_record_the_stack_versions(bench):
     v = bench._versions()
     assert all(v[k] == stack.PINNED[k] for k in ("megatron-core", "megatron-bridge"))
     assert set(v) == {"torch", "megatron-core", "megatron-bridge", "transformers"}
+
+
+def test_a_timeout_kills_the_whole_process_group(bench, tmp_path):
+    """torchrun's worker is a grandchild: a timeout must not leave it holding the GPU. A real grandchild here."""
+    pid_file = tmp_path / "grandchild.pid"
+    cmd = ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; echo started; wait"]
+    assert bench.run_logged(cmd, tmp_path / "t.log", timeout=2) == "timeout"
+    assert (tmp_path / "t.log").read_text() == "started\n"
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    # Gone, or a zombie waiting for its new parent (PID 1 here) to reap it: either way no longer running.
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert bench.run_logged(["bash", "-c", "exit 3"], tmp_path / "u.log", timeout=10) == 3
