@@ -5,7 +5,8 @@
     python bench/gpu_cut.py --list             # no GPU needed: the cuts, their memory estimates, what differs
 
 Each side trains in its own fresh process (torchrun, 1 rank) through Bridge's `pretrain()` with Bridge's GPT
-`forward_step`, on mock data; its log is parsed by overlapkit.logparse, exactly as the nightly parses a cluster run.
+`forward_step`, on mock data; its log is parsed by overlapkit.regress.logparse, exactly as the nightly parses a
+cluster run.
 Sides alternate per model so that they share the machine's state. Prints TFLOP/s/GPU and step time per side and the
 ratio ours ÷ Bridge (1.00 = our recipe knobs cost nothing on this cut). What a cut is: src/overlapkit/gpucut.py.
 """
@@ -35,7 +36,8 @@ def child(key: str, side: str, iters: int) -> int:
     """One side of one cut, inside torchrun: build, check the memory estimate against this card, train."""
     import torch
 
-    from overlapkit import gpucut, stack
+    from overlapkit import stack
+    from overlapkit.regress import gpucut
 
     stack.import_bridge()
     from megatron.bridge.training.gpt_step import forward_step
@@ -62,7 +64,7 @@ def run_side(key: str, side: str, iters: int, out: Path, timeout: float, gpu: st
            str(Path(__file__).resolve()), "--child", key, side, "--iters", str(iters)]  # fmt: skip
     t0 = time.monotonic()
     rc = run_logged(cmd, log, timeout)
-    from overlapkit import regress
+    from overlapkit.regress import rules as regress
 
     golden = regress.load_golden(f"{key}.{side}", GOLDENS / gpu)
     return classify(log, side, rc, iters, round(time.monotonic() - t0, 1), golden)
@@ -91,7 +93,8 @@ def classify(log: Path, side: str, rc, iters: int, wall_s: float, golden: dict |
     """A side's result from its log and exit status: ok only with every iteration logged and a clean exit; an ok
     side is then judged against its golden by the nightly's rules (regress.py: ±5 % perf, tiered loss, and an
     unexpected improvement fails too)."""
-    from overlapkit import logparse, regress
+    from overlapkit.regress import logparse
+    from overlapkit.regress import rules as regress
 
     text = log.read_text(errors="replace")
     parsed = logparse.parse_text(text, warmup=warmup_of(iters))
@@ -118,7 +121,7 @@ def _fmt(x, spec: str) -> str:
 
 def table(results: dict[str, dict[str, dict]], header: str) -> str:
     """One row per cut: each side's TFLOP/s/GPU and steady step time, and ours ÷ Bridge."""
-    from overlapkit import gpucut
+    from overlapkit.regress import gpucut
 
     lines = [header, f"{'cut':<13} {'layers':>6} {'seq':>5} │ {'ours TFLOP/s':>12} {'Bridge TFLOP/s':>14} "
              f"{'ratio':>6} │ {'ours ms':>8} {'Bridge ms':>9} │ {'ours loss':>9} │ status"]  # fmt: skip
@@ -139,7 +142,8 @@ def table(results: dict[str, dict[str, dict]], header: str) -> str:
 
 def list_cuts() -> int:
     """CPU: every cut's shape, estimate on H100/H200 and the non-layout knobs where ours and Bridge's differ."""
-    from overlapkit import gpucut, stack
+    from overlapkit import stack
+    from overlapkit.regress import gpucut
 
     stack.import_bridge()
     for key, cut in gpucut.CUTS.items():
@@ -154,7 +158,7 @@ def list_cuts() -> int:
 
 
 def main(argv=None) -> int:
-    from overlapkit import gpucut, logparse
+    from overlapkit.regress import gpucut, logparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=list(gpucut.CUTS), help="a cut (repeatable; default: all)")
@@ -225,7 +229,8 @@ def _versions() -> dict[str, str]:
 
 def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
     """A reviewed run's ok sides -> nightly/goldens/gpu_cut/<gpu>/<cut>.<side>.json (the nightly's golden format)."""
-    from overlapkit import gpucut, logparse, regress
+    from overlapkit.regress import gpucut, logparse
+    from overlapkit.regress import rules as regress
 
     doc_path = run_dir / "results.json"
     if not doc_path.is_file():

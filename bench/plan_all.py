@@ -16,9 +16,9 @@ import time
 IMPORT = "from overlapkit import stack; stack.import_bridge()"
 PLAN_ALL = (
     "from overlapkit import stack; stack.import_bridge()\n"
-    "import recipes\n"
-    "from overlapkit.plan import make_plan\n"
-    "plans = [make_plan(n) for n in recipes.names()]\n"
+    "from overlapkit.plan import registry\n"
+    "from overlapkit.plan.build import make_plan\n"
+    "plans = [make_plan(n) for n in registry.names()]\n"
     "assert all(p.report.ok for p in plans), [p.recipe.name for p in plans if not p.report.ok]\n"
 )
 

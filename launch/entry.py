@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from overlapkit.jsonio import write_json  # standard library only: safe before the environment check
+
 
 def _env_int(*names: str) -> int | None:
     for n in names:
@@ -74,15 +76,20 @@ def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.envir
     }
 
 
-def reaudit(plan: dict, args) -> list[str]:
-    """Rank 0: rebuild the recipe with Bridge and check the audit still says what the submitted plan said."""
-    from overlapkit.plan import make_plan
-
-    again = make_plan(args.recipe, nodes=args.nodes, sets=args.set).to_dict()
+def reaudit(plan: dict, rebuilt) -> list[str]:
+    """Rank 0: does the recipe rebuilt in the job (an overlapkit Plan) still audit as the submitted plan said?"""
+    again = rebuilt.to_dict()
     out = [f"re-audit error: {e['message']}" for e in again["audit"]["errors"]]
     if again["layout"] != plan["layout"] or again["audit"]["rows"] != plan["audit"]["rows"]:
         out.append("the recipe rebuilt in the job differs from the submitted plan (code changed since submit?)")
     return out
+
+
+def rebuild(args):
+    """The recipe planned again in the job, with the submitted overrides (imports Bridge: after the preflight)."""
+    from overlapkit.plan.build import make_plan
+
+    return make_plan(args.recipe, nodes=args.nodes, sets=args.set)
 
 
 def collect(run_dir: Path, world: int, timeout: float) -> list[dict]:
@@ -106,13 +113,7 @@ def wait_for_summary(path: Path, timeout: float) -> bool:
     return False
 
 
-def write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-
-
-def main(argv=None) -> int:
+def _args(argv):
     ap = argparse.ArgumentParser(prog="launch.entry", description=__doc__)
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--run-dir", required=True, type=Path)
@@ -120,7 +121,30 @@ def main(argv=None) -> int:
     ap.add_argument("--set", default="")
     ap.add_argument("--preflight-only", action="store_true")
     ap.add_argument("--checks", choices=("full", "env"), default="full", help="env: skip rank 0's Bridge re-audit")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
+    """Rank 0: the re-audit (when rebuilt), every rank's record, and the run's preflight.json."""
+    errors = reaudit(plan, rebuilt) if rebuilt is not None else []
+    ranks = collect(args.run_dir, rec["world_size"] or 1, timeout=120)
+    bad = [r["rank"] for r in ranks if not r["ok"]]
+    summary = {
+        "ok": rec["ok"] and not errors and not bad and len(ranks) == rec["world_size"],
+        "checks": args.checks,
+        "ranks_reported": len(ranks),
+        "world_size": rec["world_size"],
+        "failed_ranks": bad,
+        "reaudit_errors": errors,
+        "hosts": sorted({r["host"] for r in ranks}),
+    }
+    write_json(args.run_dir / "preflight.json", summary)
+    print(f"preflight: {'OK' if summary['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
+    return summary["ok"]
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
     plan = json.loads((args.run_dir / "plan.json").read_text())
     ledger = json.loads((args.run_dir / "ledger.json").read_text())
     rec = rank_checks(plan, ledger["values"], ledger.get("secrets", ()))
@@ -128,23 +152,10 @@ def main(argv=None) -> int:
     write_json(args.run_dir / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
     if rec["failures"]:
         print(f"preflight failed on rank {rec['rank']}: " + "; ".join(rec["failures"]), file=sys.stderr)
-    ok = rec["ok"]
+    ok, rebuilt = rec["ok"], None
     if rec["rank"] == 0:
-        errors = reaudit(plan, args) if args.checks == "full" else []
-        ranks = collect(args.run_dir, rec["world_size"] or 1, timeout=120)
-        bad = [r["rank"] for r in ranks if not r["ok"]]
-        summary = {
-            "ok": ok and not errors and not bad and len(ranks) == rec["world_size"],
-            "checks": args.checks,
-            "ranks_reported": len(ranks),
-            "world_size": rec["world_size"],
-            "failed_ranks": bad,
-            "reaudit_errors": errors,
-            "hosts": sorted({r["host"] for r in ranks}),
-        }
-        write_json(args.run_dir / "preflight.json", summary)
-        print(f"preflight: {'OK' if summary['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
-        ok = summary["ok"]
+        rebuilt = rebuild(args) if args.checks == "full" else None  # built once: re-audited, then trained
+        ok = rank0_verdict(args, plan, rec, rebuilt)
     elif ok:
         # Wait for rank 0's verdict: srun ends a step 60 s (--wait) after the first task exits, and rank 0's
         # Bridge re-audit can take longer than that on a loaded node. All ranks then exit with the same verdict.
@@ -156,10 +167,7 @@ def main(argv=None) -> int:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    from overlapkit.plan import make_plan
-
-    cfg = make_plan(args.recipe, nodes=args.nodes, sets=args.set).cfg
-    pretrain(cfg, forward_step)
+    pretrain((rebuilt or rebuild(args)).cfg, forward_step)
     return 0
 
 

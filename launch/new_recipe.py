@@ -43,9 +43,9 @@ def _args(argv):
 def main(argv=None) -> int:
     args = _args(argv)
     stack.import_bridge()
-    from overlapkit import memory
-    from overlapkit.report import console, render_plan
-    from overlapkit.scaffold import ForkError, ForkRequest, fork
+    from overlapkit.fork.scaffold import ForkError, ForkRequest, fork
+    from overlapkit.plan.report import console, render_plan
+    from overlapkit.sizing import memory
 
     req = ForkRequest(
         from_name=args.from_name, name=args.name, gpus=args.gpus, dtype=args.dtype, gbs=args.gbs, model=args.model,

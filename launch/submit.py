@@ -1,6 +1,7 @@
 """`make submit|status|logs|cancel|sbatch|run-local`: launch an audited recipe on Slurm (nemo_run) or one node.
 
-Nothing is submitted when the audit has errors. Exit status: 0 ok, 1 audit/job failure, 2 bad input.
+Argument parsing and printing only; the work is overlapkit.cluster (submit, sbatch, slurm). Nothing is submitted
+when the audit has errors. Exit status: 0 ok, 1 audit/job failure, 2 bad input.
 """
 
 from __future__ import annotations
@@ -8,8 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from pathlib import Path
 
 from launch.plan import parse_nodes
 from overlapkit import stack
@@ -29,33 +28,11 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def _flags(args) -> tuple[bool, str]:
-    pre = args.preflight.strip().lower()
-    if pre not in ("", "0", "1", "env", "full"):
-        raise ValueError(f"PREFLIGHT={args.preflight!r}: use 1 (preflight only) or env (preflight, no re-audit)")
-    return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
-
-
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
-
-
-def wait_for(job_id: str, timeout: float = 900) -> str:
-    from overlapkit.submit import job_state
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = job_state(job_id)
-        if state.startswith(TERMINAL):
-            return state
-        time.sleep(2)
-    return "TIMEOUT_WAITING"
-
-
 def do_submit(args, out) -> int:
-    from overlapkit import sbatch, submit
-    from overlapkit.report import render_plan
+    from overlapkit.cluster import sbatch, slurm, submit
+    from overlapkit.plan.report import render_plan
 
-    preflight_only, checks = _flags(args)
+    preflight_only, checks = submit.preflight_mode(args.preflight)
     sub = submit.prepare(args.recipe, args.cluster, nodes=parse_nodes(args.nodes), sets=args.set,
                          preflight_only=preflight_only, checks=checks)  # fmt: skip
     render_plan(sub.plan, out)
@@ -75,58 +52,47 @@ def do_submit(args, out) -> int:
     print(f"submitted job {info['job_id']} to {sub.profile.name}; run directory: {sub.run_dir}")
     if not args.wait:
         return 0
-    state = wait_for(info["job_id"])
+    state = slurm.wait_for(info["job_id"])
     print(f"job {info['job_id']}: {state}")
     return 0 if state == "COMPLETED" else 1
 
 
 def do_run_local(args, out) -> int:
-    """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm)."""
-    import nemo_run as run
+    from overlapkit.cluster import submit
+    from overlapkit.plan.build import make_plan
+    from overlapkit.plan.report import render_plan
 
-    from overlapkit.envvars import EnvVarPlugin
-    from overlapkit.plan import make_plan, write_run_dir
-    from overlapkit.report import render_plan
-
-    preflight_only, checks = _flags(args)
+    preflight_only, checks = submit.preflight_mode(args.preflight)
     plan = make_plan(args.recipe, nodes=1, sets=args.set)
     render_plan(plan, out)
     if not plan.report.ok:
         return 1
-    run_dir = write_run_dir(plan, stack.REPO_ROOT / "runs" / "local")
-    entry = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", "1", "--checks", checks]
-    entry += ["--set", args.set] if args.set else []
-    entry += ["--preflight-only"] if preflight_only else []
-    executor = run.LocalExecutor(ntasks_per_node=8, launcher="torchrun", env_vars={"PYTHONPATH": "src:."})
-    task = run.Script(path="launch.entry", args=entry, entrypoint="python", m=True)
-    with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
-        exp.add(task, name="train", plugins=[EnvVarPlugin.from_ledger(plan.ledger)])
-        exp.dryrun(log=True) if args.dryrun else exp.run(sequential=True, tail_logs=True)
+    submit.run_local(plan, args.set, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
     return 0
 
 
 def do_run_dir_action(args) -> int:
-    from overlapkit import submit
-    from overlapkit.profiles import load_profile
+    from overlapkit.cluster import slurm, submit
+    from overlapkit.cluster.profiles import load_profile
 
-    run_dir = Path(args.run) if args.run else submit.latest_run(load_profile(args.cluster).job_path / "runs")
+    run_dir = submit.run_dir_of(load_profile(args.cluster), args.run)
     info = submit.load_submission(run_dir)
     if args.action == "status":
         pre = run_dir / "preflight.json"
-        print(f"{run_dir.name}: job {info['job_id']} {submit.job_state(info['job_id'])}")
+        print(f"{run_dir.name}: job {info['job_id']} {slurm.job_state(info['job_id'])}")
         print(f"preflight: {pre.read_text().strip() if pre.exists() else 'not written yet'}")
     elif args.action == "logs":
         for f in submit.log_files(info):
             print(f"==> {f} <==\n{f.read_text(errors='replace')}")
     else:
-        submit.cancel(info)
+        slurm.cancel(info["job_id"])
         print(f"cancelled job {info['job_id']} ({run_dir.name})")
     return 0
 
 
 def main(argv=None) -> int:
     args = _args(argv)
-    from overlapkit.report import console
+    from overlapkit.plan.report import console
 
     out = console()
     try:

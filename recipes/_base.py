@@ -1,4 +1,5 @@
-"""What every H100 recipe shares: the layout knobs, the precision, the overlap stack, and the registry entry.
+"""What every H100 recipe shares: the layout knobs and the precision; `register` (overlapkit's registry) adds the
+overlap stack for the recipe's intent and the registry entry.
 
 A recipe file only names its Bridge base function, its layout, and what differs. Forking a size = one small file.
 """
@@ -12,7 +13,8 @@ import torch
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_fp8_current_scaling_mixed
 
-from overlapkit.overlap import GPUS_PER_NODE, OverlapIntent, apply_overlap_stack
+from overlapkit.plan.overlap import OverlapIntent
+from overlapkit.plan.registry import EnvVar, register
 
 DTYPES = ("bf16", "fp8cs")
 
@@ -28,32 +30,6 @@ class Layout:
     seq: int | None = None  # None: keep the base recipe's sequence length
 
 
-@dataclass(frozen=True)
-class EnvVar:
-    value: str | int
-    reason: str  # one line, with its source
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Registry entry: the pure builder plus what a launcher needs to know about it."""
-
-    name: str
-    build: Callable[[], ConfigContainer]
-    model: str
-    nodes: int
-    time_limit: str
-    env: dict[str, EnvVar]
-    source: str
-
-    @property
-    def gpus(self) -> int:
-        return self.nodes * GPUS_PER_NODE
-
-
-REGISTRY: dict[str, Recipe] = {}
-
-
 def precision(dtype: str):
     """BF16, or FP8 current scaling (per-tensor) with every layer in FP8, as NVIDIA's H100 perf recipes run it
     (megatron/bridge/perf_recipes/_common.py `_perf_precision("fp8_cs")` sets first_last_layers_bf16=False)."""
@@ -66,10 +42,8 @@ def precision(dtype: str):
     raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
 
 
-def h100_pretrain(
-    base: Callable[[], ConfigContainer], dtype: str, layout: Layout, intent: OverlapIntent | None = None
-) -> ConfigContainer:
-    """Bridge base recipe → our dtype and layout → the full overlap stack."""
+def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layout) -> ConfigContainer:
+    """Bridge base recipe → our dtype and layout (`register` then applies the full overlap stack)."""
     cfg = base()
     cfg.mixed_precision = precision(dtype)
     m = cfg.model
@@ -83,20 +57,7 @@ def h100_pretrain(
         # Mock-data runs: keep the real model's vocabulary (NVIDIA's perf recipes set 128256 for Llama3) so the
         # output layer, and so step time and TFLOP/s, match the published numbers.
         cfg.tokenizer.vocab_size = m.vocab_size
-    return apply_overlap_stack(cfg, intent)
-
-
-def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00", env=None):
-    """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder to the registry."""
-
-    def wrap(fn: Callable[[], ConfigContainer]):
-        name = fn.__name__
-        if name in REGISTRY:
-            raise ValueError(f"recipe {name} is registered twice")
-        REGISTRY[name] = Recipe(name, fn, model, nodes, time_limit, dict(env or {}), source)
-        return fn
-
-    return wrap
+    return cfg
 
 
 __all__ = [
@@ -104,8 +65,6 @@ __all__ = [
     "EnvVar",
     "Layout",
     "OverlapIntent",
-    "Recipe",
-    "REGISTRY",
     "h100_pretrain",
     "precision",
     "register",

@@ -58,6 +58,14 @@ def silenced():
         logging.disable(logging.NOTSET)
 
 
+def repo_relative(path: Path) -> str:
+    """`path` relative to the checkout when it is inside it (for one-line messages), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def import_bridge():
     """Import `megatron.bridge` once, offline, with the Transformer Engine shim (a no-op where TE exists)."""
     global _BRIDGE
@@ -75,14 +83,26 @@ def import_bridge():
     return _BRIDGE
 
 
-def installed_versions() -> dict[str, str]:
-    return {name: importlib.metadata.version(name) for name in PINNED}
+# What a run's record names: the pins plus the packages that decide its numbers (absent ones are left out).
+RECORDED = ("megatron-bridge", "megatron-core", "torch", "transformer-engine", "transformers", "nemo-run")
+
+
+def versions(names=RECORDED) -> dict[str, str]:
+    """Installed version of each package in `names`; one that is not installed is left out, never guessed."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
 
 
 def version_drift() -> list[str]:
     """One line per package whose installed version differs from its pin."""
+    have = versions(PINNED)
     return [
-        f"{name} {have} is installed but this repo pins {want}: run `make setup`"
+        f"{name} {have.get(name, 'none')} is installed but this repo pins {want}: run `make setup`"
         for name, want in PINNED.items()
-        if (have := importlib.metadata.version(name)) != want
+        if have.get(name) != want
     ]

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from launch import submit as submit_cli
-from overlapkit import nightly, stack
+from overlapkit import stack
+from overlapkit.regress import nightly
 
 pytestmark = pytest.mark.slurm
 

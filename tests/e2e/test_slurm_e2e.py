@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from launch import submit as submit_cli
-from overlapkit import stack, submit
-from overlapkit.profiles import load_profile
+from overlapkit import stack
+from overlapkit.cluster import submit
+from overlapkit.cluster.profiles import load_profile
 
 pytestmark = pytest.mark.slurm
 R8, R70 = "llama3_8b_pretrain_8gpu_h100_fp8cs", "llama3_70b_pretrain_64gpu_h100_bf16"

@@ -18,7 +18,9 @@ import pytest
 import torch
 from nightly_fixtures import bridge_log, curve
 
-from overlapkit import gpucut, memory, overlap
+from overlapkit.plan import overlap
+from overlapkit.regress import gpucut
+from overlapkit.sizing import memory
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = [(k, s) for k in gpucut.CUTS for s in gpucut.SIDES]

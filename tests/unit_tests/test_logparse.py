@@ -11,7 +11,8 @@ import subprocess
 import pytest
 from nightly_fixtures import bridge_log, curve
 
-from overlapkit import logparse, stack
+from overlapkit import stack
+from overlapkit.regress import logparse
 
 N = 30
 

@@ -1,4 +1,4 @@
-"""overlapkit.memory: every term against bytes worked out by hand, against Megatron-LM's own theoretical formula, and
+"""overlapkit.sizing.memory: every term against bytes worked out by hand, against Megatron-LM's own theoretical formula, and
 on the shipped recipes (all run by NVIDIA on H100 80 GB, so all must fit)."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import recipes
-from overlapkit.memory import (
+from overlapkit.plan import registry
+from overlapkit.plan.overlap import Target
+from overlapkit.sizing.memory import (
     GB,
     UB_BUFFERS,
     Workload,
@@ -19,7 +20,6 @@ from overlapkit.memory import (
     in_flight_chunks,
     layer_activation_bytes,
 )
-from overlapkit.overlap import Target
 
 # A Llama-style toy small enough to do by hand: h 1024, 8 heads of 128, 2 query groups, gated FFN 4096, 8 layers,
 # vocab 32000, seq 2048 on TP2 PP2 VP2 CP1 DP2, MBS 1, GBS 16 (8 microbatches).
@@ -150,9 +150,9 @@ def test_matches_megatrons_theoretical_memory_usage(w):
 # --- the shipped recipes -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", recipes.names())
+@pytest.mark.parametrize("name", registry.names())
 def test_every_shipped_recipe_fits_an_h100(name):
-    r = recipes.get(name)
+    r = registry.get(name)
     e = estimate(r.build(), Target(nodes=r.nodes))
     # NVIDIA ran each of these on H100 80 GB, and tuned its layout to use most of the card.
     assert e.fits, e.rows()
@@ -160,7 +160,7 @@ def test_every_shipped_recipe_fits_an_h100(name):
 
 
 def test_70b_on_tp1_pp1_is_flagged_as_not_fitting():
-    cfg = recipes.get("llama3_70b_pretrain_64gpu_h100_bf16").build()
+    cfg = registry.get("llama3_70b_pretrain_64gpu_h100_bf16").build()
     m = cfg.model
     m.tensor_model_parallel_size = m.pipeline_model_parallel_size = m.context_parallel_size = 1
     m.virtual_pipeline_model_parallel_size = None
@@ -171,7 +171,7 @@ def test_70b_on_tp1_pp1_is_flagged_as_not_fitting():
 
 def test_8b_fp8_fits_only_with_its_5_layer_recompute():
     # NVIDIA's 8B FP8 recipe (TP1 CP1) recomputes 5 layers; the estimate shows why.
-    r = recipes.get("llama3_8b_pretrain_8gpu_h100_fp8cs")
+    r = registry.get("llama3_8b_pretrain_8gpu_h100_fp8cs")
     cfg = r.build()
     assert estimate(cfg, Target(nodes=1)).fits
     cfg.model.recompute_granularity = cfg.model.recompute_method = cfg.model.recompute_num_layers = None
@@ -179,6 +179,6 @@ def test_8b_fp8_fits_only_with_its_5_layer_recompute():
 
 
 def test_more_nodes_shard_the_optimizer_further():
-    cfg = recipes.get("llama3_70b_pretrain_64gpu_h100_bf16").build()
+    cfg = registry.get("llama3_70b_pretrain_64gpu_h100_bf16").build()
     e8, e16 = estimate(cfg, Target(nodes=8)), estimate(cfg, Target(nodes=16))
     assert e16.optimizer_gb == pytest.approx(e8.optimizer_gb / 2) and e16.weights_gb == e8.weights_gb

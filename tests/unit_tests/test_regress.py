@@ -9,7 +9,8 @@ import os
 import pytest
 from nightly_fixtures import bridge_log, curve
 
-from overlapkit import logparse, nightly, regress
+from overlapkit.regress import logparse, nightly
+from overlapkit.regress import rules as regress
 
 N = 60
 PLAN = {"recipe": "llama3_70b_pretrain_64gpu_h100_bf16", "layout": {"tp": 4, "pp": 4, "cp": 2, "nodes": 8},
@@ -127,7 +128,7 @@ def test_nightly_shape_keeps_model_parallelism_and_microbatches():
 
 
 def test_nightly_overrides_plan_cleanly_with_bridge():
-    from overlapkit.plan import make_plan
+    from overlapkit.plan.build import make_plan
 
     shape = nightly.shape_for("llama3_8b_pretrain_8gpu_h100_fp8cs",
                               {"tp": 1, "pp": 1, "cp": 1, "mbs": 1, "gbs": 128, "nodes": 1})  # fmt: skip

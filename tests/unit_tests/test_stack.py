@@ -13,7 +13,7 @@ from overlapkit import stack, te_stub
 
 
 def test_installed_versions_equal_the_pins():
-    assert stack.installed_versions() == stack.PINNED
+    assert stack.versions(stack.PINNED) == stack.PINNED
     assert stack.version_drift() == []
 
 

@@ -12,11 +12,12 @@ import sys
 
 import pytest
 
-import recipes
 from launch import new_recipe
-from overlapkit import layout_search, presets, scaffold, stack
-from overlapkit.layout_search import LayoutSearchError, ModelShape, layout_errors, search
-from overlapkit.plan import make_plan
+from overlapkit import stack
+from overlapkit.fork import layout_search, scaffold
+from overlapkit.fork.layout_search import LayoutSearchError, ModelShape, layout_errors, search
+from overlapkit.plan import presets, registry
+from overlapkit.plan.build import make_plan
 
 R70, R8 = "llama3_70b_pretrain_64gpu_h100_bf16", "llama3_8b_pretrain_8gpu_h100_bf16"
 # The 34B: CodeLlama-34B's published transformer shape (codellama/CodeLlama-34b-hf config.json: hidden 8192, 48 layers,
@@ -31,11 +32,11 @@ ARGS_12B = ["--from", R8, "--hidden", "5120", "--heads", "40", "--layers", "40",
 
 @pytest.fixture
 def registry():
-    before = set(recipes.REGISTRY)
-    yield recipes.REGISTRY
-    for name in set(recipes.REGISTRY) - before:
+    before = set(registry.REGISTRY)
+    yield registry.REGISTRY
+    for name in set(registry.REGISTRY) - before:
         scaffold.unregister(name)
-    assert set(recipes.REGISTRY) == before
+    assert set(registry.REGISTRY) == before
 
 
 def cli(capsys, tmp_path, *argv):

@@ -13,12 +13,12 @@ import os
 import pytest
 from rich.console import Console
 
-import recipes
 from launch import plan as plan_cli
 from overlapkit import stack
-from overlapkit.overlap import total_params
-from overlapkit.plan import make_plan, write_run_dir
-from overlapkit.report import render_plan
+from overlapkit.plan import registry
+from overlapkit.plan.build import make_plan, write_run_dir
+from overlapkit.plan.overlap import total_params
+from overlapkit.plan.report import render_plan
 
 GOLDEN = stack.REPO_ROOT / "tests" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -35,7 +35,7 @@ def check_golden(path, actual: str):
     assert path.read_text() == actual, f"{path.name} differs from the plan; review, then UPDATE_GOLDEN=1"
 
 
-# The recipes this repo ships. A user's fork (make new-recipe) adds to recipes.names(): it is built and audited by
+# The recipes this repo ships. A user's fork (make new-recipe) adds to registry.names(): it is built and audited by
 # the parametrized tests below, while the golden table stays about the shipped ten.
 SHIPPED = [
     f"{m}_pretrain_{g}gpu_h100_{d}"
@@ -52,16 +52,16 @@ SHIPPED = [
 
 def test_the_ten_shipped_recipes_cover_the_four_models_and_both_dtypes():
     names = SHIPPED
-    assert set(names) <= set(recipes.names()) and len(names) == 10
-    assert {recipes.get(n).model for n in names} == {"Llama3 8B", "Llama3 70B", "Llama3.1 405B", "GPT3 175B"}
+    assert set(names) <= set(registry.names()) and len(names) == 10
+    assert {registry.get(n).model for n in names} == {"Llama3 8B", "Llama3 70B", "Llama3.1 405B", "GPT3 175B"}
     assert {n.rsplit("_", 1)[1] for n in names} == {"bf16", "fp8cs"}
-    for n in recipes.names():
-        r = recipes.get(n)
+    for n in registry.names():
+        r = registry.get(n)
         assert n.startswith(r.model.lower().replace(" ", "_").replace(".", "")) or n.startswith("llama31")
         assert f"_{r.gpus}gpu_h100_" in n and r.source and r.time_limit.count(":") == 2
 
 
-@pytest.mark.parametrize("name", recipes.names())
+@pytest.mark.parametrize("name", registry.names())
 def test_recipe_builds_offline_passes_the_audit_and_has_no_warnings(name):
     before = dict(os.environ)
     p = make_plan(name)
@@ -96,7 +96,7 @@ def test_plan_output_matches_golden(name):
 def test_shipped_hf_configs_reach_the_megatron_provider(hf, name):
     snap = stack.HF_CACHE / f"models--meta-llama--{hf}" / "snapshots" / "config-only" / "config.json"
     hf_cfg = json.loads(snap.read_text())
-    m = recipes.get(name).build().model
+    m = registry.get(name).build().model
     assert (m.hidden_size, m.ffn_hidden_size, m.num_layers) == (
         hf_cfg["hidden_size"],
         hf_cfg["intermediate_size"],
@@ -120,7 +120,7 @@ def test_shipped_hf_configs_reach_the_megatron_provider(hf, name):
     ],
 )
 def test_parameter_counts_match_the_model_names(name, billions):
-    cfg = recipes.get(name).build()
+    cfg = registry.get(name).build()
     assert total_params(cfg.model, cfg.tokenizer.vocab_size) / 1e9 == pytest.approx(billions, abs=0.1)
 
 
@@ -209,4 +209,4 @@ def test_run_directories_never_overwrite(tmp_path):
 
 def test_recipes_list(capsys):
     code, out, _ = cli(capsys, "--list")
-    assert code == 0 and all(n in out for n in recipes.names()) and out.count(" OK") == len(recipes.names())
+    assert code == 0 and all(n in out for n in registry.names()) and out.count(" OK") == len(registry.names())

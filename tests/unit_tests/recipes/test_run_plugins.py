@@ -15,8 +15,10 @@ from functools import cache
 import nemo_run as run
 import pytest
 
-from overlapkit.audit import audit
-from overlapkit.envvars import (
+from overlapkit.cluster.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
+from overlapkit.plan.audit import audit
+from overlapkit.plan.build import make_plan
+from overlapkit.plan.env import (
     LAYERS,
     PINNED,
     SECRET_VALUE,
@@ -26,9 +28,7 @@ from overlapkit.envvars import (
     passthrough_secrets,
     secret_names,
 )
-from overlapkit.plan import make_plan
-from overlapkit.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
-from overlapkit.report import console
+from overlapkit.plan.report import console
 from recipes._base import EnvVar
 
 B8, F8, B70, F70 = (

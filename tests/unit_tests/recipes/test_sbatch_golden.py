@@ -13,8 +13,9 @@ import re
 
 import pytest
 
-from overlapkit import sbatch, stack, submit
-from overlapkit.profiles import load_profile
+from overlapkit import stack
+from overlapkit.cluster import sbatch, submit
+from overlapkit.cluster.profiles import load_profile
 
 GOLDEN = stack.REPO_ROOT / "tests" / "golden"
 CASES = [("llama3_70b_pretrain_64gpu_h100_bf16", "example-eos"), ("llama3_8b_pretrain_8gpu_h100_fp8cs", "local")]

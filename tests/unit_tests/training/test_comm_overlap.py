@@ -15,9 +15,9 @@ from megatron.bridge.recipes.llama import llama3_70b_pretrain_config
 from megatron.bridge.training import comm_overlap as co
 from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
 
-from overlapkit import presets
-from overlapkit.audit import audit
-from overlapkit.overlap import LayoutError, OverlapIntent, Target, apply_overlap_stack, resolve, te_flag
+from overlapkit.plan import presets
+from overlapkit.plan.audit import audit
+from overlapkit.plan.overlap import LayoutError, OverlapIntent, Target, apply_overlap_stack, resolve, te_flag
 
 BF16_70B = "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"
 FP8_70B = "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"

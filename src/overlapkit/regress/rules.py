@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
 
 GOLDENS_DIR = stack.REPO_ROOT / "nightly" / "goldens"
 PERF_TOL = 0.05  # ±5 %: H100 run-to-run step-time noise on a fixed shape is ~1-2 %; 5 % catches one lost overlap
@@ -39,6 +39,9 @@ INFRA_STATES = ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL")
 INFRA_EVENTS = ("node_fail", "preempted")
 MAX_RETRIES = 1
 NO_GOLDEN = "no golden yet: bless a reviewed run"
+# What a nightly run is, so a golden and a night compare like with like (nightly.shape_for applies them).
+NIGHTLY_ITERS = 60  # 10 warm-up + 50 steady iterations: enough for a ±5 % step-time mean and a loss curve's knee
+NIGHTLY_SEED = 1234
 
 
 class BlessError(ValueError):
@@ -192,5 +195,5 @@ def bless(run_dir: Path, parsed: dict, goldens_dir: Path = GOLDENS_DIR) -> Path:
         raise BlessError(f"{run_dir}: refusing to bless a run with a hard failure: {v.reasons[0]}")
     goldens_dir.mkdir(parents=True, exist_ok=True)
     out = Path(goldens_dir) / f"{plan['recipe']}.json"
-    out.write_text(json.dumps(make_golden(parsed, plan, meta), indent=2) + "\n")
+    jsonio.write_json(out, make_golden(parsed, plan, meta))
     return out

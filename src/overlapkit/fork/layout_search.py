@@ -1,14 +1,15 @@
 """Layout search: every TP/PP/VPP/CP/MBS split of a model over N H100s that divides, fits memory and keeps the overlap
 stack on, ranked, each with a one-line "why".
 
-Divisibility follows the audit (overlapkit.audit): heads and query groups by TP, layers (+ Bridge's embedding/loss
-accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS. Memory comes from overlapkit.memory with
-the settings overlap.apply_overlap_stack imposes (SP on with TP>1, distributed optimizer, BF16 grad reduce, FP8 param
-gather on FP8), without recompute. PP>1 is only searched with VPP>1: the audit rejects PP without VPP (no p2p
-overlap). Ranking, best first: an exact Bridge userbuffers preset (or TP=1, where TP overlap is n/a) before the
-explicit opt-in `overlap.tp_preset=default`; DP>1 (DP overlap on); at least 10% of the memory budget free (the
-estimate's error bar); the smallest PP (pipeline bubble), then TP, then CP (their collectives); the largest VPP that
-keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory headroom.
+Divisibility follows the audit (overlapkit.plan.audit): heads and query groups by TP, layers (+ Bridge's
+embedding/loss accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS. Memory comes from
+overlapkit.sizing.memory with the settings overlap.apply_overlap_stack imposes (SP on with TP>1, distributed
+optimizer, BF16 grad reduce, FP8 param gather on FP8), without recompute. PP>1 is only searched with VPP>1: the
+audit rejects PP without VPP (no p2p overlap). Ranking, best first: an exact Bridge userbuffers preset (or TP=1,
+where TP overlap is n/a) before the explicit opt-in `overlap.tp_preset=default`; DP>1 (DP overlap on); at least 10%
+of the memory budget free (the estimate's error bar); the smallest PP (pipeline bubble), then TP, then CP (their
+collectives); the largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned
+for it); then memory headroom.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from overlapkit import presets, stack
-from overlapkit.audit import split_violations
-from overlapkit.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
-from overlapkit.overlap import GPUS_PER_NODE
+from overlapkit import stack
+from overlapkit.plan import presets
+from overlapkit.plan.audit import split_violations
+from overlapkit.shape import ModelShape
+from overlapkit.sizing.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
+from overlapkit.topology import GPUS_PER_NODE
 
 TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NVLink node
 # The estimate is a model, not a measurement: a layout within 10% of the budget is one allocator spike from an OOM on
@@ -30,30 +33,6 @@ TIGHT_FRACTION = 0.10
 
 class LayoutSearchError(ValueError):
     """One-line, user-facing."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    hidden: int
-    layers: int
-    heads: int
-    query_groups: int
-    ffn: int
-    seq: int
-    vocab: int
-    dtype: str = "bf16"  # "bf16" | "fp8" (presets' spelling; recipes say fp8cs)
-    kv_channels: int | None = None
-    gated: bool = True
-    tied: bool = False
-    dropout: bool = False
-    account_embedding: bool = False
-    account_loss: bool = False
-
-    def describe(self) -> str:
-        return (
-            f"h{self.hidden} L{self.layers} heads{self.heads} groups{self.query_groups} ffn{self.ffn} "
-            f"seq{self.seq} {self.dtype}"
-        )
 
 
 @dataclass(frozen=True)
@@ -100,9 +79,8 @@ def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, c
         errs.append(f"query groups {s.query_groups} are not divisible by TP{tp}")
     if pp > 1 and not (vpp and vpp > 1):
         errs.append(f"PP{pp} needs VPP>1 for p2p overlap")
-    units = s.layers + s.account_embedding + s.account_loss
-    split = split_violations(seq=s.seq, layers=s.layers, units=units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, mbs=mbs,
-                             gbs=gbs)  # fmt: skip
+    split = split_violations(seq=s.seq, layers=s.layers, units=s.pipeline_units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp,
+                             mbs=mbs, gbs=gbs)  # fmt: skip
     errs += [msg for _, msg in split]
     if pp > 1 and not gbs % (dp * mbs) and gbs // (dp * mbs) < pp:
         errs.append(f"GBS {gbs} gives {gbs // (dp * mbs)} microbatches, fewer than PP{pp}: the pipeline never fills")
@@ -112,25 +90,33 @@ def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, c
 def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs) -> Workload:
     """The Workload overlap.apply_overlap_stack would produce for this split."""
     return Workload(
-        hidden=s.hidden, layers=s.layers, heads=s.heads, query_groups=s.query_groups, ffn=s.ffn, vocab=s.vocab,
-        seq=s.seq, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=gpus // (tp * pp * cp), mbs=mbs, gbs=gbs, dtype=s.dtype,
-        kv_channels=s.kv_channels, gated=s.gated, tied=s.tied, dropout=s.dropout, sequence_parallel=True,
-        tp_overlap=tp > 1, fp8_param_gather=s.dtype == "fp8", grad_fp32=False, distributed_optimizer=True,
-        account_embedding=s.account_embedding, account_loss=s.account_loss,
-    )  # fmt: skip
+        s,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        cp=cp,
+        dp=gpus // (tp * pp * cp),
+        mbs=mbs,
+        gbs=gbs,
+        sequence_parallel=True,
+        tp_overlap=tp > 1,
+        fp8_param_gather=s.dtype == "fp8",
+        grad_fp32=False,
+        distributed_optimizer=True,
+    )
 
 
 def preset_for(s: ModelShape, tp: int, cp: int, mbs: int, gpu: str = "h100") -> str | None:
     if tp == 1:
         return None
     try:
-        return presets.select(presets.Shape(gpu, s.dtype, s.hidden, tp, cp, mbs, s.seq))
+        return presets.select(presets.PresetKey.of(s, tp=tp, cp=cp, mbs=mbs, gpu=gpu))
     except presets.PresetError:
         return presets.DEFAULT_TP_CONFIG
 
 
 def _splits(s: ModelShape, gpus: int, fixed: dict):
-    units = s.layers + s.account_embedding + s.account_loss
+    units = s.pipeline_units
     for tp in [fixed["tp"]] if "tp" in fixed else TPS:
         for cp in [fixed["cp"]] if "cp" in fixed else CPS:
             pps = [fixed["pp"]] if "pp" in fixed else [p for p in range(1, units + 1) if gpus % (tp * cp * p) == 0]

@@ -9,8 +9,7 @@ request leaves nothing behind and fails with one line.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
+import dataclasses
 import os
 import re
 import sys
@@ -18,8 +17,13 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapkit import layout_search, memory, stack
-from overlapkit.overlap import GPUS_PER_NODE
+from overlapkit import stack
+from overlapkit.fork import layout_search
+from overlapkit.plan import registry
+from overlapkit.plan.build import make_plan
+from overlapkit.shape import ModelShape
+from overlapkit.sizing import memory
+from overlapkit.topology import GPUS_PER_NODE
 
 NAME_RE = re.compile(
     r"^(?P<model>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<dtype>bf16|fp8cs)$"
@@ -56,7 +60,7 @@ class ForkResult:
     path: Path
     choice: layout_search.Candidate
     alternatives: list
-    plan: object  # overlapkit.plan.Plan
+    plan: object  # overlapkit.plan.build.Plan
     memory: memory.MemoryEstimate
 
 
@@ -65,8 +69,6 @@ def model_label(prefix: str) -> str:
 
 
 def _check_name(req: ForkRequest) -> tuple[str, int, str]:
-    import recipes
-
     m = NAME_RE.match(req.name)
     if not m:
         raise ForkError(f"recipe name {req.name!r} must be <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
@@ -82,26 +84,18 @@ def _check_name(req: ForkRequest) -> tuple[str, int, str]:
     for where in {Path(req.recipes_dir), RECIPES_DIR}:
         if (where / f"{req.name}.py").exists():
             raise ForkError(f"recipe {req.name} already exists ({where / f'{req.name}.py'}): pick another name")
-    if req.name in recipes.REGISTRY:
+    if req.name in registry.names():
         raise ForkError(f"recipe {req.name} is already registered: pick another name")
     return m["model"], gpus, dtype
 
 
-def _base_shape(cfg, req: ForkRequest, dtype: str) -> layout_search.ModelShape:
-    m = cfg.model
-    groups = m.num_query_groups or m.num_attention_heads
-    have = dict(hidden=m.hidden_size, layers=m.num_layers, heads=m.num_attention_heads, query_groups=groups)
-    have.update(ffn=m.ffn_hidden_size, seq=m.seq_length)
-    new = {**have, **{k: v for k, v in req.shape.items() if v is not None}}
+def _base_shape(cfg, req: ForkRequest, dtype: str) -> ModelShape:
+    """The FROM recipe's shape with the requested fields changed, in the dtype the name asks for."""
+    new = {k: v for k, v in req.shape.items() if v is not None}
     for k, v in new.items():
         if not isinstance(v, int) or v < 1:
             raise ForkError(f"--{k.replace('_', '-')} {v!r}: must be a positive whole number")
-    return layout_search.ModelShape(
-        **new, vocab=m.vocab_size or cfg.tokenizer.vocab_size, dtype="fp8" if dtype == "fp8cs" else "bf16",
-        gated=bool(m.gated_linear_unit), tied=bool(m.share_embeddings_and_output_weights),
-        dropout=bool(m.hidden_dropout), account_embedding=bool(m.account_for_embedding_in_pipeline_split),
-        account_loss=bool(m.account_for_loss_in_pipeline_split),
-    )  # fmt: skip
+    return dataclasses.replace(ModelShape.of(cfg), **new, dtype="fp8" if dtype == "fp8cs" else "bf16")
 
 
 TEMPLATE = '''"""{doc}
@@ -124,10 +118,10 @@ def base():
     return cfg
 
 
-@register(model="{model}", nodes={nodes}, source="forked from {from_name}")
+@register(model="{model}", nodes={nodes}, source="forked from {from_name}", intent=INTENT)
 def {name}():
     """{dtype_word}, {layout}, seq {s.seq}."""
-    return h100_pretrain(base, "{dtype}", LAYOUT, INTENT)
+    return h100_pretrain(base, "{dtype}", LAYOUT)
 '''
 
 
@@ -143,7 +137,7 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
     body = (
         f"Shape: hidden {s.hidden}, {s.layers} layers, {s.heads} heads, {s.query_groups} query groups, FFN {s.ffn}, "
         f"seq {s.seq}; vocabulary ({s.vocab}), tokenizer and the rest from `{base_module}.base`. "
-        f"Layout {c.describe()} chosen by overlapkit.layout_search: {c.why}."
+        f"Layout {c.describe()} chosen by overlapkit.fork.layout_search: {c.why}."
     )
     doc = (
         "\n".join(textwrap.wrap(head, 113, break_on_hyphens=False))
@@ -157,37 +151,12 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
     )  # fmt: skip
 
 
-def load(path: Path, name: str):
-    """Import the recipe file at `path` as `recipes.<name>`; its @register adds it to the registry."""
-    loader = importlib.machinery.SourceFileLoader(f"recipes.{name}", str(path))  # any suffix: the temp file too
-    spec = importlib.util.spec_from_file_location(f"recipes.{name}", path, loader=loader)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ left next to the recipe
-    try:
-        with stack.silenced():
-            spec.loader.exec_module(mod)
-    finally:
-        sys.dont_write_bytecode = saved
-    return mod
-
-
-def unregister(name: str) -> None:
-    import recipes
-
-    recipes.REGISTRY.pop(name, None)
-    sys.modules.pop(f"recipes.{name}", None)
-
-
 def fork(req: ForkRequest) -> ForkResult:
     """Write, register and audit `recipes/<name>.py`; ForkError (one line) and no file on any failure."""
-    import recipes
-    from overlapkit.plan import make_plan
-
     prefix, gpus, dtype = _check_name(req)
     try:
-        entry = recipes.get(req.from_name)
-    except recipes.UnknownRecipe as exc:
+        entry = registry.get(req.from_name)
+    except registry.UnknownRecipe as exc:
         raise ForkError(str(exc)) from None
     base_module = entry.build.__module__
     if not callable(getattr(sys.modules[base_module], "base", None)):
@@ -209,13 +178,13 @@ def fork(req: ForkRequest) -> ForkResult:
     final, tmp = out_dir / f"{req.name}.py", out_dir / f".{req.name}.py.tmp"
     tmp.write_text(text)
     try:
-        mod = load(tmp, req.name)
+        mod = registry.load_file(tmp, req.name)
         plan = make_plan(req.name)
         if not plan.report.ok:
             first = plan.report.errors[0]
             more = f" (+{len(plan.report.errors) - 1} more)" if len(plan.report.errors) > 1 else ""
             raise ForkError(f"{req.name} fails its audit: [{first.code}] {first.message}{more}", exit_code=1)
-        est = memory.estimate(plan.cfg, plan.target)
+        est = plan.memory
         if not est.fits:
             raise ForkError(f"{req.name} does not fit: {est.summary()}")
         if final.exists():  # written by someone else while we audited: never overwrite
@@ -223,7 +192,7 @@ def fork(req: ForkRequest) -> ForkResult:
         os.replace(tmp, final)
         mod.__file__ = str(final)
     except BaseException as exc:
-        unregister(req.name)
+        registry.unregister(req.name)
         tmp.unlink(missing_ok=True)
         if isinstance(exc, ForkError | KeyboardInterrupt | SystemExit):
             raise

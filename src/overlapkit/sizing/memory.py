@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
-from overlapkit import overlap
+from overlapkit.shape import ModelShape
+from overlapkit.topology import Target, data_parallel_size
 
 GB = 2**30
 # nvidia-smi totals (MiB / 1024): H100 SXM5 80 GB; H200 141 GB (143771 MiB, as read on the lent H200 machines)
@@ -59,15 +59,9 @@ UB_ALL_GATHER = {"qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad", "qkv_dgrad
 
 @dataclass(frozen=True)
 class Workload:
-    """Everything the estimate reads: the model shape, the layout and the precision/recompute knobs."""
+    """Everything the estimate reads: the model's shape, the layout and the precision/recompute knobs."""
 
-    hidden: int
-    layers: int
-    heads: int
-    query_groups: int
-    ffn: int
-    vocab: int
-    seq: int
+    shape: ModelShape
     tp: int = 1
     pp: int = 1
     vpp: int | None = None
@@ -75,18 +69,11 @@ class Workload:
     dp: int = 1
     mbs: int = 1
     gbs: int = 1
-    dtype: str = "bf16"  # "bf16" | "fp8"
-    kv_channels: int | None = None
-    gated: bool = True
-    tied: bool = False
-    dropout: bool = False
     sequence_parallel: bool = True
     tp_overlap: bool = True
     fp8_param_gather: bool = True
     grad_fp32: bool = False
     distributed_optimizer: bool = True
-    account_embedding: bool = False  # Bridge's account_for_{embedding,loss}_in_pipeline_split
-    account_loss: bool = False
     recompute: str | None = None  # model.recompute_granularity
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
@@ -94,17 +81,11 @@ class Workload:
     attention: str = "flash"  # "flash" (TE fused/flash) | "unfused" (megatron-core's local DotProductAttention)
     fused_cross_entropy: bool = True  # False: native vocab-parallel cross entropy (the no-TE 1-GPU cut)
 
-    def model(self):
-        """The provider attribute names overlap.params_per_layer/embedding_params read."""
-        return SimpleNamespace(
-            hidden_size=self.hidden, ffn_hidden_size=self.ffn, num_attention_heads=self.heads,
-            num_query_groups=self.query_groups, kv_channels=self.kv_channels, gated_linear_unit=self.gated,
-            vocab_size=self.vocab, share_embeddings_and_output_weights=self.tied, num_layers=self.layers,
-        )  # fmt: skip
-
-    @property
-    def head_dim(self) -> int:
-        return self.kv_channels or self.hidden // self.heads
+    def __getattr__(self, name: str):
+        """The shape's fields read as the workload's own (w.hidden, w.seq, w.dtype, ...): the formulas stay short."""
+        if name == "shape":  # not set yet (copy/unpickle): never recurse
+            raise AttributeError(name)
+        return getattr(self.shape, name)
 
     @property
     def microbatches(self) -> int:
@@ -160,26 +141,19 @@ class MemoryEstimate:
         )
 
 
-def workload_of(cfg, target: overlap.Target) -> Workload:
-    """The Workload a Bridge ConfigContainer describes on `target` (DP from overlap.data_parallel_size)."""
+def workload_of(cfg, target: Target) -> Workload:
+    """The Workload a Bridge ConfigContainer describes on `target` (DP from topology.data_parallel_size)."""
     m, mp, comm = cfg.model, cfg.mixed_precision, cfg.comm_overlap
     real_mp = mp is not None and not isinstance(mp, str)
     tp = m.tensor_model_parallel_size
     return Workload(
-        hidden=m.hidden_size, layers=m.num_layers, heads=m.num_attention_heads,
-        query_groups=m.num_query_groups or m.num_attention_heads, ffn=m.ffn_hidden_size,
-        vocab=m.vocab_size or cfg.tokenizer.vocab_size or 0, seq=m.seq_length, tp=tp,
-        pp=m.pipeline_model_parallel_size, vpp=m.virtual_pipeline_model_parallel_size, cp=m.context_parallel_size or 1,
-        dp=overlap.data_parallel_size(cfg, target.world_size), mbs=cfg.train.micro_batch_size,
-        gbs=cfg.train.global_batch_size, dtype=overlap.dtype_of(cfg), kv_channels=m.kv_channels,
-        gated=bool(m.gated_linear_unit), tied=bool(m.share_embeddings_and_output_weights),
-        dropout=bool(m.hidden_dropout), sequence_parallel=bool(m.sequence_parallel or tp == 1),
+        ModelShape.of(cfg), tp=tp, pp=m.pipeline_model_parallel_size, vpp=m.virtual_pipeline_model_parallel_size,
+        cp=m.context_parallel_size or 1, dp=data_parallel_size(cfg, target.world_size), mbs=cfg.train.micro_batch_size,
+        gbs=cfg.train.global_batch_size, sequence_parallel=bool(m.sequence_parallel or tp == 1),
         tp_overlap=bool(comm is not None and comm.tp_comm_overlap and tp > 1 and target.te_available),  # else no UB
         fp8_param_gather=bool(real_mp and mp.fp8_param_gather),
         grad_fp32=bool(mp.grad_reduce_in_fp32 if real_mp else cfg.ddp.grad_reduce_in_fp32),  # mp overwrites ddp
-        distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer),
-        account_embedding=bool(m.account_for_embedding_in_pipeline_split),
-        account_loss=bool(m.account_for_loss_in_pipeline_split), recompute=m.recompute_granularity,
+        distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer), recompute=m.recompute_granularity,
         recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers,
         mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None),
     )  # fmt: skip
@@ -191,7 +165,7 @@ def first_stage_layers(w: Workload) -> tuple[int, int]:
     if w.pp == 1:
         return w.layers, w.layers
     vpp = w.vpp or 1
-    per_chunk = math.ceil((w.layers + w.account_embedding + w.account_loss) / (w.pp * vpp))
+    per_chunk = math.ceil(w.pipeline_units / (w.pp * vpp))
     return per_chunk, min(w.layers, per_chunk * vpp - w.account_embedding)
 
 
@@ -259,11 +233,10 @@ def activation_bytes(w: Workload) -> tuple[float, str]:
 
 def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = None) -> MemoryEstimate:
     """hbm_gb: the card's total memory when measured (torch.cuda.mem_get_info), else HBM_GB[gpu]."""
-    m = w.model()
     layers = first_stage_layers(w)[1]
     two = w.pp == 1 and not w.tied  # the untied output layer sits on the first stage too when PP=1
     emb, emb_what = w.vocab * w.hidden * (1 + two), "embedding + output layer" if two else "embedding"
-    layer_params = layers * overlap.params_per_layer(m)
+    layer_params = layers * w.params_per_layer
     params = (layer_params + emb) // w.tp
     fp8 = w.dtype == "fp8"
     wbytes = (2 if w.fp8_param_gather else 4) if fp8 else 2
@@ -294,18 +267,6 @@ def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = Non
     )  # fmt: skip
 
 
-def estimate(cfg, target: overlap.Target) -> MemoryEstimate:
+def estimate(cfg, target: Target) -> MemoryEstimate:
     """Per-GPU peak memory of recipe config `cfg` on `target` (see the module docstring for every term)."""
     return estimate_workload(workload_of(cfg, target), target.gpu)
-
-
-def table(est: MemoryEstimate):
-    """A rich Table of est.rows() (for `make plan` and launch/new_recipe.py)."""
-    from rich.table import Table
-
-    t = Table(title="Memory estimate per GPU (first pipeline stage, GB = GiB)", title_justify="left")
-    for col in ("component", "GB", "how"):
-        t.add_column(col, justify="right" if col == "GB" else "left")
-    for name, gb, note in est.rows():
-        t.add_row(name, f"{gb:.2f}", note)
-    return t

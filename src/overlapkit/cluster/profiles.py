@@ -13,7 +13,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from overlapkit.stack import REPO_ROOT
+from overlapkit.plan.env import is_secret
+from overlapkit.stack import REPO_ROOT, repo_relative
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
 # Megatron Bridge v0.6.0's release notes are titled "NeMo Framework 26.08 — Megatron Bridge Release Notes"
@@ -25,8 +26,6 @@ DEFAULT_JOB_DIR = "runs/slurm"  # relative paths are under the repo root
 # Userbuffers (TP overlap) bootstrap over MPI when TE's NCCL bootstrap is off; pmix is what Slurm's srun offers.
 DEFAULT_SRUN_ARGS = ("--mpi=pmix",)
 
-SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NGC_API_KEY", "COMET_API_KEY"})
-_SECRET = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|^(TOKEN|SECRET)$", re.IGNORECASE)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-([01]?\d|2[0-3])|\d+):[0-5]\d:[0-5]\d$")  # HH:MM:SS or D-HH:MM:SS (sbatch --time)
 # nemo_run writes `export NAME=value` into the sbatch script without quoting (core/execution/slurm.py), so a value
@@ -36,10 +35,6 @@ _UNSAFE = re.compile(r"[\s'\"`$;&|<>()\\]")
 
 class ProfileError(ValueError):
     """One-line, user-facing."""
-
-
-def is_secret(name: str) -> bool:
-    return name.upper() in SECRET_NAMES or bool(_SECRET.search(name))
 
 
 @dataclass(frozen=True)
@@ -67,7 +62,7 @@ class ClusterProfile:
 
     @property
     def source(self) -> str:
-        return _show(self.path) if self.path else f"profile {self.name} (in memory)"
+        return repo_relative(self.path) if self.path else f"profile {self.name} (in memory)"
 
     def to_dict(self) -> dict:
         return {
@@ -101,13 +96,13 @@ def load_profile(name_or_path: str | Path) -> ClusterProfile:
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{_show(path)}: invalid TOML: {' '.join(str(exc).split())}") from None
+        raise ProfileError(f"{repo_relative(path)}: invalid TOML: {' '.join(str(exc).split())}") from None
     return parse_profile(data, name=data.get("name", path.stem), path=path)
 
 
 def parse_profile(data: dict, *, name: str, path: Path | None = None) -> ClusterProfile:
     """Validate a profile's TOML table; every error is one line naming the file, the key and the fix."""
-    where = _show(path) if path else f"profile {name}"
+    where = repo_relative(path) if path else f"profile {name}"
 
     def fail(msg: str):
         raise ProfileError(f"{where}: {msg}")
@@ -176,10 +171,3 @@ def _env(table, fail) -> dict[str, str]:
             )
         env[key] = str(value)
     return env
-
-
-def _show(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)

@@ -107,7 +107,7 @@ def apply(cfg, pairs: list[tuple[str, str]]) -> list[tuple[str, object, object]]
 
 def split_intent(pairs: list[tuple[str, str]]) -> tuple[dict[str, object], list[tuple[str, str]]]:
     """Separate `overlap.*` intent keys from config keys."""
-    from overlapkit.overlap import OverlapIntent
+    from overlapkit.plan.overlap import OverlapIntent
 
     intent, rest = {}, []
     names = [f.name for f in dataclasses.fields(OverlapIntent)]

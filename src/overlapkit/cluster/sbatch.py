@@ -9,7 +9,7 @@ import shlex
 from string import Template
 
 from overlapkit import stack
-from overlapkit.submit import TASKS_PER_NODE, Submission
+from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
 
 TEMPLATE = stack.REPO_ROOT / "slurm" / "templates" / "pretrain.sbatch"
 

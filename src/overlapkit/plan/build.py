@@ -5,13 +5,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from overlapkit import memory, overrides, presets, stack
-from overlapkit.audit import AuditReport, Finding, audit
-from overlapkit.overlap import Resolved, Target, apply_overlap_stack, dtype_of, intent_of, resolve, total_params
+from overlapkit import jsonio, stack
+from overlapkit.plan import overrides, presets, registry
+from overlapkit.plan.audit import AuditReport, audit
+from overlapkit.plan.env import Ledger, audit_rows, build_ledger
+from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
+from overlapkit.shape import ModelShape, dtype_of
+from overlapkit.sizing import memory
+from overlapkit.topology import Target
 
 
 class PlanError(ValueError):
@@ -20,15 +24,18 @@ class PlanError(ValueError):
 
 @dataclass
 class Plan:
-    recipe: object  # recipes._base.Recipe
+    """A recipe planned for a target: built, overridden, resolved by Bridge, audited, sized, its environment laid."""
+
+    recipe: registry.Recipe
     cfg: object  # the recipe's ConfigContainer with overrides applied
+    intent: OverlapIntent  # the recipe's, with any overlap.* overrides
     target: Target
     resolved: Resolved
     report: AuditReport
-    changes: list = field(default_factory=list)
-    ledger: object = None  # envvars.Ledger: the launch-time environment with provenance
-    profile: object = None  # profiles.ClusterProfile, when planned for a cluster
-    memory: object = None  # memory.MemoryEstimate for the first pipeline stage, computed once in make_plan
+    changes: list  # (key, old, new) per override
+    ledger: Ledger  # the launch-time environment with provenance
+    memory: memory.MemoryEstimate  # first pipeline stage, per GPU
+    profile: object = None  # cluster.profiles.ClusterProfile, when planned for a cluster
     run_dir: Path | None = None
 
     @property
@@ -48,7 +55,7 @@ class Plan:
             "seq": m.seq_length,
             "dtype": dtype_of(self.cfg),
             "preset": presets.name_of(self.cfg.comm_overlap.tp_comm_overlap_cfg) if self.cfg.comm_overlap else None,
-            "params_b": round(total_params(m, self.cfg.tokenizer.vocab_size) / 1e9, 1),
+            "params_b": round(ModelShape.of(self.cfg).total_params / 1e9, 1),
         }
 
     def memory_dict(self) -> dict:
@@ -78,35 +85,25 @@ def _jsonable(v):
 def make_plan(
     name: str, *, nodes: int | None = None, sets=None, te_available: bool = True, profile=None, caller_env=None
 ) -> Plan:
-    """Build recipe `name`, apply `sets` (dotted overrides), resolve for `nodes` (default: the recipe's), build the
-    launch environment ledger (with `profile`'s layer when given) and audit the whole stack, env rules included."""
-    import recipes
-    from overlapkit.envvars import build_ledger
-
-    entry = recipes.get(name)
+    """Build recipe `name`, apply `sets` (dotted overrides), resolve for `nodes` (default: the recipe's), lay out the
+    launch environment (with `profile`'s layer when given) and audit the whole stack, env rules included."""
+    entry = registry.get(name)
+    if nodes is not None and nodes < 1:
+        raise PlanError(f"NODES={nodes}: must be a positive number of 8-GPU nodes")
     with stack.silenced():
         cfg = entry.build()
     intent_changes, pairs = overrides.split_intent(overrides.parse(sets))
+    intent = dataclasses.replace(entry.intent, **intent_changes)
     if intent_changes:  # re-apply the stack with the new intent first, so later config keys still win
-        apply_overlap_stack(cfg, dataclasses.replace(intent_of(cfg), **intent_changes))
+        apply_overlap_stack(cfg, intent)
     changes = [(f"{overrides.INTENT_PREFIX}{k}", None, v) for k, v in intent_changes.items()]
     changes += overrides.apply(cfg, pairs)
-    if nodes is not None and nodes < 1:
-        raise PlanError(f"NODES={nodes}: must be a positive number of 8-GPU nodes")
     target = Target(nodes=nodes or entry.nodes, te_available=te_available)
     res = resolve(cfg, target)
-    plan = Plan(entry, cfg, target, res, AuditReport(), changes, profile=profile)
-    plan.ledger = build_ledger(plan, profile, caller_env)
-    plan.memory = memory.estimate(cfg, target)
-    plan.report = audit(cfg, target, res, env=plan.ledger.values())
-    # Layer conflicts join the audit; a CUDA_DEVICE_MAX_CONNECTIONS override is already the audit's own error.
-    dup = "cuda_max_connections" in plan.report.codes()
-    plan.report.findings += [
-        Finding(c.level, "env_conflict", c.message)
-        for c in plan.ledger.conflicts
-        if not (dup and c.name == "CUDA_DEVICE_MAX_CONNECTIONS")
-    ]
-    return plan
+    partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile)
+    ledger = build_ledger(partial, profile, caller_env)
+    report = audit(cfg, target, res, intent).extend(audit_rows(partial, ledger))
+    return dataclasses.replace(partial, report=report, ledger=ledger, memory=memory.estimate(cfg, target))
 
 
 def resolved_config(plan: Plan):
@@ -127,8 +124,8 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     run_dir.mkdir(parents=True)
     plan.run_dir = run_dir
     resolved_config(plan).to_yaml(str(run_dir / "config.yaml"))
-    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    jsonio.write_json(run_dir / "plan.json", plan.to_dict())
     # What the in-job preflight compares each rank's environment with (secrets by name only).
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}
-    (run_dir / "ledger.json").write_text(json.dumps(ledger, indent=2) + "\n")
+    jsonio.write_json(run_dir / "ledger.json", ledger)
     return run_dir

@@ -19,7 +19,9 @@ import dataclasses
 import importlib
 from dataclasses import dataclass
 
-from overlapkit import memory, overlap
+from overlapkit.plan import registry
+from overlapkit.sizing import memory
+from overlapkit.topology import Target
 
 ITERS = 20
 LABEL = "1 GPU · BF16 · Megatron Core local spec (no TE): unfused attention, native cross entropy"
@@ -70,9 +72,7 @@ def resolve(dotted: str):
 def base_config(cut: Cut, side: str):
     """The full recipe a side starts from: our registered recipe, or Bridge's own H100 recipe."""
     if side == "ours":
-        from recipes import REGISTRY
-
-        return REGISTRY[cut.recipe].build()
+        return registry.get(cut.recipe).build()
     if side == "bridge":
         return resolve(cut.reference)()
     raise ValueError(f"unknown side {side!r}: use one of {', '.join(SIDES)}")
@@ -128,7 +128,7 @@ def build(key: str, side: str, iters: int = ITERS):
 
 def estimate(cfg, gpu: str = "h100", hbm_gb: float | None = None) -> memory.MemoryEstimate:
     """Memory estimate of a cut config on one GPU (unfused attention, native cross entropy, no userbuffers)."""
-    w = memory.workload_of(cfg, overlap.Target(nodes=1, gpus_per_node=1, te_available=False))  # no TE: no userbuffers
+    w = memory.workload_of(cfg, Target(nodes=1, gpus_per_node=1, te_available=False))  # no TE: no userbuffers
     w = dataclasses.replace(w, attention="unfused", fused_cross_entropy=False)
     return memory.estimate_workload(w, gpu, hbm_gb)
 

@@ -190,7 +190,7 @@ def to_json(parsed: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="overlapkit.logparse", description="Bridge training log → JSON")
+    ap = argparse.ArgumentParser(prog="overlapkit.regress.logparse", description="Bridge training log → JSON")
     ap.add_argument("log", type=Path)
     ap.add_argument("--warmup", type=int, default=WARMUP_ITERS)
     args = ap.parse_args(argv)

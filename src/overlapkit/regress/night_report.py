@@ -1,4 +1,4 @@
-"""The nightly suite: each recipe's nightly shape, the night directory, the report and the history file.
+"""The night's report: each recipe's result against its golden, the Markdown report with plots, and the history.
 
 A night lives in `<profile job_dir>/nightly/<UTC stamp>/`: `night.json` (what was submitted), `report.md`,
 `results.json`, `plots/*.png`. Every night's numbers are appended to `<job_dir>/nightly/history.jsonl`.
@@ -10,56 +10,12 @@ import datetime as dt
 import json
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from overlapkit import logparse, regress
+from overlapkit.regress import logparse
+from overlapkit.regress import rules as regress
 
-GPUS_PER_NODE = 8
-NIGHTLY_ITERS = 60  # 10 warm-up + 50 steady iterations: enough for a ±5 % step-time mean and a loss curve's knee
-NIGHTLY_SEED = 1234
-# DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
-# an overlap that silently stops working there is exactly what the nightly is for. MIN_DP=1 gives the smallest run.
-MIN_DP = 2
-
-
-@dataclass(frozen=True)
-class Shape:
-    recipe: str
-    nodes: int
-    dp: int
-    gbs: int
-    sets: str  # dotted overrides, as SET= takes them
-
-    def to_dict(self) -> dict:
-        return {"recipe": self.recipe, "nodes": self.nodes, "dp": self.dp, "gbs": self.gbs, "sets": self.sets}
-
-
-def shape_for(recipe: str, layout: dict, *, iters: int = NIGHTLY_ITERS, min_dp: int = MIN_DP,
-              seed: int = NIGHTLY_SEED) -> Shape:  # fmt: skip
-    """TP/PP/CP/VPP stay (same overlap paths); DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes.
-    GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline schedule (warm-up, steady 1F1B,
-    cool-down) and each rank's work per step stay those of the full-size run, so step time is comparable."""
-    mp = layout["tp"] * layout["pp"] * layout["cp"]
-    full_dp = layout["nodes"] * GPUS_PER_NODE // mp
-    want = max(1, min(full_dp, min_dp))
-    nodes = math.ceil(mp * want / GPUS_PER_NODE)
-    dp = nodes * GPUS_PER_NODE // mp
-    microbatches = layout["gbs"] // (full_dp * layout["mbs"])
-    gbs = microbatches * dp * layout["mbs"]
-    sets = [
-        f"train.train_iters={iters}",
-        f"train.global_batch_size={gbs}",
-        f"scheduler.lr_warmup_iters={max(1, iters // 10)}",  # Megatron asserts warm-up < decay iters (= train_iters)
-        "dataset.blend=null",  # Bridge's mock data (GPTDatasetConfig with no blend)
-        f"rng.seed={seed}",
-        "logger.log_interval=1",
-        "logger.log_throughput=true",  # the TFLOP/s/GPU field is printed only with it
-        "checkpoint.save=null",
-        "checkpoint.load=null",  # never resume from an earlier run's checkpoint
-        "validation.eval_iters=0",
-    ]
-    return Shape(recipe, nodes, dp, gbs, " ".join(sets))
+NIGHTLY_ITERS, NIGHTLY_SEED = regress.NIGHTLY_ITERS, regress.NIGHTLY_SEED
 
 
 # --- history: append-only JSONL ---------------------------------------------------------------------------------
@@ -224,7 +180,7 @@ def history_records(night: dict, results: list[dict]) -> list[dict]:
 
 def write_report(night_dir: Path, night: dict, results: list[dict], history_path: Path) -> Path:
     """report.md + results.json + plots, then the history line(s). Returns the report path."""
-    from overlapkit import nightly_plots
+    from overlapkit.regress import plots as nightly_plots
 
     append_history(history_path, history_records(night, results))
     plots = nightly_plots.draw(night_dir / "plots", results, read_history(history_path))

@@ -1,4 +1,5 @@
-"""Human-readable rendering (rich) of plans, audits and the recipe list."""
+"""Human-readable rendering (rich) of plans, audits, memory estimates, launch-environment ledgers and the recipe
+list. Everything a person reads in a terminal is drawn here; the JSON forms live beside their data."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from overlapkit import memory
+from overlapkit.plan.env import LAYERS
 
 STYLE = {"on": "green", "off": "red", "n/a": "dim"}
 
@@ -47,10 +48,10 @@ def render_plan(plan, con: Console) -> None:
         con.print(escape(f"override: {o['key']} = {o['new']} (was {o['old']})"))
     con.print(audit_table(plan.report))
     est = plan.memory
-    con.print(memory.table(est))
+    con.print(memory_table(est))
     con.print(escape(est.summary()))
     if plan.ledger is not None:
-        plan.ledger.render(con)
+        render_ledger(plan.ledger, con)
     for f in plan.report.warnings:
         con.print(f"[yellow]warning[/] {escape(f'[{f.code}]')} {escape(f.message)}")
     for f in plan.report.errors:
@@ -80,3 +81,38 @@ SHORT = {
 
 def overlap_summary(report) -> str:
     return " ".join(SHORT[r.name] for r in report.rows if r.name in SHORT and r.state == "on")
+
+
+def memory_table(est) -> Table:
+    """A sizing.memory.MemoryEstimate's rows: component, GB, how it was computed."""
+    t = Table(title="Memory estimate per GPU (first pipeline stage, GB = GiB)", title_justify="left")
+    for col in ("component", "GB", "how"):
+        t.add_column(col, justify="right" if col == "GB" else "left")
+    for name, gb, note in est.rows():
+        t.add_row(name, f"{gb:.2f}", note)
+    return t
+
+
+def ledger_rows(ledger) -> list[tuple[str, str, str, str, str]]:
+    """(variable, value, layer, lower layers that also set it, reason) per entry of an env.Ledger."""
+    return [
+        (e.name, e.value, e.layer, ", ".join(f"{la}={v}" for la, v in e.overridden), e.reason) for e in ledger.entries
+    ]
+
+
+def render_ledger(ledger, con: Console) -> None:
+    t = Table(title=f"Launch environment (precedence: {' < '.join(LAYERS)})", title_justify="left")
+    t.add_column("variable", no_wrap=True)
+    t.add_column("value", no_wrap=True)
+    t.add_column("layer", no_wrap=True)
+    t.add_column("why (and what it replaced)")
+    for name, value, layer, lower, reason in ledger_rows(ledger):
+        t.add_row(*(escape(c) for c in (name, value, layer, reason + (f" [over {lower}]" if lower else ""))))
+    con.print(t)
+    for c in ledger.conflicts:
+        style = "red" if c.level == "error" else "yellow"
+        con.print(f"[{style}]{c.level}[/] {escape(f'[env:{c.name}]')} {escape(c.message)}")
+    for s in ledger.shell_overrides:
+        con.print(f"[yellow]shell[/] {escape(s.message)}")
+    for name in ledger.missing_secrets:
+        con.print(f"[yellow]secret[/] {escape(name)} is not set in this shell: export it before submitting")

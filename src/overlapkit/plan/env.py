@@ -11,10 +11,11 @@ Four layers, lowest to highest precedence; the highest layer that sets a variabl
               that no recipe can know, so the site has the last word.
 
 Every change of a lower layer's value is a `warning` conflict, except CUDA_DEVICE_MAX_CONNECTIONS: its value is the
-overlap's correctness (kernel order), which only the topology decides, so moving it away from the derived value is an
-`error` (audit.py `_audit_env` checks the final value). Secrets (`profiles.is_secret`) never get a value here: a
-profile lists them by name, the ledger shows "<from caller env>", and `passthrough_secrets` is only for the
-submitting process's own environment.
+overlap's correctness (kernel order), which only the topology decides. This module is its one home: `connections`
+derives the value the layout needs, and `audit_rows` turns a final value that differs (whichever layer set it) into
+the audit's one `cuda_max_connections` error. Secrets (`is_secret`) never get a value here: a profile lists them by
+name, the ledger shows "<from caller env>", and `passthrough_secrets` is only for the submitting process's own
+environment.
 
 The submitting shell's environment reaches the job too (sbatch's default `--export=ALL`; nemo_run's local executor
 copies os.environ). For a name the plan sets, the plan's value wins (nemo_run writes `export NAME=value` into the
@@ -25,15 +26,14 @@ reaches the job unrecorded. Both are reported as `shell_overrides`.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass, field
 
-import nemo_run as run
-from rich.markup import escape
-from rich.table import Table
-
-from overlapkit.profiles import ClusterProfile, is_secret
+from overlapkit.plan.audit import OFF, ON, AuditReport, Finding, Row
 
 LAYERS = ("derived", "bridge", "recipe", "cluster")
+SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NGC_API_KEY", "COMET_API_KEY"})
+_SECRET = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|^(TOKEN|SECRET)$", re.IGNORECASE)
 PINNED = "CUDA_DEVICE_MAX_CONNECTIONS"
 SECRET_VALUE = "<from caller env>"
 HOPPER = ("h100", "h200", "h800", "gh200")
@@ -86,26 +86,46 @@ class ShellOverride:
     message: str
 
 
+def is_secret(name: str) -> bool:
+    """A name whose value must never be written anywhere (profiles refuse it in `env`, the plugin refuses it)."""
+    return name.upper() in SECRET_NAMES or bool(_SECRET.search(name))
+
+
+@dataclass(frozen=True)
+class Connections:
+    """What the layout needs of CUDA_DEVICE_MAX_CONNECTIONS: the value, why, and an error when no value can serve."""
+
+    value: str
+    reason: str
+    error: str | None = None
+
+
+def connections(plan) -> Connections:
+    """The one rule for CUDA_DEVICE_MAX_CONNECTIONS. TP/CP overlap needs 1: its compute and comm kernels must keep
+    their issue order on one hardware queue. Otherwise 32, so DP grad-reduce/param-gather run beside compute."""
+    m = plan.cfg.model
+    tp, cp = m.tensor_model_parallel_size, m.context_parallel_size or 1
+    fsdp = bool(plan.cfg.ddp.use_megatron_fsdp)
+    fsdp_note = "Megatron-FSDP asserts it is not 1 (megatron/bridge/training/config.py)"
+    if (tp > 1 or cp > 1) and not fsdp:
+        why = f"TP={tp}/CP={cp} comm overlap needs compute and comm kernels kept in issue order (one hardware queue); "
+        return Connections("1", why + f"{PERF} sets 1 for its TP4 and CP2 layouts")
+    if tp > 1 or cp > 1:
+        fix = "use TP=CP=1 or ddp.use_megatron_fsdp=false"
+        return Connections("32", f"{fsdp_note}, although TP={tp}/CP={cp} overlap wants 1 (reported as a conflict)",
+                           f"{PINNED}: TP/CP overlap needs 1 but Megatron-FSDP refuses 1; {fix}")  # fmt: skip
+    why = f"TP=CP=1: 1 would serialise DP grad-reduce/param-gather with compute; {PERF} 8B fp8cs uses 32"
+    return Connections("32", why + (f"; {fsdp_note}" if fsdp else ""))
+
+
 def derived_env(plan) -> dict[str, EnvEntry]:
     """What the layout needs, each with its reason and public source."""
     m, res, gpu = plan.cfg.model, plan.resolved, plan.target.gpu
-    tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size or 1
-    fsdp = bool(plan.cfg.ddp.use_megatron_fsdp)
+    pp, cp = m.pipeline_model_parallel_size, m.context_parallel_size or 1
     if gpu not in HOPPER:
         raise ValueError(f"derived_env knows Hopper GPUs only ({', '.join(HOPPER)}), not {gpu!r}: add its rules")
-    env: dict[str, EnvEntry] = {}
-    fsdp_note = "Megatron-FSDP asserts it is not 1 (megatron/bridge/training/config.py)"
-    if (tp > 1 or cp > 1) and not fsdp:
-        value = "1"
-        why = f"TP={tp}/CP={cp} comm overlap needs compute and comm kernels kept in issue order (one hardware queue); "
-        why += f"{PERF} sets 1 for its TP4 and CP2 layouts"
-    elif tp > 1 or cp > 1:
-        value, why = "32", f"{fsdp_note}, although TP={tp}/CP={cp} overlap wants 1 (reported as a conflict)"
-    else:
-        value = "32"
-        why = f"TP=CP=1: 1 would serialise DP grad-reduce/param-gather with compute; {PERF} 8B fp8cs uses 32"
-        why += f"; {fsdp_note}" if fsdp else ""
-    env[PINNED] = EnvEntry(value, why)
+    need = connections(plan)
+    env = {PINNED: EnvEntry(need.value, need.reason)}
     rm, rddp = res.model, res.ddp
     overlap = rm.tp_comm_overlap or rm.overlap_p2p_comm or rddp.overlap_grad_reduce or rddp.overlap_param_gather
     if overlap or cp > 1:
@@ -121,11 +141,11 @@ def derived_env(plan) -> dict[str, EnvEntry]:
     return env
 
 
-def secret_names(profile: ClusterProfile | None) -> tuple[str, ...]:
+def secret_names(profile) -> tuple[str, ...]:
     return tuple(profile.secrets) if profile else ()
 
 
-def passthrough_secrets(profile: ClusterProfile | None, caller_env=None) -> dict[str, str]:
+def passthrough_secrets(profile, caller_env=None) -> dict[str, str]:
     """The real secret values, for the submitting process's environment only (sbatch exports them); never write them."""
     env = os.environ if caller_env is None else caller_env
     return {name: env[name] for name in secret_names(profile) if name in env}
@@ -165,32 +185,10 @@ class Ledger:
             "missing_secrets": list(self.missing_secrets),
         }
 
-    def rows(self) -> list[tuple[str, str, str, str, str]]:
-        """(variable, value, layer, lower layers that also set it, reason) per entry, for a table."""
-        return [
-            (e.name, e.value, e.layer, ", ".join(f"{la}={v}" for la, v in e.overridden), e.reason) for e in self.entries
-        ]
 
-    def render(self, con) -> None:
-        t = Table(title=f"Launch environment (precedence: {' < '.join(LAYERS)})", title_justify="left")
-        t.add_column("variable", no_wrap=True)
-        t.add_column("value", no_wrap=True)
-        t.add_column("layer", no_wrap=True)
-        t.add_column("why (and what it replaced)")
-        for name, value, layer, lower, reason in self.rows():
-            t.add_row(*(escape(c) for c in (name, value, layer, reason + (f" [over {lower}]" if lower else ""))))
-        con.print(t)
-        for c in self.conflicts:
-            style = "red" if c.level == "error" else "yellow"
-            con.print(f"[{style}]{c.level}[/] {escape(f'[env:{c.name}]')} {escape(c.message)}")
-        for s in self.shell_overrides:
-            con.print(f"[yellow]shell[/] {escape(s.message)}")
-        for name in self.missing_secrets:
-            con.print(f"[yellow]secret[/] {escape(name)} is not set in this shell: export it before submitting")
-
-
-def build_ledger(plan, profile: ClusterProfile | None = None, caller_env=None) -> Ledger:
-    """Merge the four layers for `plan` (and `profile`), recording every value's layer, reason and what it replaced."""
+def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
+    """Merge the four layers for `plan` (and `profile`, an overlapkit.cluster.profiles.ClusterProfile), recording
+    every value's layer, reason and what it replaced."""
     caller_env = dict(os.environ if caller_env is None else caller_env)
     derived = derived_env(plan)
     cluster = profile.env if profile else {}
@@ -212,13 +210,10 @@ def build_ledger(plan, profile: ClusterProfile | None = None, caller_env=None) -
             if prev is None:
                 merged[name] = Entry(name, value, layer, reason)
                 continue
-            if prev.value != value:
-                led.conflicts.append(_conflict(name, prev, layer, value, derived[PINNED].value))
+            if prev.value != value and name != PINNED:  # PINNED's final value is audit_rows' rule
+                msg = f"{name}={value} ({layer}) replaces {prev.value} ({prev.layer})"
+                led.conflicts.append(Conflict(name, (prev.layer, layer), (prev.value, value), "warning", msg))
             merged[name] = Entry(name, value, layer, reason, [*prev.overridden, (prev.layer, prev.value)])
-    m = plan.cfg.model
-    if plan.cfg.ddp.use_megatron_fsdp and (m.tensor_model_parallel_size > 1 or (m.context_parallel_size or 1) > 1):
-        msg = f"{PINNED}: TP/CP overlap needs 1 but Megatron-FSDP refuses 1; use TP=CP=1 or ddp.use_megatron_fsdp=false"
-        led.conflicts.append(Conflict(PINNED, ("derived",), (derived[PINNED].value,), "error", msg))
     for name in secret_names(profile):
         why = f"secret listed by {profile.source}: passed by name from the submitting shell (sbatch --export=ALL)"
         merged[name] = Entry(name, SECRET_VALUE, "cluster", why, secret=True)
@@ -227,14 +222,6 @@ def build_ledger(plan, profile: ClusterProfile | None = None, caller_env=None) -
     led.entries = list(merged.values())
     led.shell_overrides = _shell_overrides(led, caller_env, set(secret_names(profile)))
     return led
-
-
-def _conflict(name: str, prev: Entry, layer: str, value: str, derived_pinned: str) -> Conflict:
-    msg = f"{name}={value} ({layer}) replaces {prev.value} ({prev.layer})"
-    if name == PINNED and value != derived_pinned:  # the overlap's correctness, decided by the topology alone
-        msg += f": the topology needs {derived_pinned}; remove it from the {layer} layer"
-        return Conflict(name, (prev.layer, layer), (prev.value, value), "error", msg)
-    return Conflict(name, (prev.layer, layer), (prev.value, value), "warning", msg)
 
 
 def _shell_overrides(led: Ledger, caller_env: dict, secrets: set[str]) -> list[ShellOverride]:
@@ -266,28 +253,23 @@ def _bridge_reason(name: str, plan) -> str:
     return f"Bridge base recipe's cfg.env_vars ({plan.recipe.name})"
 
 
-@dataclass(kw_only=True)
-class EnvVarPlugin(run.Plugin):
-    """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars.
-
-    nemo_run writes executor.env_vars as `export NAME=value` lines into the sbatch script, so secrets are refused
-    here: they reach the job from the submitting shell (sbatch --export=ALL), never from a file."""
-
-    env: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.env = dict(self.env)  # our own copy: later edits to the ledger's dict do not leak into a submitted job
-        for name, value in self.env.items():
-            if is_secret(name):
-                raise ValueError(f"{name} looks like a secret: list it in the profile's secrets = [...], not in env")
-            if not isinstance(value, str):
-                raise TypeError(f"{name}={value!r}: env values must be strings (executor.env_vars are exported)")
-
-    @classmethod
-    def from_ledger(cls, ledger: Ledger) -> EnvVarPlugin:
-        return cls(env=ledger.values())
-
-    def setup(self, task, executor) -> None:
-        # A new dict: executors are cloned per task and may share their env_vars; the task (Script/Partial) is
-        # left untouched, since the environment belongs to the executor.
-        executor.env_vars = {**(executor.env_vars or {}), **self.env}
+def audit_rows(plan, ledger: Ledger) -> AuditReport:
+    """The launch environment's part of the audit: the CUDA_DEVICE_MAX_CONNECTIONS row and its rule, then every
+    layer conflict (the literal secrets among them)."""
+    m = plan.cfg.model
+    tp, cp = m.tensor_model_parallel_size, m.context_parallel_size or 1
+    need, entry = connections(plan), next((e for e in ledger.entries if e.name == PINNED), None)
+    value = entry.value if entry else None
+    rep = AuditReport([Row(PINNED, ON if value is not None else OFF, f"{value} (TP={tp}, CP={cp})")])
+    if need.error:
+        rep.findings.append(Finding("error", "cuda_max_connections", need.error))
+    elif value != need.value:
+        where = f" ({entry.layer} layer)" if entry else ""
+        if need.value == "1":
+            msg = f"{PINNED}={value}{where} with TP={tp}/CP={cp} overlap: must be 1 so compute and comm kernels keep "
+            msg += "their order"
+        else:
+            msg = f"{PINNED}={value}{where} with TP=CP=1 serialises DP overlap: use {need.value}"
+        rep.findings.append(Finding("error", "cuda_max_connections", f"{msg}; remove it from that layer"))
+    rep.findings += [Finding(c.level, "env_conflict", c.message) for c in ledger.conflicts]
+    return rep

@@ -1,7 +1,7 @@
 """Userbuffers (TP comm-overlap) presets: discovered from what Bridge exports, never retyped here.
 
 Bridge names its presets `userbuffers_<dtype>_<gpu>_h<hidden>_tp<tp>[_cp<cp>]_mbs<mbs>_seqlen<seq>[_lora]`
-(megatron/bridge/training/comm_overlap.py). We parse the name into a shape and match it against the model.
+(megatron/bridge/training/comm_overlap.py). We parse the name into a PresetKey and match it against the model's.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from functools import cache
+
+from overlapkit.shape import ModelShape
 
 _NAME = re.compile(
     r"^userbuffers_(?P<dtype>bf16|fp8)_(?P<gpu>[a-z0-9]+)_h(?P<hidden>\d+)_tp(?P<tp>\d+)"
@@ -25,7 +27,9 @@ DEFAULT_TP_CONFIG = "default"  # explicit opt-in to TE's built-in userbuffers co
 
 
 @dataclass(frozen=True)
-class Shape:
+class PresetKey:
+    """What a userbuffers preset is tuned for (the fields of its name)."""
+
     gpu: str
     dtype: str
     hidden: int
@@ -34,11 +38,23 @@ class Shape:
     mbs: int
     seq: int
 
+    @classmethod
+    def of(cls, shape: ModelShape, *, tp: int, cp: int, mbs: int, gpu: str = "h100") -> PresetKey:
+        """The key a model needs at this TP/CP/MBS."""
+        return cls(gpu, shape.dtype, shape.hidden, tp, cp, mbs, shape.seq)
+
+
+def key_of(cfg, gpu: str = "h100") -> PresetKey:
+    """The key a Bridge config needs."""
+    m = cfg.model
+    return PresetKey.of(ModelShape.of(cfg), tp=m.tensor_model_parallel_size, cp=m.context_parallel_size or 1,
+                        mbs=cfg.train.micro_batch_size, gpu=gpu)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Preset:
     name: str
-    shape: Shape
+    key: PresetKey
     lora: bool
 
 
@@ -56,7 +72,7 @@ def exported_presets() -> dict[str, Preset]:
         m = _NAME.match(name)
         if m and isinstance(value, co.TransformerLayerTPOverlapCfg):
             g = m.groupdict()
-            shape = Shape(
+            key = PresetKey(
                 g["gpu"],
                 g["dtype"],
                 int(g["hidden"]),
@@ -65,7 +81,7 @@ def exported_presets() -> dict[str, Preset]:
                 int(g["mbs"]),
                 int(g["seq"]),
             )
-            out[name] = Preset(name, shape, bool(g["lora"]))
+            out[name] = Preset(name, key, bool(g["lora"]))
     return out
 
 
@@ -90,31 +106,31 @@ def name_of(obj) -> str | None:
     return None
 
 
-def mismatches(preset: Preset, shape: Shape) -> tuple[list[str], list[str]]:
+def mismatches(preset: Preset, key: PresetKey) -> tuple[list[str], list[str]]:
     """(hard, soft) field mismatches as 'field preset→model' strings."""
-    p, s = asdict(preset.shape), asdict(shape)
+    p, s = asdict(preset.key), asdict(key)
     hard = [f"{f} {p[f]}≠{s[f]}" for f in HARD_FIELDS if p[f] != s[f]]
     soft = [f"{f} {p[f]}≠{s[f]}" for f in SOFT_FIELDS if p[f] is not None and p[f] != s[f]]
     return hard, soft
 
 
-def nearest(shape: Shape, k: int = 3) -> list[str]:
-    """Pretraining presets ranked by how many shape fields differ (hard fields weigh more)."""
+def nearest(key: PresetKey, k: int = 3) -> list[str]:
+    """Pretraining presets ranked by how many key fields differ (hard fields weigh more)."""
 
     def score(p: Preset) -> tuple[int, int, str]:
-        hard, soft = mismatches(p, shape)
+        hard, soft = mismatches(p, key)
         return (len(hard), len(soft), p.name)
 
     return [p.name for p in sorted((p for p in exported_presets().values() if not p.lora), key=score)[:k]]
 
 
-def select(shape: Shape) -> str:
-    """The exported pretraining preset matching `shape` (a CP-specific one first), else a one-line PresetError."""
-    fits = [p for p in exported_presets().values() if not p.lora and mismatches(p, shape) == ([], [])]
+def select(key: PresetKey) -> str:
+    """The exported pretraining preset matching `key` (a CP-specific one first), else a one-line PresetError."""
+    fits = [p for p in exported_presets().values() if not p.lora and mismatches(p, key) == ([], [])]
     if fits:
-        return sorted(fits, key=lambda p: (p.shape.cp is None, p.name))[0].name
+        return sorted(fits, key=lambda p: (p.key.cp is None, p.name))[0].name
     raise PresetError(
-        f"no Bridge userbuffers preset for {shape.gpu} {shape.dtype} h{shape.hidden} tp{shape.tp} cp{shape.cp} "
-        f"mbs{shape.mbs} seq{shape.seq}; nearest: {', '.join(nearest(shape))}; "
+        f"no Bridge userbuffers preset for {key.gpu} {key.dtype} h{key.hidden} tp{key.tp} cp{key.cp} "
+        f"mbs{key.mbs} seq{key.seq}; nearest: {', '.join(nearest(key))}; "
         f"to use TE's default userbuffers config instead, opt in with tp_preset={DEFAULT_TP_CONFIG!r}"
     )

@@ -12,29 +12,13 @@ import copy
 import logging
 from dataclasses import dataclass, field
 
-from overlapkit import presets
-
-GPUS_PER_NODE = 8
-INTENT_ATTR = "_overlapkit_intent"  # apply_overlap_stack records the intent on the cfg; the audit reads it back
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where the run will execute. TE availability is a property of the target's container, not of this machine."""
-
-    nodes: int
-    gpus_per_node: int = GPUS_PER_NODE
-    gpu: str = "h100"
-    te_available: bool = True
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
+from overlapkit.plan import presets
+from overlapkit.topology import Target, data_parallel_size
 
 
 @dataclass
 class OverlapIntent:
-    """What the recipe claims, beyond what ConfigContainer can say."""
+    """What the recipe claims, beyond what ConfigContainer can say (a field of the registry's Recipe)."""
 
     tp_preset: str | None = None  # exported preset name, presets.DEFAULT_TP_CONFIG (opt-in), or None = auto
     param_gather_with_optimizer_step: bool = False  # opt-in: Bridge leaves it off because of checkpointing
@@ -52,28 +36,6 @@ class Resolved:
     bridge_warnings: list[str] = field(default_factory=list)
 
 
-class LayoutError(ValueError):
-    """One-line, user-facing."""
-
-
-def dtype_of(cfg) -> str:
-    mp = cfg.mixed_precision
-    return "fp8" if mp is not None and not isinstance(mp, str) and mp.fp8 else "bf16"
-
-
-def shape_of(cfg, gpu: str = "h100") -> presets.Shape:
-    m = cfg.model
-    return presets.Shape(
-        gpu,
-        dtype_of(cfg),
-        m.hidden_size,
-        m.tensor_model_parallel_size,
-        m.context_parallel_size or 1,
-        cfg.train.micro_batch_size,
-        m.seq_length,
-    )
-
-
 def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = "h100"):
     """Switch on every overlap the layout allows. Mutates and returns `cfg`; raises PresetError on no preset."""
     from megatron.bridge.training.comm_overlap import CommOverlapConfig
@@ -88,7 +50,7 @@ def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = 
         if intent.tp_preset == presets.DEFAULT_TP_CONFIG:
             tp_cfg = None
         else:
-            name = intent.tp_preset or presets.select(shape_of(cfg, gpu))
+            name = intent.tp_preset or presets.select(presets.key_of(cfg, gpu))
             tp_cfg = presets.preset_object(name)
         comm = CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=tp_cfg)
     else:
@@ -112,12 +74,7 @@ def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = 
     mp.grad_reduce_in_fp32 = False  # BF16 reduce-scatter halves DP traffic (NVIDIA's perf recipes do the same)
     mp.fp8_param_gather = bool(mp.fp8)  # gather FP8 params: half the all-gather bytes of BF16
     cfg.ddp.grad_reduce_in_fp32 = mp.grad_reduce_in_fp32
-    setattr(cfg, INTENT_ATTR, intent)
     return cfg
-
-
-def intent_of(cfg) -> OverlapIntent:
-    return getattr(cfg, INTENT_ATTR, None) or OverlapIntent()
 
 
 @contextlib.contextmanager
@@ -144,18 +101,6 @@ class _Capture(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def data_parallel_size(cfg, world_size: int) -> int:
-    m = cfg.model
-    mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1)
-    if world_size % mp:
-        raise LayoutError(
-            f"{world_size} GPUs do not divide by TP·PP·CP = {m.tensor_model_parallel_size}·"
-            f"{m.pipeline_model_parallel_size}·{m.context_parallel_size or 1} = {mp}: use a node count whose "
-            f"GPU total is a multiple of {mp}"
-        )
-    return world_size // mp
-
-
 def resolve(cfg, target: Target) -> Resolved:
     """Effective overlap state for `target`, computed by Bridge's own setup code on copies of `cfg`."""
     dp = data_parallel_size(cfg, target.world_size)
@@ -180,27 +125,3 @@ def resolve(cfg, target: Target) -> Resolved:
     finally:
         root.handlers, root.level = saved_handlers, saved_level
     return Resolved(model, ddp, opt, comm, dp, cap.messages)
-
-
-def params_per_layer(m) -> int:
-    """Dense GQA transformer layer parameters (weights only; biases and norms are noise at these sizes)."""
-    h, ffn = m.hidden_size, m.ffn_hidden_size
-    q = (m.kv_channels or h // m.num_attention_heads) * m.num_attention_heads
-    kv = (m.kv_channels or h // m.num_attention_heads) * (m.num_query_groups or m.num_attention_heads)
-    mlp = (3 if m.gated_linear_unit else 2) * h * ffn
-    return h * (q + 2 * kv) + q * h + mlp + 2 * h
-
-
-def embedding_params(m, vocab: int | None = None) -> int:
-    vocab = m.vocab_size or vocab or 0  # GPT3's provider leaves vocab to the tokenizer (set at runtime)
-    return vocab * m.hidden_size * (1 if m.share_embeddings_and_output_weights else 2)
-
-
-def total_params(m, vocab: int | None = None) -> int:
-    return m.num_layers * params_per_layer(m) + embedding_params(m, vocab)
-
-
-def chunk_params(m) -> int:
-    """Parameters of one model chunk on one TP rank: what one DDP grad buffer holds on a middle pipeline stage."""
-    chunks = m.pipeline_model_parallel_size * (m.virtual_pipeline_model_parallel_size or 1)
-    return m.num_layers * params_per_layer(m) // chunks // m.tensor_model_parallel_size

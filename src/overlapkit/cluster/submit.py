@@ -13,14 +13,45 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapkit import stack
-from overlapkit.plan import Plan, make_plan, write_run_dir
-from overlapkit.profiles import ClusterProfile, load_profile
+import nemo_run as run
 
-TASKS_PER_NODE = 8  # one rank per H100
+from overlapkit import jsonio, stack
+from overlapkit.cluster.profiles import ClusterProfile, load_profile
+from overlapkit.plan.build import Plan, make_plan, write_run_dir
+from overlapkit.plan.env import Ledger, is_secret
+from overlapkit.topology import GPUS_PER_NODE
+
+TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
+
+
+@dataclass(kw_only=True)
+class EnvVarPlugin(run.Plugin):
+    """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars.
+
+    nemo_run writes executor.env_vars as `export NAME=value` lines into the sbatch script, so secrets are refused
+    here: they reach the job from the submitting shell (sbatch --export=ALL), never from a file."""
+
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.env = dict(self.env)  # our own copy: later edits to the ledger's dict do not leak into a submitted job
+        for name, value in self.env.items():
+            if is_secret(name):
+                raise ValueError(f"{name} looks like a secret: list it in the profile's secrets = [...], not in env")
+            if not isinstance(value, str):
+                raise TypeError(f"{name}={value!r}: env values must be strings (executor.env_vars are exported)")
+
+    @classmethod
+    def from_ledger(cls, ledger: Ledger) -> EnvVarPlugin:
+        return cls(env=ledger.values())
+
+    def setup(self, task, executor) -> None:
+        # A new dict: executors are cloned per task and may share their env_vars; the task (Script/Partial) is
+        # left untouched, since the environment belongs to the executor.
+        executor.env_vars = {**(executor.env_vars or {}), **self.env}
 
 
 class SubmitError(RuntimeError):
@@ -57,6 +88,15 @@ def _raw(v) -> str:
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
+def preflight_mode(text: str) -> tuple[bool, str]:
+    """PREFLIGHT= → (stop after the in-job preflight, which checks): "" or 0 trains; 1 or full stops after the
+    preflight with rank 0's Bridge re-audit; env stops after the environment checks alone."""
+    pre = (text or "").strip().lower()
+    if pre not in ("", "0", "1", "env", "full"):
+        raise ValueError(f"PREFLIGHT={text!r}: use 1 (preflight only) or env (preflight, no re-audit)")
+    return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
+
+
 def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, checks="full", caller_env=None):
     """Plan for `cluster` (a profile name, path or ClusterProfile), refuse on audit errors, write the run directory."""
     profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
@@ -69,7 +109,6 @@ def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, 
 
 
 def slurm_executor(sub: Submission):
-    import nemo_run as run
     from nemo_run.config import set_nemorun_home
 
     p = sub.profile
@@ -93,16 +132,10 @@ def slurm_executor(sub: Submission):
 
 
 def experiment(sub: Submission):
-    import nemo_run as run
-
     return run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR")
 
 
 def add_task(exp, sub: Submission) -> None:
-    import nemo_run as run
-
-    from overlapkit.envvars import EnvVarPlugin
-
     exp.add(run.Script(inline=sub.command), name="train", plugins=[EnvVarPlugin.from_ledger(sub.plan.ledger)])
 
 
@@ -154,8 +187,22 @@ def submit(sub: Submission) -> dict:
         "cluster": sub.profile.name,
         "run_dir": str(sub.run_dir),
     }
-    (sub.run_dir / "submission.json").write_text(json.dumps(info, indent=2) + "\n")
+    jsonio.write_json(sub.run_dir / "submission.json", info)
     return info
+
+
+def run_local(plan: Plan, sets: str = "", *, preflight_only: bool = False, checks: str = "full", dryrun=False):
+    """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm); returns the run directory."""
+    run_dir = write_run_dir(plan, stack.REPO_ROOT / "runs" / "local")
+    entry = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", "1", "--checks", checks]
+    entry += ["--set", sets] if sets else []
+    entry += ["--preflight-only"] if preflight_only else []
+    executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun", env_vars={"PYTHONPATH": "src:."})
+    task = run.Script(path="launch.entry", args=entry, entrypoint="python", m=True)
+    with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
+        exp.add(task, name="train", plugins=[EnvVarPlugin.from_ledger(plan.ledger)])
+        exp.dryrun(log=True) if dryrun else exp.run(sequential=True, tail_logs=True)
+    return run_dir
 
 
 # --- status / logs / cancel for a run directory -----------------------------------------------------------------
@@ -168,6 +215,11 @@ def load_submission(run_dir: Path) -> dict:
     return json.loads(f.read_text())
 
 
+def run_dir_of(profile: ClusterProfile, run: str = "") -> Path:
+    """RUN= as given, else the latest submitted run under the profile's job directory."""
+    return Path(run) if run else latest_run(profile.job_path / "runs")
+
+
 def latest_run(root: Path) -> Path:
     runs = sorted((p for p in root.glob("*/submission.json")), key=lambda p: p.stat().st_mtime)
     if not runs:
@@ -175,21 +227,7 @@ def latest_run(root: Path) -> Path:
     return runs[-1].parent
 
 
-def job_state(job_id: str) -> str:
-    """Slurm's final word from sacct (needs slurmdbd), else squeue's, else UNKNOWN."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
-    state = out.stdout.strip().splitlines()[0].split()[0] if out.returncode == 0 and out.stdout.strip() else ""
-    if not state:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-        state = out.stdout.strip()
-    return state or "UNKNOWN"
-
-
 def log_files(info: dict) -> list[Path]:
     return sorted(Path(info["experiment_dir"]).glob("*/log-*.out")) + sorted(
         Path(info["experiment_dir"]).glob("*/sbatch_*.out")
     )
-
-
-def cancel(info: dict) -> None:
-    subprocess.run(["scancel", info["job_id"]], check=True)

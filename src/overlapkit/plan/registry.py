@@ -1,0 +1,180 @@
+"""The recipe registry: every module in `recipes/` (and in the directories of RECIPES_PATH) registers its builders here.
+
+Recipes are found by name, as torchtitan's train-spec registry and Bridge's perf-recipe modules are: `discover()`
+imports every module of the `recipes` package, so a fork written by `make new-recipe`, or a user's own file, is
+planned by the next command without being listed anywhere. A module that fails to import is one line naming the
+file (`load_errors()`), its partial registrations are dropped, and every other recipe still lists.
+
+The registered function is the pure builder wrapped once: calling it returns the recipe's ConfigContainer with the
+overlap stack applied for the recipe's `OverlapIntent`, which is a field of `Recipe` (the plan reads it there).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import pkgutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overlapkit import stack
+from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack
+from overlapkit.topology import GPUS_PER_NODE
+
+PACKAGE = "recipes"
+PATH_VAR = "RECIPES_PATH"  # extra directories of recipe modules, os.pathsep-separated
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    value: str | int
+    reason: str  # one line, with its source
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Registry entry: the pure builder plus what a launcher needs to know about it."""
+
+    name: str
+    build: Callable
+    model: str
+    nodes: int
+    time_limit: str
+    env: dict[str, EnvVar]
+    source: str
+    intent: OverlapIntent = field(default_factory=OverlapIntent)
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * GPUS_PER_NODE
+
+
+class UnknownRecipe(KeyError):
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+REGISTRY: dict[str, Recipe] = {}
+_ERRORS: dict[str, str] = {}  # module name → one-line import error naming its file
+_DISCOVERED = False
+
+
+def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00", env=None, intent=None):
+    """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder; it returns the config with the overlap stack
+    applied for `intent` (an OverlapIntent; default: every overlap on, presets selected by shape)."""
+    intent = intent or OverlapIntent()
+
+    def wrap(fn: Callable):
+        name = fn.__name__
+        if name in REGISTRY:
+            raise ValueError(f"recipe {name} is registered twice ({REGISTRY[name].build.__module__})")
+
+        @functools.wraps(fn)
+        def build():
+            return apply_overlap_stack(fn(), intent)
+
+        REGISTRY[name] = Recipe(name, build, model, nodes, time_limit, dict(env or {}), source, intent)
+        return build
+
+    return wrap
+
+
+def _one_line(exc: BaseException) -> str:
+    where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+    return f"{type(exc).__name__}{where}: {' '.join(str(exc).split())}"
+
+
+def _import(module: str, path: Path) -> None:
+    """Import one recipe module; on failure drop what it registered and record one line naming the file."""
+    before = set(REGISTRY)
+    try:
+        with stack.silenced():
+            importlib.import_module(module)
+    except Exception as exc:  # any error in a user's file: report it, keep the other recipes
+        sys.modules.pop(module, None)
+        for name in set(REGISTRY) - before:
+            del REGISTRY[name]
+        _ERRORS[module] = f"{stack.repo_relative(path)} does not import: {_one_line(exc)}"
+
+
+def _recipe_dirs(pkg) -> list[str]:
+    extra = [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
+    for d in extra:
+        if not Path(d).is_dir():
+            _ERRORS[f"path:{d}"] = f"{PATH_VAR} entry {d} is not a directory: fix or remove it"
+        elif str(Path(d).resolve()) not in map(str, pkg.__path__):
+            pkg.__path__.append(str(Path(d).resolve()))
+    return list(pkg.__path__)
+
+
+def discover() -> None:
+    """Import every module of the `recipes` package (and RECIPES_PATH) once per process; never raises."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    stack.import_bridge()
+    pkg = importlib.import_module(PACKAGE)
+    seen: dict[str, Path] = {}
+    for directory in _recipe_dirs(pkg):
+        for info in sorted(pkgutil.iter_modules([directory]), key=lambda i: i.name):
+            path = Path(directory) / (info.name if info.ispkg else f"{info.name}.py")
+            if info.name.startswith("_"):
+                continue
+            if info.name in seen:
+                _ERRORS[f"dup:{path}"] = (
+                    f"{stack.repo_relative(path)} is shadowed by {stack.repo_relative(seen[info.name])}: rename one"
+                )
+                continue
+            seen[info.name] = path
+            module = f"{PACKAGE}.{info.name}"
+            if module not in sys.modules:
+                _import(module, path)
+
+
+def load_errors() -> list[str]:
+    discover()
+    return list(_ERRORS.values())
+
+
+def names() -> list[str]:
+    discover()
+    return sorted(REGISTRY)
+
+
+def get(name: str) -> Recipe:
+    discover()
+    if name in REGISTRY:
+        return REGISTRY[name]
+    close = difflib.get_close_matches(name, REGISTRY, n=3, cutoff=0.4) or sorted(REGISTRY)[:3]
+    broken = f"; {len(_ERRORS)} recipe module(s) failed to import: {next(iter(_ERRORS.values()))}" if _ERRORS else ""
+    raise UnknownRecipe(f"unknown recipe {name!r}; closest: {', '.join(close)} (`make recipes` lists all){broken}")
+
+
+def load_file(path: Path, name: str):
+    """Import the recipe file at `path` (any suffix: a fork's temp file too) as `recipes.<name>`; its @register adds
+    it to the registry. No __pycache__ is left next to it."""
+    discover()
+    module = f"{PACKAGE}.{name}"
+    loader = importlib.machinery.SourceFileLoader(module, str(path))
+    spec = importlib.util.spec_from_file_location(module, path, loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[module] = mod
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        with stack.silenced():
+            spec.loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = saved
+    return mod
+
+
+def unregister(name: str) -> None:
+    REGISTRY.pop(name, None)
+    sys.modules.pop(f"{PACKAGE}.{name}", None)

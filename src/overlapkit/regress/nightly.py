@@ -1,0 +1,229 @@
+"""The nightly suite: each recipe's nightly shape, its submission through the normal launch path, the summary job,
+the report (night_report) with one retry of infrastructure failures, and blessing a reviewed run into a golden.
+
+submit_night: every recipe (or a chosen few) in its nightly shape through overlapkit.cluster.submit (audit, env
+plugin, ledger, preflight), then one summary job that depends on all of them (afterany) and runs
+`python -m launch.nightly report`, so it runs last whatever their fate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from overlapkit import jsonio, stack
+from overlapkit.cluster import slurm, submit
+from overlapkit.plan import registry
+from overlapkit.regress import logparse, night_report
+from overlapkit.regress import rules as regress
+from overlapkit.regress.rules import NIGHTLY_ITERS, NIGHTLY_SEED
+from overlapkit.topology import GPUS_PER_NODE
+
+# DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
+# an overlap that silently stops working there is exactly what the nightly is for. MIN_DP=1 gives the smallest run.
+MIN_DP = 2
+
+
+@dataclass(frozen=True)
+class NightlyRun:
+    """One recipe in tonight's suite: where it runs and the overrides that make it a nightly run."""
+
+    recipe: str
+    nodes: int
+    dp: int
+    gbs: int
+    sets: str  # dotted overrides, as SET= takes them
+
+    def to_dict(self) -> dict:
+        return {"recipe": self.recipe, "nodes": self.nodes, "dp": self.dp, "gbs": self.gbs, "sets": self.sets}
+
+
+def shape_for(recipe: str, layout: dict, *, iters: int = NIGHTLY_ITERS, min_dp: int = MIN_DP,
+              seed: int = NIGHTLY_SEED) -> NightlyRun:  # fmt: skip
+    """TP/PP/CP/VPP stay (same overlap paths); DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes.
+    GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline schedule (warm-up, steady 1F1B,
+    cool-down) and each rank's work per step stay those of the full-size run, so step time is comparable."""
+    mp = layout["tp"] * layout["pp"] * layout["cp"]
+    full_dp = layout["nodes"] * GPUS_PER_NODE // mp
+    want = max(1, min(full_dp, min_dp))
+    nodes = math.ceil(mp * want / GPUS_PER_NODE)
+    dp = nodes * GPUS_PER_NODE // mp
+    microbatches = layout["gbs"] // (full_dp * layout["mbs"])
+    gbs = microbatches * dp * layout["mbs"]
+    sets = [
+        f"train.train_iters={iters}",
+        f"train.global_batch_size={gbs}",
+        f"scheduler.lr_warmup_iters={max(1, iters // 10)}",  # Megatron asserts warm-up < decay iters (= train_iters)
+        "dataset.blend=null",  # Bridge's mock data (GPTDatasetConfig with no blend)
+        f"rng.seed={seed}",
+        "logger.log_interval=1",
+        "logger.log_throughput=true",  # the TFLOP/s/GPU field is printed only with it
+        "checkpoint.save=null",
+        "checkpoint.load=null",  # never resume from an earlier run's checkpoint
+        "validation.eval_iters=0",
+    ]
+    return NightlyRun(recipe, nodes, dp, gbs, " ".join(sets))
+
+
+# --- submitting a night ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NightRequest:
+    profile: object  # cluster.profiles.ClusterProfile
+    recipes: list[str]  # empty: every registered recipe
+    iters: int = NIGHTLY_ITERS
+    min_dp: int = MIN_DP
+    preflight: str = ""  # PREFLIGHT= (cluster.submit.preflight_mode)
+    max_nodes: int | None = None  # default: the nodes in the profile's partition (sinfo)
+    goldens: str = str(regress.GOLDENS_DIR)
+    dryrun: bool = False
+
+
+def _layout(entry: registry.Recipe) -> dict:
+    with stack.silenced():
+        cfg = entry.build()
+    m = cfg.model
+    return {"tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size,
+            "cp": m.context_parallel_size or 1, "mbs": cfg.train.micro_batch_size,
+            "gbs": cfg.train.global_batch_size, "nodes": entry.nodes}  # fmt: skip
+
+
+def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say) -> dict:
+    """One recipe of the night: skipped (why), would-submit (dry run) or submitted (job id, run directory)."""
+    preflight_only, checks = submit.preflight_mode(req.preflight)
+    layout = _layout(registry.get(name))
+    run = shape_for(name, layout, iters=req.iters, min_dp=req.min_dp)
+    row = {**run.to_dict(), "attempt": 0}
+    if limit and run.nodes > limit:
+        mp = layout["tp"] * layout["pp"] * layout["cp"]
+        row["skipped"] = (
+            f"needs {run.nodes} nodes at DP={run.dp} (TP·PP·CP = {mp} GPUs); {req.profile.name} has {limit}"
+        )
+        say(f"skip {name}: {row['skipped']}")
+    elif req.dryrun:
+        say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"')
+    else:
+        try:
+            sub = submit.prepare(name, req.profile, nodes=run.nodes, sets=run.sets, preflight_only=preflight_only,
+                                 checks=checks)  # fmt: skip
+        except (submit.SubmitError, ValueError) as exc:
+            row["skipped"] = f"not submitted: {exc}"
+            say(f"skip {name}: {row['skipped']}", err=True)
+            return row
+        meta = {**row, "preflight_only": preflight_only, "container_image": req.profile.container_image,
+                "versions": stack.versions(), "night": stamp}  # fmt: skip
+        jsonio.write_json(sub.run_dir / "nightly.json", meta)
+        info = submit.submit(sub)
+        row.update(job_id=info["job_id"], run_dir=str(sub.run_dir))
+        say(f"submitted {name}: job {info['job_id']} nodes={run.nodes} dp={run.dp}")
+    return row
+
+
+def submit_night(req: NightRequest, say) -> Path | None:
+    """Submit the suite and its summary job; returns the night directory (None for a dry run). `say(text, err=)`
+    prints progress."""
+    names = req.recipes or registry.names()
+    for name in names:
+        registry.get(name)  # an unknown name fails before anything is submitted
+    limit = req.max_nodes or slurm.partition_nodes(req.profile.partition)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    entries = [_submit_one(req, name, stamp, limit, say) for name in names]
+    if req.dryrun:
+        say("dry run: nothing submitted")
+        return None
+    preflight_only, checks = submit.preflight_mode(req.preflight)
+    night_dir = req.profile.job_path / "nightly" / stamp
+    night = {"stamp": stamp, "cluster": req.profile.name, "profile_path": str(req.profile.path),
+             "job_dir": req.profile.job_dir, "preflight_only": preflight_only, "checks": checks, "iters": req.iters,
+             "entries": entries, "goldens": req.goldens}  # fmt: skip
+    night_dir.mkdir(parents=True, exist_ok=True)
+    ids = [e["job_id"] for e in entries if e.get("job_id")]
+    night["report_job_id"] = submit_report(req.profile, night_dir, ids)
+    jsonio.write_json(night_dir / "night.json", night)
+    say(f"summary job {night['report_job_id']} runs after {len(ids)} job(s) (afterany); night: {night_dir}")
+    return night_dir
+
+
+def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
+    """A plain `sbatch --wrap` (one CPU task): it only reads files and sacct, so it needs no nemo_run packaging."""
+    cmd = (f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(submit.python_for(profile))} "
+           f"-m launch.nightly report --night {shlex.quote(str(night_dir))}")  # fmt: skip
+    return slurm.sbatch_wrap(cmd, account=profile.account, partition=profile.partition, name="nightly-report",
+                             output=f"{night_dir}/report-%j.out", after=ids)  # fmt: skip
+
+
+# --- reporting a night ----------------------------------------------------------------------------------------
+
+
+def latest_night(root: Path) -> Path:
+    nights = sorted(root.glob("*/night.json"))
+    if not nights:
+        raise FileNotFoundError(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
+    return nights[-1].parent
+
+
+def evaluate_night(night: dict, goldens_default: Path) -> list[dict]:
+    """One result per entry: skipped as submitted, else judged from Slurm's state and the job's logs."""
+    goldens, results = Path(night.get("goldens") or goldens_default), []
+    for e in night["entries"]:
+        if e.get("skipped") or not e.get("job_id"):
+            results.append({"recipe": e["recipe"], "skipped": e.get("skipped", "not submitted")})
+            continue
+        info = submit.load_submission(Path(e["run_dir"]))
+        results.append(night_report.evaluate(e, slurm.job_state(e["job_id"]), submit.log_files(info), goldens,
+                                             night["preflight_only"]))  # fmt: skip
+    return results
+
+
+def to_retry(night: dict, results: list[dict]) -> list[dict]:
+    """The entries whose verdict asks for a retry (rules.classify: infrastructure failures, once)."""
+    judged = {r["recipe"]: r for r in results if not r.get("skipped")}
+    return [e for e in night["entries"] if e["recipe"] in judged and judged[e["recipe"]]["verdict"]["retry"]]
+
+
+def report_night(night_dir: Path, *, goldens: Path = regress.GOLDENS_DIR, retry: bool = True, say=print) -> bool:
+    """Write the night's report (and history); resubmit infrastructure failures once. True when nothing failed."""
+    night = json.loads((night_dir / "night.json").read_text())
+    results = evaluate_night(night, goldens)
+    job_dir = Path(night["job_dir"])
+    job_root = job_dir if job_dir.is_absolute() else stack.REPO_ROOT / job_dir
+    report = night_report.write_report(night_dir, night, results, job_root / "nightly" / "history.jsonl")
+    say(report.read_text())
+    if retry and (again := to_retry(night, results)):
+        resubmit(night_dir, night, again, say)
+    return all(r.get("skipped") or r["verdict"]["ok"] for r in results)
+
+
+def resubmit(night_dir: Path, night: dict, entries: list[dict], say) -> None:
+    """Infrastructure failures only: resubmit each once, and a new summary job after them."""
+    from overlapkit.cluster.profiles import load_profile
+
+    stack.import_bridge()
+    profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
+    ids = []
+    for e in entries:
+        sub = submit.prepare(e["recipe"], profile, nodes=e["nodes"], sets=e["sets"],
+                             preflight_only=night["preflight_only"], checks=night["checks"])  # fmt: skip
+        info = submit.submit(sub)
+        e.update(attempt=e.get("attempt", 0) + 1, job_id=info["job_id"], run_dir=str(sub.run_dir))
+        ids.append(info["job_id"])
+        say(f"retry {e['recipe']} (infrastructure failure): job {info['job_id']}")
+    night["report_job_id"] = submit_report(profile, night_dir, ids)
+    jsonio.write_json(night_dir / "night.json", night)
+
+
+def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR) -> Path:
+    """A reviewed run → its golden: the job's own logs (nemo_run's experiment directory) plus any *.log put next to
+    plan.json by hand."""
+    if not run_dir.is_dir():
+        raise regress.BlessError(f"RUN={str(run_dir)!r}: give RUN=<run directory of a reviewed nightly run>")
+    logs = submit.log_files(submit.load_submission(run_dir)) if (run_dir / "submission.json").is_file() else []
+    logs += sorted(run_dir.glob("*.log"))
+    parsed = logparse.parse_files(logs) if logs else logparse.parse_text("")
+    return regress.bless(run_dir, parsed, goldens)

@@ -1,0 +1,46 @@
+"""Where a run executes, in numbers: GPUs per node, the planned target, and the data parallelism a layout leaves.
+
+The one home of GPUS_PER_NODE: an H100 SXM node (DGX/HGX H100) has 8 GPUs on one NVLink switch, so tensor
+parallelism stays inside it and every node count is a multiple of 8 GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GPUS_PER_NODE = 8
+
+
+class LayoutError(ValueError):
+    """One-line, user-facing."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the run will execute. TE availability is a property of the target's container, not of this machine."""
+
+    nodes: int
+    gpus_per_node: int = GPUS_PER_NODE
+    gpu: str = "h100"
+    te_available: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def model_parallel_size(cfg) -> int:
+    m = cfg.model
+    return m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1)
+
+
+def data_parallel_size(cfg, world_size: int) -> int:
+    """DP = world / (TP·PP·CP); LayoutError (one line, with the fix) when the GPUs do not divide."""
+    m, mp = cfg.model, model_parallel_size(cfg)
+    if world_size % mp:
+        raise LayoutError(
+            f"{world_size} GPUs do not divide by TP·PP·CP = {m.tensor_model_parallel_size}·"
+            f"{m.pipeline_model_parallel_size}·{m.context_parallel_size or 1} = {mp}: use a node count whose "
+            f"GPU total is a multiple of {mp}"
+        )
+    return world_size // mp
