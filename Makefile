@@ -10,6 +10,18 @@ RUN     ?=
 FROM    ?= llama3_70b_pretrain_64gpu_h100_bf16
 NAME    ?=
 ARGS    ?=
+# make new-recipe shape/layout variables (empty: the FROM recipe's, or the name's N and dtype); ARGS= takes the rest.
+HIDDEN  ?=
+LAYERS  ?=
+HEADS   ?=
+QUERY_GROUPS ?=
+FFN     ?=
+SEQ     ?=
+GPUS    ?=
+DTYPE   ?=
+FORK_FLAGS = $(if $(HIDDEN),--hidden "$(HIDDEN)") $(if $(LAYERS),--layers "$(LAYERS)") $(if $(HEADS),--heads "$(HEADS)") \
+  $(if $(QUERY_GROUPS),--query-groups "$(QUERY_GROUPS)") $(if $(FFN),--ffn "$(FFN)") $(if $(SEQ),--seq "$(SEQ)") \
+  $(if $(GPUS),--gpus "$(GPUS)") $(if $(DTYPE),--dtype "$(DTYPE)")
 CUTS    ?=
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
@@ -36,8 +48,8 @@ recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
 	@$(PY) -m launch.plan $(RECIPE) --nodes "$(NODES)" --set "$(SET)" --format $(FORMAT)
 
-new-recipe: ## fork FROM into recipes/NAME.py for a new size: layout search, audit, memory estimate (ARGS="--layers 48")
-	@$(PY) -m launch.new_recipe --from "$(FROM)" --name "$(NAME)" $(ARGS)
+new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, ARGS=)
+	@$(PY) -m launch.new_recipe --from "$(FROM)" --name "$(NAME)" $(FORK_FLAGS) $(ARGS)
 
 bench: ## plan-all time vs bare `import megatron.bridge`, measured side by side
 	@$(PY) bench/plan_all.py
@@ -88,4 +100,4 @@ bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<reci
 	@$(PY) -m launch.nightly bless --run "$(RUN)"
 
 parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
-	@$(PY) -m overlapkit.logparse "$(LOG)"
+	@$(PY) -m overlapkit.regress.logparse "$(LOG)"

@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     args = _args(argv)
     stack.import_bridge()
     from overlapkit.fork.scaffold import ForkError, ForkRequest, fork
+    from overlapkit.plan import registry
     from overlapkit.plan.report import console, render_plan
-    from overlapkit.sizing import memory
 
     req = ForkRequest(
         from_name=args.from_name, name=args.name, gpus=args.gpus, dtype=args.dtype, gbs=args.gbs, model=args.model,
@@ -64,9 +64,9 @@ def main(argv=None) -> int:
     line(f"  why: {res.choice.why}")
     for alt in res.alternatives:
         line(f"  also fits: {alt.describe()}: {alt.memory.total_gb:.1f} GB")
-    render_plan(res.plan, out)
-    out.print(memory.table(res.memory))
-    line(res.memory.summary())
+    render_plan(res.plan, out)  # its memory table and summary included
+    if not registry.finds(res.path):
+        line(f"note: make plan finds it with {registry.PATH_VAR}={res.path.parent} (it searches recipes/ only)")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""What every H100 recipe shares: the layout knobs and the precision; `register` (overlapkit's registry) adds the
-overlap stack for the recipe's intent and the registry entry.
+"""What every H100 recipe shares: the layout knobs, the precision and the overlap stack; `register` (overlapkit's
+registry) records the entry and the recipe's overlap intent.
 
 A recipe file only names its Bridge base function, its layout, and what differs. Forking a size = one small file.
 """
@@ -13,8 +13,8 @@ import torch
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_fp8_current_scaling_mixed
 
-from overlapkit.plan.overlap import OverlapIntent
-from overlapkit.plan.registry import EnvVar, register
+from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack
+from overlapkit.plan.registry import EnvVar, current_intent, register
 
 DTYPES = ("bf16", "fp8cs")
 
@@ -43,7 +43,7 @@ def precision(dtype: str):
 
 
 def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layout) -> ConfigContainer:
-    """Bridge base recipe → our dtype and layout (`register` then applies the full overlap stack)."""
+    """Bridge base recipe → our dtype and layout → the full overlap stack, for the intent the recipe registered."""
     cfg = base()
     cfg.mixed_precision = precision(dtype)
     m = cfg.model
@@ -57,7 +57,7 @@ def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layou
         # Mock-data runs: keep the real model's vocabulary (NVIDIA's perf recipes set 128256 for Llama3) so the
         # output layer, and so step time and TFLOP/s, match the published numbers.
         cfg.tokenizer.vocab_size = m.vocab_size
-    return cfg
+    return apply_overlap_stack(cfg, current_intent())
 
 
 __all__ = [

@@ -12,7 +12,10 @@ if [ -z "$uv_bin" ]; then
   fi
 fi
 if [ -z "${UV_PYTHON:-}" ]; then
-  for cand in "$(command -v python3.12 || true)" /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+  # pyenv's own answer for where its versions live ($PYENV_ROOT, else `pyenv root`), never one machine's home.
+  pyenv_root="${PYENV_ROOT:-$(pyenv root 2>/dev/null || true)}"
+  for cand in "$(command -v python3.12 || true)" ${pyenv_root:+"$pyenv_root"/versions/3.12*/bin/python3.12} \
+      /usr/bin/python3.12; do
     if [ -n "$cand" ] && [ -x "$cand" ] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
       export UV_PYTHON="$cand"; break
     fi

@@ -18,7 +18,7 @@ import pytest
 
 from launch import submit as submit_cli
 from overlapkit import stack
-from overlapkit.cluster import submit
+from overlapkit.cluster import slurm, submit
 from overlapkit.cluster.profiles import load_profile
 
 pytestmark = pytest.mark.slurm
@@ -26,7 +26,7 @@ R8, R70 = "llama3_8b_pretrain_8gpu_h100_fp8cs", "llama3_70b_pretrain_64gpu_h100_
 
 
 def wait(job_id: str, timeout: float = 600) -> str:
-    state = submit_cli.wait_for(job_id, timeout)
+    state = slurm.wait_for(job_id, timeout)
     return state.split()[0]
 
 

@@ -5,12 +5,15 @@ imports every module of the `recipes` package, so a fork written by `make new-re
 planned by the next command without being listed anywhere. A module that fails to import is one line naming the
 file (`load_errors()`), its partial registrations are dropped, and every other recipe still lists.
 
-The registered function is the pure builder wrapped once: calling it returns the recipe's ConfigContainer with the
-overlap stack applied for the recipe's `OverlapIntent`, which is a field of `Recipe` (the plan reads it there).
+The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), declared once in
+`register(intent=...)`. While a registered builder runs, `current_intent()` returns it, so the shared builder step
+that applies the overlap stack (recipes._base.h100_pretrain) needs no second copy; the recipe's own edits after that
+step stand (the stack never silently undoes them).
 """
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import functools
 import importlib
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import stack
-from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack
+from overlapkit.plan.overlap import OverlapIntent
 from overlapkit.topology import GPUS_PER_NODE
 
 PACKAGE = "recipes"
@@ -61,13 +64,14 @@ class UnknownRecipe(KeyError):
 
 
 REGISTRY: dict[str, Recipe] = {}
+_INTENT: contextvars.ContextVar[OverlapIntent | None] = contextvars.ContextVar("overlap_intent", default=None)
 _ERRORS: dict[str, str] = {}  # module name → one-line import error naming its file
 _DISCOVERED = False
 
 
 def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00", env=None, intent=None):
-    """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder; it returns the config with the overlap stack
-    applied for `intent` (an OverlapIntent; default: every overlap on, presets selected by shape)."""
+    """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder whose overlap stack follows `intent` (an
+    OverlapIntent; default: every overlap on, presets selected by shape)."""
     intent = intent or OverlapIntent()
 
     def wrap(fn: Callable):
@@ -77,12 +81,21 @@ def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00
 
         @functools.wraps(fn)
         def build():
-            return apply_overlap_stack(fn(), intent)
+            token = _INTENT.set(intent)
+            try:
+                return fn()
+            finally:
+                _INTENT.reset(token)
 
         REGISTRY[name] = Recipe(name, build, model, nodes, time_limit, dict(env or {}), source, intent)
         return build
 
     return wrap
+
+
+def current_intent() -> OverlapIntent:
+    """The intent of the registered builder now running (the default outside one)."""
+    return _INTENT.get() or OverlapIntent()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -136,6 +149,13 @@ def discover() -> None:
             module = f"{PACKAGE}.{info.name}"
             if module not in sys.modules:
                 _import(module, path)
+
+
+def finds(path: Path) -> bool:
+    """Would a new process's discover() import the recipe file at `path`?"""
+    extra = [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
+    dirs = [stack.REPO_ROOT / PACKAGE, *map(Path, extra)]
+    return any(Path(path).resolve().parent == d.resolve() for d in dirs)
 
 
 def load_errors() -> list[str]:

@@ -17,8 +17,8 @@ from launch import plan as plan_cli
 from overlapkit import stack
 from overlapkit.plan import registry
 from overlapkit.plan.build import make_plan, write_run_dir
-from overlapkit.plan.overlap import total_params
 from overlapkit.plan.report import render_plan
+from overlapkit.shape import ModelShape
 
 GOLDEN = stack.REPO_ROOT / "tests" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -121,7 +121,7 @@ def test_shipped_hf_configs_reach_the_megatron_provider(hf, name):
 )
 def test_parameter_counts_match_the_model_names(name, billions):
     cfg = registry.get(name).build()
-    assert total_params(cfg.model, cfg.tokenizer.vocab_size) / 1e9 == pytest.approx(billions, abs=0.1)
+    assert ModelShape.of(cfg).total_params / 1e9 == pytest.approx(billions, abs=0.1)
 
 
 # --- overrides in both directions --------------------------------------------------------------------------------

@@ -16,19 +16,19 @@ import nemo_run as run
 import pytest
 
 from overlapkit.cluster.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
-from overlapkit.plan.audit import audit
+from overlapkit.cluster.submit import EnvVarPlugin
 from overlapkit.plan.build import make_plan
 from overlapkit.plan.env import (
     LAYERS,
     PINNED,
     SECRET_VALUE,
-    EnvVarPlugin,
+    audit_rows,
     build_ledger,
     derived_env,
     passthrough_secrets,
     secret_names,
 )
-from overlapkit.plan.report import console
+from overlapkit.plan.report import console, ledger_rows, render_ledger
 from recipes._base import EnvVar
 
 B8, F8, B70, F70 = (
@@ -69,7 +69,7 @@ def profile(**kw) -> ClusterProfile:
 
 def rendered(ledger) -> str:
     buf = io.StringIO()
-    ledger.render(console(file=buf, width=240))
+    render_ledger(ledger, console(file=buf, width=240))
     return buf.getvalue()
 
 
@@ -139,8 +139,8 @@ def test_shipped_recipes_have_no_conflicts_and_pass_the_env_audit(name):
     p = plan(name)
     led = build_ledger(p, caller_env={})
     assert led.conflicts == [] and led.shell_overrides == [] and led.secrets == []
-    rep = audit(p.cfg, p.target, p.resolved, env=led.values())
-    assert "cuda_max_connections" not in rep.codes()
+    rep = audit_rows(p, led)
+    assert rep.findings == []
     assert rep.row("CUDA_DEVICE_MAX_CONNECTIONS").detail.startswith(led.values()[PINNED])
 
 
@@ -183,29 +183,36 @@ def test_precedence_derived_lt_bridge_lt_recipe_lt_cluster():
     ]
 
 
+def cuda_errors(p, led) -> list[str]:
+    """The env audit's CUDA_DEVICE_MAX_CONNECTIONS errors for plan `p` with ledger `led` (the rule's one home)."""
+    return [f.message for f in audit_rows(p, led).errors if f.code == "cuda_max_connections"]
+
+
 def test_cluster_overriding_cuda_max_connections_is_an_error_and_the_audit_sees_it():
     p = plan(B70)
     led = build_ledger(p, profile(env={PINNED: "32"}), caller_env={})
     assert led.values()[PINNED] == "32" and led.entry(PINNED).overridden == [("derived", "1")]
-    assert [(c.name, c.layers, c.values, c.level) for c in led.errors] == [
-        (PINNED, ("derived", "cluster"), ("1", "32"), "error")
-    ]
-    assert "topology needs 1" in led.errors[0].message
-    assert "cuda_max_connections" in audit(p.cfg, p.target, p.resolved, env=led.values()).codes("error")
+    assert led.conflicts == []  # the value is the audit rule's, not a layer warning: reported once
+    (msg,) = cuda_errors(p, led)
+    assert "=32 (cluster layer) with TP=4/CP=2 overlap: must be 1" in msg and "remove it from that layer" in msg
 
 
 def test_bridge_setting_cuda_max_connections_1_on_tp1_cp1_is_an_error_and_same_value_is_not():
-    bad = build_ledger(layered(F8, bridge={PINNED: 1}), caller_env={})
-    assert [(c.layers, c.values, c.level) for c in bad.conflicts] == [(("derived", "bridge"), ("32", "1"), "error")]
-    same = build_ledger(layered(F8, recipe={PINNED: EnvVar(32, "pinned by hand")}), caller_env={})
-    assert same.conflicts == [] and same.entry(PINNED).layer == "recipe"
+    bad_plan = layered(F8, bridge={PINNED: 1})
+    bad = build_ledger(bad_plan, caller_env={})
+    assert cuda_errors(bad_plan, bad) == [f"{PINNED}=1 (bridge layer) with TP=CP=1 serialises DP overlap: use 32; "
+                                          "remove it from that layer"]  # fmt: skip
+    same_plan = layered(F8, recipe={PINNED: EnvVar(32, "pinned by hand")})
+    same = build_ledger(same_plan, caller_env={})
+    assert same.conflicts == [] and same.entry(PINNED).layer == "recipe" and cuda_errors(same_plan, same) == []
 
 
-def test_fsdp_with_cp2_is_a_ledger_error():
-    led = build_ledger(plan(B8, "ddp.use_megatron_fsdp=true"), caller_env={})
+def test_fsdp_with_cp2_is_an_error_naming_both_sides():
+    p = plan(B8, "ddp.use_megatron_fsdp=true")
+    led = build_ledger(p, caller_env={})
     assert led.values()[PINNED] == "32"
-    assert [(c.name, c.layers, c.level) for c in led.errors] == [(PINNED, ("derived",), "error")]
-    assert "Megatron-FSDP refuses 1" in led.errors[0].message
+    (msg,) = cuda_errors(p, led)
+    assert "Megatron-FSDP refuses 1" in msg and "ddp.use_megatron_fsdp=false" in msg
 
 
 def test_shell_overrides_are_reported_from_the_given_caller_env():
@@ -217,23 +224,24 @@ def test_shell_overrides_are_reported_from_the_given_caller_env():
 
 
 def test_to_dict_has_stable_keys_and_is_json():
-    led = build_ledger(plan(B70), profile(env={PINNED: "32"}), caller_env={"NCCL_ALGO": "Ring"})
+    led = build_ledger(plan(B70), profile(env={CHUNK: "4194304"}), caller_env={"NCCL_ALGO": "Ring"})
     d = json.loads(json.dumps(led.to_dict()))
     assert list(d) == ["precedence", "env", "conflicts", "shell_overrides", "secrets", "missing_secrets"]
     assert d["precedence"] == ["derived", "bridge", "recipe", "cluster"]
     assert list(d["env"][0]) == ["name", "value", "layer", "reason", "overridden", "secret"]
     assert list(d["conflicts"][0]) == ["name", "layers", "values", "level", "message"]
     assert list(d["shell_overrides"][0]) == ["name", "shell_value", "plan_value", "message"]
-    assert d["env"][0]["overridden"] == [{"layer": "derived", "value": "1"}]
+    chunk = next(e for e in d["env"] if e["name"] == CHUNK)
+    assert chunk["overridden"] == [{"layer": "derived", "value": "2097152"}] and chunk["layer"] == "cluster"
 
 
 def test_rows_and_render_show_value_layer_and_reason():
-    led = build_ledger(plan(B70), profile(env={PINNED: "32"}), caller_env={})
-    row = next(r for r in led.rows() if r[0] == CHUNK)
-    assert row[:4] == (CHUNK, "2097152", "derived", "") and "Pipeline communication tuning" in row[4]
+    led = build_ledger(plan(B70), profile(env={CHUNK: "4194304"}), caller_env={})
+    row = next(r for r in ledger_rows(led) if r[0] == CHUNK)
+    assert row[:4] == (CHUNK, "4194304", "cluster", "derived=2097152") and "site setting in profile test" in row[4]
     text = rendered(led)
-    assert "derived < bridge < recipe < cluster" in text and CHUNK in text
-    assert "error [env:CUDA_DEVICE_MAX_CONNECTIONS]" in text
+    assert "derived < bridge < recipe < cluster" in text and "[over derived=2097152]" in text
+    assert "warning [env:NCCL_P2P_NET_CHUNKSIZE]" in text
 
 
 # --- secrets -------------------------------------------------------------------------------------------------------

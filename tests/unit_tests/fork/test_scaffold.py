@@ -1,8 +1,9 @@
 """Forking a recipe for a new size: the layout search, the scaffolded file (builds, audits, registers), and bad
 requests that fail with one line and leave no file behind.
 
-Every fork writes into pytest's tmp_path (--recipes-dir) and the `registry` fixture removes what it registered, so the
-real recipes/ and the ten-recipe registry stay as they were.
+Every fork writes into pytest's tmp_path (--recipes-dir) and the `clean_registry` fixture removes what it registered,
+so the real recipes/ and the ten-recipe registry stay as they were. tests/e2e/test_fork_e2e.py forks into recipes/
+itself and plans the fork from new processes, as a user does.
 """
 
 from __future__ import annotations
@@ -14,16 +15,14 @@ import pytest
 
 from launch import new_recipe
 from overlapkit import stack
-from overlapkit.fork import layout_search, scaffold
-from overlapkit.fork.layout_search import LayoutSearchError, ModelShape, layout_errors, search
-from overlapkit.plan import presets, registry
+from overlapkit.fork import scaffold
+from overlapkit.plan import registry
 from overlapkit.plan.build import make_plan
 
 R70, R8 = "llama3_70b_pretrain_64gpu_h100_bf16", "llama3_8b_pretrain_8gpu_h100_bf16"
 # The 34B: CodeLlama-34B's published transformer shape (codellama/CodeLlama-34b-hf config.json: hidden 8192, 48 layers,
 # 64 heads, 8 KV heads, FFN 22016), the only Llama-family size between 13B and 70B. Its GQA 64/8 and hidden 8192 are
 # Llama3 70B's, so forking the 70B recipe changes just layers and FFN, and keeps the Llama3 vocabulary and seq 8192.
-SHAPE_34B = ModelShape(hidden=8192, layers=48, heads=64, query_groups=8, ffn=22016, seq=8192, vocab=128256)
 NAME_34B = "llama3_34b_pretrain_32gpu_h100_bf16"
 ARGS_34B = ["--from", R70, "--name", NAME_34B, "--layers", "48", "--ffn", "22016"]
 # A 12B between Llama3 8B and 70B (hidden 5120, 40 heads): no Bridge userbuffers preset exists for h5120.
@@ -31,11 +30,12 @@ ARGS_12B = ["--from", R8, "--hidden", "5120", "--heads", "40", "--layers", "40",
 
 
 @pytest.fixture
-def registry():
+def clean_registry():
+    """The registry's entries; whatever a test registers is unregistered after it."""
     before = set(registry.REGISTRY)
     yield registry.REGISTRY
     for name in set(registry.REGISTRY) - before:
-        scaffold.unregister(name)
+        registry.unregister(name)
     assert set(registry.REGISTRY) == before
 
 
@@ -48,58 +48,10 @@ def cli(capsys, tmp_path, *argv):
     return code, out, err
 
 
-# --- layout search -------------------------------------------------------------------------------------------------
-
-
-def test_34b_on_32_gpus_returns_layouts_that_divide_and_fit():
-    cands = search(SHAPE_34B, 32, gbs=256)
-    assert len(cands) == 5
-    for c in cands:
-        assert layout_errors(SHAPE_34B, 32, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs) == []
-        assert c.tp * c.pp * c.cp * c.dp == 32 and c.memory.fits and c.dp > 1
-        assert c.pp == 1 or c.vpp > 1  # p2p overlap on whenever there is a pipeline
-        assert "\n" not in c.why and c.why
-    top = cands[0]
-    # TP4 is the only TP with a Bridge preset for h8192 on H100; PP1 fits; CP2 leaves > 10% of the budget free
-    # where CP1 (72 GB) would not: the same choice NVIDIA made for Llama3 8B/70B BF16.
-    assert top.describe() == "TP4 PP1 CP2 VP- DP4 MBS1 GBS256"
-    assert top.preset == "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192" and top.exact_preset
-    assert top.preset in top.why and "smallest PP that fits" in top.why
-
-
-def test_a_shape_without_preset_is_declared_default_explicitly():
-    shape = ModelShape(hidden=5120, layers=40, heads=40, query_groups=8, ffn=17920, seq=8192, vocab=128256)
-    with pytest.raises(presets.PresetError):  # really no preset for h5120
-        presets.select(presets.Shape("h100", "bf16", 5120, 2, 1, 1, 8192))
-    pinned = search(shape, 16, gbs=128, fixed={"tp": 2})
-    assert all(c.preset == presets.DEFAULT_TP_CONFIG and not c.exact_preset for c in pinned)
-    assert "explicit overlap.tp_preset=default" in pinned[0].why
-    assert search(shape, 16, gbs=128)[0].tp == 1  # left free, the search prefers TP1 (TP overlap n/a) to no preset
-
-
-@pytest.mark.parametrize(
-    ("change", "gpus", "fixed", "needle"),
-    [
-        ({"heads": 60}, 32, None, "hidden 8192 is not divisible by heads 60"),
-        ({"query_groups": 6}, 32, None, "heads 64 are not divisible by query groups 6"),
-        ({}, 12, None, "use a multiple of 8"),
-        ({"layers": 80, "ffn": 28672}, 8, None, "use more GPUs"),
-        ({"layers": 47}, 32, {"pp": 2}, "layers 47 (+embedding/loss: 47) are not divisible by PP·VPP"),
-        ({"seq": 8190}, 32, {"tp": 4, "cp": 2}, "not divisible by TP4"),
-        ({}, 32, {"tp": 3}, "TP3 is not one of"),
-    ],
-)
-def test_search_rejects_with_one_line_reasons(change, gpus, fixed, needle):
-    shape = ModelShape(**{**SHAPE_34B.__dict__, **change})
-    with pytest.raises(LayoutSearchError) as exc:
-        search(shape, gpus, gbs=256, fixed=fixed)
-    assert needle in str(exc.value) and "\n" not in str(exc.value)
-
-
 # --- scaffold: the happy paths -------------------------------------------------------------------------------------
 
 
-def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_path, registry):
+def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_path, clean_registry):
     code, out, err = cli(capsys, tmp_path, *ARGS_34B)
     assert code == 0, err
     path = tmp_path / f"{NAME_34B}.py"
@@ -107,7 +59,9 @@ def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_p
     text = path.read_text()
     assert len(text.splitlines()) <= 40 and "forked from llama3_70b_pretrain_64gpu_h100_bf16" in text
     assert "from recipes.llama3_70b import base as _from_base" in text and 'h100_pretrain(base, "bf16"' in text
-    assert NAME_34B in registry and registry[NAME_34B].nodes == 4 and registry[NAME_34B].model == "Llama3 34B"
+    entry = clean_registry[NAME_34B]
+    assert entry.nodes == 4 and entry.model == "Llama3 34B"
+    assert f"RECIPES_PATH={tmp_path}" in out  # written outside recipes/: the next process needs the path
     assert "audit: OK" in out and "fits" in out and "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192" in out
     p = make_plan(NAME_34B)
     assert p.report.ok and p.report.warnings == [] and p.layout["params_b"] == pytest.approx(35.3, abs=0.1)
@@ -123,7 +77,7 @@ def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_p
     assert subprocess.run([*ruff, "format", "--check", *cfg, str(path)], capture_output=True).returncode == 0
 
 
-def test_fork_fp8_with_a_pinned_pipeline_via_the_api(tmp_path, registry):
+def test_fork_fp8_with_a_pinned_pipeline_via_the_api(tmp_path, clean_registry):
     req = scaffold.ForkRequest(
         from_name=R70, name="llama3_34b_pretrain_32gpu_h100_fp8cs", shape={"layers": 48, "ffn": 22016},
         layout={"pp": 2}, recipes_dir=tmp_path,
@@ -135,7 +89,7 @@ def test_fork_fp8_with_a_pinned_pipeline_via_the_api(tmp_path, registry):
     assert res.plan.layout["dtype"] == "fp8" and res.plan.report.row("fp8_param_gather").state == "on"
 
 
-def test_fork_without_a_preset_writes_the_explicit_default_opt_in(capsys, tmp_path, registry):
+def test_fork_without_a_preset_writes_the_explicit_default_opt_in(capsys, tmp_path, clean_registry):
     name = "llama3_12b_pretrain_16gpu_h100_bf16"
     code, out, err = cli(capsys, tmp_path, *ARGS_12B, "--name", name, "--tp", "2")
     assert code == 0, err
@@ -165,22 +119,22 @@ def test_fork_without_a_preset_writes_the_explicit_default_opt_in(capsys, tmp_pa
         ([*ARGS_34B, "--layers", "0"], "must be a positive whole number"),
     ],
 )
-def test_bad_request_fails_with_one_line_and_writes_nothing(capsys, tmp_path, registry, argv, needle):
-    before = set(registry)
+def test_bad_request_fails_with_one_line_and_writes_nothing(capsys, tmp_path, clean_registry, argv, needle):
+    before = set(clean_registry)
     code, out, err = cli(capsys, tmp_path, *argv)
     assert code == 2 and out == "" and needle in err
     assert err.count("\n") == 1 and err.startswith("error: ")
-    assert list(tmp_path.iterdir()) == [] and set(registry) == before
+    assert list(tmp_path.iterdir()) == [] and set(clean_registry) == before
 
 
-def test_a_name_clash_with_an_existing_file_is_refused(capsys, tmp_path, registry):
+def test_a_name_clash_with_an_existing_file_is_refused(capsys, tmp_path, clean_registry):
     (tmp_path / f"{NAME_34B}.py").write_text("# someone else's recipe\n")
     code, _, err = cli(capsys, tmp_path, *ARGS_34B)
     assert code == 2 and "already exists" in err
     assert (tmp_path / f"{NAME_34B}.py").read_text() == "# someone else's recipe\n"
 
 
-def test_a_missing_recipes_dir_is_refused(capsys, tmp_path, registry):
+def test_a_missing_recipes_dir_is_refused(capsys, tmp_path, clean_registry):
     code, _, err = cli(capsys, tmp_path / "nope", *ARGS_34B)
     assert code == 2 and "is not a directory" in err and not (tmp_path / "nope").exists()
 
@@ -191,24 +145,24 @@ def _sabotage(monkeypatch, line: str):
     monkeypatch.setattr(scaffold, "render", lambda *a, **k: real(*a, **k).replace("    return h100_pretrain(", line))
 
 
-def test_audit_failure_exits_1_and_removes_the_file_and_the_registration(capsys, tmp_path, registry, monkeypatch):
-    before = set(registry)
-    sp_off = "    cfg = h100_pretrain(base, 'bf16', LAYOUT, INTENT)\n    cfg.model.sequence_parallel = False\n"
+def test_audit_failure_exits_1_and_removes_the_file_and_the_registration(capsys, tmp_path, clean_registry, monkeypatch):
+    before = set(clean_registry)
+    sp_off = "    cfg = h100_pretrain(base, 'bf16', LAYOUT)\n    cfg.model.sequence_parallel = False\n"
     _sabotage(monkeypatch, sp_off + "    return cfg\n    return h100_pretrain(")
     code, out, err = cli(capsys, tmp_path, *ARGS_34B)
     assert code == 1 and out == "" and err.count("\n") == 1
     assert "fails its audit: [tp_overlap_dropped]" in err
-    assert list(tmp_path.iterdir()) == [] and set(registry) == before and f"recipes.{NAME_34B}" not in sys.modules
+    assert list(tmp_path.iterdir()) == [] and set(clean_registry) == before and f"recipes.{NAME_34B}" not in sys.modules
 
 
-def test_a_recipe_that_raises_is_one_line_and_leaves_nothing(capsys, tmp_path, registry, monkeypatch):
+def test_a_recipe_that_raises_is_one_line_and_leaves_nothing(capsys, tmp_path, clean_registry, monkeypatch):
     _sabotage(monkeypatch, "    raise RuntimeError('boom\\n  second line')\n    return h100_pretrain(")
     code, _, err = cli(capsys, tmp_path, *ARGS_34B)
     assert code == 2 and "does not build: RuntimeError: boom second line" in err and err.count("\n") == 1
-    assert list(tmp_path.iterdir()) == [] and NAME_34B not in registry
+    assert list(tmp_path.iterdir()) == [] and NAME_34B not in clean_registry
 
 
 def test_model_label_and_name_pattern():
     assert scaffold.model_label("llama3_34b") == "Llama3 34B" and scaffold.model_label("gpt3_1.3b") == "Gpt3 1.3B"
     assert scaffold.NAME_RE.match(NAME_34B)["model"] == "llama3_34b"
-    assert layout_search.TPS == (1, 2, 4, 8)  # TP never leaves an 8-GPU node
+    assert scaffold.NAME_RE.match("llama3_34b_pretrain_32gpu_h100_fp16") is None

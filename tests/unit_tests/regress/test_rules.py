@@ -9,7 +9,7 @@ import os
 import pytest
 from nightly_fixtures import bridge_log, curve
 
-from overlapkit.regress import logparse, nightly
+from overlapkit.regress import logparse, night_report, nightly
 from overlapkit.regress import rules as regress
 
 N = 60
@@ -148,10 +148,10 @@ def test_report_end_to_end_with_plots(tmp_path, golden):
         text = bridge_log(curve(N), [4000.0] * 3 + [step] * (N - 3))
         d = _run_dir(tmp_path, f"run{k}", text)
         entry = {"recipe": PLAN["recipe"], "nodes": 8, "dp": 2, "run_dir": str(d), "job_id": str(k)}
-        res = nightly.evaluate(entry, "COMPLETED", [d / "train.log"], gdir, preflight_only=False)
+        res = night_report.evaluate(entry, "COMPLETED", [d / "train.log"], gdir, preflight_only=False)
         night = {"stamp": f"2026010{k + 1}-000000", "cluster": "test", "preflight_only": False}
         skipped = {"recipe": "llama31_405b_pretrain_512gpu_h100_bf16", "skipped": "needs 32 nodes"}
-        report = nightly.write_report(tmp_path / f"night{k}", night, [res, skipped], hist).read_text()
+        report = night_report.write_report(tmp_path / f"night{k}", night, [res, skipped], hist).read_text()
     assert "**regression**" in report and "step_time_ms: 2400 vs golden 2000" in report
     assert "tp_comm_overlap, overlap_p2p_comm" in report and "| skipped |" in report
     pngs = sorted((tmp_path / "night2" / "plots").glob("*.png"))
@@ -161,12 +161,12 @@ def test_report_end_to_end_with_plots(tmp_path, golden):
         px = list(Image.open(p).convert("L").getdata())
         mean = sum(px) / len(px)
         assert sum((x - mean) ** 2 for x in px) / len(px) > 100  # not a blank canvas
-    assert [r["step_time_ms"] for r in nightly.read_history(hist)] == [2000.0, 2010.0, 2400.0]
+    assert [r["step_time_ms"] for r in night_report.read_history(hist)] == [2000.0, 2010.0, 2400.0]
 
 
 def test_history_survives_a_crash_mid_write(tmp_path, monkeypatch):
     hist = tmp_path / "history.jsonl"
-    nightly.append_history(hist, [{"night": "n1", "recipe": "a", "step_time_ms": 1.0}])
+    night_report.append_history(hist, [{"night": "n1", "recipe": "a", "step_time_ms": 1.0}])
     real_write = os.write
 
     def torn_write(fd, data):  # the machine dies after half the bytes reached the file
@@ -175,12 +175,12 @@ def test_history_survives_a_crash_mid_write(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "write", torn_write)
     with pytest.raises(OSError):
-        nightly.append_history(hist, [{"night": "n2", "recipe": "a", "step_time_ms": 2.0}])
+        night_report.append_history(hist, [{"night": "n2", "recipe": "a", "step_time_ms": 2.0}])
     monkeypatch.setattr(os, "write", real_write)
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("fsync failed")))
     with pytest.raises(OSError):
-        nightly.append_history(hist, [{"night": "n3", "recipe": "a", "step_time_ms": 3.0}])
+        night_report.append_history(hist, [{"night": "n3", "recipe": "a", "step_time_ms": 3.0}])
     monkeypatch.undo()
-    assert [r["night"] for r in nightly.read_history(hist)] == ["n1", "n3"]  # n1 intact; n2 torn, skipped
-    nightly.append_history(hist, [{"night": "n4", "recipe": "a", "step_time_ms": 4.0}])
-    assert [r["night"] for r in nightly.read_history(hist)] == ["n1", "n3", "n4"]
+    assert [r["night"] for r in night_report.read_history(hist)] == ["n1", "n3"]  # n1 intact; n2 torn, skipped
+    night_report.append_history(hist, [{"night": "n4", "recipe": "a", "step_time_ms": 4.0}])
+    assert [r["night"] for r in night_report.read_history(hist)] == ["n1", "n3", "n4"]

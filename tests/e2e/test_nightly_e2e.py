@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from launch import submit as submit_cli
 from overlapkit import stack
-from overlapkit.regress import nightly
+from overlapkit.cluster import slurm
+from overlapkit.regress import night_report
 
 pytestmark = pytest.mark.slurm
 
@@ -33,7 +33,7 @@ def test_make_nightly_preflight_submits_the_suite_and_the_report_runs_last(tmp_p
     night = json.loads((night_dir / "night.json").read_text())
     ids = [e["job_id"] for e in night["entries"] if e.get("job_id")]
     assert len(ids) == 6 and night["preflight_only"]
-    state = submit_cli.wait_for(night["report_job_id"], timeout=1800).split()[0]
+    state = slurm.wait_for(night["report_job_id"], timeout=1800).split()[0]
     assert state == "COMPLETED", (night_dir / f"report-{night['report_job_id']}.out").read_text()[-3000:]
     report_start, _ = _times(night["report_job_id"])
     assert all(report_start >= _times(i)[1] for i in ids)  # afterany: the summary ran after every run ended
@@ -41,5 +41,5 @@ def test_make_nightly_preflight_submits_the_suite_and_the_report_runs_last(tmp_p
     assert report.count("preflight only — no training on this machine") == 6
     assert report.count("| skipped |") == 4 and "OK 64/64 ranks" in report and "OK 8/8 ranks" in report
     assert "tp_comm_overlap" in report and "overlap_grad_reduce" in report
-    hist = nightly.read_history(jobs / "nightly" / "history.jsonl")
+    hist = night_report.read_history(jobs / "nightly" / "history.jsonl")
     assert {r["status"] for r in hist} == {"preflight_only"} and len(hist) == 6

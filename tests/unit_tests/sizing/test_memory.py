@@ -1,5 +1,5 @@
-"""overlapkit.sizing.memory: every term against bytes worked out by hand, against Megatron-LM's own theoretical formula, and
-on the shipped recipes (all run by NVIDIA on H100 80 GB, so all must fit)."""
+"""overlapkit.sizing.memory: every term against bytes worked out by hand, against Megatron-LM's own theoretical
+formula, and on the shipped recipes (all run by NVIDIA on H100 80 GB, so all must fit)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from overlapkit.plan import registry
-from overlapkit.plan.overlap import Target
+from overlapkit.shape import ModelShape
 from overlapkit.sizing.memory import (
     GB,
     UB_BUFFERS,
@@ -20,10 +20,20 @@ from overlapkit.sizing.memory import (
     in_flight_chunks,
     layer_activation_bytes,
 )
+from overlapkit.topology import Target
+
+_SHAPE_FIELDS = {f.name for f in fields(ModelShape)}
+
+
+def w_(base: Workload, **changes) -> Workload:
+    """`replace` for a Workload whose changes may name its shape's fields too (query_groups, dtype, layers, ...)."""
+    shape = {k: changes.pop(k) for k in list(changes) if k in _SHAPE_FIELDS}
+    return replace(base, shape=replace(base.shape, **shape), **changes)
+
 
 # A Llama-style toy small enough to do by hand: h 1024, 8 heads of 128, 2 query groups, gated FFN 4096, 8 layers,
 # vocab 32000, seq 2048 on TP2 PP2 VP2 CP1 DP2, MBS 1, GBS 16 (8 microbatches).
-TOY = Workload(hidden=1024, layers=8, heads=8, query_groups=2, ffn=4096, vocab=32000, seq=2048,
+TOY = Workload(ModelShape(hidden=1024, layers=8, heads=8, query_groups=2, ffn=4096, vocab=32000, seq=2048),
                tp=2, pp=2, vpp=2, cp=1, dp=2, mbs=1, gbs=16)  # fmt: skip
 PER_LAYER = 1024 * (1024 + 2 * 256) + 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024  # QKV + proj + gated MLP + 2 norms
 TOKENS_H_PER_TP = 2048 * 1024 // 2  # s·b·h/(t·CP) elements on one rank
@@ -38,12 +48,12 @@ def test_parameters_weights_grads_and_optimizer_by_hand():
     assert e.weights_gb * GB == params * 2  # BF16
     assert e.grads_gb * GB == params * 2  # BF16 grad buffer (grad_reduce_in_fp32 off, as the overlap stack sets)
     assert e.optimizer_gb * GB == params * 12 / 2  # fp32 master + m + v, distributed over DP2·CP1
-    assert estimate_workload(replace(TOY, cp=2)).optimizer_gb * GB == params * 12 / 4  # over the DP×CP group
-    assert estimate_workload(replace(TOY, grad_fp32=True)).grads_gb * GB == params * 4
-    assert estimate_workload(replace(TOY, distributed_optimizer=False)).optimizer_gb * GB == params * 12
+    assert estimate_workload(w_(TOY, cp=2)).optimizer_gb * GB == params * 12 / 4  # over the DP×CP group
+    assert estimate_workload(w_(TOY, grad_fp32=True)).grads_gb * GB == params * 4
+    assert estimate_workload(w_(TOY, distributed_optimizer=False)).optimizer_gb * GB == params * 12
     # FP8 + fp8_param_gather: FP8 layer weights + their FP8 transpose = 2 B; without it BF16 + FP8 copies = 4 B.
-    assert estimate_workload(replace(TOY, dtype="fp8")).weights_gb * GB == params * 2
-    no_gather = estimate_workload(replace(TOY, dtype="fp8", fp8_param_gather=False))
+    assert estimate_workload(w_(TOY, dtype="fp8")).weights_gb * GB == params * 2
+    no_gather = estimate_workload(w_(TOY, dtype="fp8", fp8_param_gather=False))
     assert no_gather.weights_gb * GB == (4 * PER_LAYER * 4 + 32000 * 1024 * 2) / 2  # embedding stays BF16
 
 
@@ -52,23 +62,23 @@ def test_activation_bytes_per_layer_by_hand():
     # attention output 2 + K,V 4·(256/1024) + fp32 log-sum-exp 4·8/1024 + FC1 input 2 + FC1 out (gated) 4·4 + FC2 in 2·4
     assert layer_activation_bytes(TOY) == TOKENS_H_PER_TP * 37.03125
     # FP8: QKV, FC1, FC2 inputs saved as FP8 (−1, −1, −4) and proj's own FP8 copy of the attention output (+1)
-    assert layer_activation_bytes(replace(TOY, dtype="fp8")) == TOKENS_H_PER_TP * 32.03125
+    assert layer_activation_bytes(w_(TOY, dtype="fp8")) == TOKENS_H_PER_TP * 32.03125
     # SP off: norm, QKV and FC1 inputs (8 B) are replicated on every TP rank (Korthikanti et al. 2022, §4.2.2)
-    assert layer_activation_bytes(replace(TOY, sequence_parallel=False)) == 2048 * 1024 * (8 + 29.03125 / 2)
+    assert layer_activation_bytes(w_(TOY, sequence_parallel=False)) == 2048 * 1024 * (8 + 29.03125 / 2)
     # GPT-style (MHA, GeLU FFN 4h, dropout): Korthikanti's Table 2 34·sbh/t with flash attention (no 5as/h term)
-    gpt = replace(TOY, query_groups=8, gated=False, dropout=True)
+    gpt = w_(TOY, query_groups=8, gated=False, dropout=True)
     assert layer_activation_bytes(gpt) == TOKENS_H_PER_TP * (34 + 4 * 8 / 1024)
-    assert layer_activation_bytes(replace(TOY, cp=2)) == layer_activation_bytes(TOY) / 2  # CP splits the tokens
+    assert layer_activation_bytes(w_(TOY, cp=2)) == layer_activation_bytes(TOY) / 2  # CP splits the tokens
 
 
 def test_no_te_terms_by_hand():
     # Unfused (local spec) attention: s² scores per head at 9 B (fp32 softmax 4 + BF16 probs 2 + dropout 3), i.e.
     # 9·a·s/h per element of s·b·h/t, in place of flash attention's fp32 log-sum-exp (4·a/h).
-    unfused = replace(TOY, attention="unfused")
+    unfused = w_(TOY, attention="unfused")
     assert layer_activation_bytes(unfused) == TOKENS_H_PER_TP * (37.03125 - 4 * 8 / 1024 + 9 * 8 * 2048 / 1024)
     # Native cross entropy: 10 B per logit (BF16 logits, fp32 copy, fp32 softmax) instead of the fused 4 B.
-    pp1 = replace(TOY, pp=1, vpp=None)
-    native = estimate_workload(replace(pp1, fused_cross_entropy=False))
+    pp1 = w_(TOY, pp=1, vpp=None)
+    native = estimate_workload(w_(pp1, fused_cross_entropy=False))
     assert native.logits_gb * GB == 2048 * (4 * 1024 + 10 * 32000) / 2
     # A measured card replaces the table's capacity; an H200 is 143771 MiB per nvidia-smi.
     assert estimate_workload(TOY, hbm_gb=24.0).budget_gb == 20.0
@@ -80,29 +90,29 @@ def test_in_flight_microbatches_follow_megatrons_schedules():
     # Interleaved, first stage: 2(PP−1) + (VP−1)·PP warm-up + 1 = 5 chunks of 2 layers = 10 = L·(1 + (PP−1)/(PP·VP))
     assert in_flight_chunks(TOY) == 5
     assert activation_bytes(TOY)[0] == 5 * 2 * layer_activation_bytes(TOY)
-    assert in_flight_chunks(replace(TOY, gbs=4)) == 4  # only 2 microbatches × 2 chunks exist
-    assert in_flight_chunks(replace(TOY, pp=4, vpp=None)) == 4  # plain 1F1B: PP microbatches
-    assert in_flight_chunks(replace(TOY, pp=4, vpp=None, gbs=4)) == 2  # ... or fewer when there are fewer
-    assert in_flight_chunks(replace(TOY, pp=1, vpp=None)) == 1
+    assert in_flight_chunks(w_(TOY, gbs=4)) == 4  # only 2 microbatches × 2 chunks exist
+    assert in_flight_chunks(w_(TOY, pp=4, vpp=None)) == 4  # plain 1F1B: PP microbatches
+    assert in_flight_chunks(w_(TOY, pp=4, vpp=None, gbs=4)) == 2  # ... or fewer when there are fewer
+    assert in_flight_chunks(w_(TOY, pp=1, vpp=None)) == 1
 
 
 def test_recompute_by_hand():
     a, ckpt = layer_activation_bytes(TOY), 2 * TOKENS_H_PER_TP  # a recomputed group keeps its BF16 input only
-    block = replace(TOY, recompute="full", recompute_method="block", recompute_num_layers=1)
+    block = w_(TOY, recompute="full", recompute_method="block", recompute_num_layers=1)
     assert activation_bytes(block)[0] == 5 * (ckpt + a) + a  # 1 of 2 layers per chunk recomputed, + 1 in recompute
-    uniform = replace(TOY, recompute="full", recompute_method="uniform", recompute_num_layers=2)
+    uniform = w_(TOY, recompute="full", recompute_method="uniform", recompute_num_layers=2)
     assert activation_bytes(uniform)[0] == 5 * ckpt + 2 * a  # one group per chunk, + the group being recomputed
-    assert activation_bytes(replace(TOY, recompute="selective"))[0] == activation_bytes(TOY)[0]  # core_attn: no s²
+    assert activation_bytes(w_(TOY, recompute="selective"))[0] == activation_bytes(TOY)[0]  # core_attn: no s²
 
 
 def test_logits_userbuffers_reserve_and_budget_by_hand():
-    pp1 = estimate_workload(replace(TOY, pp=1, vpp=None))
+    pp1 = estimate_workload(w_(TOY, pp=1, vpp=None))
     assert pp1.logits_gb * GB == 4 * 2048 * (1024 + 32000) / 2  # Megatron's 4·s·b·h·(1 + V/h)/t, PP=1 only
     assert pp1.params_per_gpu == (8 * PER_LAYER + 2 * 32000 * 1024) // 2  # and the untied output layer
     assert estimate_workload(TOY).logits_gb == 0  # PP>1: on the last stage, which holds fewer microbatches
     assert estimate_workload(TOY).comm_buffers_gb * GB == 10 * 2048 * 1024 * 2  # 10 userbuffers of [s·b/CP, h] BF16
-    assert estimate_workload(replace(TOY, dtype="fp8")).comm_buffers_gb * GB == (6 * 1 + 4 * 2) * 2048 * 1024
-    assert estimate_workload(replace(TOY, tp_overlap=False)).comm_buffers_gb == 0
+    assert estimate_workload(w_(TOY, dtype="fp8")).comm_buffers_gb * GB == (6 * 1 + 4 * 2) * 2048 * 1024
+    assert estimate_workload(w_(TOY, tp_overlap=False)).comm_buffers_gb == 0
     from megatron.bridge.training.comm_overlap import TransformerLayerTPOverlapCfg  # one buffer per overlapped GEMM
 
     assert set(UB_BUFFERS) == {f.name for f in fields(TransformerLayerTPOverlapCfg)} and len(UB_BUFFERS) == 10
@@ -130,11 +140,11 @@ def megatron_args(w: Workload):
 
 
 # GPT3 175B on TP8 PP8 VP6 DP4 with Megatron's assumptions: fp32 grads, GeLU MLP, dropout on, CP1.
-GPT3 = Workload(hidden=12288, layers=96, heads=96, query_groups=96, ffn=49152, vocab=51200, seq=2048, tp=8, pp=8,
-                vpp=6, dp=4, gbs=512, gated=False, dropout=True, grad_fp32=True)  # fmt: skip
+GPT3 = Workload(ModelShape(hidden=12288, layers=96, heads=96, query_groups=96, ffn=49152, vocab=51200, seq=2048,
+                           gated=False, dropout=True), tp=8, pp=8, vpp=6, dp=4, gbs=512, grad_fp32=True)  # fmt: skip
 
 
-@pytest.mark.parametrize("w", [GPT3, replace(GPT3, layers=8, pp=1, vpp=None, dp=64)], ids=["PP8xVP6", "PP1"])
+@pytest.mark.parametrize("w", [GPT3, w_(GPT3, layers=8, pp=1, vpp=None, dp=64)], ids=["PP8xVP6", "PP1"])
 def test_matches_megatrons_theoretical_memory_usage(w):
     from megatron.training import theoretical_memory_usage as tmu
 

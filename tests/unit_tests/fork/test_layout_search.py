@@ -1,0 +1,61 @@
+"""The layout search: every split of a model over N H100s that divides, fits memory and keeps the overlap stack on,
+ranked; and its one-line refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from overlapkit.fork.layout_search import LayoutSearchError, layout_errors, search
+from overlapkit.plan import presets
+from overlapkit.shape import ModelShape
+
+# CodeLlama-34B's published shape (see test_scaffold.py): Llama3 70B's hidden and GQA with 48 layers, FFN 22016.
+SHAPE_34B = ModelShape(hidden=8192, layers=48, heads=64, query_groups=8, ffn=22016, seq=8192, vocab=128256)
+
+
+# --- layout search -------------------------------------------------------------------------------------------------
+
+
+def test_34b_on_32_gpus_returns_layouts_that_divide_and_fit():
+    cands = search(SHAPE_34B, 32, gbs=256)
+    assert len(cands) == 5
+    for c in cands:
+        assert layout_errors(SHAPE_34B, 32, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs) == []
+        assert c.tp * c.pp * c.cp * c.dp == 32 and c.memory.fits and c.dp > 1
+        assert c.pp == 1 or c.vpp > 1  # p2p overlap on whenever there is a pipeline
+        assert "\n" not in c.why and c.why
+    top = cands[0]
+    # TP4 is the only TP with a Bridge preset for h8192 on H100; PP1 fits; CP2 leaves > 10% of the budget free
+    # where CP1 (72 GB) would not: the same choice NVIDIA made for Llama3 8B/70B BF16.
+    assert top.describe() == "TP4 PP1 CP2 VP- DP4 MBS1 GBS256"
+    assert top.preset == "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192" and top.exact_preset
+    assert top.preset in top.why and "smallest PP that fits" in top.why
+
+
+def test_a_shape_without_preset_is_declared_default_explicitly():
+    shape = ModelShape(hidden=5120, layers=40, heads=40, query_groups=8, ffn=17920, seq=8192, vocab=128256)
+    with pytest.raises(presets.PresetError):  # really no preset for h5120
+        presets.select(presets.PresetKey("h100", "bf16", 5120, 2, 1, 1, 8192))
+    pinned = search(shape, 16, gbs=128, fixed={"tp": 2})
+    assert all(c.preset == presets.DEFAULT_TP_CONFIG and not c.exact_preset for c in pinned)
+    assert "explicit overlap.tp_preset=default" in pinned[0].why
+    assert search(shape, 16, gbs=128)[0].tp == 1  # left free, the search prefers TP1 (TP overlap n/a) to no preset
+
+
+@pytest.mark.parametrize(
+    ("change", "gpus", "fixed", "needle"),
+    [
+        ({"heads": 60}, 32, None, "hidden 8192 is not divisible by heads 60"),
+        ({"query_groups": 6}, 32, None, "heads 64 are not divisible by query groups 6"),
+        ({}, 12, None, "use a multiple of 8"),
+        ({"layers": 80, "ffn": 28672}, 8, None, "use more GPUs"),
+        ({"layers": 47}, 32, {"pp": 2}, "layers 47 (+embedding/loss: 47) are not divisible by PP·VPP"),
+        ({"seq": 8190}, 32, {"tp": 4, "cp": 2}, "not divisible by TP4"),
+        ({}, 32, {"tp": 3}, "TP3 is not one of"),
+    ],
+)
+def test_search_rejects_with_one_line_reasons(change, gpus, fixed, needle):
+    shape = ModelShape(**{**SHAPE_34B.__dict__, **change})
+    with pytest.raises(LayoutSearchError) as exc:
+        search(shape, gpus, gbs=256, fixed=fixed)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)

@@ -1,0 +1,74 @@
+"""The recipe registry: the shipped recipes register with their intent, and a new process discovers every module in
+recipes/ and RECIPES_PATH by itself, reporting a broken module in one line while the others still list."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from overlapkit import stack
+from overlapkit.plan import registry
+from overlapkit.plan.overlap import OverlapIntent
+
+GOOD = """
+from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
+
+from recipes._base import Layout, OverlapIntent, h100_pretrain, register
+
+
+@register(model="Llama3 8B", nodes=2, source="mine", intent=OverlapIntent(param_gather_with_optimizer_step=True))
+def mine_8b_pretrain_16gpu_h100_bf16():
+    return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=128, seq=8192))
+"""
+BROKEN = "from recipes._base import register\n\nraise RuntimeError('half-written\\nfile')\n"
+PROBE = """
+import json
+from overlapkit.plan import registry
+from overlapkit.plan.build import make_plan
+p = make_plan("mine_8b_pretrain_16gpu_h100_bf16")
+print(json.dumps({"names": registry.names(), "errors": registry.load_errors(), "ok": p.report.ok,
+                  "opt_step": p.report.row("overlap_param_gather_with_optimizer_step").state}))
+"""
+
+
+def test_shipped_recipes_register_their_default_intent():
+    names = registry.names()
+    assert len(names) >= 10 and registry.load_errors() == []
+    r = registry.get("llama3_70b_pretrain_64gpu_h100_bf16")
+    assert r.intent == OverlapIntent() and r.gpus == 64 and r.build.__module__ == "recipes.llama3_70b"
+    assert registry.current_intent() == OverlapIntent()  # outside a builder: the default
+
+
+def test_unknown_recipe_names_the_closest():
+    with pytest.raises(registry.UnknownRecipe, match="closest: llama3_70b_pretrain_64gpu_h100_bf16"):
+        registry.get("llama3_70b_pretrain_64gpu_h100")
+
+
+def test_registering_a_name_twice_is_refused():
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register(model="x", nodes=1, source="x")(registry.get("llama3_8b_pretrain_8gpu_h100_bf16").build)
+
+
+def test_a_new_process_discovers_a_users_file_and_reports_a_broken_one(tmp_path):
+    (tmp_path / "mine.py").write_text(textwrap.dedent(GOOD))
+    (tmp_path / "half.py").write_text(BROKEN)
+    env = {**os.environ, registry.PATH_VAR: str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=stack.REPO_ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "mine_8b_pretrain_16gpu_h100_bf16" in got["names"] and "llama3_70b_pretrain_64gpu_h100_bf16" in got["names"]
+    assert got["errors"] == [f"{tmp_path / 'half.py'} does not import: RuntimeError: half-written file"]
+    assert got["ok"] and got["opt_step"] == "on"  # the intent registered with the recipe reached the plan
+
+
+def test_finds_knows_where_a_new_process_looks(tmp_path, monkeypatch):
+    assert registry.finds(stack.REPO_ROOT / "recipes" / "x.py")
+    assert not registry.finds(tmp_path / "x.py")
+    monkeypatch.setenv(registry.PATH_VAR, str(tmp_path))
+    assert registry.finds(tmp_path / "x.py")

@@ -1,0 +1,66 @@
+"""The nightly's orchestration decisions on real parsed logs: which runs are resubmitted (`to_retry`), and the
+night's evaluation of skipped and judged entries. Submission itself runs on the local Slurm (tests/e2e)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from nightly_fixtures import bridge_log, curve
+
+from overlapkit.regress import night_report, nightly
+
+N = 30
+PLAN = {"recipe": "r", "layout": {"tp": 1, "pp": 1, "cp": 1, "nodes": 1}, "overrides": [], "audit": {"rows": {}}}
+
+
+def _entry(tmp_path, name: str, *, nan_at=None, attempt=0) -> dict:
+    losses = curve(N)
+    if nan_at:
+        losses[nan_at - 1] = float("nan")
+    d = tmp_path / name
+    d.mkdir()
+    (d / "plan.json").write_text(json.dumps({**PLAN, "recipe": name}))
+    (d / "train.log").write_text(bridge_log(losses, [2000.0] * N, tflops=[400.0] * N))
+    return {"recipe": name, "nodes": 1, "dp": 1, "run_dir": str(d), "job_id": "1", "attempt": attempt}
+
+
+def _judge(tmp_path, entry: dict, state: str) -> dict:
+    log = [Path(entry["run_dir"]) / "train.log"]
+    return night_report.evaluate(entry, state, log, tmp_path / "goldens", preflight_only=False)
+
+
+@pytest.mark.parametrize(
+    ("state", "nan_at", "attempt", "retried"),
+    [
+        ("NODE_FAIL", None, 0, True),  # infrastructure: one retry
+        ("PREEMPTED", None, 0, True),
+        ("NODE_FAIL", None, 1, False),  # ... and only one
+        ("NODE_FAIL", 5, 0, False),  # NaN loss decides, even on a failed node: never retried
+        ("FAILED", 5, 0, False),
+        ("COMPLETED", None, 0, False),
+    ],
+)
+def test_to_retry_resubmits_infrastructure_failures_once_and_never_a_nan(tmp_path, state, nan_at, attempt, retried):
+    e = _entry(tmp_path, "a", nan_at=nan_at, attempt=attempt)
+    night = {"entries": [e, {"recipe": "b", "skipped": "needs 64 nodes"}]}
+    results = [_judge(tmp_path, e, state), {"recipe": "b", "skipped": "needs 64 nodes"}]
+    assert nightly.to_retry(night, results) == ([e] if retried else [])
+
+
+def test_a_night_mixes_retry_and_hard_failure(tmp_path):
+    flaky, broken = _entry(tmp_path, "flaky"), _entry(tmp_path, "broken", nan_at=3)
+    night = {"entries": [flaky, broken]}
+    results = [_judge(tmp_path, flaky, "NODE_FAIL"), _judge(tmp_path, broken, "COMPLETED")]
+    assert [e["recipe"] for e in nightly.to_retry(night, results)] == ["flaky"]
+    assert results[1]["verdict"]["status"] == "hard_failure"
+
+
+def test_latest_night_and_no_night_is_one_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run make nightly first"):
+        nightly.latest_night(tmp_path)
+    for stamp in ("20261201-020000", "20261202-020000"):
+        (tmp_path / stamp).mkdir()
+        (tmp_path / stamp / "night.json").write_text("{}")
+    assert nightly.latest_night(tmp_path).name == "20261202-020000"
