@@ -58,15 +58,3 @@ def test_bridge_llama3_70b_recipe_builds_offline_on_cpu():
     assert cfg.comm_overlap.tp_comm_overlap is True
     assert cfg.comm_overlap.tp_comm_overlap_cfg is userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192
     assert cfg.ddp.use_distributed_optimizer is True
-
-
-def test_nemo_run_slurm_executor_with_local_tunnel(tmp_path):
-    import nemo_run as run
-
-    tunnel = run.LocalTunnel(job_dir=str(tmp_path))
-    ex = run.SlurmExecutor(
-        account="acct", partition="batch", nodes=8, ntasks_per_node=8, gpus_per_node=8, tunnel=tunnel, time="00:30:00"
-    )
-    assert isinstance(ex.tunnel, run.LocalTunnel) and ex.tunnel.job_dir == str(tmp_path)
-    assert (ex.nnodes(), ex.nproc_per_node()) == (8, 8)
-    assert ex.gpus_per_node == 8 and ex.time == "00:30:00"

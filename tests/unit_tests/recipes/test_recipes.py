@@ -57,7 +57,9 @@ def test_the_ten_shipped_recipes_cover_the_four_models_and_both_dtypes():
     assert {n.rsplit("_", 1)[1] for n in names} == {"bf16", "fp8cs"}
     for n in registry.names():
         r = registry.get(n)
-        assert n.startswith(r.model.lower().replace(" ", "_").replace(".", "")) or n.startswith("llama31")
+        # The name starts with the model label ("Llama3.1 405B" → llama31_405b), with the GPU count of its nodes.
+        assert n.startswith(r.model.lower().replace(" ", "_").replace(".", "") + "_pretrain_"), n
+        assert f"_{r.gpus}gpu_" in n, n
         assert f"_{r.gpus}gpu_h100_" in n and r.source and r.time_limit.count(":") == 2
 
 
