@@ -216,19 +216,15 @@ def main(argv=None) -> int:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
+    """The packages that decide a cut's numbers (stack.versions leaves out any that is not installed)."""
+    from overlapkit import stack
 
-    out = {}
-    for name in ("torch", "megatron-core", "megatron-bridge", "transformers"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:  # e.g. a source checkout on PYTHONPATH: say nothing rather than guess
-            pass
-    return out
+    return stack.versions(("torch", "megatron-core", "megatron-bridge", "transformers"))
 
 
 def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
     """A reviewed run's ok sides -> nightly/goldens/gpu_cut/<gpu>/<cut>.<side>.json (the nightly's golden format)."""
+    from overlapkit import jsonio
     from overlapkit.regress import gpucut, logparse
     from overlapkit.regress import rules as regress
 
@@ -249,7 +245,7 @@ def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
             meta = {"run_dir": str(run_dir), "versions": doc["versions"], "container_image": None}
             out = goldens / doc["gpu"] / f"{key}.{side}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(regress.make_golden(parsed, plan, meta), indent=2) + "\n")
+            jsonio.write_json(out, regress.make_golden(parsed, plan, meta))
             written.append(out)
     for out in written:
         print(f"blessed {out}")

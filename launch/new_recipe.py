@@ -43,14 +43,14 @@ def _args(argv):
 def main(argv=None) -> int:
     args = _args(argv)
     stack.import_bridge()
-    from overlapkit.fork.scaffold import ForkError, ForkRequest, fork
+    from overlapkit.fork.scaffold import LAYOUT_FIELDS, SHAPE_FIELDS, ForkError, ForkRequest, fork
     from overlapkit.plan import registry
     from overlapkit.plan.report import console, render_plan
 
     req = ForkRequest(
         from_name=args.from_name, name=args.name, gpus=args.gpus, dtype=args.dtype, gbs=args.gbs, model=args.model,
-        shape={k: getattr(args, k) for k in ("hidden", "layers", "heads", "query_groups", "ffn", "seq")},
-        layout={k: getattr(args, k) for k in ("tp", "pp", "vpp", "cp", "mbs")}, recipes_dir=Path(args.recipes_dir),
+        shape={k: getattr(args, k) for k in SHAPE_FIELDS}, layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
+        recipes_dir=Path(args.recipes_dir),
     )  # fmt: skip
     try:
         res = fork(req)

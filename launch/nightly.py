@@ -54,11 +54,14 @@ def _say(text: str, err: bool = False) -> None:
 
 
 def do_submit(args) -> int:
+    from overlapkit.cluster.submit import preflight_mode
+
+    preflight_only, checks = preflight_mode(args.preflight)
     stack.import_bridge()
     req = nightly.NightRequest(
         profile=profile_of(args), recipes=args.recipes.replace(",", " ").split(), iters=args.iters,
-        min_dp=args.min_dp, preflight=args.preflight, max_nodes=args.max_nodes, goldens=args.goldens,
-        dryrun=bool(args.dryrun),
+        min_dp=args.min_dp, preflight_only=preflight_only, checks=checks, max_nodes=args.max_nodes,
+        goldens=args.goldens, dryrun=bool(args.dryrun),
     )  # fmt: skip
     nightly.submit_night(req, _say)
     return 0

@@ -59,9 +59,10 @@ def _load_errors() -> int:
     """Recipe modules that failed to import: one line each on stderr, exit 1 (the others were listed or planned)."""
     from overlapkit.plan import registry
 
-    for line in registry.load_errors():
+    errors = registry.load_errors()
+    for line in errors:
         print(f"error: {line}", file=sys.stderr)
-    return 1 if registry.load_errors() else 0
+    return 1 if errors else 0
 
 
 def main(argv=None) -> int:

@@ -24,6 +24,7 @@ COVERED_BY = {
     "plan/build": "recipes/test_recipes.py",
     "plan/report": "recipes/test_recipes.py",
     "cluster/profiles": "recipes/test_run_plugins.py",
+    "cluster/plugin": "recipes/test_run_plugins.py",
     "cluster/submit": "cluster/test_sbatch.py",
     "cluster/slurm": "../e2e/test_slurm_e2e.py",
     "regress/night_report": "regress/test_rules.py",

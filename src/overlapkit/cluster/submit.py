@@ -1,5 +1,8 @@
 """Submission: a planned, audited recipe → a run directory → nemo_run's SlurmExecutor (or the plain-sbatch path).
 
+nemo_run (about 10 s to import here) is imported only where a job is built, so `make status|logs|cancel` never pay
+for it.
+
 The run directory (`<profile job_dir>/runs/<recipe>-<time>/`) is on the cluster's shared filesystem and holds
 plan.json, config.yaml, ledger.json, then the job's preflight results and submission.json (job id, experiment).
 """
@@ -13,45 +16,15 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-import nemo_run as run
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
 from overlapkit.plan.build import Plan, make_plan, write_run_dir
-from overlapkit.plan.env import Ledger, is_secret
 from overlapkit.topology import GPUS_PER_NODE
 
 TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
-
-
-@dataclass(kw_only=True)
-class EnvVarPlugin(run.Plugin):
-    """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars.
-
-    nemo_run writes executor.env_vars as `export NAME=value` lines into the sbatch script, so secrets are refused
-    here: they reach the job from the submitting shell (sbatch --export=ALL), never from a file."""
-
-    env: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.env = dict(self.env)  # our own copy: later edits to the ledger's dict do not leak into a submitted job
-        for name, value in self.env.items():
-            if is_secret(name):
-                raise ValueError(f"{name} looks like a secret: list it in the profile's secrets = [...], not in env")
-            if not isinstance(value, str):
-                raise TypeError(f"{name}={value!r}: env values must be strings (executor.env_vars are exported)")
-
-    @classmethod
-    def from_ledger(cls, ledger: Ledger) -> EnvVarPlugin:
-        return cls(env=ledger.values())
-
-    def setup(self, task, executor) -> None:
-        # A new dict: executors are cloned per task and may share their env_vars; the task (Script/Partial) is
-        # left untouched, since the environment belongs to the executor.
-        executor.env_vars = {**(executor.env_vars or {}), **self.env}
 
 
 class SubmitError(RuntimeError):
@@ -109,6 +82,7 @@ def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, 
 
 
 def slurm_executor(sub: Submission):
+    import nemo_run as run
     from nemo_run.config import set_nemorun_home
 
     p = sub.profile
@@ -132,10 +106,16 @@ def slurm_executor(sub: Submission):
 
 
 def experiment(sub: Submission):
+    import nemo_run as run
+
     return run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR")
 
 
 def add_task(exp, sub: Submission) -> None:
+    import nemo_run as run
+
+    from overlapkit.cluster.plugin import EnvVarPlugin
+
     exp.add(run.Script(inline=sub.command), name="train", plugins=[EnvVarPlugin.from_ledger(sub.plan.ledger)])
 
 
@@ -193,6 +173,10 @@ def submit(sub: Submission) -> dict:
 
 def run_local(plan: Plan, sets: str = "", *, preflight_only: bool = False, checks: str = "full", dryrun=False):
     """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm); returns the run directory."""
+    import nemo_run as run
+
+    from overlapkit.cluster.plugin import EnvVarPlugin
+
     run_dir = write_run_dir(plan, stack.REPO_ROOT / "runs" / "local")
     entry = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", "1", "--checks", checks]
     entry += ["--set", sets] if sets else []

@@ -30,7 +30,7 @@ NAME_RE = re.compile(
 )
 SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq")
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "mbs")
-RECIPES_DIR = stack.REPO_ROOT / "recipes"
+RECIPES_DIR = registry.RECIPES_DIR
 
 
 class ForkError(ValueError):

@@ -32,6 +32,7 @@ from overlapkit.topology import GPUS_PER_NODE
 
 PACKAGE = "recipes"
 PATH_VAR = "RECIPES_PATH"  # extra directories of recipe modules, os.pathsep-separated
+RECIPES_DIR = stack.REPO_ROOT / PACKAGE
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,12 @@ def _import(module: str, path: Path) -> None:
         _ERRORS[module] = f"{stack.repo_relative(path)} does not import: {_one_line(exc)}"
 
 
+def _extra_dirs() -> list[str]:
+    return [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
+
+
 def _recipe_dirs(pkg) -> list[str]:
-    extra = [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
-    for d in extra:
+    for d in _extra_dirs():
         if not Path(d).is_dir():
             _ERRORS[f"path:{d}"] = f"{PATH_VAR} entry {d} is not a directory: fix or remove it"
         elif str(Path(d).resolve()) not in map(str, pkg.__path__):
@@ -153,8 +157,7 @@ def discover() -> None:
 
 def finds(path: Path) -> bool:
     """Would a new process's discover() import the recipe file at `path`?"""
-    extra = [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
-    dirs = [stack.REPO_ROOT / PACKAGE, *map(Path, extra)]
+    dirs = [RECIPES_DIR, *map(Path, _extra_dirs())]
     return any(Path(path).resolve().parent == d.resolve() for d in dirs)
 
 

@@ -15,9 +15,6 @@ from pathlib import Path
 from overlapkit.regress import logparse
 from overlapkit.regress import rules as regress
 
-NIGHTLY_ITERS, NIGHTLY_SEED = regress.NIGHTLY_ITERS, regress.NIGHTLY_SEED
-
-
 # --- history: append-only JSONL ---------------------------------------------------------------------------------
 
 
@@ -136,7 +133,8 @@ def render(night: dict, results: list[dict], plots: dict[str, str]) -> str:
         "",
         "Preflight-only night: no training on this machine, so there are no step times or losses to compare."
         if night.get("preflight_only")
-        else f"{night.get('iters', NIGHTLY_ITERS)} iterations per recipe, mock data, seed {NIGHTLY_SEED}; "
+        else f"{night.get('iters', regress.NIGHTLY_ITERS)} iterations per recipe, mock data, "
+        f"seed {regress.NIGHTLY_SEED}; "
         f"step time/TFLOP/s after {logparse.WARMUP_ITERS} warm-up iterations, tol ±{regress.PERF_TOL:.0%}.",
         "",
         "| recipe | nodes (DP) | status | step time ms (vs golden) | TFLOP/s/GPU (vs golden) | loss Δ (worst) "

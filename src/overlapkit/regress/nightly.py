@@ -79,7 +79,8 @@ class NightRequest:
     recipes: list[str]  # empty: every registered recipe
     iters: int = NIGHTLY_ITERS
     min_dp: int = MIN_DP
-    preflight: str = ""  # PREFLIGHT= (cluster.submit.preflight_mode)
+    preflight_only: bool = False  # cluster.submit.preflight_mode(PREFLIGHT=)
+    checks: str = "full"
     max_nodes: int | None = None  # default: the nodes in the profile's partition (sinfo)
     goldens: str = str(regress.GOLDENS_DIR)
     dryrun: bool = False
@@ -96,7 +97,6 @@ def _layout(entry: registry.Recipe) -> dict:
 
 def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say) -> dict:
     """One recipe of the night: skipped (why), would-submit (dry run) or submitted (job id, run directory)."""
-    preflight_only, checks = submit.preflight_mode(req.preflight)
     layout = _layout(registry.get(name))
     run = shape_for(name, layout, iters=req.iters, min_dp=req.min_dp)
     row = {**run.to_dict(), "attempt": 0}
@@ -110,13 +110,13 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
         say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"')
     else:
         try:
-            sub = submit.prepare(name, req.profile, nodes=run.nodes, sets=run.sets, preflight_only=preflight_only,
-                                 checks=checks)  # fmt: skip
+            sub = submit.prepare(name, req.profile, nodes=run.nodes, sets=run.sets,
+                                 preflight_only=req.preflight_only, checks=req.checks)  # fmt: skip
         except (submit.SubmitError, ValueError) as exc:
             row["skipped"] = f"not submitted: {exc}"
             say(f"skip {name}: {row['skipped']}", err=True)
             return row
-        meta = {**row, "preflight_only": preflight_only, "container_image": req.profile.container_image,
+        meta = {**row, "preflight_only": req.preflight_only, "container_image": req.profile.container_image,
                 "versions": stack.versions(), "night": stamp}  # fmt: skip
         jsonio.write_json(sub.run_dir / "nightly.json", meta)
         info = submit.submit(sub)
@@ -137,11 +137,10 @@ def submit_night(req: NightRequest, say) -> Path | None:
     if req.dryrun:
         say("dry run: nothing submitted")
         return None
-    preflight_only, checks = submit.preflight_mode(req.preflight)
     night_dir = req.profile.job_path / "nightly" / stamp
     night = {"stamp": stamp, "cluster": req.profile.name, "profile_path": str(req.profile.path),
-             "job_dir": req.profile.job_dir, "preflight_only": preflight_only, "checks": checks, "iters": req.iters,
-             "entries": entries, "goldens": req.goldens}  # fmt: skip
+             "job_dir": req.profile.job_dir, "preflight_only": req.preflight_only, "checks": req.checks,
+             "iters": req.iters, "entries": entries, "goldens": req.goldens}  # fmt: skip
     night_dir.mkdir(parents=True, exist_ok=True)
     ids = [e["job_id"] for e in entries if e.get("job_id")]
     night["report_job_id"] = submit_report(req.profile, night_dir, ids)

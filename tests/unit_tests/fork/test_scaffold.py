@@ -32,7 +32,7 @@ ARGS_12B = ["--from", R8, "--hidden", "5120", "--heads", "40", "--layers", "40",
 @pytest.fixture
 def clean_registry():
     """The registry's entries; whatever a test registers is unregistered after it."""
-    before = set(registry.REGISTRY)
+    before = set(registry.names())  # discovers first: a snapshot of an undiscovered registry would be empty
     yield registry.REGISTRY
     for name in set(registry.REGISTRY) - before:
         registry.unregister(name)

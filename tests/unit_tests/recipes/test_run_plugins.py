@@ -15,8 +15,8 @@ from functools import cache
 import nemo_run as run
 import pytest
 
+from overlapkit.cluster.plugin import EnvVarPlugin
 from overlapkit.cluster.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
-from overlapkit.cluster.submit import EnvVarPlugin
 from overlapkit.plan.build import make_plan
 from overlapkit.plan.env import (
     LAYERS,
