@@ -15,26 +15,22 @@ import argparse
 import sys
 from pathlib import Path
 
+from launch.args import Parser
 from overlapkit import stack
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, like every other bad request
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+from overlapkit.plan.inputs import positive_int
 
 
 def _args(argv):
-    p = _Parser(prog="make new-recipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="make new-recipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="from_name", required=True, help="recipe to fork (make recipes lists them)")
     p.add_argument("--name", required=True, help="new recipe: <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
     for flag in ("hidden", "layers", "heads", "query-groups", "ffn", "seq"):
-        p.add_argument(f"--{flag}", type=int, help=f"model {flag} (default: the FROM recipe's)")
-    p.add_argument("--gpus", type=int, help="GPUs, a multiple of 8 (default: N in the name)")
+        p.add_argument(f"--{flag}", type=positive_int, help=f"model {flag} (default: the FROM recipe's)")
+    p.add_argument("--gpus", type=positive_int, help="GPUs, a multiple of 8 (default: N in the name)")
     p.add_argument("--dtype", choices=("bf16", "fp8cs"), help="default: the name's suffix")
     for flag in ("tp", "pp", "vpp", "cp", "mbs"):
-        p.add_argument(f"--{flag}", type=int, help=f"pin {flag.upper()} (default: searched)")
-    p.add_argument("--gbs", type=int, help="global batch size (default: the FROM recipe's)")
+        p.add_argument(f"--{flag}", type=positive_int, help=f"pin {flag.upper()} (default: searched)")
+    p.add_argument("--gbs", type=positive_int, help="global batch size (default: the FROM recipe's)")
     p.add_argument("--model", help='registry label (default from the name, e.g. "Llama3 34B")')
     p.add_argument("--recipes-dir", default=str(stack.REPO_ROOT / "recipes"), help="where the file goes")
     return p.parse_args(argv)

@@ -5,18 +5,18 @@ Exit status: 0 when the audit has no errors, 1 when it has, 2 for bad input (unk
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from launch.args import Parser
 from overlapkit import stack
 
 ROOT = stack.REPO_ROOT
 
 
 def _args(argv):
-    p = argparse.ArgumentParser(prog="make plan", description=__doc__)
+    p = Parser(prog="make plan", description=__doc__)
     p.add_argument("recipe", nargs="?", help="recipe name (make recipes lists them)")
     p.add_argument("--nodes", default="", help="8-GPU nodes (default: the recipe's); rescales data parallelism")
     p.add_argument("--set", default="", help='dotted overrides, e.g. "train.global_batch_size=512"')
@@ -26,22 +26,18 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def parse_nodes(text: str) -> int | None:
-    if not text.strip():
-        return None
-    if not text.strip().isdigit():
-        raise ValueError(f"NODES={text!r}: must be a whole number of 8-GPU nodes")
-    return int(text)
-
-
 def list_recipes(con) -> int:
     from overlapkit.plan import registry
     from overlapkit.plan.build import make_plan
     from overlapkit.plan.report import overlap_summary, recipes_table
 
-    rows = []
+    rows, broken = [], []
     for name in registry.names():
-        p = make_plan(name)
+        try:
+            p = make_plan(name)
+        except (KeyError, ValueError) as exc:  # a recipe file with a bad size: the others still list
+            broken.append(f"{name}: {exc}")
+            continue
         lay = p.layout
         rows.append({
             "recipe": name, "model": lay["model"], "gpus": lay["gpus"], "dtype": lay["dtype"],
@@ -52,7 +48,9 @@ def list_recipes(con) -> int:
     con.print(recipes_table(rows))
     con.print("overlaps: TP = tensor-parallel userbuffers, P2P = pipeline p2p, RS/AG = data-parallel grad "
               "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather")  # fmt: skip
-    return _load_errors()
+    for line in broken:
+        print(f"error: {line}", file=sys.stderr)
+    return max(_load_errors(), 1 if broken else 0)
 
 
 def _load_errors() -> int:
@@ -65,18 +63,30 @@ def _load_errors() -> int:
     return 1 if errors else 0
 
 
+def check_request(recipe: str, nodes: str, sets: str, *, listing: bool = False, action: str = "plan") -> int | None:
+    """Everything about the request that can be checked before the Bridge import (under a second, not a minute):
+    NODES, the recipe's name, SET's syntax, keys, types and sizes. Returns NODES as a number (None: the recipe's)."""
+    from overlapkit.plan import inputs, registry
+
+    count = inputs.parse_nodes(nodes)
+    if not listing:
+        if not recipe:
+            raise ValueError(f"no recipe given: make {action} RECIPE=<name> (make recipes lists them)")
+        registry.check_declared(recipe)
+    inputs.check_sets(sets)
+    return count
+
+
 def main(argv=None) -> int:
     args = _args(argv)
     from overlapkit.plan.report import console
 
     out = console()
     try:
-        nodes = parse_nodes(args.nodes)
+        nodes = check_request(args.recipe, args.nodes, args.set, listing=args.list)
         stack.import_bridge()
         if args.list:
             return list_recipes(console(width=max(out.width, 140)))  # one row per recipe, never wrapped
-        if not args.recipe:
-            raise ValueError("no recipe given: make plan RECIPE=<name> (make recipes lists them)")
         from overlapkit.plan import registry
         from overlapkit.plan.build import make_plan, write_run_dir
         from overlapkit.plan.report import render_plan

@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from overlapkit.plan.env import is_secret
+from overlapkit.plan.env import credential_kind, secret_problem
 from overlapkit.stack import REPO_ROOT, repo_relative
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
@@ -147,6 +147,7 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
         out["exclusive"] = data["exclusive"]
     if "env" in data:
         out["env"] = _env(data["env"], fail)
+    _refuse_literal_secrets(out, fail)
     both = set(out.get("env", {})) & set(out.get("secrets", ()))
     if both:
         fail(f"{sorted(both)[0]} is in both env and secrets: keep it in secrets only")
@@ -158,8 +159,10 @@ def _env(table, fail) -> dict[str, str]:
         fail(f'env = {table!r}: expected a table, e.g. [env] NCCL_IB_HCA = "mlx5"')
     env = {}
     for key, value in table.items():
-        if is_secret(key):
-            fail(f"{key} has a literal value: put {key} in secrets = [...] and export it in your shell")
+        if why := secret_problem(key, value):
+            fail(
+                f"env.{key} has a literal value and {why}: put its name in secrets = [...] and export it in your shell"
+            )
         if not _ENV_NAME.match(key):
             fail(f"env key {key!r} is not an environment variable name (letters, digits, _)")
         if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -171,3 +174,20 @@ def _env(table, fail) -> dict[str, str]:
             )
         env[key] = str(value)
     return env
+
+
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def _refuse_literal_secrets(out: dict, fail) -> None:
+    """srun's `--export=ALL,NAME=value` or a bare NAME=value puts the value in the sbatch script's srun line, and any
+    string of the profile may carry a pasted credential: refuse both (the env table is checked entry by entry)."""
+    for arg in out.get("srun_args", ()):
+        for part in arg.removeprefix("--export=").split(",") if arg.startswith("--export=") else [arg]:
+            m = _ASSIGNMENT.match(part)
+            if m and (why := secret_problem(m.group(1), m.group(2))):
+                fail(f"srun_args {m.group(1)}=...: {why}; put its name in secrets = [...] and export it in your shell")
+    for key in ("account", "partition", "container_image", "job_dir", "python", "container_mounts", "srun_args"):
+        for value in out.get(key) if isinstance(out.get(key), tuple) else [out.get(key)]:
+            if value and (kind := credential_kind(value)):
+                fail(f"{key} holds what looks like {kind}: keep credentials out of profiles (secrets = [names])")

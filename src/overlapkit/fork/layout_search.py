@@ -73,14 +73,10 @@ def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, c
     if gpus % (tp * pp * cp):
         return errs + [f"{gpus} GPUs are not divisible by TP·PP·CP={tp * pp * cp}"]
     dp = gpus // (tp * pp * cp)
-    if s.heads % tp:
-        errs.append(f"heads {s.heads} are not divisible by TP{tp}")
-    if s.query_groups % tp:
-        errs.append(f"query groups {s.query_groups} are not divisible by TP{tp}")
     if pp > 1 and not (vpp and vpp > 1):
         errs.append(f"PP{pp} needs VPP>1 for p2p overlap")
     split = split_violations(seq=s.seq, layers=s.layers, units=s.pipeline_units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp,
-                             mbs=mbs, gbs=gbs)  # fmt: skip
+                             mbs=mbs, gbs=gbs, heads=s.heads, groups=s.query_groups, ffn=s.ffn)  # fmt: skip
     errs += [msg for _, msg in split]
     if pp > 1 and not gbs % (dp * mbs) and gbs // (dp * mbs) < pp:
         errs.append(f"GBS {gbs} gives {gbs // (dp * mbs)} microbatches, fewer than PP{pp}: the pipeline never fills")

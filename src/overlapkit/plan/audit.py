@@ -35,6 +35,7 @@ class Finding:
     level: str  # "error" | "warning"
     code: str
     message: str
+    fix: str | None = None  # a SET= that clears it, where one exists (tests apply each and re-audit)
 
 
 @dataclass
@@ -74,7 +75,8 @@ class AuditReport:
         }
 
 
-def split_violations(*, seq, layers, units, tp, pp, vpp, cp, dp, mbs, gbs) -> list[tuple[str, str]]:
+def split_violations(*, seq, layers, units, tp, pp, vpp, cp, dp, mbs, gbs, heads=None, groups=None,
+                     ffn=None) -> list[tuple[str, str]]:  # fmt: skip
     """(code, message) for each divisibility rule a parallel split breaks, on bare numbers. One source for the audit
     (on a built config, adding its fixes) and for layout_search (thousands of candidate splits, no configs).
     `units`: transformer layers plus the embedding/loss that Bridge accounts in the pipeline split; None when an
@@ -89,6 +91,15 @@ def split_violations(*, seq, layers, units, tp, pp, vpp, cp, dp, mbs, gbs) -> li
                     f"PP·VPP={stages}"))  # fmt: skip
     if gbs % (dp * mbs):
         out.append(("gbs_not_divisible", f"GBS {gbs} is not divisible by DP·MBS={dp}·{mbs}"))
+    # Megatron Core's TransformerConfig and its tensor-parallel linear layers split these by TP (core/utils.divide).
+    for code, what, n in (("heads_not_divisible_tp", "attention heads", heads), ("groups_not_divisible_tp",
+                          "query groups", groups), ("ffn_not_divisible_tp", "FFN hidden size", ffn)):  # fmt: skip
+        if n and n % tp:
+            out.append((code, f"{what} {n} are not divisible by TP{tp}"))
+    if heads and groups and heads % groups:
+        out.append(
+            ("heads_not_divisible_groups", f"attention heads {heads} are not divisible by query groups {groups}")
+        )
     return out
 
 
@@ -98,6 +109,10 @@ SPLIT_FIXES = {
     "seq_not_divisible_cp": "CP load balancing splits each sequence in 2·CP chunks",
     "layers_not_divisible": "change VPP/PP or give model.pipeline_model_parallel_layout",
     "gbs_not_divisible": "use a multiple of {dp_mbs}",
+    "heads_not_divisible_tp": "each TP rank holds whole heads: change TP or the head count",
+    "groups_not_divisible_tp": "each TP rank holds whole KV groups: change TP or model.num_query_groups",
+    "ffn_not_divisible_tp": "the MLP is split by TP: change TP or model.ffn_hidden_size",
+    "heads_not_divisible_groups": "grouped-query attention shares each KV group among whole heads",
 }
 
 
@@ -114,8 +129,8 @@ class _Audit:
     def row(self, name: str, state: str, detail: str) -> None:
         self.rep.rows.append(Row(name, state, detail))
 
-    def err(self, code: str, msg: str) -> None:
-        self.rep.findings.append(Finding("error", code, msg))
+    def err(self, code: str, msg: str, fix: str | None = None) -> None:
+        self.rep.findings.append(Finding("error", code, msg, fix))
 
     def warn(self, code: str, msg: str) -> None:
         self.rep.findings.append(Finding("warning", code, msg))
@@ -135,6 +150,52 @@ def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None 
     return a.rep
 
 
+def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
+    """An override that Bridge's setup replaced is an error naming the field that wins, never "applied"."""
+    rep = AuditReport()
+    live = {"model": res.model, "ddp": res.ddp, "optimizer": res.optimizer, "comm_overlap": res.comm}
+    last = {key: new for key, _, new in changes}  # a key set twice: the later value is the override
+    for key, new in last.items():
+        section, _, leaf = key.partition(".")
+        obj = live.get(section)
+        if obj is None or "." in leaf or not hasattr(obj, leaf) or (got := getattr(obj, leaf)) == new:
+            continue
+        winner = _winner(cfg, section, leaf, got)
+        value = new
+        if leaf == "bucket_size" and isinstance(new, int):
+            shape, width = ModelShape.of(cfg), _grad_dtype(res.ddp)[1]
+            m = res.model
+            chunk = shape.chunk_params(m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                                       m.virtual_pipeline_model_parallel_size)  # fmt: skip
+            value = sane_bucket(new, chunk, width) if new >= min(chunk, BYTES_LIKE_BUCKET) else new
+        where = f"{winner} wins; set {winner}={_raw(value)} instead" if winner else "Bridge decides it for this layout"
+        rep.findings.append(Finding("error", "override_replaced", f"{key}={_raw(new)} is not applied: Bridge's setup "
+                                    f"replaces it with {_raw(got)}; {where}", f"{winner}={_raw(value)}" if winner
+                                    else None))  # fmt: skip
+    return rep
+
+
+def _winner(cfg, section: str, leaf: str, got) -> str | None:
+    """The field that decides `section.leaf`: Bridge's comm-overlap setup writes its own defaults, overridden by any
+    comm_overlap field the user set, over ddp/model/optimizer (CommOverlapConfig._override_user_cfgs), and its
+    mixed-precision setup does the same from cfg.mixed_precision."""
+    for name in ("comm_overlap", "mixed_precision"):
+        src = getattr(cfg, name, None)
+        if name != section and src is not None and not isinstance(src, str) and leaf in _field_names(src):
+            return f"{name}.{leaf}"
+    return None
+
+
+def _field_names(obj) -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+
+
+def _raw(v) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
 def _tp_overlap(a: _Audit) -> None:
     """TP comm overlap (userbuffers): requested, kept by Bridge, and with a preset that fits the model."""
     cfg, tp = a.cfg, a.layout[0]
@@ -146,7 +207,8 @@ def _tp_overlap(a: _Audit) -> None:
                   "model.tensor_model_parallel_size>=2 or comm_overlap.tp_comm_overlap=false")  # fmt: skip
     elif not requested:
         a.row("tp_comm_overlap", OFF, f"TP={tp} but comm_overlap.tp_comm_overlap is off")
-        a.err("tp_overlap_off", f"TP={tp} without TP comm overlap: set comm_overlap.tp_comm_overlap=true")
+        a.err("tp_overlap_off", f"TP={tp} without TP comm overlap: set comm_overlap.tp_comm_overlap=true",
+              "comm_overlap.tp_comm_overlap=true")  # fmt: skip
     elif not a.res.model.tp_comm_overlap:
         if not cfg.model.sequence_parallel:
             why, fix = "sequence_parallel is off", "set model.sequence_parallel=true"
@@ -155,7 +217,8 @@ def _tp_overlap(a: _Audit) -> None:
         else:
             why, fix = "; ".join(a.res.bridge_warnings) or "Bridge disabled it", "see Bridge's warning"
         a.row("tp_comm_overlap", OFF, f"dropped by Bridge: {why}")
-        a.err("tp_overlap_dropped", f"TP overlap requested but Bridge drops it: {why}; {fix}")
+        sets = "model.sequence_parallel=true" if not cfg.model.sequence_parallel else None
+        a.err("tp_overlap_dropped", f"TP overlap requested but Bridge drops it: {why}; {fix}", sets)
     else:
         _tp_preset(a, tp)
 
@@ -196,8 +259,10 @@ def _split(a: _Audit) -> None:
     mbs, gbs = a.cfg.train.micro_batch_size, a.cfg.train.global_batch_size
     split = dict(seq=m.seq_length, layers=m.num_layers, units=units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, mbs=mbs,
                  gbs=gbs)  # fmt: skip
-    for code, msg in split_violations(**split):
-        a.err(code, f"{msg}: {SPLIT_FIXES[code].format(dp_mbs=dp * mbs)}")
+    for code, msg in split_violations(**split, heads=m.num_attention_heads, groups=m.num_query_groups,
+                                      ffn=m.ffn_hidden_size):  # fmt: skip
+        fix = f"train.global_batch_size={-(-gbs // (dp * mbs)) * dp * mbs}" if code == "gbs_not_divisible" else None
+        a.err(code, f"{msg}: {SPLIT_FIXES[code].format(dp_mbs=dp * mbs)}", fix)
 
 
 def _p2p_overlap(a: _Audit) -> None:
@@ -206,7 +271,8 @@ def _p2p_overlap(a: _Audit) -> None:
     if pp == 1:
         a.row("overlap_p2p_comm", NA, "PP=1: no pipeline p2p")
         if vpp and vpp > 1:
-            a.err("vpp_without_pp", f"VPP={vpp} set with PP=1: set model.virtual_pipeline_model_parallel_size=null")
+            a.err("vpp_without_pp", f"VPP={vpp} set with PP=1: set model.virtual_pipeline_model_parallel_size=null",
+                  "model.virtual_pipeline_model_parallel_size=null")  # fmt: skip
     elif a.res.model.overlap_p2p_comm:
         a.row("overlap_p2p_comm", ON, f"PP={pp} × VPP={vpp}: interleaved schedule overlaps p2p")
     else:
@@ -216,7 +282,7 @@ def _p2p_overlap(a: _Audit) -> None:
         else:
             why, fix = "comm_overlap.overlap_p2p_comm=false overrides Bridge", "set comm_overlap.overlap_p2p_comm=true"
         a.row("overlap_p2p_comm", OFF, why)
-        a.err("p2p_overlap_off", f"{why}; {fix}")
+        a.err("p2p_overlap_off", f"{why}; {fix}", fix.removeprefix("set ") if "=" in fix and ">" not in fix else None)
 
 
 def _grad_dtype(rddp) -> tuple[str, int]:
@@ -234,13 +300,15 @@ def _dp_overlap(a: _Audit) -> None:
     dist_opt = bool(rddp.use_distributed_optimizer)
     if not dist_opt:
         a.err("no_distributed_optimizer", f"DP={dp} without the distributed optimizer: Bridge skips its DP overlap "
-              "setup and param-gather overlap cannot run; set ddp.use_distributed_optimizer=true")  # fmt: skip
+              "setup and param-gather overlap cannot run; set ddp.use_distributed_optimizer=true",
+              "ddp.use_distributed_optimizer=true")  # fmt: skip
     for name, what in (("overlap_grad_reduce", "grad reduce-scatter"), ("overlap_param_gather", "param all-gather")):
         if getattr(rddp, name) and dist_opt:
             a.row(name, ON, f"DP={dp}: {what} overlapped with backward/forward")
         elif dist_opt:
             a.row(name, OFF, f"DP={dp} but comm_overlap.{name}=false")
-            a.err(f"{name}_off", f"DP={dp} without {what} overlap; set comm_overlap.{name}=true")
+            a.err(f"{name}_off", f"DP={dp} without {what} overlap; set comm_overlap.{name}=true",
+                  f"comm_overlap.{name}=true")  # fmt: skip
         else:
             a.row(name, OFF, f"DP={dp} but no distributed optimizer")
     if rddp.align_param_gather:
@@ -260,12 +328,29 @@ def _bucket_size(a: _Audit) -> None:
     a.row("bucket_size", ON, f"{bucket:,} params = {mb:,.0f} MB at {grad_dtype}")
     tp, pp, _, vpp, _ = a.layout
     chunk = ModelShape.of(a.cfg).chunk_params(tp, pp, vpp)
+    field = bucket_field(a.cfg)
     if bucket >= BYTES_LIKE_BUCKET:
-        a.err("bucket_size_bytes", f"ddp.bucket_size={bucket:,} looks like bytes: it counts parameters "
-              f"({mb:,.0f} MB of {grad_dtype} grads); use e.g. {bucket // width:,}")  # fmt: skip
+        good = sane_bucket(bucket, chunk, width)
+        a.err("bucket_size_bytes", f"{field}={bucket:,} looks like bytes: it counts parameters "
+              f"({mb:,.0f} MB of {grad_dtype} grads); use e.g. {field}={good}", f"{field}={good}")  # fmt: skip
     elif bucket >= chunk:
-        a.err("bucket_size_single", f"ddp.bucket_size={bucket:,} params ≥ a model chunk ({chunk:,} params): "
-              "one bucket, so grad reduce cannot overlap; use ≤ chunk/4")  # fmt: skip
+        good = sane_bucket(bucket, chunk, width)
+        a.err("bucket_size_single", f"{field}={bucket:,} params ≥ a model chunk ({chunk:,} params): "
+              f"one bucket, so grad reduce cannot overlap; use ≤ chunk/4, e.g. {field}={good}",
+              f"{field}={good}")  # fmt: skip
+
+
+def bucket_field(cfg) -> str:
+    """The field that decides the bucket: Bridge's comm-overlap setup copies comm_overlap.bucket_size over
+    ddp.bucket_size whenever it is set (training/comm_overlap.py, CommOverlapConfig.setup)."""
+    comm = cfg.comm_overlap
+    return "comm_overlap.bucket_size" if comm is not None and comm.bucket_size is not None else "ddp.bucket_size"
+
+
+def sane_bucket(bucket: int, chunk: int, width: int) -> int:
+    """A bucket that passes both rules: the byte count read as bytes, capped at a quarter chunk, whole millions."""
+    want = min(bucket // width if bucket >= BYTES_LIKE_BUCKET else bucket, chunk // 4, BYTES_LIKE_BUCKET - 1)
+    return max(1, want // 1_000_000 * 1_000_000 if want >= 1_000_000 else want)
 
 
 def _optimizer_step_overlap(a: _Audit) -> None:
@@ -291,12 +376,14 @@ def _precision(a: _Audit) -> None:
     if mp is not None and cfg.ddp.grad_reduce_in_fp32 != mp.grad_reduce_in_fp32:
         a.err("grad_reduce_fp32_conflict", f"ddp.grad_reduce_in_fp32={cfg.ddp.grad_reduce_in_fp32} contradicts "
               f"mixed_precision.grad_reduce_in_fp32={mp.grad_reduce_in_fp32}, which overwrites it; "
-              "set it on mixed_precision")  # fmt: skip
+              "set it on mixed_precision",
+              f"mixed_precision.grad_reduce_in_fp32={str(cfg.ddp.grad_reduce_in_fp32).lower()}")  # fmt: skip
     fp8_pg = bool(mp is not None and mp.fp8_param_gather)
     if dtype_of(cfg) == "bf16":
         a.row("fp8_param_gather", NA if not fp8_pg else ON, "BF16 run")
         if fp8_pg:
-            a.err("fp8_param_gather_bf16", "fp8_param_gather on a BF16 run: set mixed_precision.fp8_param_gather=false")
+            a.err("fp8_param_gather_bf16", "fp8_param_gather on a BF16 run: set mixed_precision.fp8_param_gather=false",
+                  "mixed_precision.fp8_param_gather=false")  # fmt: skip
         return
     a.row("fp8_param_gather", ON if fp8_pg else OFF, "FP8 params all-gathered in FP8")
     dist_opt = bool(rddp.use_distributed_optimizer)

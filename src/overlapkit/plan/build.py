@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
-from overlapkit.plan import overrides, presets, registry
-from overlapkit.plan.audit import AuditReport, audit
+from overlapkit.plan import inputs, overrides, presets, registry
+from overlapkit.plan.audit import AuditReport, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
 from overlapkit.shape import ModelShape, dtype_of
@@ -98,11 +98,14 @@ def make_plan(
         apply_overlap_stack(cfg, intent)
     changes = [(f"{overrides.INTENT_PREFIX}{k}", None, v) for k, v in intent_changes.items()]
     changes += overrides.apply(cfg, pairs)
+    if bad := inputs.size_problems(cfg):  # before anything divides by them
+        raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
     target = Target(nodes=nodes or entry.nodes, te_available=te_available)
     res = resolve(cfg, target)
     partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile)
     ledger = build_ledger(partial, profile, caller_env)
-    report = audit(cfg, target, res, intent).extend(audit_rows(partial, ledger))
+    report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
+    report.extend(audit_rows(partial, ledger))
     return dataclasses.replace(partial, report=report, ledger=ledger, memory=memory.estimate(cfg, target))
 
 

@@ -33,7 +33,20 @@ from overlapkit.plan.audit import OFF, ON, AuditReport, Finding, Row
 
 LAYERS = ("derived", "bridge", "recipe", "cluster")
 SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NGC_API_KEY", "COMET_API_KEY"})
-_SECRET = re.compile(r"(_TOKEN|_KEY|_SECRET)$|PASSWORD|^(TOKEN|SECRET)$", re.IGNORECASE)
+# Anywhere in the name: WANDB_APIKEY, MY_TOKEN_FILE and DB_PASSWD are as secret as WANDB_API_KEY.
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL", re.IGNORECASE)
+# Values that are credentials whatever their name, by the issuers' documented prefixes and shapes.
+CREDENTIAL_FORMATS = {
+    "a Hugging Face token": r"\bhf_[A-Za-z0-9]{30,}",  # huggingface.co/docs/hub/security-tokens
+    "a W&B API key": r"(?<![0-9a-f])[0-9a-f]{40}(?![0-9a-f])",  # wandb.ai/authorize: 40 hex characters
+    "a GitHub token": r"\b(gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})",  # GitHub token formats
+    "an AWS access key": r"\b(AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS IAM identifiers
+    "a Google Cloud API key": r"\bAIza[0-9A-Za-z_\-]{35}",
+    "an NVIDIA NGC key": r"\bnvapi-[A-Za-z0-9_\-]{20,}",
+    "an OpenAI-style key": r"\bsk-[A-Za-z0-9_\-]{20,}",
+    "a private key": r"-----BEGIN [A-Z ]*PRIVATE KEY",
+}
+_CREDENTIAL = {kind: re.compile(rx) for kind, rx in CREDENTIAL_FORMATS.items()}
 PINNED = "CUDA_DEVICE_MAX_CONNECTIONS"
 SECRET_VALUE = "<from caller env>"
 HOPPER = ("h100", "h200", "h800", "gh200")
@@ -89,6 +102,21 @@ class ShellOverride:
 def is_secret(name: str) -> bool:
     """A name whose value must never be written anywhere (profiles refuse it in `env`, the plugin refuses it)."""
     return name.upper() in SECRET_NAMES or bool(_SECRET.search(name))
+
+
+def credential_kind(value) -> str | None:
+    """What credential `value` looks like ("a Hugging Face token"), or None."""
+    text = str(value)
+    return next((kind for kind, rx in _CREDENTIAL.items() if rx.search(text)), None)
+
+
+def secret_problem(name: str, value) -> str | None:
+    """Why `name=value` must not be written into a plan, a ledger or a job script, or None."""
+    if is_secret(name):
+        return f"{name} looks like a secret by its name"
+    if kind := credential_kind(value):
+        return f"the value of {name} looks like {kind}"
+    return None
 
 
 @dataclass(frozen=True)

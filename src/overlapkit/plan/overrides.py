@@ -20,7 +20,10 @@ class OverrideError(ValueError):
 
 
 def parse(text: str | list[str] | None) -> list[tuple[str, str]]:
-    tokens = shlex.split(text) if isinstance(text, str) else list(text or [])
+    try:
+        tokens = shlex.split(text) if isinstance(text, str) else list(text or [])
+    except ValueError as exc:  # shlex: "No closing quotation"
+        raise OverrideError(f"SET={text!r}: {exc}; quote a value with spaces as KEY='a b'") from None
     pairs = []
     for tok in tokens:
         key, sep, value = tok.partition("=")
@@ -30,7 +33,7 @@ def parse(text: str | list[str] | None) -> list[tuple[str, str]]:
     return pairs
 
 
-def _fields(obj) -> list[str]:
+def fields_of(obj) -> list[str]:
     if dataclasses.is_dataclass(obj):
         return [f.name for f in dataclasses.fields(obj)]
     return [k for k in vars(obj) if not k.startswith("_")] if hasattr(obj, "__dict__") else []
@@ -38,7 +41,7 @@ def _fields(obj) -> list[str]:
 
 def valid_keys(root, prefix: str = "", depth: int = 2) -> list[str]:
     out = []
-    for name in _fields(root):
+    for name in fields_of(root):
         key = f"{prefix}{name}"
         out.append(key)
         child = getattr(root, name, None)
@@ -52,36 +55,75 @@ def _nearest(key: str, root) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
-def convert(key: str, raw: str, current, field_type=None):
-    """`raw` (YAML scalar text) converted to the type of `current`."""
+_READABLE = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "list": "a list, e.g. [a, b]",
+    "dict": "a mapping, e.g. {a: 1}",
+    "none": "null",
+}
+
+
+def kinds_of(current) -> set[str]:
+    """What an unrecorded field accepts, judged from its current value: its type (or null); anything when None."""
+    if current is None:
+        return {"any"}
+    for t in (bool, int, float, str):
+        if isinstance(current, t):
+            return {t.__name__, "none"}
+    if isinstance(current, (list, tuple)):
+        return {"list", "none"}
+    return {"dict" if isinstance(current, dict) else "object", "none"}
+
+
+def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
+    """`raw` (YAML scalar text) as a value of one of `kinds` (the recorded schema's, or kinds_of(current))."""
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
         raise OverrideError(f"{key}={raw!r}: not a valid value ({exc.problem})") from None
+    out = _as_kind(value, kinds)
+    if out is _REFUSED and "str" in kinds and not isinstance(value, (list, dict)):
+        out = raw  # a path, time or name that YAML read as a number or date: keep what was typed
+    if out is _REFUSED:
+        wanted = " or ".join(_READABLE[k] for k in sorted(kinds) if k in _READABLE) or "a value set in Python"
+        raise OverrideError(f"{key}={raw!r}: expected {wanted}")
+    if choices and out not in choices:
+        raise OverrideError(f"{key}={raw!r}: expected one of {', '.join(map(str, choices))}")
+    return out
+
+
+_REFUSED = object()
+
+
+def _as_kind(value, kinds: set[str]):
+    if "any" in kinds:
+        return value
     if value is None:
-        return None
-    kind = type(current) if current is not None else None
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        raise OverrideError(f"{key}={raw!r}: expected true or false")
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise OverrideError(f"{key}={raw!r}: expected an integer")
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise OverrideError(f"{key}={raw!r}: expected a number")
-    if kind is str and not isinstance(value, str):
-        return str(value)  # e.g. a time limit or path that YAML read as a number
-    if kind in (list, tuple) and not isinstance(value, (list, tuple)):
-        raise OverrideError(f"{key}={raw!r}: expected a list, e.g. [a, b]")
-    if kind is not None and not isinstance(value, (str, int, float, bool, list, tuple, dict)):
-        raise OverrideError(f"{key}={raw!r}: cannot set a {kind.__name__} from the command line")
-    if kind is not None and kind not in (str, list, tuple, dict) and not isinstance(value, kind):
-        raise OverrideError(f"{key}={raw!r}: expected {kind.__name__}, got {type(value).__name__}")
-    return value
+        return None if "none" in kinds else _REFUSED
+    if isinstance(value, bool):
+        return value if "bool" in kinds else _REFUSED
+    if isinstance(value, int):
+        return value if "int" in kinds else float(value) if "float" in kinds else _REFUSED
+    if isinstance(value, float):
+        return value if "float" in kinds else _REFUSED
+    if isinstance(value, str):
+        return value if "str" in kinds else _REFUSED
+    if isinstance(value, (list, tuple)):
+        return value if "list" in kinds else _REFUSED
+    return value if isinstance(value, dict) and "dict" in kinds else _REFUSED
+
+
+def convert(key: str, raw: str, current):
+    """`raw` converted to the type of the field it replaces: the recorded schema's kinds, else `current`'s."""
+    from overlapkit.plan.inputs import schema
+
+    entry = schema().get(key)
+    if entry is None:
+        return convert_kinds(key, raw, kinds_of(current))
+    return convert_kinds(key, raw, set(entry["kinds"]), entry.get("choices"))
 
 
 def apply(cfg, pairs: list[tuple[str, str]]) -> list[tuple[str, object, object]]:
@@ -91,12 +133,12 @@ def apply(cfg, pairs: list[tuple[str, str]]) -> list[tuple[str, object, object]]
         *path, leaf = key.split(".")
         obj = cfg
         for i, part in enumerate(path):
-            if part not in _fields(obj):
+            if part not in fields_of(obj):
                 raise OverrideError(f"unknown key {key!r}: no {'.'.join(path[: i + 1])!r}{_nearest(key, cfg)}")
             obj = getattr(obj, part)
             if obj is None:
                 raise OverrideError(f"cannot set {key!r}: {'.'.join(path[: i + 1])} is None in this recipe")
-        if leaf not in _fields(obj):
+        if leaf not in fields_of(obj):
             raise OverrideError(f"unknown key {key!r}{_nearest(key, cfg)}")
         old = getattr(obj, leaf)
         new = convert(key, raw, old)
@@ -121,5 +163,5 @@ def split_intent(pairs: list[tuple[str, str]]) -> tuple[dict[str, object], list[
             hint = f"; did you mean {INTENT_PREFIX}{close[0]}?" if close else f" (known: {', '.join(names)})"
             raise OverrideError(f"unknown key {key!r}{hint}")
         default = getattr(OverlapIntent(), name)
-        intent[name] = convert(key, raw, default if default is not None else "")
+        intent[name] = convert_kinds(key, raw, kinds_of(default) if default is not None else {"str", "none"})
     return intent, rest

@@ -13,6 +13,7 @@ step stand (the stack never silently undoes them).
 
 from __future__ import annotations
 
+import ast
 import contextvars
 import difflib
 import functools
@@ -175,9 +176,59 @@ def get(name: str) -> Recipe:
     discover()
     if name in REGISTRY:
         return REGISTRY[name]
-    close = difflib.get_close_matches(name, REGISTRY, n=3, cutoff=0.4) or sorted(REGISTRY)[:3]
     broken = f"; {len(_ERRORS)} recipe module(s) failed to import: {next(iter(_ERRORS.values()))}" if _ERRORS else ""
-    raise UnknownRecipe(f"unknown recipe {name!r}; closest: {', '.join(close)} (`make recipes` lists all){broken}")
+    raise UnknownRecipe(_unknown(name, REGISTRY) + broken)
+
+
+def _unknown(name: str, known) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.4) or sorted(known)[:3]
+    return f"unknown recipe {name!r}; closest: {', '.join(close)} (`make recipes` lists all)"
+
+
+def check_declared(name: str) -> None:
+    """Before the Bridge import: raise UnknownRecipe when no recipe file declares `name` by a decorator (register or
+    a module-level helper that returns register(...)). A file that registers any other way (a call, a loop) makes
+    the answer unknown, and the full check after the import decides."""
+    declared: set[str] = set()
+    for directory in [RECIPES_DIR, *map(Path, _extra_dirs())]:
+        for path in sorted(Path(directory).glob("[!_]*.py")):
+            try:
+                names = _declared_in(ast.parse(path.read_text()))
+            except (OSError, SyntaxError, ValueError):
+                return  # discover() reports the broken file
+            if names is None:
+                return
+            declared |= names
+    if declared and name not in declared:
+        raise UnknownRecipe(_unknown(name, declared))
+
+
+def _declared_in(tree: ast.Module) -> set[str] | None:
+    """Recipe names a module declares, or None when it calls register some other way."""
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    helpers = {f.name for f in funcs if any(_calls(n, {"register"}) for n in ast.walk(f))}
+    decorators, declared = set(), set()
+    for f in funcs:
+        for d in f.decorator_list:
+            if _calls(d, {"register"} | helpers) or (isinstance(d, ast.Name) and d.id == "register"):
+                declared.add(f.name)
+                decorators.add(id(d))
+    inside_helpers = {id(n) for f in funcs if f.name in helpers for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if _calls(node, {"register"}) and id(node) not in decorators | inside_helpers:
+            return None
+    return declared
+
+
+def _calls(node, names: set[str]) -> bool:
+    f = node.func if isinstance(node, ast.Call) else None
+    return (isinstance(f, ast.Name) and f.id in names) or (isinstance(f, ast.Attribute) and f.attr in names)
+
+
+def shipped(name: str) -> bool:
+    """Is recipe `name` defined in this repo's recipes/ (not in a RECIPES_PATH directory)?"""
+    module = sys.modules.get(get(name).build.__module__)
+    return module is not None and Path(module.__file__).resolve().parent == RECIPES_DIR.resolve()
 
 
 def load_file(path: Path, name: str):

@@ -115,8 +115,8 @@ def test_fork_without_a_preset_writes_the_explicit_default_opt_in(capsys, tmp_pa
         (["--from", R70, "--name", "llama3_70b_pretrain_8gpu_h100_bf16"], "use more GPUs"),
         ([*ARGS_34B, "--tp", "3"], "TP3 is not one of"),
         ([*ARGS_34B, "--tp", "4", "--pp", "1", "--cp", "1", "--gbs", "100"], "GBS 100 is not divisible by DP·MBS=8"),
-        ([*ARGS_34B, "--hidden", "abc"], "invalid int value: 'abc'"),
-        ([*ARGS_34B, "--layers", "0"], "must be a positive whole number"),
+        ([*ARGS_34B, "--hidden", "abc"], "'abc' is not a whole number ≥ 1"),
+        ([*ARGS_34B, "--layers", "0"], "'0' is not a whole number ≥ 1"),
     ],
 )
 def test_bad_request_fails_with_one_line_and_writes_nothing(capsys, tmp_path, clean_registry, argv, needle):

@@ -341,8 +341,39 @@ BAD_PROFILES = [
     pytest.param('time_limit = "1-25:00:00"\n', "use HH:MM:SS or D-HH:MM:SS", id="bad-day-hours"),
     pytest.param(
         '[env]\nWANDB_API_KEY = "abc"\n',
-        "WANDB_API_KEY has a literal value: put WANDB_API_KEY in secrets = [...] and export it in your shell",
+        "env.WANDB_API_KEY has a literal value and WANDB_API_KEY looks like a secret by its name: put its name in "
+        "secrets = [...] and export it in your shell",
         id="literal-secret",
+    ),
+    # Secret by a name that is not Bridge's spelling: KEY, TOKEN, SECRET, PASS(WORD), CREDENTIAL anywhere.
+    pytest.param('[env]\nWANDB_APIKEY = "abc"\n', "WANDB_APIKEY looks like a secret by its name", id="apikey"),
+    pytest.param('[env]\nMY_TOKEN_FILE = "x"\n', "MY_TOKEN_FILE looks like a secret by its name", id="token-inside"),
+    pytest.param('[env]\nDB_PASSWD = "x"\n', "DB_PASSWD looks like a secret by its name", id="passwd"),
+    pytest.param('[env]\nGCP_CREDENTIALS = "x"\n', "GCP_CREDENTIALS looks like a secret", id="credentials"),
+    # A credential by its format, whatever the name.
+    pytest.param(
+        '[env]\nLOGGER_URL = "hf_abcdefghijklmnopqrstuvwxyz0123456789"\n',
+        "the value of LOGGER_URL looks like a Hugging Face token",
+        id="hf-format",
+    ),
+    pytest.param(
+        '[env]\nTRACKER = "0123456789abcdef0123456789abcdef01234567"\n', "looks like a W&B API key", id="wandb-format"
+    ),
+    pytest.param(
+        '[env]\nREPO = "ghp_abcdefghijklmnopqrstuvwxyz0123456789"\n', "looks like a GitHub token", id="github-format"
+    ),
+    pytest.param('[env]\nS3 = "AKIAABCDEFGHIJKLMNOP"\n', "looks like an AWS access key", id="aws-format"),
+    # srun's --export or a bare NAME=value would put the value on the srun line of the sbatch script.
+    pytest.param(
+        'srun_args = ["--mpi=pmix", "--export=ALL,WANDB_API_KEY=abc"]\n',
+        "srun_args WANDB_API_KEY=...: WANDB_API_KEY looks like a secret by its name",
+        id="srun-export",
+    ),
+    pytest.param('srun_args = ["HF_TOKEN=abc"]\n', "srun_args HF_TOKEN=...", id="srun-assignment"),
+    pytest.param(
+        'container_mounts = ["/data:/data:hf_abcdefghijklmnopqrstuvwxyz0123456789"]\n',
+        "container_mounts holds what looks like a Hugging Face token",
+        id="mount-credential",
     ),
     pytest.param("gpus_per_node = 0\n", "gpus_per_node = 0: expected a positive integer", id="zero-gpus"),
     pytest.param('gpus_per_node = "8"\n', "expected a positive integer", id="gpus-as-string"),

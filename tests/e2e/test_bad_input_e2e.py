@@ -1,0 +1,49 @@
+"""Bad input as a user types it, through `make` in new processes: one line each, answered before the Bridge import,
+and the exit status a script sees (make exits 2 on any failure, GNU make's own rule; its `Error N` line carries ours:
+1 = audit errors, 2 = bad input; the command without make returns N itself)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from overlapkit import stack
+
+R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
+
+
+def make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+BAD = [
+    ("plan", "NODES=0", "NODES='0': must be a whole number"),
+    ("plan", "NODES=two", "NODES='two'"),
+    ("plan", "SET=train.global_batch_size=0", "train.global_batch_size=0: must be a whole number ≥ 1"),
+    ("plan", "SET=model.tensor_model_parallel_size=-1", "must be a whole number ≥ 1"),
+    ("plan", "SET=train.micro_batch_size=1.5", "expected an integer"),
+    ("plan", "SET=train.global_batch_sise=8", "did you mean train.global_batch_size?"),
+    ("plan", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf61", "unknown recipe"),
+    ("submit", "SET=model.seq_length=0", "model.seq_length=0"),
+    ("submit", "CLUSTER=nosuch", "unknown cluster profile 'nosuch'"),
+    ("submit", "PREFLIGHT=maybe", "PREFLIGHT='maybe'"),
+    ("sbatch", "NODES=-1", "NODES='-1'"),
+]
+
+
+@pytest.mark.parametrize(("target", "arg", "needle"), BAD, ids=[f"{t}-{a}" for t, a, _ in BAD])
+def test_bad_input_is_one_line_before_the_import(target, arg, needle):
+    out = make(target, *([f"RECIPE={R8}"] if "RECIPE=" not in arg else []), arg, timeout=30)
+    ours = [line for line in out.stderr.splitlines() if not line.startswith("make: ***")]
+    assert out.returncode == 2 and ours == [next(x for x in ours if needle in x)], out.stderr
+    assert ours[0].startswith("error: ") and "Error 2" in out.stderr  # make's line carries our status
+
+
+def test_audit_errors_and_bad_input_differ_for_a_script():
+    audit = make("plan", "RECIPE=llama3_70b_pretrain_64gpu_h100_bf16", "SET=comm_overlap.overlap_grad_reduce=false")
+    assert audit.returncode == 2 and "Error 1" in audit.stderr  # make's exit is 2; its line says ours was 1
+    direct = subprocess.run([sys.executable, "-m", "launch.plan", R8, "--nodes", "0"], cwd=stack.REPO_ROOT,
+                            capture_output=True, text=True, timeout=60, env={"PYTHONPATH": "src:."})  # fmt: skip
+    assert direct.returncode == 2 and direct.stderr.startswith("error: NODES='0'")

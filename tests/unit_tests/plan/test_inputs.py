@@ -1,0 +1,157 @@
+"""Bad input before the Bridge import, and after the build: every size a user is likely to touch at 0, -1 and a
+non-integer is a one-line error on both paths (never a ZeroDivisionError, never "audit: OK"); the recorded schema
+matches the installed Bridge; an override that Bridge replaces is an error naming the field that wins; and every fix
+an audit finding suggests, applied as SET, clears that finding without raising another."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from overlapkit import stack
+from overlapkit.plan import inputs, registry
+from overlapkit.plan.build import make_plan
+from overlapkit.plan.overrides import OverrideError
+
+R70 = "llama3_70b_pretrain_64gpu_h100_bf16"
+# The numeric fields a user is likely to touch: parallel sizes, batch sizes, sequence length, shape, bucket, iterations.
+TOUCHED = [
+    "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size", "model.context_parallel_size",
+    "model.virtual_pipeline_model_parallel_size", "model.expert_model_parallel_size", "train.global_batch_size",
+    "train.micro_batch_size", "model.seq_length", "dataset.sequence_length", "model.num_layers", "model.hidden_size",
+    "model.num_attention_heads", "model.num_query_groups", "model.ffn_hidden_size", "ddp.bucket_size",
+    "comm_overlap.bucket_size", "train.train_iters", "logger.log_interval", "validation.eval_interval",
+]  # fmt: skip
+MATRIX = [(key, value) for key in TOUCHED for value in ("0", "-1", "1.5")]
+
+
+@pytest.mark.parametrize(("key", "value"), MATRIX, ids=[f"{k}={v}" for k, v in MATRIX])
+def test_bad_sizes_are_refused_before_the_import(key, value):
+    with pytest.raises(OverrideError) as exc:
+        inputs.check_sets(f"{key}={value}")
+    msg = str(exc.value)
+    assert "\n" not in msg and key in msg
+    assert ("must be a whole number" in msg) if value != "1.5" else ("expected an integer" in msg)
+
+
+@pytest.mark.parametrize(("key", "value"), MATRIX, ids=[f"{k}={v}" for k, v in MATRIX])
+def test_bad_sizes_never_reach_a_division_after_the_import(key, value):
+    """The plan's own path (a fork's file or a base recipe can carry a bad size that no SET check sees)."""
+    with pytest.raises(ValueError) as exc:  # OverrideError or PlanError, both one line
+        make_plan(R70, sets=f"{key}={value}")
+    assert "\n" not in str(exc.value) and key in str(exc.value)
+
+
+def test_a_bad_size_in_the_built_config_is_a_plan_error():
+    cfg = registry.get(R70).build()
+    cfg.train.micro_batch_size, cfg.model.num_layers = 0, -2
+    assert inputs.size_problems(cfg) == ["model.num_layers=-2: must be a whole number ≥ 1",
+                                         "train.micro_batch_size=0: must be a whole number ≥ 1"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        ("train.global_batch_sise=5", "did you mean train.global_batch_size?"),
+        ("model.sequence_parallel=yes please", "is not KEY=VALUE"),
+        ("model.sequence_parallel=1", "expected true or false"),
+        ("scheduler.lr_decay_style=cosin", "expected one of constant, linear, cosine"),
+        ("checkpoint.save=hf_abcdefghijklmnopqrstuvwxyz0123456789", "<a Hugging Face token>"),
+        ("train.global_batch_size='256", "No closing quotation"),
+        ("overlap.tp_presett=x", "did you mean overlap.tp_preset"),
+    ],
+)
+def test_request_errors_before_the_import_are_one_line(sets, needle):
+    with pytest.raises(OverrideError, match=needle) as exc:
+        inputs.check_sets(sets)
+    assert "\n" not in str(exc.value)
+
+
+def test_valid_sets_pass_the_early_check():
+    assert inputs.check_sets("train.global_batch_size=512 dataset.blend=null checkpoint.save=/lustre/ckpt "
+                             "model.virtual_pipeline_model_parallel_size=null train.train_iters=100")  # fmt: skip
+
+
+def test_early_checks_never_import_bridge_or_torch():
+    code = textwrap.dedent(f"""
+        import sys
+        from launch.plan import check_request
+        for nodes, sets in (("0", ""), ("", "train.global_batch_size=0"), ("", "ddp.bucket_size=1.5")):
+            try:
+                check_request({R70!r}, nodes, sets)
+            except (KeyError, ValueError):
+                pass
+        check_request({R70!r}, "8", "train.global_batch_size=512")
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "megatron", "nemo_run")))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=stack.REPO_ROOT,
+                         env={"PYTHONPATH": "src:.", "PATH": "/usr/bin:/bin"}, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_recipe_is_answered_from_the_files():
+    registry.check_declared(R70)
+    with pytest.raises(registry.UnknownRecipe, match="closest: llama3_70b_pretrain_64gpu_h100_bf16"):
+        registry.check_declared("llama3_70b_pretrain_64gpu_h100_bf17")
+
+
+def test_a_recipe_file_that_registers_by_a_call_leaves_the_name_to_the_import(tmp_path, monkeypatch):
+    (tmp_path / "dyn.py").write_text("from recipes._base import register\nfor n in ('a', 'b'):\n    register(model=n, "
+                                     "nodes=1, source='x')(lambda: None)\n")  # fmt: skip
+    monkeypatch.setenv(registry.PATH_VAR, str(tmp_path))
+    registry.check_declared("made_at_import_time")  # unknowable from the files: no early error
+
+
+def test_recorded_schema_matches_the_installed_bridge():
+    committed = json.loads(inputs.SCHEMA_FILE.read_text())
+    assert committed == json.loads(json.dumps(inputs.shipped_schema())), (
+        "the installed Bridge's config fields differ from the recorded schema: "
+        "python -m overlapkit.plan.inputs --record, review the diff, commit"
+    )
+
+
+def test_an_override_bridge_replaces_is_an_error_naming_the_winner():
+    plan = make_plan(R70, sets="ddp.bucket_size=50000000")
+    (f,) = [f for f in plan.report.errors if f.code == "override_replaced"]
+    assert "comm_overlap.bucket_size wins" in f.message and f.fix == "comm_overlap.bucket_size=50000000"
+    assert not make_plan(R70, sets=f.fix).report.errors
+
+
+def test_a_huge_bucket_on_the_losing_field_gets_a_fix_that_passes():
+    plan = make_plan(R70, sets="ddp.bucket_size=1000000000000")
+    (f,) = [f for f in plan.report.errors if f.code == "override_replaced"]
+    assert "134,217,728" in f.message or "134217728" in f.message
+    assert not make_plan(R70, sets=f.fix).report.errors
+
+
+# Each SET breaks one rule whose finding carries a fix; the fix, applied on top, must clear it and add no error.
+BROKEN = [
+    (R70, "comm_overlap.bucket_size=1000000000000"),
+    (R70, "comm_overlap.bucket_size=2000000000"),
+    (R70, "comm_overlap.bucket_size=900000000"),
+    (R70, "comm_overlap.tp_comm_overlap=false"),
+    (R70, "comm_overlap.overlap_grad_reduce=false"),
+    (R70, "comm_overlap.overlap_param_gather=false"),
+    (R70, "comm_overlap.overlap_p2p_comm=false"),
+    (R70, "model.sequence_parallel=false"),
+    (R70, "mixed_precision.fp8_param_gather=true"),
+    (R70, "train.global_batch_size=255"),
+    (R70, "ddp.bucket_size=50000000"),
+    ("llama3_8b_pretrain_8gpu_h100_bf16", "model.virtual_pipeline_model_parallel_size=2"),
+]
+
+
+@pytest.mark.parametrize(("recipe", "sets"), BROKEN, ids=[s for _, s in BROKEN])
+def test_every_suggested_fix_passes_when_applied(recipe, sets):
+    broken = make_plan(recipe, sets=sets).report.errors
+    fixable = [f for f in broken if f.fix]
+    assert fixable, f"{sets}: no finding with a fix among {[f.code for f in broken]}"
+    for f in fixable:
+        after = make_plan(recipe, sets=f"{sets} {f.fix}").report
+        assert f.code not in after.codes("error"), f"{f.fix} did not clear {f.code}"
+        assert after.codes("error") <= {g.code for g in broken} - {f.code}, f"{f.fix} raised {after.codes('error')}"
