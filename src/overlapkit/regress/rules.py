@@ -1,7 +1,8 @@
 """Nightly comparison rules: a parsed run (logparse) + Slurm's verdict + the recipe's golden → one status.
 
 Goldens live in `nightly/goldens/<recipe>.json` and come only from `make bless RUN=<reviewed run>`: no number here
-is invented. Rules, in the order they are applied (the first that fires decides):
+is invented, and bless_checks decides which runs may become one (plan, log and Slurm state must agree). Rules, in
+the order they are applied (the first that fires decides):
 
 1. Hard failures, never retried (retrying hides them, and they reproduce): NaN/inf loss or grad norm, CUDA illegal
    memory access, NCCL watchdog timeout, CUDA OOM, a job that died before iteration 1.
@@ -177,23 +178,96 @@ def make_golden(parsed: dict, plan: dict, meta: dict) -> dict:
     }
 
 
-def bless(run_dir: Path, parsed: dict, goldens_dir: Path = GOLDENS_DIR) -> Path:
-    """Write nightly/goldens/<recipe>.json from a reviewed run; refuse anything that is not a clean training run."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "plan.json").is_file():
-        raise BlessError(f"{run_dir}: no plan.json — give RUN=<a run directory from make nightly>")
-    plan = json.loads((run_dir / "plan.json").read_text())
-    meta_file = run_dir / "nightly.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-    meta["run_dir"] = str(run_dir)
+def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> list[str]:
+    """Why this run may not become a golden, one reason each naming its fix (empty: it may). The one home of the
+    agreement rule make bless applies: plan, log and Slurm must describe one training run. plan: plan.json;
+    parsed: logparse's dict of the run's logs; state: the job's Slurm state (None: no job known); meta: nightly.json
+    (if any) with job_id (from submission.json, None without one) and preflight_only."""
+    out = []
     if meta.get("preflight_only"):
-        raise BlessError(f"{run_dir}: a preflight-only run has no iterations to bless; bless a GPU training run")
-    if not parsed["summary"]["iterations"] or parsed["summary"]["step_time_ms"] is None:
-        raise BlessError(f"{run_dir}: no training iterations in the log; nothing to bless")
+        out.append("it is a preflight-only run (no training ran): bless a training run (PREFLIGHT unset)")
+    job = meta.get("job_id")
+    if not job:
+        out.append("no submission.json, so Slurm cannot say the job COMPLETED: bless a run submitted by make submit "
+                   "or make nightly")  # fmt: skip
+    elif (state or "UNKNOWN").split()[0].rstrip("+") != "COMPLETED":
+        out.append(f"Slurm job {job} is {state or 'UNKNOWN'}, not COMPLETED: bless a run whose job completed")
+    s, launch = parsed["summary"], parsed.get("launch") or {}
+    if not s["iterations"] or s["step_time_ms"] is None:
+        return out + ["no training iterations in the log; nothing to bless: bless a run whose log has Bridge's "
+                      "`iteration N/M |` lines"]  # fmt: skip
     v = classify(parsed, "COMPLETED", None)
     if v.status == "hard_failure":
-        raise BlessError(f"{run_dir}: refusing to bless a run with a hard failure: {v.reasons[0]}")
-    goldens_dir.mkdir(parents=True, exist_ok=True)
+        out.append(f"refusing a run with a hard failure: {v.reasons[0]}; bless a clean run")
+    lay = plan.get("layout") or {}
+    # Bridge prints the global batch size on every iteration line, so a log without it is not Bridge's; the world
+    # size and the recipe are checked wherever something states them (module doc of logparse: where).
+    out += _disagreement("global batch size", launch.get("global_batch_sizes"), lay.get("gbs"), required=True)
+    out += _disagreement("world size", launch.get("world_sizes"), lay.get("gpus"))
+    out += _disagreement("recipe", launch.get("recipes"), plan.get("recipe"))
+    if meta.get("recipe") not in (None, plan.get("recipe")):
+        out.append(f"nightly.json's recipe {meta['recipe']} != plan.json's {plan.get('recipe')}: the run directory "
+                   "was assembled by hand; bless the directory make nightly wrote")  # fmt: skip
+    if s["peak_mem_gb"] is None:
+        out.append("no peak memory in the log (Bridge's `[Rank N] (after K iterations) memory (GB)` report): bless a "
+                   "run whose log has it")  # fmt: skip
+    return out
+
+
+def _disagreement(what: str, stated: list | None, planned, required: bool = False) -> list[str]:
+    """The log's values of `what` against the plan's one (a log mixing two runs states two)."""
+    if not stated:
+        return [f"the log states no {what}: bless a run whose log is Bridge's own"] if required else []
+    if planned is None:
+        return [f"plan.json has no {what} to compare with the log's: bless a run planned by this version"]
+    if any(v != planned for v in stated):
+        return [f"the log's {what} {', '.join(map(str, stated))} != the plan's {planned}: the log is not this "
+                "plan's run; bless the run directory the log came from"]  # fmt: skip
+    return []
+
+
+def launched_preflight_only(submission: dict | None) -> bool:
+    """Whether the job's launch command asked for the preflight alone: make submit records PREFLIGHT= nowhere but
+    there, in the task script nemo_run keeps (<experiment_dir>/<task>/scripts/<task>.sh)."""
+    exp = (submission or {}).get("experiment_dir")
+    scripts = sorted(Path(exp).glob("*/scripts/*.sh")) if exp else []
+    return any("--preflight-only" in p.read_text(errors="replace") for p in scripts)
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        data = f"not valid JSON ({exc.msg}, line {exc.lineno})"
+    if not isinstance(data, dict):
+        why = data if isinstance(data, str) else "not a JSON object"
+        raise BlessError(f"{path}: {why}: give RUN=<a run directory written by make nightly or make submit>")
+    return data
+
+
+def bless(run_dir: Path, parsed: dict, goldens_dir: Path = GOLDENS_DIR, *, state: str | None = None,
+          submission: dict | None = None) -> Path:  # fmt: skip
+    """Write nightly/goldens/<recipe>.json from a reviewed run when bless_checks has nothing against it; else a
+    one-line BlessError with every reason. state: the job's Slurm state; submission: its submission.json
+    (nightly.bless_run reads both)."""
+    run_dir = Path(run_dir)
+    plan = _read_json(run_dir / "plan.json")
+    if plan is None:
+        raise BlessError(f"{run_dir}: no plan.json — give RUN=<a run directory from make nightly>")
+    meta = _read_json(run_dir / "nightly.json") or {}
+    meta["run_dir"] = str(run_dir)
+    meta["job_id"] = (submission or {}).get("job_id")
+    meta["preflight_only"] = (
+        bool(meta.get("preflight_only"))
+        or bool((submission or {}).get("preflight_only"))
+        or launched_preflight_only(submission)
+    )  # fmt: skip  (the script: older runs)
+    problems = bless_checks(plan, parsed, state, meta)
+    if problems:
+        raise BlessError(f"{run_dir}: not blessed: " + "; ".join(problems))
+    Path(goldens_dir).mkdir(parents=True, exist_ok=True)
     out = Path(goldens_dir) / f"{plan['recipe']}.json"
     jsonio.write_json(out, make_golden(parsed, plan, meta))
     return out

@@ -97,3 +97,26 @@ def bridge_log(
 def curve(n: int, start: float = 11.0, end: float = 7.0) -> list[float]:
     """A plausible pretraining loss curve shape (exponential approach), for synthetic runs."""
     return [end + (start - end) * math.exp(-i / (n / 4)) for i in range(n)]
+
+
+def renumbered_log(text: str, path, target_bytes: int) -> int:
+    """A large log of Bridge's own lines: `text` (a bridge_log) written to `path` again and again until it holds
+    `target_bytes`, its iteration lines renumbered so that every iteration is new, its memory report kept once (as
+    Bridge prints it: the first iterations only). Returns the number of iterations written."""
+    import re
+
+    header = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|")
+    lines = text.splitlines(keepends=True)
+    per_pass = sum(1 for ln in lines if header.search(ln))
+    passes = max(1, -(-target_bytes // len(text.encode())))
+    total, done = per_pass * passes, 0
+    with open(path, "w") as f:
+        for p in range(passes):
+            for ln in lines:
+                if header.search(ln):
+                    done += 1
+                    ln = header.sub(f"iteration {done:8d}/{total:8d} |", ln)
+                elif p and ln.startswith("[Rank "):
+                    continue
+                f.write(ln)
+    return total

@@ -1,15 +1,21 @@
 """The training-log parser on logs printed by Bridge's own training_log() (see nightly_fixtures.py), plus the cases a
 nightly meets: interleaved ranks, torn lines, NaN/inf, a job killed mid-line, a run that never started, and
-Megatron-LM's line format."""
+Megatron-LM's line format; what the log states about its launch; and make parse-log streaming a large log in
+bounded memory with the JSON the in-process parse gives."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
+import random
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from nightly_fixtures import bridge_log, curve
+from nightly_fixtures import bridge_log, curve, renumbered_log
 
 from overlapkit import stack
 from overlapkit.regress import logparse
@@ -123,3 +129,94 @@ def test_make_parse_log_prints_json(tmp_path, text):
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert len(data["iterations"]) == N and data["summary"]["peak_mem_gb"] == 61.5
+
+
+def test_a_restarted_job_keeps_the_last_whole_line_per_iteration_and_streams_the_same_json(text, tmp_path):
+    lines = text.splitlines()
+    k = next(i for i, ln in enumerate(lines) if "iteration       20/" in ln)
+    again = [ln.replace("| lm loss:", "| lm loss: 1.0 | x:") for ln in lines[k:]]  # the restart's lines differ
+    torn = lines[k][: lines[k].index("grad norm")]  # a torn copy of 20 after its whole one: the whole one stays
+    log = tmp_path / "restarted.log"
+    log.write_text("\n".join(lines + again + [torn]))
+    p = logparse.parse_file(log)
+    by_it = {r["iteration"]: r for r in p["iterations"]}
+    assert len(by_it) == N and by_it[20]["complete"] and by_it[21]["lm_loss"] == 1.0 and by_it[19]["lm_loss"] != 1.0
+    with logparse.LogParser() as lp:
+        lp.feed_files([log])
+        out = io.StringIO()
+        logparse.write_json(lp, out)
+    assert out.getvalue() == logparse.to_json(p)
+
+
+REAL_RECIPE = "llama3_8b_pretrain_8gpu_h100_fp8cs"
+
+
+def test_launch_facts_from_real_job_logs(text):
+    fixture = Path(__file__).parent / "fixtures" / "preflight_submit_run"
+    job = "".join((fixture / f).read_text() for f in ("sbatch_root-root.train_8.out", "log-root-root.train_8_0.out"))
+    launch = logparse.parse_text(job + text)["launch"]  # nemo_run's sbatch trace, our preflight line, Bridge's lines
+    assert launch == {"recipes": [REAL_RECIPE], "world_sizes": [8], "global_batch_sizes": [256]}
+    other = ("> initialized HyperCommGrid with tp=4, pp=2, cp=2, dp=4\nusing world size: 64, data-parallel size: 4\n"
+             "usage: launch.entry [-h] --recipe RECIPE --run-dir RUN_DIR\n")  # fmt: skip
+    assert logparse.parse_text(other)["launch"] == {"recipes": [], "world_sizes": [64], "global_batch_sizes": []}
+
+
+def test_every_event_pattern_is_behind_a_hint():
+    # The hints let a line skip the event searches: each literal alternative of each pattern must contain one.
+    for rx in logparse.EVENTS.values():
+        for alt in rx.pattern.split("|"):
+            assert any(h in alt.lower() for h in logparse._EVENT_HINTS), alt
+
+
+def test_streamed_mean_is_python_sum_to_the_last_bit():
+    rng = random.Random(7)
+    for _ in range(500):
+        xs = [rng.choice((rng.uniform(-1e3, 1e3), rng.uniform(0, 1e-9), rng.random() * 1e17, rng.gauss(2000, 3)))
+              for _ in range(rng.randint(1, 40))]  # fmt: skip
+        acc = logparse._Sum()
+        for x in xs:
+            acc.add(x)
+        assert acc.mean() == sum(xs) / len(xs)
+
+
+# Runs the parser and prints its exit status and peak RSS (kB, wait4). An intermediate process because Linux keeps a
+# forked child's pre-exec peak in its ru_maxrss: a direct child of this pytest (Bridge imported, > 1 GB) would report
+# pytest's peak, not its own.
+MEASURE = """import os, subprocess, sys
+with open(sys.argv[2], "w") as out:
+    child = subprocess.Popen([sys.executable, "-m", "overlapkit.regress.logparse", sys.argv[1]], stdout=out)
+    _, status, usage = os.wait4(child.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
+def test_make_parse_log_streams_a_large_log_in_bounded_memory(tmp_path, text):
+    # ~30 MB of Bridge's own lines (~70k iterations): the whole-file parse held ~10x the log; the stream holds
+    # neither the log nor its records, whatever the size. The interpreter itself counts.
+    log, out = tmp_path / "big.log", tmp_path / "out.json"
+    n = renumbered_log(text, log, 30_000_000)
+    env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
+    run = subprocess.run([sys.executable, "-c", MEASURE, str(log), str(out)], capture_output=True, text=True,
+                         env=env, timeout=120)  # fmt: skip
+    rc, maxrss_kb = map(int, run.stdout.split())
+    assert rc == 0, run.stderr
+    assert maxrss_kb / 1024 < 100, f"peak RSS {maxrss_kb / 1024:.0f} MB parsing {n} iterations"
+    parsed = logparse.parse_file(log)
+    assert parsed["summary"]["iterations"] == n and parsed["summary"]["peak_mem_gb"] == 61.5
+    assert out.read_text() == logparse.to_json(parsed) + "\n"
+
+
+def test_parse_log_imports_neither_torch_nor_bridge():
+    code = ("import sys, overlapkit.regress.logparse; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'nemo_run'}))")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_parse_log_bad_input_is_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
+    for args in ([str(tmp_path / "missing.log")], [str(tmp_path)], [str(tmp_path), "--warmup", "-1"]):
+        out = subprocess.run([sys.executable, "-m", "overlapkit.regress.logparse", *args], capture_output=True,
+                             text=True, env=env, timeout=60)  # fmt: skip
+        assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.count("error:") == 1, out.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from nightly_fixtures import bridge_log, curve
@@ -13,7 +14,8 @@ from overlapkit.regress import logparse, night_report, nightly
 from overlapkit.regress import rules as regress
 
 N = 60
-PLAN = {"recipe": "llama3_70b_pretrain_64gpu_h100_bf16", "layout": {"tp": 4, "pp": 4, "cp": 2, "nodes": 8},
+PLAN = {"recipe": "llama3_70b_pretrain_64gpu_h100_bf16", "layout": {"tp": 4, "pp": 4, "cp": 2, "nodes": 8,
+                                                                    "gpus": 64, "gbs": 256},
         "overrides": [], "audit": {"rows": {"tp_comm_overlap": {"state": "on"}, "overlap_p2p_comm": {"state": "on"},
                                             "overlap_param_gather_with_optimizer_step": {"state": "off"}}}}  # fmt: skip
 
@@ -99,20 +101,138 @@ def _run_dir(tmp_path, name, parsed_text, meta=None):
 
 
 def test_bless_refuses_bad_runs_and_writes_a_good_one(tmp_path):
+    # A job that Slurm says COMPLETED (bless now needs the job: see the truth table below).
+    job = {"state": "COMPLETED", "submission": {"job_id": "7"}}
     good = bridge_log(curve(N), [2000.0] * N)
     d = _run_dir(tmp_path, "good", good)
-    out = regress.bless(d, logparse.parse_file(d / "train.log"), tmp_path / "goldens")
+    out = regress.bless(d, logparse.parse_file(d / "train.log"), tmp_path / "goldens", **job)
     g = json.loads(out.read_text())
     assert out.name == f"{PLAN['recipe']}.json" and len(g["loss"]) == N and g["step_time_ms"] == 2000.0
     nan = curve(N)
     nan[10] = float("nan")
     with pytest.raises(regress.BlessError, match="hard failure: NaN"):
-        regress.bless(d, logparse.parse_text(bridge_log(nan, [2000.0] * N)), tmp_path / "goldens")
+        regress.bless(d, logparse.parse_text(bridge_log(nan, [2000.0] * N)), tmp_path / "goldens", **job)
     with pytest.raises(regress.BlessError, match="no training iterations"):
-        regress.bless(d, logparse.parse_text("> building\n"), tmp_path / "goldens")
+        regress.bless(d, logparse.parse_text("> building\n"), tmp_path / "goldens", **job)
     pre = _run_dir(tmp_path, "pre", "", {"preflight_only": True})
     with pytest.raises(regress.BlessError, match="preflight-only"):
-        regress.bless(pre, logparse.parse_text(""), tmp_path / "goldens")
+        regress.bless(pre, logparse.parse_text(""), tmp_path / "goldens", **job)
+    with pytest.raises(regress.BlessError, match="no submission.json"):  # no job, no Slurm verdict
+        regress.bless(d, logparse.parse_file(d / "train.log"), tmp_path / "goldens")
+
+
+# --- bless: plan, log and Slurm state must agree (rules.bless_checks) -------------------------------------------
+# A real preflight-only `make submit` run on the local Slurm (paths shortened to /jobs and /repo): plan.json (8 GPUs,
+# GBS 128), nemo_run's task script (with --preflight-only), its sbatch output (the traced srun line names the
+# experiment, so the recipe) and the task's log (our preflight line: 8/8 ranks). The training log is Bridge's own.
+FIXTURE = Path(__file__).parent / "fixtures" / "preflight_submit_run"
+REAL_PLAN = json.loads((FIXTURE / "plan.json").read_text())
+JOB_LOGS = ("sbatch_root-root.train_8.out", "log-root-root.train_8_0.out")
+
+
+def _train(gbs=128, n=20, nan_at=None, memory=True) -> str:
+    losses = curve(n)
+    if nan_at:
+        losses[nan_at - 1] = float("nan")
+    log = bridge_log(losses, [2000.0] * n, world=8, gbs=gbs)
+    return log if memory else "".join(ln for ln in log.splitlines(True) if not ln.startswith("[Rank "))
+
+
+def _job_text(world=8, recipe=None) -> str:
+    text = "".join((FIXTURE / f).read_text() for f in JOB_LOGS).replace("(8/8 ranks)", f"({world}/{world} ranks)")
+    return text.replace(REAL_PLAN["recipe"], recipe) if recipe else text
+
+
+AGREEING = {"train": {}, "job": {}, "state": "COMPLETED", "meta": {"job_id": "8", "preflight_only": False}}
+CASES = {  # one disagreement each -> the words its reason must hold
+    "preflight-only run": ({"meta": {"job_id": "8", "preflight_only": True}}, "preflight-only run"),
+    "no job": ({"meta": {"preflight_only": False}}, "no submission.json"),
+    "job failed": ({"state": "FAILED"}, "Slurm job 8 is FAILED, not COMPLETED"),
+    "job unknown to Slurm": ({"state": None}, "Slurm job 8 is UNKNOWN"),
+    "no iterations": ({"train": None}, "no training iterations in the log"),
+    "NaN loss": ({"train": {"nan_at": 12}}, "hard failure: NaN"),
+    "other GBS": ({"train": {"gbs": 64}}, "the log's global batch size 64 != the plan's 128"),
+    "two GBS": ({"extra": {"gbs": 64}}, "the log's global batch size 64, 128 != the plan's 128"),
+    "other world size": ({"job": {"world": 64}}, "the log's world size 64 != the plan's 8"),
+    "other recipe": ({"job": {"recipe": "llama3_70b_pretrain_64gpu_h100_bf16"}},
+                     "the log's recipe llama3_70b_pretrain_64gpu_h100_bf16 != the plan's llama3_8b"),
+    "nightly.json's recipe": ({"meta": {"job_id": "8", "recipe": "llama3_70b_pretrain_64gpu_h100_bf16"}},
+                              "nightly.json's recipe"),
+    "no peak memory": ({"train": {"memory": False}}, "no peak memory in the log"),
+}  # fmt: skip
+
+
+def _checks(case: dict) -> list[str]:
+    c = {**AGREEING, **case}
+    text = _job_text(**c["job"]) + (_train(**c["train"]) if c["train"] is not None else "")
+    text += _train(**c["extra"]) if "extra" in c else ""
+    return regress.bless_checks(REAL_PLAN, logparse.parse_text(text), c["state"], c["meta"])
+
+
+def test_bless_checks_pass_a_run_where_plan_log_and_slurm_agree():
+    assert _checks({}) == []
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bless_checks_name_each_single_disagreement(name):
+    case, words = CASES[name]
+    problems = _checks(case)
+    assert len(problems) == 1 and words in problems[0], problems
+    assert ": " in problems[0] and "bless" in problems[0].split(": ", 1)[1]  # what disagrees, then the fix
+
+
+def _submitted_run(tmp_path, *, preflight: bool, train: str) -> Path:
+    """The fixture as make submit left it (run dir + nemo_run experiment), plus `train` as the task's log."""
+    exp = tmp_path / "jobs" / "experiments" / REAL_PLAN["recipe"] / f"{REAL_PLAN['recipe']}_1796141532421389775"
+    (exp / "train" / "scripts").mkdir(parents=True)
+    script = (FIXTURE / "train.sh").read_text()
+    if not preflight:  # a training run's script is the same without --preflight-only
+        script = script.replace(" --preflight-only", "")
+    (exp / "train" / "scripts" / "train.sh").write_text(script)
+    (exp / "train" / JOB_LOGS[0]).write_text((FIXTURE / JOB_LOGS[0]).read_text())
+    (exp / "train" / JOB_LOGS[1]).write_text((FIXTURE / JOB_LOGS[1]).read_text() + train)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "plan.json").write_text(json.dumps(REAL_PLAN))
+    (run_dir / "submission.json").write_text(json.dumps({"job_id": "8", "experiment_dir": str(exp)}))
+    return run_dir
+
+
+def test_make_bless_refuses_the_preflight_run_with_a_hand_placed_log(tmp_path, monkeypatch):
+    # The sweep's case: a preflight-only submit run, a log with GBS 64 and no memory report put next to plan.json.
+    monkeypatch.setattr(nightly.slurm, "job_state", lambda job_id: "COMPLETED")
+    run_dir = _submitted_run(tmp_path, preflight=True, train="")
+    (run_dir / "train.log").write_text(_train(gbs=64, memory=False))
+    with pytest.raises(regress.BlessError) as err:
+        nightly.bless_run(run_dir, tmp_path / "goldens")
+    msg = str(err.value)
+    assert "\n" not in msg and "preflight-only run" in msg and "global batch size 64 != the plan's 128" in msg
+    assert "no peak memory" in msg and not (tmp_path / "goldens").exists()
+
+
+def test_make_bless_blesses_a_completed_training_run_and_refuses_it_while_slurm_disagrees(tmp_path, monkeypatch):
+    run_dir = _submitted_run(tmp_path, preflight=False, train=_train())
+    monkeypatch.setattr(nightly.slurm, "job_state", lambda job_id: "CANCELLED by 0")
+    with pytest.raises(regress.BlessError, match="Slurm job 8 is CANCELLED by 0, not COMPLETED"):
+        nightly.bless_run(run_dir, tmp_path / "goldens")
+    monkeypatch.setattr(nightly.slurm, "job_state", lambda job_id: "COMPLETED")
+    out = nightly.bless_run(run_dir, tmp_path / "goldens")
+    g = json.loads(out.read_text())
+    assert out.name == f"{REAL_PLAN['recipe']}.json" and len(g["loss"]) == 20 and g["peak_mem_gb"] == 60.0
+
+
+def test_bless_bad_submission_json_is_one_line(tmp_path):
+    run_dir = _submitted_run(tmp_path, preflight=False, train=_train())
+    (run_dir / "submission.json").write_text("{torn")
+    with pytest.raises(regress.BlessError, match=r"submission.json: .*; bless a run submitted by make submit"):
+        nightly.bless_run(run_dir, tmp_path / "goldens")
+
+
+def test_bless_bad_plan_json_is_one_line(tmp_path):
+    d = _run_dir(tmp_path, "bad", "")
+    (d / "plan.json").write_text("{not json")
+    with pytest.raises(regress.BlessError, match="plan.json: not valid JSON .*: give RUN="):
+        regress.bless(d, logparse.parse_text(""), tmp_path / "goldens", state="COMPLETED", submission={"job_id": "1"})
 
 
 def test_nightly_shape_keeps_model_parallelism_and_microbatches():
