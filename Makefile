@@ -25,13 +25,16 @@ FORK_FLAGS = $(if $(HIDDEN),--hidden "$(HIDDEN)") $(if $(LAYERS),--layers "$(LAY
 CUTS    ?=
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
+# make's own pid: if make dies (even by kill -9), its Python child is not told; it watches this pid and stops
+# (a submission in progress is marked failed, never left half-done). See overlapkit/cluster/submit.py.
+export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test lint recipes plan bench gpu-check new-recipe submit status logs cancel sbatch run-local slurm-up slurm-down
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: ## install the pinned stack into .venv (uv sync --frozen)
 	@$(UV) sync --frozen
@@ -88,7 +91,8 @@ LOG     ?=
 ITERS   ?= 60
 MIN_DP  ?= 2
 JOB_DIR ?=
-.PHONY: nightly nightly-report bless parse-log
+AT      ?=
+.PHONY: nightly nightly-report bless parse-log nightly-schedule nightly-status nightly-unschedule
 
 nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
 	@$(PY) -m launch.nightly submit --cluster "$(CLUSTER)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" --recipes "$(RECIPES)" --iters "$(ITERS)" --min-dp "$(MIN_DP)" --job-dir "$(JOB_DIR)"
@@ -101,3 +105,12 @@ bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<reci
 
 parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
 	@$(PY) -m overlapkit.regress.logparse "$(LOG)"
+
+nightly-schedule: ## run the nightly every day at AT (02:00, now+90, ISO date) through sbatch --begin (RECIPES=, PREFLIGHT=)
+	@$(PY) -m launch.nightly schedule --cluster "$(CLUSTER)" --at "$(AT)" --recipes "$(RECIPES)" --preflight "$(PREFLIGHT)" --iters "$(ITERS)" --min-dp "$(MIN_DP)" --job-dir "$(JOB_DIR)"
+
+nightly-status: ## the scheduled chain (next begin, late or broken?) and the last night's verdict
+	@$(PY) -m launch.nightly schedule-status --cluster "$(CLUSTER)" --job-dir "$(JOB_DIR)"
+
+nightly-unschedule: ## cancel the scheduled nightly chain of CLUSTER
+	@$(PY) -m launch.nightly unschedule --cluster "$(CLUSTER)" --job-dir "$(JOB_DIR)"

@@ -1,45 +1,47 @@
-"""`make nightly | nightly-report | bless`: the nightly GPU regression suite on a cluster profile.
+"""`make nightly | nightly-report | bless | nightly-schedule | nightly-status | nightly-unschedule`: the nightly GPU
+regression suite on a cluster profile, and the schedule that runs it every night.
 
-Argument parsing and printing only; the work is overlapkit.regress.nightly. submit: every recipe (or RECIPES=) in its
-nightly shape, then a summary job that runs `python -m launch.nightly report` after all of them. report: classify
-each run against its golden, write report.md + plots, append the history; resubmit an infrastructure failure once.
-bless: a reviewed run → nightly/goldens/<recipe>.json. Exit status: 0 ok, 1 failures, 2 bad input.
+Argument parsing and printing only; the work is overlapkit.regress.nightly and overlapkit.regress.schedule. submit:
+every recipe (or RECIPES=) in its nightly shape, then a summary job that runs `python -m launch.nightly report` after
+all of them. report: classify each run against its golden, write report.md, junit.xml + plots, append the history;
+resubmit an infrastructure failure once. bless: a reviewed run → nightly/goldens/<recipe>.json. schedule: a
+scheduler job held until AT that runs `submit` and queues itself for the next day (schedule-run is what it runs);
+schedule-status: that chain and the last night; unschedule: cancel the chain.
+Exit status: 0 ok, 1 failures (a regressed night, a broken chain), 2 bad input.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
+from launch.args import Parser
 from overlapkit import stack
-from overlapkit.regress import nightly
+from overlapkit.cluster.submit import Interrupted
+from overlapkit.plan.inputs import positive_int
+from overlapkit.regress import nightly, schedule
 from overlapkit.regress import rules as regress
 
 
 def _args(argv):
-    ap = argparse.ArgumentParser(prog="launch.nightly", description=__doc__)
-    ap.add_argument("action", choices=("submit", "report", "bless"))
+    ap = Parser(prog="launch.nightly", description=__doc__)
+    ap.add_argument("action", choices=ACTIONS)
     ap.add_argument("--cluster", default="local", help="profile name in slurm/profiles/ or a path to a .toml")
     ap.add_argument("--job-dir", default="", help="override the profile's job_dir (tests)")
     ap.add_argument("--dryrun", default="")
     ap.add_argument("--preflight", default="", help="1: preflight-only runs (CPU machines); env: skip the re-audit")
     ap.add_argument("--recipes", default="", help="space/comma-separated names (default: every recipe that fits)")
-    ap.add_argument("--iters", type=_positive, default=regress.NIGHTLY_ITERS)
-    ap.add_argument("--min-dp", type=_positive, default=nightly.MIN_DP)
-    ap.add_argument("--max-nodes", type=_positive, default=None, help="default: the partition's nodes (sinfo)")
+    ap.add_argument("--iters", type=positive_int, default=regress.NIGHTLY_ITERS)
+    ap.add_argument("--min-dp", type=positive_int, default=nightly.MIN_DP)
+    ap.add_argument("--max-nodes", type=positive_int, default=None, help="default: the partition's nodes (sinfo)")
     ap.add_argument("--night", default="", help="report: the night directory (default: the latest)")
     ap.add_argument("--run", default="", help="bless: the run directory")
     ap.add_argument("--goldens", default=str(regress.GOLDENS_DIR))
     ap.add_argument("--no-retry", action="store_true", help="report: do not resubmit infrastructure failures")
+    ap.add_argument("--at", default="", help=f"schedule: when each night starts: {schedule.FORMS}")
     return ap.parse_args(argv)
-
-
-def _positive(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return int(text)
 
 
 def profile_of(args):
@@ -81,14 +83,66 @@ def do_bless(args) -> int:
     return 0
 
 
+def do_schedule(args) -> int:
+    """Every check that needs no Bridge first (AT, PREFLIGHT, profile, partition): a typo answers at once and
+    submits nothing. Recipe names need the registry (Bridge), so they are checked last, and only when given."""
+    from overlapkit.cluster.submit import preflight_mode
+
+    at = schedule.check_at(args.at)
+    preflight_mode(args.preflight)
+    profile = profile_of(args)
+    schedule.check_partition(profile)
+    if names := args.recipes.replace(",", " ").split():
+        schedule.check_recipes(names)
+    req = schedule.ScheduleRequest(profile=profile, at=at, cluster=args.cluster, job_dir=args.job_dir,
+                                   recipes=" ".join(names), preflight=args.preflight, iters=args.iters,
+                                   min_dp=args.min_dp)  # fmt: skip
+    sched, replaced = schedule.schedule(req)
+    for line in schedule.scheduled_lines(sched, schedule.schedule_path(profile), replaced):
+        print(line)
+    return 0
+
+
+def do_schedule_run(args) -> int:
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise ValueError("schedule-run runs inside the scheduler job (no SLURM_JOB_ID here): use make nightly-schedule")
+    return schedule.fire(profile_of(args), job_id, say=print)
+
+
+def do_schedule_status(args) -> int:
+    st = schedule.status(profile_of(args), args.cluster)
+    for line in st.lines:
+        print(line)
+    return 0 if st.ok else 1
+
+
+def do_unschedule(args) -> int:
+    sched, cancelled, running = schedule.unschedule(profile_of(args))
+    for line in schedule.unscheduled_lines(args.cluster, sched, cancelled, running):
+        print(line)
+    return 0
+
+
+ACTIONS = {"submit": do_submit, "report": do_report, "bless": do_bless, "schedule": do_schedule,
+           "schedule-run": do_schedule_run, "schedule-status": do_schedule_status,
+           "unschedule": do_unschedule}  # fmt: skip
+
+
 def main(argv=None) -> int:
     args = _args(argv)
     try:
-        return {"submit": do_submit, "report": do_report, "bless": do_bless}[args.action](args)
+        return ACTIONS[args.action](args)
     except (regress.BlessError, FileNotFoundError, KeyError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"error: {exc}; each run directory's submission.json says what became of it", file=sys.stderr)
+        return 128 + exc.signum
 
 
 if __name__ == "__main__":
+    from overlapkit.cluster.submit import install_signal_handlers
+
+    install_signal_handlers()  # a night's submissions end marked (failed or submitted), even if make is killed
     sys.exit(main())

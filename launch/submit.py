@@ -1,21 +1,22 @@
 """`make submit|status|logs|cancel|sbatch|run-local`: launch an audited recipe on Slurm (nemo_run) or one node.
 
 Argument parsing and printing only; the work is overlapkit.cluster (submit, sbatch, slurm). Nothing is submitted
-when the audit has errors. Exit status: 0 ok, 1 audit/job failure, 2 bad input.
+when the audit has errors or the partition can never run the request. Exit status: 0 ok, 1 audit/job failure,
+2 bad input, 128+N killed by signal N (the run directory is marked failed, or submitted with its job id).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from launch.plan import parse_nodes
+from launch.args import Parser
+from launch.plan import check_request
 from overlapkit import stack
 
 
 def _args(argv):
-    ap = argparse.ArgumentParser(prog="launch.submit", description=__doc__)
+    ap = Parser(prog="launch.submit", description=__doc__)
     ap.add_argument("action", choices=("submit", "status", "logs", "cancel", "sbatch", "run-local"))
     ap.add_argument("--recipe", default="")
     ap.add_argument("--cluster", default="local", help="profile name in slurm/profiles/ or a path to a .toml")
@@ -28,22 +29,36 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def do_submit(args, out) -> int:
+def do_submit(args, out, nodes, profile) -> int:
     from overlapkit.cluster import sbatch, slurm, submit
     from overlapkit.plan.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
-    sub = submit.prepare(args.recipe, args.cluster, nodes=parse_nodes(args.nodes), sets=args.set,
-                         preflight_only=preflight_only, checks=checks)  # fmt: skip
-    render_plan(sub.plan, out)
+    real = args.action == "submit" and not args.dryrun
+    sub = submit.prepare(args.recipe, profile, nodes=nodes, sets=args.set, preflight_only=preflight_only,
+                         checks=checks, check_partition=real)  # fmt: skip
+    with submit.transaction(sub):
+        render_plan(sub.plan, out)
+        if not real:
+            return _not_submitted(args, sub, sbatch, submit)
+        return _submitted(args, sub, slurm, submit)
+
+
+def _not_submitted(args, sub, sbatch, submit) -> int:
     if args.action == "sbatch":
-        print(f"sbatch script: {sbatch.write(sub)}")
+        path = sbatch.write(sub)
+        submit.mark(sub.run_dir, "sbatch-script", script=str(path))
+        print(f"sbatch script: {path}")
         return 0
-    if args.dryrun:
-        print(submit.dryrun(sub))
-        print(f"# every rank runs (scripts/train.sh, from the packaged code directory):\n{sub.command}")
-        print(f"dry run: nothing submitted; plan and ledger in {sub.run_dir}")
-        return 0
+    text = submit.dryrun(sub)
+    submit.mark(sub.run_dir, "dryrun")
+    print(text)
+    print(f"# every rank runs (scripts/train.sh, from the packaged code directory):\n{sub.command}")
+    print(f"dry run: nothing submitted; plan and ledger in {sub.run_dir}")
+    return 0
+
+
+def _submitted(args, sub, slurm, submit) -> int:
     sha, dirty = submit.shipped_commit()
     if dirty:  # the rank-0 re-audit also fails a job whose rebuilt recipe differs from this plan
         print(f"warning: uncommitted changes are not shipped (the job runs {sha[:12]}): {', '.join(dirty[:5])}",
@@ -75,8 +90,14 @@ def do_run_dir_action(args) -> int:
     from overlapkit.cluster import slurm, submit
     from overlapkit.cluster.profiles import load_profile
 
-    run_dir = submit.run_dir_of(load_profile(args.cluster), args.run)
-    info = submit.load_submission(run_dir)
+    run_dir = submit.run_dir_of(load_profile(args.cluster), args.run, submitted=args.action != "status")
+    if not run_dir.is_dir():
+        raise ValueError(f"RUN={args.run!r} is not a directory: give RUN=<run directory> (make status: the latest)")
+    info = submit.read_marker(run_dir)
+    if args.action == "status" and not info.get("job_id"):
+        print(f"{run_dir.name}: {submit.describe(info)}")
+        return 1 if info.get("state") in ("failed", "submitting") else 0
+    info = submit.load_submission(run_dir)  # logs and cancel need a job: one line saying why there is none
     if args.action == "status":
         pre = run_dir / "preflight.json"
         print(f"{run_dir.name}: job {info['job_id']} {slurm.job_state(info['job_id'])}")
@@ -84,8 +105,9 @@ def do_run_dir_action(args) -> int:
     elif args.action == "logs":
         for f in submit.log_files(info):
             print(f"==> {f} <==\n{f.read_text(errors='replace')}")
+    elif ended := slurm.cancel(info["job_id"]):
+        print(f"job {info['job_id']} ({run_dir.name}) already {ended}: nothing to cancel")
     else:
-        slurm.cancel(info["job_id"])
         print(f"cancelled job {info['job_id']} ({run_dir.name})")
     return 0
 
@@ -95,18 +117,36 @@ def main(argv=None) -> int:
     from overlapkit.plan.report import console
 
     out = console()
+    from overlapkit.cluster import submit
+    from overlapkit.cluster.profiles import load_profile
+
     try:
         if args.action in ("status", "logs", "cancel"):
             return do_run_dir_action(args)
-        if not args.recipe:
-            raise ValueError(f"no recipe given: make {args.action} RECIPE=<name> (make recipes lists them)")
+        nodes = check_request(args.recipe, args.nodes, args.set, action=args.action)  # before the 50-s import
+        submit.preflight_mode(args.preflight)
+        profile = None if args.action == "run-local" else load_profile(args.cluster)
+        if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
+            from overlapkit.cluster import slurm
+
+            if bad := slurm.request_problems(profile, nodes or 1, profile.time_limit):
+                raise ValueError(f"{bad[0]}; nothing submitted")
         stack.import_bridge()
-        return do_run_local(args, out) if args.action == "run-local" else do_submit(args, out)
+        return do_run_local(args, out) if args.action == "run-local" else do_submit(args, out, nodes, profile)
+    except submit.AuditFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except submit.Interrupted as exc:
+        print(f"error: {exc}; the run directory (if any) says what became of the submission", file=sys.stderr)
+        return 128 + exc.signum
     except (KeyError, ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
+    from overlapkit.cluster.submit import install_signal_handlers
+
     os.environ.setdefault("NEMORUN_HOME", str(stack.REPO_ROOT / "runs" / "nemo_run"))
+    install_signal_handlers()  # the CLI only: an in-process caller keeps its own handlers
     sys.exit(main())

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -48,21 +50,65 @@ def check_ranks(run_dir: Path, world: int, nodes: int) -> list[dict]:
     return recs
 
 
-def test_make_submit_preflight_only_completes_with_the_ledger_on_every_rank():
-    env = {**os.environ, "NCCL_DEBUG": "INFO"}  # a stale shell export: reported at submit, never lost silently
-    out = subprocess.run(["make", "submit", f"RECIPE={R8}", "CLUSTER=local", "PREFLIGHT=1"], cwd=stack.REPO_ROOT,
+def test_make_submit_preflight_only_completes_with_the_ledger_on_every_rank(tmp_path):
+    # A secret the intended way: its name in the profile, its value only in the submitting shell.
+    planted = f"hf_{uuid.uuid4().hex}{uuid.uuid4().hex[:8]}"
+    site = tmp_path / "site.toml"
+    site.write_text(load_profile("local").path.read_text().replace("secrets = []", 'secrets = ["HF_TOKEN"]'))
+    env = {**os.environ, "NCCL_DEBUG": "INFO", "HF_TOKEN": planted}  # NCCL_DEBUG: a stale shell export, reported
+    out = subprocess.run(["make", "submit", f"RECIPE={R8}", f"CLUSTER={site}", "PREFLIGHT=1"], cwd=stack.REPO_ROOT,
                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "NCCL_DEBUG=INFO is exported in this shell" in out.stdout
     run_dir = newest_run(load_profile("local").job_path / "runs", R8)
     info = json.loads((run_dir / "submission.json").read_text())
-    assert wait(info["job_id"]) == "COMPLETED"
+    assert info["state"] == "submitted" and wait(info["job_id"]) == "COMPLETED"
     for name in ("plan.json", "config.yaml", "ledger.json", "preflight.json"):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "preflight.json").read_text())
     assert summary["ok"] and summary["checks"] == "full" and summary["reaudit_errors"] == []
     recs = check_ranks(run_dir, world=8, nodes=1)
     assert recs[0]["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"  # TP=CP=1
+    written = [f for d in (run_dir, Path(info["experiment_dir"])) for f in d.rglob("*") if f.is_file()]
+    assert len(written) > 10 and not [f for f in written if planted.encode() in f.read_bytes()]
+    assert planted not in out.stdout + out.stderr
+    # Cancelling a job that already ended says so instead of claiming a cancel.
+    again = subprocess.run(["make", "-s", "cancel", f"RUN={run_dir}"], cwd=stack.REPO_ROOT, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 0 and f"job {info['job_id']} ({run_dir.name}) already COMPLETED" in again.stdout
+
+
+def test_a_request_the_partition_can_never_run_is_refused_before_anything_is_queued():
+    queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["make", "submit", f"RECIPE={R8}", "CLUSTER=local", "NODES=16"], cwd=stack.REPO_ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "error: 16 nodes requested but partition local has 8: use NODES≤8" in out.stderr
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split() == queued
+
+
+def test_kill_9_of_make_stops_its_submission_and_the_run_says_what_happened():
+    root = load_profile("local").job_path / "runs"
+    before = set(root.glob(f"{R8}-*"))
+    proc = subprocess.Popen(["make", "submit", f"RECIPE={R8}", "CLUSTER=local", "PREFLIGHT=1"], cwd=stack.REPO_ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline, marker = time.monotonic() + 300, None
+    while time.monotonic() < deadline and marker is None:
+        new = [d for d in set(root.glob(f"{R8}-*")) - before if (d / "submission.json").is_file()]
+        marker = new[0] / "submission.json" if new else None
+        time.sleep(0.05)
+    assert marker is not None, "make submit never created its run directory"
+    os.kill(proc.pid, signal.SIGKILL)  # make only: its Python child is not told by the kernel
+    proc.wait()
+    pid = json.loads(marker.read_text())["pid"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists(), "the submitting Python process outlived make"
+    final = json.loads(marker.read_text())
+    if final["state"] == "submitted":  # it was inside sbatch: the job id was recorded before it stopped
+        subprocess.run(["scancel", final["job_id"]], check=False)
+    else:
+        assert final["state"] == "failed" and "interrupted by SIGTERM" in final["reason"], final
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ and the one small CPU job the nightly submits without nemo_run. Every call has a
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -37,25 +38,106 @@ def wait_for(job_id: str, timeout: float = 900, poll: float = 2) -> str:
     return "TIMEOUT_WAITING"
 
 
+def partition_info(partition: str) -> dict | None:
+    """{"nodes", "gpus_per_node", "time_limit_min"} of `partition` ({} when it does not exist), or None when Slurm
+    does not answer. A partition listed on several lines (node states) sums its nodes."""
+    out = _run(["sinfo", "-h", "-p", partition, "-o", "%D|%G|%l"], timeout=20)
+    if out is None or out.returncode != 0:
+        return None
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 2]
+    if not rows:
+        return {}
+    gpus = [int(m.group(1)) for _, gres, _ in rows for m in [re.search(r"gpu(?::[^:,(]+)?:(\d+)", gres)] if m]
+    limits = [minutes(lim) for _, _, lim in rows]
+    return {"nodes": sum(int(d) for d, _, _ in rows if d.isdigit()), "gpus_per_node": max(gpus, default=0),
+            "time_limit_min": None if None in limits else max(limits)}  # fmt: skip
+
+
 def partition_nodes(partition: str) -> int | None:
-    """Nodes in `partition` (sinfo), or None when Slurm does not answer."""
-    out = _run(["sinfo", "-h", "-p", partition, "-o", "%D"], timeout=20)
-    counts = [int(x) for x in out.stdout.split() if x.isdigit()] if out else []
-    return sum(counts) or None
+    """Nodes in `partition` (sinfo), or None when Slurm does not answer or has no such partition."""
+    return (partition_info(partition) or {}).get("nodes") or None
 
 
-def cancel(job_id: str) -> None:
-    subprocess.run(["scancel", job_id], check=True, timeout=30)
+def minutes(limit: str) -> int | None:
+    """Slurm's time formats (sbatch --time, sinfo %l) in minutes; None for infinite/unlimited."""
+    text = limit.strip()
+    if text.lower() in ("infinite", "unlimited", "n/a", ""):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, s = (parts + [0, 0])[:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        h, m, s = (0, parts[0], 0) if len(parts) == 1 else ([0] * (3 - len(parts)) + parts)
+    return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
+
+
+def request_problems(profile, nodes: int, time_limit: str | None) -> list[str]:
+    """Why the partition can never run this request (nodes, GPUs per node, time limit), one line each."""
+    part, info = profile.partition, partition_info(profile.partition)
+    if info is None:
+        return [f"Slurm does not answer (sinfo -p {part}): submit from a login node of the cluster"]
+    if not info:
+        return [f"partition {part!r} does not exist here (sinfo -s lists them): fix partition in {profile.source}"]
+    out = []
+    if nodes > info["nodes"]:
+        out.append(f"{nodes} nodes requested but partition {part} has {info['nodes']}: use NODES≤{info['nodes']}")
+    if profile.gpus_per_node > info["gpus_per_node"]:
+        out.append(f"{profile.gpus_per_node} GPUs per node requested but partition {part}'s nodes have "
+                   f"{info['gpus_per_node']}: fix gpus_per_node in {profile.source}")  # fmt: skip
+    want, cap = minutes(time_limit or ""), info["time_limit_min"]
+    if want and cap is not None and want > cap:
+        out.append(f"time limit {time_limit} exceeds partition {part}'s {cap} minutes: set time_limit in "
+                   f"{profile.source} at or below it")  # fmt: skip
+    return out
+
+
+def cancel(job_id: str) -> str | None:
+    """Cancel a job that has not ended; returns its final state instead when it already has (nothing cancelled)."""
+    state = job_state(job_id)
+    if state.startswith(TERMINAL):
+        return state.split()[0]
+    out = _run(["scancel", job_id])
+    if out is None or out.returncode != 0:
+        raise RuntimeError(f"scancel {job_id} failed: {out.stderr.strip() if out else 'scancel did not answer'}")
+    return None
 
 
 def sbatch_wrap(cmd: str, *, account: str, partition: str, name: str, output: str, after: list[str],
-                time_limit: str = "00:30:00") -> str:  # fmt: skip
-    """Submit `cmd` as a one-task CPU job (`sbatch --wrap`), after every job in `after` ends (afterany)."""
+                time_limit: str = "00:30:00", begin: str | None = None, comment: str | None = None) -> str:  # fmt: skip
+    """Submit `cmd` as a one-task CPU job (`sbatch --wrap`), after every job in `after` ends (afterany), held until
+    `begin` (any `sbatch --begin` time) when given; `comment` is shown by squeue (queued() reads it back)."""
     argv = ["sbatch", "--parsable", f"--account={account}", f"--partition={partition}", "--nodes=1", "--ntasks=1",
             f"--time={time_limit}", f"--job-name={name}", f"--output={output}", "--wrap", cmd]  # fmt: skip
     if after:
         argv.insert(2, f"--dependency=afterany:{':'.join(after)}")
+    if begin:
+        argv.insert(2, f"--begin={begin}")
+    if comment:
+        argv.insert(2, f"--comment={comment}")
     out = _run(argv)
     if out is None or out.returncode != 0:
         raise RuntimeError(f"sbatch for {name} failed: {out.stderr.strip() if out else 'sbatch did not answer'}")
     return out.stdout.strip().split(";")[0]
+
+
+# squeue -O fields for queued(): EligibleTime is the job's --begin time (it stays put while the job waits, where %S
+# turns into the scheduler's estimate or N/A). Comment goes last: it is free text and may hold the separator.
+_QUEUED_FIELDS = ("JobID", "State", "EligibleTime", "Reason", "Comment")
+
+
+def queued(name: str) -> list[dict] | None:
+    """The caller's jobs called `name` in squeue: job_id, state, begin (EligibleTime), reason, comment. None when
+    squeue does not answer (Slurm down): the caller must not read that as "no jobs"."""
+    fmt = ",".join(f"{f}:|" for f in _QUEUED_FIELDS)  # `type:[.][size][suffix]`: no size, "|" as the suffix
+    out = _run(["squeue", "--me", "-h", "-n", name, "-O", fmt], timeout=20)
+    if out is None or out.returncode != 0:
+        return None
+    jobs = []
+    for line in out.stdout.splitlines():
+        parts = line.split("|", len(_QUEUED_FIELDS) - 1)
+        if len(parts) == len(_QUEUED_FIELDS):
+            job_id, state, begin, reason, comment = (p.strip() for p in parts)
+            jobs.append({"job_id": job_id, "state": state, "begin": begin, "reason": reason,
+                         "comment": comment.removesuffix("|").strip()})  # fmt: skip
+    return jobs

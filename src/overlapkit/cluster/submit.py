@@ -4,22 +4,32 @@ nemo_run (about 10 s to import here) is imported only where a job is built, so `
 for it.
 
 The run directory (`<profile job_dir>/runs/<recipe>-<time>/`) is on the cluster's shared filesystem and holds
-plan.json, config.yaml, ledger.json, then the job's preflight results and submission.json (job id, experiment).
+plan.json, config.yaml, ledger.json, then the job's preflight results. Its submission.json says what became of it,
+from the moment it exists: `submitting` (with the submitting pid and host) → `submitted` (job id, experiment) or
+`failed` (why), or `dryrun`. SIGINT/SIGTERM/SIGHUP during a submission mark it failed; while sbatch is in flight
+they wait for its job id, so a queued job is never left unrecorded. A `submitting` run whose process is gone is an
+orphan, and `make status` says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import re
 import shlex
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
+from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
 from overlapkit.plan.build import Plan, make_plan, write_run_dir
 from overlapkit.topology import GPUS_PER_NODE
@@ -27,8 +37,96 @@ from overlapkit.topology import GPUS_PER_NODE
 TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
 
 
+MARKER = "submission.json"
+
+
 class SubmitError(RuntimeError):
     """One-line, user-facing."""
+
+
+class AuditFailed(SubmitError):
+    """The plan has audit errors: nothing submitted (exit 1, not bad input)."""
+
+
+class Interrupted(BaseException):  # not an Exception: no `except Exception` on the way may swallow it
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+_SIGNALS = {"critical": False, "pending": None}
+
+
+def _on_signal(signum, _frame):
+    if _SIGNALS["critical"]:  # sbatch is in flight: finish recording its job id first
+        _SIGNALS["pending"] = signum
+        return
+    raise Interrupted(signum)
+
+
+def install_signal_handlers(parent_var: str = "OVERLAPKIT_MAKE_PID") -> None:
+    """SIGINT/SIGTERM/SIGHUP raise Interrupted (never mid-sbatch). When `make` dies (even by kill -9), its Python
+    child is not told: the Makefile passes make's pid in `parent_var` and a watcher sends us SIGTERM when it is gone."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    pid = os.environ.get(parent_var, "")
+    if pid.isdigit():
+        threading.Thread(target=_watch_parent, args=(int(pid),), daemon=True).start()
+
+
+def _watch_parent(pid: int, poll: float = 0.5) -> None:
+    while _alive(pid):
+        time.sleep(poll)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0 or -1, ...) would address a whole process group or every process
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")  # a zombie (killed, not yet reaped) is dead for our purpose
+    with contextlib.suppress(OSError, IndexError):
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+@contextlib.contextmanager
+def _critical():
+    _SIGNALS["critical"] = True
+    try:
+        yield
+    finally:
+        _SIGNALS["critical"] = False
+    if (sig := _SIGNALS["pending"]) is not None:
+        _SIGNALS["pending"] = None
+        raise Interrupted(sig)
+
+
+def mark(run_dir: Path, state: str, /, **info) -> dict:
+    record = {"state": state, "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **info}
+    jsonio.write_json(run_dir / MARKER, record)
+    return record
+
+
+@contextlib.contextmanager
+def transaction(sub):
+    """Whatever ends the block (an error, a signal, make's death), a run still `submitting` is marked failed."""
+    try:
+        yield sub
+    except BaseException as exc:
+        if read_marker(sub.run_dir).get("state") == "submitting":
+            mark(sub.run_dir, "failed", reason=str(exc) or type(exc).__name__)
+        raise
+
+
+def read_marker(run_dir: Path) -> dict:
+    f = run_dir / MARKER
+    return json.loads(f.read_text()) if f.is_file() else {}
 
 
 @dataclass
@@ -37,6 +135,7 @@ class Submission:
     profile: ClusterProfile
     run_dir: Path
     command: str  # what every rank runs, from the packaged code directory
+    preflight_only: bool = False  # recorded in submission.json: make bless refuses such a run
 
 
 def python_for(profile: ClusterProfile) -> str:
@@ -70,15 +169,22 @@ def preflight_mode(text: str) -> tuple[bool, str]:
     return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
 
 
-def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, checks="full", caller_env=None):
-    """Plan for `cluster` (a profile name, path or ClusterProfile), refuse on audit errors, write the run directory."""
+def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, checks="full", caller_env=None,
+            check_partition=False):  # fmt: skip
+    """Plan for `cluster` (a profile name, path or ClusterProfile), refuse on audit errors and (`check_partition`,
+    for a real submission) on a request the partition can never run, then write the run directory."""
     profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
     plan = make_plan(recipe, nodes=nodes, sets=sets, profile=profile, caller_env=caller_env)
     if not plan.report.ok:
         first = plan.report.errors[0]
-        raise SubmitError(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
+        raise AuditFailed(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
+    limit = profile.time_limit or plan.recipe.time_limit
+    if check_partition and (bad := slurm.request_problems(profile, plan.target.nodes, limit)):
+        raise SubmitError(f"{bad[0]}; nothing submitted")
     run_dir = write_run_dir(plan, profile.job_path / "runs")
-    return Submission(plan, profile, run_dir, entry_command(plan, profile, run_dir, preflight_only, checks))
+    mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
+    command = entry_command(plan, profile, run_dir, preflight_only, checks)
+    return Submission(plan, profile, run_dir, command, preflight_only)
 
 
 def slurm_executor(sub: Submission):
@@ -153,21 +259,18 @@ def shipped_commit() -> tuple[str, list[str]]:
 
 
 def submit(sub: Submission) -> dict:
-    with _no_stdin(), experiment(sub) as exp:
+    """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
+    with transaction(sub), _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
-        exp.run(detach=True)
-        handle = exp.jobs[0].handle
-        exp_dir = exp._exp_dir
-    m = re.search(r"(\d+)$", handle or "")
-    if not m:
-        raise SubmitError(f"nemo_run returned no Slurm job id (handle {handle!r}); see {exp_dir}")
-    info = {
-        "job_id": m.group(1),
-        "experiment_dir": str(exp_dir),
-        "cluster": sub.profile.name,
-        "run_dir": str(sub.run_dir),
-    }
-    jsonio.write_json(sub.run_dir / "submission.json", info)
+        with _critical():  # a signal now waits until the job id is on disk
+            exp.run(detach=True)
+            handle, exp_dir = exp.jobs[0].handle, exp._exp_dir
+            m = re.search(r"(\d+)$", handle or "")
+            if not m:
+                raise SubmitError(f"nemo_run returned no Slurm job id (handle {handle!r}); see {exp_dir}")
+            info = {"job_id": m.group(1), "experiment_dir": str(exp_dir), "cluster": sub.profile.name,
+                    "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only}  # fmt: skip
+            mark(sub.run_dir, "submitted", **info)
     return info
 
 
@@ -193,19 +296,40 @@ def run_local(plan: Plan, sets: str = "", *, preflight_only: bool = False, check
 
 
 def load_submission(run_dir: Path) -> dict:
-    f = run_dir / "submission.json"
-    if not f.exists():
-        raise SubmitError(f"{run_dir} has no submission.json: not a submitted run (make submit writes it)")
-    return json.loads(f.read_text())
+    """The marker of a run that reached Slurm; any other state is a one-line SubmitError saying what it is."""
+    info = read_marker(run_dir)
+    if not info:
+        raise SubmitError(f"{run_dir} has no {MARKER}: not a submitted run (make submit writes it)")
+    if info.get("job_id"):
+        return info
+    raise SubmitError(f"{run_dir.name} has no job: {describe(info)}")
 
 
-def run_dir_of(profile: ClusterProfile, run: str = "") -> Path:
-    """RUN= as given, else the latest submitted run under the profile's job directory."""
-    return Path(run) if run else latest_run(profile.job_path / "runs")
+def describe(info: dict) -> str:
+    """What a run directory's marker means, in one line (orphans named as such)."""
+    state = info.get("state", "submitted" if info.get("job_id") else "unknown")
+    if state == "failed":
+        return f"submission failed at {info.get('at')}: {info.get('reason')}"
+    if state == "dryrun":
+        return "a dry run: nothing was submitted"
+    if state == "sbatch-script":
+        return f"a plain sbatch script, not submitted by make: sbatch {info.get('script')}"
+    if state == "submitting":
+        if info.get("host") == socket.gethostname() and not _alive(int(info.get("pid", 0)) or -1):
+            return (f"orphan: its submitting process (pid {info.get('pid')}) died at an unknown point before "
+                    "recording a job id; resubmit with make submit")  # fmt: skip
+        return f"being submitted by pid {info.get('pid')} on {info.get('host')} since {info.get('at')}"
+    return f"{state} (job {info.get('job_id')})"
 
 
-def latest_run(root: Path) -> Path:
-    runs = sorted((p for p in root.glob("*/submission.json")), key=lambda p: p.stat().st_mtime)
+def run_dir_of(profile: ClusterProfile, run: str = "", submitted: bool = True) -> Path:
+    """RUN= as given, else the latest run under the profile's job directory (with a job, or in any state)."""
+    return Path(run) if run else latest_run(profile.job_path / "runs", submitted)
+
+
+def latest_run(root: Path, submitted: bool = True) -> Path:
+    runs = sorted((p for p in root.glob(f"*/{MARKER}")), key=lambda p: p.stat().st_mtime)
+    runs = [p for p in runs if not submitted or read_marker(p.parent).get("job_id")]
     if not runs:
         raise SubmitError(f"no submitted runs under {root}: give RUN=<run directory>")
     return runs[-1].parent

@@ -19,7 +19,7 @@ from pathlib import Path
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm, submit
 from overlapkit.plan import registry
-from overlapkit.regress import logparse, night_report
+from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
 from overlapkit.regress.rules import NIGHTLY_ITERS, NIGHTLY_SEED
 from overlapkit.topology import GPUS_PER_NODE
@@ -110,8 +110,8 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
         say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"')
     else:
         try:
-            sub = submit.prepare(name, req.profile, nodes=run.nodes, sets=run.sets,
-                                 preflight_only=req.preflight_only, checks=req.checks)  # fmt: skip
+            sub = submit.prepare(name, req.profile, nodes=run.nodes, sets=run.sets, preflight_only=req.preflight_only,
+                                 checks=req.checks, check_partition=True)  # fmt: skip
         except (submit.SubmitError, ValueError) as exc:
             row["skipped"] = f"not submitted: {exc}"
             say(f"skip {name}: {row['skipped']}", err=True)
@@ -187,13 +187,15 @@ def to_retry(night: dict, results: list[dict]) -> list[dict]:
 
 
 def report_night(night_dir: Path, *, goldens: Path = regress.GOLDENS_DIR, retry: bool = True, say=print) -> bool:
-    """Write the night's report (and history); resubmit infrastructure failures once. True when nothing failed."""
+    """Write the night's report, junit.xml (and history); resubmit infrastructure failures once. True when nothing
+    failed: `launch.nightly report` exits 1 otherwise, so the summary job's Slurm state is FAILED on a bad night."""
     night = json.loads((night_dir / "night.json").read_text())
     results = evaluate_night(night, goldens)
     job_dir = Path(night["job_dir"])
     job_root = job_dir if job_dir.is_absolute() else stack.REPO_ROOT / job_dir
     report = night_report.write_report(night_dir, night, results, job_root / "nightly" / "history.jsonl")
     say(report.read_text())
+    say(f"junit: {junit.write(night_dir, night, results)}")  # for CI dashboards (Jenkins, GitLab)
     if retry and (again := to_retry(night, results)):
         resubmit(night_dir, night, again, say)
     return all(r.get("skipped") or r["verdict"]["ok"] for r in results)
@@ -218,11 +220,18 @@ def resubmit(night_dir: Path, night: dict, entries: list[dict], say) -> None:
 
 
 def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR) -> Path:
-    """A reviewed run → its golden: the job's own logs (nemo_run's experiment directory) plus any *.log put next to
-    plan.json by hand."""
+    """A reviewed run → its golden, when plan, log and Slurm agree (rules.bless_checks). The log: the job's own
+    logs (nemo_run's experiment directory) plus any *.log put next to plan.json by hand; the state: Slurm's, for
+    submission.json's job id."""
     if not run_dir.is_dir():
         raise regress.BlessError(f"RUN={str(run_dir)!r}: give RUN=<run directory of a reviewed nightly run>")
-    logs = submit.log_files(submit.load_submission(run_dir)) if (run_dir / "submission.json").is_file() else []
+    try:  # no submission.json: bless_checks refuses (no job); one without a job (a dry run...): said here
+        info = submit.load_submission(run_dir) if (run_dir / "submission.json").is_file() else None
+    except (submit.SubmitError, ValueError) as exc:  # ValueError: not JSON
+        raise regress.BlessError(f"{run_dir / 'submission.json'}: {exc}; bless a run submitted by make submit or "
+                                 "make nightly") from None  # fmt: skip
+    logs = submit.log_files(info) if info else []
     logs += sorted(run_dir.glob("*.log"))
     parsed = logparse.parse_files(logs) if logs else logparse.parse_text("")
-    return regress.bless(run_dir, parsed, goldens)
+    state = slurm.job_state(str(info["job_id"])) if info and info.get("job_id") else None
+    return regress.bless(run_dir, parsed, goldens, state=state, submission=info)

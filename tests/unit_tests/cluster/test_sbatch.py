@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import socket
+import subprocess
 
 import pytest
 
@@ -99,3 +101,43 @@ def test_uncommitted_changes_are_reported_because_only_head_ships(tmp_path, monk
     assert re.fullmatch(r"[0-9a-f]{40}", sha) and dirty == []
     (repo / "recipe.py").write_text("a = 2\n")
     assert submit.shipped_commit() == (sha, ["recipe.py"])
+
+
+def test_a_run_directory_says_what_became_of_its_submission(tmp_path, capsys):
+    """submitting → submitted | failed | dryrun; a `submitting` run whose process is gone is named an orphan, and
+    logs/cancel on a run with no job are one line saying why (never a KeyError)."""
+    from launch import submit as submit_cli
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    run = tmp_path / "llama3_8b_pretrain_8gpu_h100_bf16-20261201-000000"
+    run.mkdir()
+    submit.mark(run, "submitting", pid=gone.pid, host=socket.gethostname())
+    assert submit_cli.main(["status", "--run", str(run)]) == 1
+    assert f"orphan: its submitting process (pid {gone.pid}) died" in capsys.readouterr().out
+    submit.mark(run, "submitting", pid=os.getpid(), host=socket.gethostname())
+    assert submit_cli.main(["status", "--run", str(run)]) == 1
+    assert f"being submitted by pid {os.getpid()}" in capsys.readouterr().out
+    submit.mark(run, "failed", reason="interrupted by SIGTERM")
+    assert submit_cli.main(["logs", "--run", str(run)]) == 2
+    assert "has no job: submission failed at" in capsys.readouterr().err
+    submit.mark(run, "dryrun")
+    assert submit_cli.main(["status", "--run", str(run)]) == 0
+    assert "a dry run: nothing was submitted" in capsys.readouterr().out
+    assert submit_cli.main(["cancel", "--run", str(run)]) == 2
+
+
+def test_a_signal_while_sbatch_is_in_flight_waits_for_the_job_id(tmp_path):
+    """The critical section defers SIGTERM until the job id is on disk, then raises Interrupted."""
+    import signal
+
+    submit.install_signal_handlers(parent_var="NO_SUCH_VARIABLE")
+    try:
+        with pytest.raises(submit.Interrupted, match="SIGTERM"):
+            with submit._critical():
+                os.kill(os.getpid(), signal.SIGTERM)
+                submit.mark(tmp_path, "submitted", job_id="7")  # still runs: the signal waits
+        assert submit.read_marker(tmp_path)["job_id"] == "7"
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)

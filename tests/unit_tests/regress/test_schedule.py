@@ -1,0 +1,289 @@
+"""The nightly's schedule on its own: AT in sbatch --begin's syntax (Slurm's parse_time.c decides what is valid and
+which day a time of day means), the successor's begin time, the chain's status as a truth table, and the scheduler's
+bookkeeping with Slurm's calls replaced. The chain on the real local Slurm is tests/e2e/test_schedule_e2e.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+
+import pytest
+
+from overlapkit.cluster import slurm
+from overlapkit.cluster.profiles import load_profile
+from overlapkit.regress import schedule
+
+T = dt.datetime
+NOW = T(2026, 12, 1, 1, 30, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "clock", "offset", "when"),
+    [
+        ("02:00", (2, 0, 0), None, None),
+        ("2:00", (2, 0, 0), None, None),
+        ("23:59:59", (23, 59, 59), None, None),
+        ("2:30PM", (14, 30, 0), None, None),
+        ("2:30 pm", (14, 30, 0), None, None),
+        ("12:30AM", (0, 30, 0), None, None),  # parse_time.c: 12 AM is hour 0, 12 PM is noon
+        ("12:00pm", (12, 0, 0), None, None),
+        ("midnight", (0, 0, 0), None, None),
+        ("Noon", (12, 0, 0), None, None),
+        ("elevenses", (11, 0, 0), None, None),
+        ("fika", (15, 0, 0), None, None),
+        ("teatime", (16, 0, 0), None, None),
+        ("now+60", None, 60, None),  # seconds by default (sbatch(1))
+        ("now+0", None, 0, None),
+        ("now+90seconds", None, 90, None),
+        ("now+1minute", None, 60, None),
+        ("now+2hours", None, 7200, None),
+        ("now+1HOUR", None, 3600, None),
+        ("now+1day", None, 86400, None),
+        ("now+1weeks", None, 604800, None),
+        ("2026-12-02", None, None, T(2026, 12, 2)),
+        ("2026-12-02T02:00", None, None, T(2026, 12, 2, 2)),
+        ("2026-12-02T02:00:30", None, None, T(2026, 12, 2, 2, 0, 30)),
+    ],
+)
+def test_at_forms_sbatch_takes(text, clock, offset, when):
+    assert schedule.parse_at(text) == schedule.At(text, clock=clock, offset_s=offset, when=when)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "  ", "25:00", "24:00", "2:60", "02:00:60", "13:00PM", "0:30AM", "2am", "0200", "now", "now+", "now-5",
+     "now+1h", "now+60s", "now+5 minutes", "now+5fortnights", "tomorrow", "today", "12/02/26", "1202",
+     "2026-13-01", "2026-02-30T02:00", "2026-12-02 02:00", "0 2 * * *", "02:00; rm -rf /"],
+)  # fmt: skip
+def test_other_at_is_one_line_naming_the_accepted_forms(text):
+    with pytest.raises(schedule.ScheduleError) as exc:
+        schedule.parse_at(text)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("AT=") and "HH:MM[:SS]" in msg and "now+N" in msg and "YYYY-MM-DD" in msg
+
+
+@pytest.mark.parametrize(
+    ("at", "now", "begin"),
+    [
+        ("02:00", NOW, T(2026, 12, 1, 2)),  # still ahead today
+        ("01:31", NOW, T(2026, 12, 1, 1, 31)),
+        ("01:30:45", NOW, T(2026, 12, 2, 1, 30, 45)),  # same minute: parse_time.c compares to the minute → tomorrow
+        ("01:00", NOW, T(2026, 12, 2, 1)),  # past → tomorrow
+        ("midnight", NOW, T(2026, 12, 2)),
+        ("02:00", T(2026, 12, 31, 23, 0), T(2027, 1, 1, 2)),  # across the year
+        ("now+60", T(2026, 12, 1, 1, 30, 0, 500_000), T(2026, 12, 1, 1, 31)),
+        ("now+2hours", NOW, T(2026, 12, 1, 3, 30)),
+        ("2026-12-05T02:00", NOW, T(2026, 12, 5, 2)),
+    ],
+)
+def test_first_begin(at, now, begin):
+    assert schedule.first_begin(schedule.parse_at(at), now) == begin
+
+
+def test_a_date_in_the_past_is_refused():
+    with pytest.raises(schedule.ScheduleError, match=r"AT='2026-11-30T02:00' is in the past"):
+        schedule.first_begin(schedule.parse_at("2026-11-30T02:00"), NOW)
+    with pytest.raises(schedule.ScheduleError, match="is in the past"):
+        schedule.check_at("2000-01-01")
+
+
+@pytest.mark.parametrize(
+    ("prev", "now", "successor"),
+    [
+        (T(2026, 12, 1, 2), T(2026, 12, 1, 2, 0, 40), T(2026, 12, 2, 2)),  # fired on time: same time tomorrow
+        (T(2026, 12, 1, 17, 20, 38), T(2026, 12, 1, 17, 21), T(2026, 12, 2, 17, 20, 38)),  # now+N: +24 h
+        (T(2026, 12, 1, 2), T(2026, 12, 1, 9), T(2026, 12, 2, 2)),  # 7 h late: still tomorrow 02:00
+        (T(2026, 12, 1, 2), T(2026, 12, 4, 3), T(2026, 12, 5, 2)),  # 3 days late: past nights are not queued
+        (T(2026, 12, 31, 2), T(2026, 12, 31, 2, 1), T(2027, 1, 1, 2)),
+    ],
+)
+def test_next_begin(prev, now, successor):
+    assert schedule.next_begin(prev, now) == successor
+
+
+SCHED = {"cluster": "local", "profile": "/repo/slurm/profiles/local.toml", "partition": "local", "account": "root",
+         "job_dir": "runs/slurm", "job_dir_given": "", "at": "02:00", "recipes": "", "preflight": "", "iters": 60,
+         "min_dp": 2, "python": "/repo/.venv/bin/python", "active": True, "scheduled_at": "2026-11-20T10:00:00",
+         "job_id": "12", "begin": "2026-12-01T02:00:00", "history": []}  # fmt: skip
+
+
+def test_restart_command_repeats_what_was_asked():
+    assert schedule.restart_command(SCHED) == "make nightly-schedule CLUSTER=local AT=02:00"
+    more = {**SCHED, "recipes": "a b", "preflight": "1", "iters": 20, "job_dir_given": "/tmp/j"}
+    assert schedule.restart_command(more) == (
+        "make nightly-schedule CLUSTER=local AT=02:00 RECIPES='a b' PREFLIGHT=1 ITERS=20 JOB_DIR=/tmp/j"
+    )
+
+
+def test_the_night_is_make_nightlys_command_and_scrontab_gets_the_same():
+    argv = schedule.night_argv({**SCHED, "recipes": "a", "preflight": "1"})
+    assert argv[:4] == ["/repo/.venv/bin/python", "-m", "launch.nightly", "submit"]
+    assert argv[argv.index("--recipes") + 1] == "a" and argv[argv.index("--preflight") + 1] == "1"
+    opts, line = schedule.scrontab_lines(SCHED, T(2026, 12, 1, 2, 30))
+    assert opts.startswith("#SCRON --partition=local --account=root") and line.startswith("30 2 * * * cd ")
+    assert "-m launch.nightly submit --cluster /repo/slurm/profiles/local.toml" in line
+
+
+# --- status: a truth table ---------------------------------------------------------------------------------------
+NOW12 = T(2026, 12, 1, 12, 0)
+PENDING = {"job_id": "12", "state": "PENDING", "begin": "2026-12-02T02:00:00", "reason": "BeginTime",
+           "comment": "x"}  # fmt: skip
+FIRED_OK = {"job_id": "11", "begin": "2026-12-01T02:00:00", "fired_at": "2026-12-01T02:00:41", "successor": "12",
+            "night": "/j/nightly/20261201-020041", "rc": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sched", "queued", "ended", "state", "ok", "says"),
+    [
+        (None, [], None, "none", True, "no nightly schedule for local: start one with make nightly-schedule"),
+        ({**SCHED, "active": False, "unscheduled_at": "2026-12-01T09:00:00"}, [], None, "off", True,
+         "start again with make nightly-schedule CLUSTER=local AT=02:00"),
+        (SCHED, None, None, "unknown", False, "squeue did not answer"),
+        (SCHED, [PENDING], None, "pending", True, "scheduler job 12 pending, begins 2026-12-02T02:00:00 (in 14h)"),
+        ({**SCHED, "history": [FIRED_OK]}, [PENDING], None, "pending", True, "night /j/nightly/20261201-020041"),
+        (SCHED, [{**PENDING, "begin": "2026-12-01T11:50:00"}], None, "pending", True, "(due now)"),
+        (SCHED, [{**PENDING, "begin": "2026-12-01T11:00:00", "reason": "Resources"}], None, "late", False,
+         "still pending 1h after its begin time 2026-12-01T11:00:00 (squeue reason: Resources)"),
+        ({**SCHED, "job_id": "13", "history": [{"job_id": "12", "begin": "2026-12-01T11:59:00",
+                                                 "fired_at": "2026-12-01T11:59:30", "successor": "13"}]},
+         [{**PENDING, "state": "RUNNING"}, {**PENDING, "job_id": "13"}], None, "pending", True, "launching now"),
+        ({**SCHED, "history": [{"job_id": "12", "begin": "2026-12-01T11:59:00", "fired_at": "2026-12-01T11:59:30"}]},
+         [{**PENDING, "state": "RUNNING"}], None, "running", True, "scheduler job 12 is RUNNING: launching"),
+        (SCHED, [], "CANCELLED by 0", "broken", False,
+         "the chain is broken: scheduler job 12 (begin 2026-12-01T02:00:00) ended (CANCELLED by 0) without queueing "
+         "a successor, so no night is scheduled; restart with make nightly-schedule CLUSTER=local AT=02:00"),
+        ({**SCHED, "job_id": "11", "history": [{**FIRED_OK, "successor_error": "sbatch: error: Invalid account"}]},
+         [], "COMPLETED", "broken", False, "(sbatch: sbatch: error: Invalid account)"),
+        (SCHED, [PENDING, {**PENDING, "job_id": "14"}], None, "pending", False,
+         "also queued for this chain: job 14 (PENDING, begins 2026-12-02T02:00:00)"),
+        ({**SCHED, "job_id": "11"}, [PENDING], "COMPLETED", "pending", True, "(schedule.json names job 11: COMPLETED)"),
+        ({**SCHED, "history": [{**FIRED_OK, "night": None, "rc": 1}]}, [PENDING], None, "pending", False,
+         "the night did not start: fired 2026-12-01T02:00:41 by job 11: `make nightly`'s command exited 1"),
+        ({**SCHED, "history": [{k: v for k, v in FIRED_OK.items() if k not in ("rc", "night")}]}, [PENDING], None,
+         "pending", False, "whose launch never reported back"),
+        ({**SCHED, "scheduled_at": "2026-12-01T08:00:00", "history": [{**FIRED_OK, "rc": 1}]}, [PENDING], None,
+         "pending", True, "exited 1"),  # a failure from before the chain was rescheduled: shown, not held against it
+        ({**SCHED, "history": [{**FIRED_OK, "begin": "2026-11-28T02:00:00", "fired_at": "2026-11-28T02:00:30"}]},
+         [PENDING], None, "pending", False, "3 night(s) did not run between 2026-11-28T02:00:00 and 2026-12-02"),
+    ],
+)  # fmt: skip
+def test_status_truth_table(sched, queued, ended, state, ok, says):
+    st = schedule.analyse(sched, queued, ended, NOW12, "local")
+    assert (st.state, st.ok) == (state, ok), st.lines
+    assert any(says in line for line in st.lines), st.lines
+
+
+def _result(recipe, status, ok):
+    return {"recipe": recipe, "verdict": {"status": status, "ok": ok}}
+
+
+def test_last_night_lines(tmp_path):
+    night = {"entries": [{"recipe": "a", "job_id": "1"}, {"recipe": "b", "job_id": "2"}, {"recipe": "c",
+             "skipped": "too big"}], "report_job_id": "3", "preflight_only": True}  # fmt: skip
+    results = [_result("a", "pass", True), _result("b", "regression", False), {"recipe": "c", "skipped": "too big"}]
+    lines = schedule.night_lines(tmp_path, night, results, None)
+    assert lines[0] == f"last night: {tmp_path} (2 submitted, 1 skipped, preflight only)"
+    assert lines[1] == "verdict: 1 failing (b: regression); 1 pass, 1 regression; report.md there"
+    (tmp_path / "junit.xml").write_text("<testsuites/>")
+    assert schedule.night_lines(tmp_path, night, results[:1], None)[1] == (
+        "verdict: no failures; 1 pass; report.md + junit.xml there"
+    )
+    assert "verdict: not yet: summary job 3 is PENDING" in schedule.night_lines(tmp_path, night, None, "PENDING")
+    assert schedule.night_lines(tmp_path, night, None, "FAILED")[1].startswith(
+        "verdict: none: summary job 3 ended FAILED without writing results.json"
+    )
+
+
+# --- the scheduler's bookkeeping, Slurm replaced ------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    """A queue of this chain's scheduler jobs; sbatch appends, scancel removes."""
+    profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
+    path = schedule.schedule_path(profile)
+    queue, ids = [], iter(range(100, 200))
+
+    def sbatch(sched, p, begin):
+        job = {"job_id": str(next(ids)), "state": "PENDING", "begin": schedule.iso(begin), "reason": "BeginTime",
+               "comment": str(p)}  # fmt: skip
+        queue.append(job)
+        return job["job_id"]
+
+    def cancel(job_id):
+        queue[:] = [j for j in queue if j["job_id"] != job_id]
+
+    monkeypatch.setattr(schedule, "submit_scheduler", sbatch)
+    monkeypatch.setattr(slurm, "queued", lambda name: [dict(j) for j in queue])
+    monkeypatch.setattr(slurm, "cancel", cancel)
+    return profile, path, queue
+
+
+def _request(profile, at="02:00"):
+    return schedule.ScheduleRequest(profile=profile, at=schedule.parse_at(at), cluster="local", recipes="a",
+                                    preflight="1")  # fmt: skip
+
+
+def test_scheduling_twice_leaves_one_chain_and_unschedule_ends_it(fake_slurm):
+    profile, path, queue = fake_slurm
+    first, replaced = schedule.schedule(_request(profile), now=NOW)
+    assert replaced == [] and [j["job_id"] for j in queue] == [first["job_id"]] == ["100"]
+    second, replaced = schedule.schedule(_request(profile, "now+60"), now=NOW)
+    assert [j["job_id"] for j in replaced] == ["100"] and [j["job_id"] for j in queue] == ["101"]
+    saved = json.loads(path.read_text())
+    assert saved["job_id"] == "101" and saved["begin"] == "2026-12-01T01:31:00" and saved["at"] == "now+60"
+    sched, cancelled, running = schedule.unschedule(profile, now=NOW)
+    assert [j["job_id"] for j in cancelled] == ["101"] and running == [] and queue == []
+    assert json.loads(path.read_text())["active"] is False
+
+
+def test_fire_queues_the_successor_then_launches_the_night(fake_slurm, monkeypatch):
+    profile, path, queue = fake_slurm
+    sched, _ = schedule.schedule(_request(profile), now=NOW)
+    queue[0]["state"] = "RUNNING"
+    launched = []
+    monkeypatch.setattr(schedule, "launch_night", lambda s, say: launched.append(s["job_id"]) or (0, "/j/night"))
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert schedule.fire(profile, "100", say=lambda text: None, now=T(2026, 12, 1, 2, 0, 40)) == 0
+    assert launched == ["101"]  # the successor was queued before the night launched
+    assert "SLURM_NTASKS" not in os.environ  # the night sees a login shell's environment
+    saved = json.loads(path.read_text())
+    assert saved["job_id"] == "101" and saved["begin"] == "2026-12-02T02:00:00"
+    assert saved["history"] == [{"job_id": "100", "begin": "2026-12-01T02:00:00", "fired_at": "2026-12-01T02:00:40",
+                                 "successor": "101", "night": "/j/night", "rc": 0}]  # fmt: skip
+    # a scheduler the chain no longer names (replaced or unscheduled meanwhile) does nothing
+    assert schedule.fire(profile, "100", say=lambda text: None) == 0 and launched == ["101"]
+
+
+def test_fire_without_a_successor_says_so_and_fails(fake_slurm, monkeypatch):
+    profile, path, queue = fake_slurm
+    schedule.schedule(_request(profile), now=NOW)
+
+    def refuse(*a):
+        raise RuntimeError("sbatch for nightly-scheduler failed: Invalid account")
+
+    monkeypatch.setattr(schedule, "submit_scheduler", refuse)
+    monkeypatch.setattr(schedule, "launch_night", lambda s, say: (0, "/j/night"))
+    said = []
+    assert schedule.fire(profile, "100", say=said.append, now=T(2026, 12, 1, 2, 1)) == 1
+    assert any("no successor queued" in s for s in said)
+    saved = json.loads(path.read_text())
+    assert saved["job_id"] == "100" and "Invalid account" in saved["history"][0]["successor_error"]
+    st = schedule.analyse(saved, [], "COMPLETED", T(2026, 12, 1, 3), "local")
+    assert st.state == "broken" and "Invalid account" in st.lines[1]
+
+
+def test_scheduled_lines_offer_scrontab_only_where_it_exists(tmp_path, monkeypatch):
+    path = tmp_path / "nightly" / "schedule.json"
+    monkeypatch.setattr(schedule.shutil, "which", lambda name: None)
+    lines = schedule.scheduled_lines({**SCHED, "job_dir_given": "/tmp/j"}, path, [PENDING])
+    assert lines[0] == ("scheduled: nightly-scheduler job 12 on partition local begins 2026-12-01T02:00:00 (AT=02:00), "
+                        "then every day at 02:00:00")  # fmt: skip
+    assert "replaced: job 12 (was to begin 2026-12-02T02:00:00)" in lines
+    assert lines[-1] == ("check: make nightly-status CLUSTER=local JOB_DIR=/tmp/j; "
+                         "stop: make nightly-unschedule CLUSTER=local JOB_DIR=/tmp/j")  # fmt: skip
+    monkeypatch.setattr(schedule.shutil, "which", lambda name: f"/usr/bin/{name}")
+    more = schedule.scheduled_lines(SCHED, path, [])
+    assert more[-3].startswith("scrontab is available here") and more[-1].startswith("0 2 * * * cd ")
