@@ -21,7 +21,7 @@ from launch.args import Parser
 from overlapkit import stack
 from overlapkit.cluster.submit import Interrupted
 from overlapkit.plan.inputs import positive_int
-from overlapkit.regress import nightly, schedule
+from overlapkit.regress import begin, chain_status, nightly, schedule
 from overlapkit.regress import rules as regress
 
 
@@ -40,7 +40,7 @@ def _args(argv):
     ap.add_argument("--run", default="", help="bless: the run directory")
     ap.add_argument("--goldens", default=str(regress.GOLDENS_DIR))
     ap.add_argument("--no-retry", action="store_true", help="report: do not resubmit infrastructure failures")
-    ap.add_argument("--at", default="", help=f"schedule: when each night starts: {schedule.FORMS}")
+    ap.add_argument("--at", default="", help=f"schedule: when each night starts: {begin.FORMS}")
     return ap.parse_args(argv)
 
 
@@ -88,7 +88,7 @@ def do_schedule(args) -> int:
     submits nothing. Recipe names need the registry (Bridge), so they are checked last, and only when given."""
     from overlapkit.cluster.submit import preflight_mode
 
-    at = schedule.check_at(args.at)
+    at = begin.check_at(args.at)
     preflight_mode(args.preflight)
     profile = profile_of(args)
     schedule.check_partition(profile)
@@ -111,7 +111,7 @@ def do_schedule_run(args) -> int:
 
 
 def do_schedule_status(args) -> int:
-    st = schedule.status(profile_of(args), args.cluster)
+    st = chain_status.status(profile_of(args), args.cluster)
     for line in st.lines:
         print(line)
     return 0 if st.ok else 1

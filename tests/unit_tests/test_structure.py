@@ -28,6 +28,8 @@ COVERED_BY = {
     "cluster/submit": "cluster/test_sbatch.py",
     "cluster/slurm": "../e2e/test_slurm_e2e.py",
     "regress/night_report": "regress/test_rules.py",
+    "regress/begin": "regress/test_schedule.py",
+    "regress/chain_status": "regress/test_schedule.py",
     "topology": "training/test_comm_overlap.py",
     "shape": "recipes/test_recipes.py",
 }

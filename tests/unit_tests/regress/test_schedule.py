@@ -13,7 +13,8 @@ import pytest
 
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import load_profile
-from overlapkit.regress import schedule
+from overlapkit.regress import begin as begin_time
+from overlapkit.regress import chain_status, schedule
 
 T = dt.datetime
 NOW = T(2026, 12, 1, 1, 30, 0)
@@ -48,7 +49,7 @@ NOW = T(2026, 12, 1, 1, 30, 0)
     ],
 )
 def test_at_forms_sbatch_takes(text, clock, offset, when):
-    assert schedule.parse_at(text) == schedule.At(text, clock=clock, offset_s=offset, when=when)
+    assert begin_time.parse_at(text) == begin_time.At(text, clock=clock, offset_s=offset, when=when)
 
 
 @pytest.mark.parametrize(
@@ -58,8 +59,8 @@ def test_at_forms_sbatch_takes(text, clock, offset, when):
      "2026-13-01", "2026-02-30T02:00", "2026-12-02 02:00", "0 2 * * *", "02:00; rm -rf /"],
 )  # fmt: skip
 def test_other_at_is_one_line_naming_the_accepted_forms(text):
-    with pytest.raises(schedule.ScheduleError) as exc:
-        schedule.parse_at(text)
+    with pytest.raises(begin_time.ScheduleError) as exc:
+        begin_time.parse_at(text)
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith("AT=") and "HH:MM[:SS]" in msg and "now+N" in msg and "YYYY-MM-DD" in msg
 
@@ -79,14 +80,14 @@ def test_other_at_is_one_line_naming_the_accepted_forms(text):
     ],
 )
 def test_first_begin(at, now, begin):
-    assert schedule.first_begin(schedule.parse_at(at), now) == begin
+    assert begin_time.first_begin(begin_time.parse_at(at), now) == begin
 
 
 def test_a_date_in_the_past_is_refused():
-    with pytest.raises(schedule.ScheduleError, match=r"AT='2026-11-30T02:00' is in the past"):
-        schedule.first_begin(schedule.parse_at("2026-11-30T02:00"), NOW)
-    with pytest.raises(schedule.ScheduleError, match="is in the past"):
-        schedule.check_at("2000-01-01")
+    with pytest.raises(begin_time.ScheduleError, match=r"AT='2026-11-30T02:00' is in the past"):
+        begin_time.first_begin(begin_time.parse_at("2026-11-30T02:00"), NOW)
+    with pytest.raises(begin_time.ScheduleError, match="is in the past"):
+        begin_time.check_at("2000-01-01")
 
 
 @pytest.mark.parametrize(
@@ -100,7 +101,7 @@ def test_a_date_in_the_past_is_refused():
     ],
 )
 def test_next_begin(prev, now, successor):
-    assert schedule.next_begin(prev, now) == successor
+    assert begin_time.next_begin(prev, now) == successor
 
 
 SCHED = {"cluster": "local", "profile": "/repo/slurm/profiles/local.toml", "partition": "local", "account": "root",
@@ -170,7 +171,7 @@ FIRED_OK = {"job_id": "11", "begin": "2026-12-01T02:00:00", "fired_at": "2026-12
     ],
 )  # fmt: skip
 def test_status_truth_table(sched, queued, ended, state, ok, says):
-    st = schedule.analyse(sched, queued, ended, NOW12, "local")
+    st = chain_status.analyse(sched, queued, ended, NOW12, "local")
     assert (st.state, st.ok) == (state, ok), st.lines
     assert any(says in line for line in st.lines), st.lines
 
@@ -183,15 +184,15 @@ def test_last_night_lines(tmp_path):
     night = {"entries": [{"recipe": "a", "job_id": "1"}, {"recipe": "b", "job_id": "2"}, {"recipe": "c",
              "skipped": "too big"}], "report_job_id": "3", "preflight_only": True}  # fmt: skip
     results = [_result("a", "pass", True), _result("b", "regression", False), {"recipe": "c", "skipped": "too big"}]
-    lines = schedule.night_lines(tmp_path, night, results, None)
+    lines = chain_status.night_lines(tmp_path, night, results, None)
     assert lines[0] == f"last night: {tmp_path} (2 submitted, 1 skipped, preflight only)"
     assert lines[1] == "verdict: 1 failing (b: regression); 1 pass, 1 regression; report.md there"
     (tmp_path / "junit.xml").write_text("<testsuites/>")
-    assert schedule.night_lines(tmp_path, night, results[:1], None)[1] == (
+    assert chain_status.night_lines(tmp_path, night, results[:1], None)[1] == (
         "verdict: no failures; 1 pass; report.md + junit.xml there"
     )
-    assert "verdict: not yet: summary job 3 is PENDING" in schedule.night_lines(tmp_path, night, None, "PENDING")
-    assert schedule.night_lines(tmp_path, night, None, "FAILED")[1].startswith(
+    assert "verdict: not yet: summary job 3 is PENDING" in chain_status.night_lines(tmp_path, night, None, "PENDING")
+    assert chain_status.night_lines(tmp_path, night, None, "FAILED")[1].startswith(
         "verdict: none: summary job 3 ended FAILED without writing results.json"
     )
 
@@ -207,7 +208,7 @@ def fake_slurm(tmp_path, monkeypatch):
     queue, ids = [], iter(range(100, 200))
 
     def sbatch(sched, p, begin):
-        job = {"job_id": str(next(ids)), "state": "PENDING", "begin": schedule.iso(begin), "reason": "BeginTime",
+        job = {"job_id": str(next(ids)), "state": "PENDING", "begin": begin_time.iso(begin), "reason": "BeginTime",
                "comment": str(p)}  # fmt: skip
         queue.append(job)
         return job["job_id"]
@@ -222,7 +223,7 @@ def fake_slurm(tmp_path, monkeypatch):
 
 
 def _request(profile, at="02:00"):
-    return schedule.ScheduleRequest(profile=profile, at=schedule.parse_at(at), cluster="local", recipes="a",
+    return schedule.ScheduleRequest(profile=profile, at=begin_time.parse_at(at), cluster="local", recipes="a",
                                     preflight="1")  # fmt: skip
 
 
@@ -271,7 +272,7 @@ def test_fire_without_a_successor_says_so_and_fails(fake_slurm, monkeypatch):
     assert any("no successor queued" in s for s in said)
     saved = json.loads(path.read_text())
     assert saved["job_id"] == "100" and "Invalid account" in saved["history"][0]["successor_error"]
-    st = schedule.analyse(saved, [], "COMPLETED", T(2026, 12, 1, 3), "local")
+    st = chain_status.analyse(saved, [], "COMPLETED", T(2026, 12, 1, 3), "local")
     assert st.state == "broken" and "Invalid account" in st.lines[1]
 
 
