@@ -70,8 +70,25 @@ def install_signal_handlers(parent_var: str = "OVERLAPKIT_MAKE_PID") -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     pid = os.environ.get(parent_var, "")
-    if pid.isdigit():
+    # Only make's own descendants watch it: the variable is inherited by everything make starts, Slurm jobs
+    # included (sbatch exports the caller's environment), where that pid means nothing.
+    if pid.isdigit() and _is_ancestor(int(pid)):
         threading.Thread(target=_watch_parent, args=(int(pid),), daemon=True).start()
+
+
+def _is_ancestor(pid: int) -> bool:
+    """Is `pid` this process's parent, grandparent, ...? (Linux /proc; elsewhere: no.)"""
+    current = os.getppid()
+    for _ in range(64):
+        if current == pid:
+            return True
+        if current <= 1:
+            return False
+        try:
+            current = int(Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
 
 
 def _watch_parent(pid: int, poll: float = 0.5) -> None:

@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -141,3 +142,14 @@ def test_a_signal_while_sbatch_is_in_flight_waits_for_the_job_id(tmp_path):
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+
+
+def test_an_inherited_make_pid_is_watched_only_by_makes_descendants():
+    """The Makefile's OVERLAPKIT_MAKE_PID reaches every process make starts, Slurm jobs included (sbatch exports the
+    caller's environment); a process that make did not start must not stop because that pid is gone."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    code = "import time; from overlapkit.cluster import submit; submit.install_signal_handlers(); time.sleep(1.5)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=stack.REPO_ROOT, capture_output=True, text=True,
+                         env={"PYTHONPATH": "src:.", "OVERLAPKIT_MAKE_PID": str(gone.pid)}, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-500:]
