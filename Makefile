@@ -31,7 +31,7 @@ export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan bench gpu-check new-recipe submit status logs cancel sbatch run-local slurm-up slurm-down
+.PHONY: help setup test lint recipes plan plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,10 +51,13 @@ recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
 	@$(PY) -m launch.plan $(RECIPE) --nodes "$(NODES)" --set "$(SET)" --format $(FORMAT)
 
+plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for plan/recipes; OVERLAPKIT_PLAN_SERVER=0: none)
+	@$(PY) -m launch.plan_server --stop
+
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, ARGS=)
 	@$(PY) -m launch.new_recipe --from "$(FROM)" --name "$(NAME)" $(FORK_FLAGS) $(ARGS)
 
-bench: ## plan-all time vs bare `import megatron.bridge`, measured side by side
+bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side
 	@$(PY) bench/plan_all.py
 
 gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by side (CUDA; CUTS="llama3_8b", ARGS=--list on CPU)

@@ -108,5 +108,21 @@ def main(argv=None) -> int:
     return 0 if plan.report.ok else 1
 
 
+def run(argv=None) -> int:
+    """The command line (`make plan`, `make recipes`): a request that passes check_request is planned by this
+    checkout's plan server when one answers (launch/plan_server.py: torch and Bridge stay loaded there, our code is
+    imported fresh for every plan); otherwise here, by main(), as always, while a server starts for the next one."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _args(argv)
+    try:
+        check_request(args.recipe, args.nodes, args.set, listing=args.list)
+    except (KeyError, ValueError):
+        return main(argv)  # bad input: main's one-line answer, before any import, server or no server
+    from launch import plan_server
+
+    code = plan_server.forward(argv)
+    return main(argv) if code is None else code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -10,6 +10,9 @@ import pytest
 
 from overlapkit import stack
 
+# Every `make plan` a test runs plans in its own process, as CI and jobs do, and no test leaves a plan server behind;
+# tests/e2e/test_plan_server_e2e.py runs one in a private directory and stops it (launch/plan_server.py).
+os.environ["OVERLAPKIT_PLAN_SERVER"] = "0"
 stack.import_bridge()
 
 
