@@ -13,6 +13,8 @@ import sys
 from launch.args import Parser
 from launch.plan import check_request
 from overlapkit import stack
+from overlapkit.cluster import sbatch, slurm, submit
+from overlapkit.cluster.profiles import load_profile
 
 
 def _args(argv):
@@ -30,7 +32,6 @@ def _args(argv):
 
 
 def do_submit(args, out, nodes, profile) -> int:
-    from overlapkit.cluster import sbatch, slurm, submit
     from overlapkit.plan.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
@@ -40,11 +41,11 @@ def do_submit(args, out, nodes, profile) -> int:
     with submit.transaction(sub):
         render_plan(sub.plan, out)
         if not real:
-            return _not_submitted(args, sub, sbatch, submit)
-        return _submitted(args, sub, slurm, submit)
+            return _not_submitted(args, sub)
+        return _submitted(args, sub)
 
 
-def _not_submitted(args, sub, sbatch, submit) -> int:
+def _not_submitted(args, sub) -> int:
     if args.action == "sbatch":
         path = sbatch.write(sub)
         submit.mark(sub.run_dir, "sbatch-script", script=str(path))
@@ -58,7 +59,7 @@ def _not_submitted(args, sub, sbatch, submit) -> int:
     return 0
 
 
-def _submitted(args, sub, slurm, submit) -> int:
+def _submitted(args, sub) -> int:
     sha, dirty = submit.shipped_commit()
     if dirty:  # the rank-0 re-audit also fails a job whose rebuilt recipe differs from this plan
         print(f"warning: uncommitted changes are not shipped (the job runs {sha[:12]}): {', '.join(dirty[:5])}",
@@ -73,7 +74,6 @@ def _submitted(args, sub, slurm, submit) -> int:
 
 
 def do_run_local(args, out) -> int:
-    from overlapkit.cluster import submit
     from overlapkit.plan.build import make_plan
     from overlapkit.plan.report import render_plan
 
@@ -87,8 +87,6 @@ def do_run_local(args, out) -> int:
 
 
 def do_run_dir_action(args) -> int:
-    from overlapkit.cluster import slurm, submit
-    from overlapkit.cluster.profiles import load_profile
 
     run_dir = submit.run_dir_of(load_profile(args.cluster), args.run, submitted=args.action != "status")
     if not run_dir.is_dir():
@@ -117,8 +115,6 @@ def main(argv=None) -> int:
     from overlapkit.plan.report import console
 
     out = console()
-    from overlapkit.cluster import submit
-    from overlapkit.cluster.profiles import load_profile
 
     try:
         if args.action in ("status", "logs", "cancel"):
@@ -127,8 +123,6 @@ def main(argv=None) -> int:
         submit.preflight_mode(args.preflight)
         profile = None if args.action == "run-local" else load_profile(args.cluster)
         if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
-            from overlapkit.cluster import slurm
-
             if bad := slurm.request_problems(profile, nodes or 1, profile.time_limit):
                 raise ValueError(f"{bad[0]}; nothing submitted")
         stack.import_bridge()
@@ -145,8 +139,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from overlapkit.cluster.submit import install_signal_handlers
-
     os.environ.setdefault("NEMORUN_HOME", str(stack.REPO_ROOT / "runs" / "nemo_run"))
-    install_signal_handlers()  # the CLI only: an in-process caller keeps its own handlers
+    submit.install_signal_handlers()  # the CLI only: an in-process caller keeps its own handlers
     sys.exit(main())

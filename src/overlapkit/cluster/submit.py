@@ -32,6 +32,7 @@ from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
 from overlapkit.plan.build import Plan, make_plan, write_run_dir
+from overlapkit.plan.overrides import to_raw
 from overlapkit.topology import GPUS_PER_NODE
 
 TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
@@ -84,10 +85,10 @@ def _is_ancestor(pid: int) -> bool:
             return True
         if current <= 1:
             return False
-        try:
-            current = int(Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        stat = _proc_stat(current)
+        if stat is None or not stat[1].isdigit():
             return False
+        current = int(stat[1])
     return False
 
 
@@ -106,10 +107,15 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    stat = Path(f"/proc/{pid}/stat")  # a zombie (killed, not yet reaped) is dead for our purpose
+    stat = _proc_stat(pid)  # a zombie (killed, not yet reaped) is dead for our purpose
+    return stat is None or stat[0] != "Z"
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...]; None where it cannot be read (not Linux)."""
     with contextlib.suppress(OSError, IndexError):
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return None
 
 
 @contextlib.contextmanager
@@ -164,17 +170,13 @@ def entry_command(plan: Plan, profile: ClusterProfile, run_dir: Path, preflight_
     args = ["-m", "launch.entry", "--recipe", plan.recipe.name, "--run-dir", str(run_dir)]
     args += ["--nodes", str(plan.target.nodes), "--checks", checks]
     if plan.changes:
-        args += ["--set", " ".join(f"{k}={_raw(v)}" for k, _, v in plan.changes)]
+        args += ["--set", " ".join(f"{k}={to_raw(v)}" for k, _, v in plan.changes)]
     if preflight_only:
         args.append("--preflight-only")
     return (
         'export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"\n'
         f"exec {shlex.quote(python_for(profile))} {shlex.join(args)}"
     )
-
-
-def _raw(v) -> str:
-    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def preflight_mode(text: str) -> tuple[bool, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from overlapkit.plan import presets
+from overlapkit.plan import overrides, presets
 from overlapkit.plan.overlap import OverlapIntent, Resolved
 from overlapkit.shape import ModelShape, dtype_of
 from overlapkit.topology import Target
@@ -160,40 +160,35 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         obj = live.get(section)
         if obj is None or "." in leaf or not hasattr(obj, leaf) or (got := getattr(obj, leaf)) == new:
             continue
-        winner = _winner(cfg, section, leaf, got)
+        winner = _winner(cfg, section, leaf)
         value = new
         if leaf == "bucket_size" and isinstance(new, int):
-            shape, width = ModelShape.of(cfg), _grad_dtype(res.ddp)[1]
-            m = res.model
-            chunk = shape.chunk_params(m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
-                                       m.virtual_pipeline_model_parallel_size)  # fmt: skip
+            chunk, width = _chunk_params(cfg), _grad_dtype(res.ddp)[1]
             value = sane_bucket(new, chunk, width) if new >= min(chunk, BYTES_LIKE_BUCKET) else new
-        where = f"{winner} wins; set {winner}={_raw(value)} instead" if winner else "Bridge decides it for this layout"
-        rep.findings.append(Finding("error", "override_replaced", f"{key}={_raw(new)} is not applied: Bridge's setup "
-                                    f"replaces it with {_raw(got)}; {where}", f"{winner}={_raw(value)}" if winner
-                                    else None))  # fmt: skip
+        raw = overrides.to_raw
+        fix = f"{winner}={raw(value)}" if winner else None
+        where = f"{winner} wins; set {fix} instead" if winner else "Bridge decides it for this layout"
+        msg = f"{key}={raw(new)} is not applied: Bridge's setup replaces it with {raw(got)}; {where}"
+        rep.findings.append(Finding("error", "override_replaced", msg, fix))
     return rep
 
 
-def _winner(cfg, section: str, leaf: str, got) -> str | None:
+def _winner(cfg, section: str, leaf: str) -> str | None:
     """The field that decides `section.leaf`: Bridge's comm-overlap setup writes its own defaults, overridden by any
     comm_overlap field the user set, over ddp/model/optimizer (CommOverlapConfig._override_user_cfgs), and its
     mixed-precision setup does the same from cfg.mixed_precision."""
     for name in ("comm_overlap", "mixed_precision"):
         src = getattr(cfg, name, None)
-        if name != section and src is not None and not isinstance(src, str) and leaf in _field_names(src):
+        if name != section and src is not None and not isinstance(src, str) and leaf in overrides.fields_of(src):
             return f"{name}.{leaf}"
     return None
 
 
-def _field_names(obj) -> set[str]:
-    import dataclasses
-
-    return {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
-
-
-def _raw(v) -> str:
-    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+def _chunk_params(cfg) -> int:
+    """Parameters of one model chunk on one TP rank (what one DDP grad buffer holds): the bucket rules' yardstick."""
+    m = cfg.model
+    tp, pp, vpp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size
+    return ModelShape.of(cfg).chunk_params(tp, pp, vpp)
 
 
 def _tp_overlap(a: _Audit) -> None:
@@ -326,8 +321,7 @@ def _bucket_size(a: _Audit) -> None:
         return
     mb = bucket * width / 2**20
     a.row("bucket_size", ON, f"{bucket:,} params = {mb:,.0f} MB at {grad_dtype}")
-    tp, pp, _, vpp, _ = a.layout
-    chunk = ModelShape.of(a.cfg).chunk_params(tp, pp, vpp)
+    chunk = _chunk_params(a.cfg)
     field = bucket_field(a.cfg)
     if bucket >= BYTES_LIKE_BUCKET:
         good = sane_bucket(bucket, chunk, width)

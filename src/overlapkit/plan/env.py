@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass, field
 from overlapkit.plan.audit import OFF, ON, AuditReport, Finding, Row
 
 LAYERS = ("derived", "bridge", "recipe", "cluster")
-SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NGC_API_KEY", "COMET_API_KEY"})
-# Anywhere in the name: WANDB_APIKEY, MY_TOKEN_FILE and DB_PASSWD are as secret as WANDB_API_KEY.
+# Anywhere in the name: WANDB_APIKEY, MY_TOKEN_FILE and DB_PASSWD are as secret as WANDB_API_KEY or HF_TOKEN.
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL", re.IGNORECASE)
 # Values that are credentials whatever their name, by the issuers' documented prefixes and shapes.
 CREDENTIAL_FORMATS = {
@@ -101,7 +100,7 @@ class ShellOverride:
 
 def is_secret(name: str) -> bool:
     """A name whose value must never be written anywhere (profiles refuse it in `env`, the plugin refuses it)."""
-    return name.upper() in SECRET_NAMES or bool(_SECRET.search(name))
+    return bool(_SECRET.search(name))
 
 
 def credential_kind(value) -> str | None:

@@ -1,11 +1,11 @@
 """What a user types, checked before the Bridge import (about 50 s here), and the one table of size rules.
 
 NODES, SET (syntax, known keys, value types, sizes, no credentials) and recipe names are answered in well under a
-second. SET is checked against the recorded schema (config_schema.json beside this file): every `section.field` of
-the shipped recipes' ConfigContainers with the kinds its annotation allows. `python -m overlapkit.plan.inputs
---record` rewrites it; a test fails when the installed Bridge disagrees with the file. What the schema cannot decide
-(a key it has not recorded, or a Bridge other than the recorded one) is left to the full check after the import, so
-nothing valid is refused early.
+second. SET is checked against the recorded schema (overrides.schema(), plan/config_schema.json): every
+`section.field` of the shipped recipes' ConfigContainers with the kinds its annotation allows. `python -m
+overlapkit.plan.inputs --record` rewrites it; a test fails when the installed Bridge disagrees with the file. What
+the schema cannot decide (a key it has not recorded, or a Bridge other than the recorded one) is left to the full
+check after the import, so nothing valid is refused early.
 
 `SIZES` is the one home of "must be positive": checked here on SET values and, by the plan, on the built config
 (a fork's file or a base recipe), before anything divides by them.
@@ -19,15 +19,10 @@ import difflib
 import json
 import types
 import typing
-from functools import cache
-from pathlib import Path
 
 from overlapkit import stack
 from overlapkit.plan import overrides
 from overlapkit.plan.env import credential_kind
-
-SCHEMA_FILE = Path(__file__).with_name("config_schema.json")
-SCHEMA_PACKAGES = ("megatron-bridge", "megatron-core")
 
 # key: (smallest allowed value, whether null is allowed). Null means "off" or "Bridge's default" where allowed.
 SIZES: dict[str, tuple[int, bool]] = {
@@ -84,32 +79,28 @@ def size_problems(cfg) -> list[str]:
     return out
 
 
+def _whole(text: str) -> int | None:
+    """`text` as a whole number ≥ 1, else None."""
+    return int(text) if text.strip().isdigit() and int(text) >= 1 else None
+
+
 def parse_nodes(text: str) -> int | None:
     """NODES= (empty: the recipe's)."""
     if not (text or "").strip():
         return None
-    if not text.strip().isdigit() or int(text) < 1:
+    if (n := _whole(text)) is None:
         raise ValueError(f"NODES={text!r}: must be a whole number ≥ 1 of 8-GPU nodes")
-    return int(text)
+    return n
 
 
 def positive_int(text: str) -> int:
     """argparse type for a size flag (make new-recipe LAYERS= HIDDEN= ..., make nightly ITERS=)."""
-    if not text.strip().isdigit() or int(text) < 1:
+    if (n := _whole(text)) is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ≥ 1")
-    return int(text)
+    return n
 
 
-# --- the recorded schema --------------------------------------------------------------------------------------
-
-
-@cache
-def schema() -> dict[str, dict]:
-    """{section.field: {"kinds": [...], "choices"?: [...]}}, or {} when the installed stack is not the recorded one."""
-    if not SCHEMA_FILE.is_file():
-        return {}
-    data = json.loads(SCHEMA_FILE.read_text())
-    return data["keys"] if data.get("versions") == stack.versions(SCHEMA_PACKAGES) else {}
+# --- SET against the recorded schema (overrides.schema) ---------------------------------------------------
 
 
 def check_sets(text) -> list[tuple[str, str]]:
@@ -117,7 +108,7 @@ def check_sets(text) -> list[tuple[str, str]]:
     Returns the parsed pairs; raises OverrideError (one line)."""
     pairs = overrides.parse(text)
     _, config_pairs = overrides.split_intent(pairs)
-    keys = schema()
+    keys = overrides.schema()
     sections = {k.split(".")[0] for k in keys}
     for key, raw in config_pairs:
         if kind := credential_kind(raw):
@@ -125,7 +116,7 @@ def check_sets(text) -> list[tuple[str, str]]:
                                           "plan.json and the job script); export it and list its name in the "
                                           "profile's secrets")  # fmt: skip
         if key in keys:
-            value = overrides.convert_kinds(key, raw, set(keys[key]["kinds"]), keys[key].get("choices"))
+            value = overrides.convert(key, raw)
             if msg := size_problem(key, value):
                 raise overrides.OverrideError(msg)
         elif key.split(".")[0] in sections and key.count(".") == 1:
@@ -143,7 +134,7 @@ def _kinds(tp) -> tuple[list[str], list]:
         parts = [_kinds(a) for a in args]
         return sorted({k for p, _ in parts for k in p}), []
     if origin is typing.Literal:
-        return sorted({_kind_of(v) for v in args}), list(args)
+        return sorted({overrides.kind_of(v) for v in args}), list(args)
     if tp in (bool, int, float, str):
         return [tp.__name__], []
     if origin in (list, tuple, set) or tp in (list, tuple, set):
@@ -153,15 +144,6 @@ def _kinds(tp) -> tuple[list[str], list]:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return ["object"], []
     return ["any"], []
-
-
-def _kind_of(value) -> str:
-    if value is None:
-        return "none"
-    for t in (bool, int, float, str):
-        if isinstance(value, t):
-            return t.__name__
-    return "list" if isinstance(value, (list, tuple)) else "dict" if isinstance(value, dict) else "object"
 
 
 def record(cfgs) -> dict:
@@ -174,7 +156,7 @@ def record(cfgs) -> dict:
                 continue
             try:
                 hints = typing.get_type_hints(type(obj))
-            except Exception:  # an annotation that does not resolve outside its package: fall back to the value
+            except Exception:  # an annotation that does not resolve outside its package: accept any value
                 hints = {}
             for f in dataclasses.fields(obj):
                 kinds, choices = _kinds(hints[f.name]) if f.name in hints else (["any"], [])
@@ -182,7 +164,7 @@ def record(cfgs) -> dict:
                 entry["kinds"] = sorted(set(entry["kinds"]) | set(kinds))
                 if choices:
                     entry["choices"] = choices
-    return {"versions": stack.versions(SCHEMA_PACKAGES), "keys": dict(sorted(keys.items()))}
+    return {"versions": stack.versions(overrides.SCHEMA_PACKAGES), "keys": dict(sorted(keys.items()))}
 
 
 def shipped_schema() -> dict:
@@ -199,5 +181,5 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
         sys.exit("usage: python -m overlapkit.plan.inputs --record")
     stack.import_bridge()
-    SCHEMA_FILE.write_text(json.dumps(shipped_schema(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {stack.repo_relative(SCHEMA_FILE)}")
+    overrides.SCHEMA_FILE.write_text(json.dumps(shipped_schema(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {stack.repo_relative(overrides.SCHEMA_FILE)}")

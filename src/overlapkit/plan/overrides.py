@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import shlex
+from functools import cache
+from pathlib import Path
 
 import yaml
 
+from overlapkit import stack
+
 INTENT_PREFIX = "overlap."  # keys that change the overlap intent, not a config field (see OverlapIntent)
+# The recorded schema: every `section.field` of the shipped recipes' ConfigContainers with the kinds its annotation
+# allows (written by `python -m overlapkit.plan.inputs --record`; trusted only for the Bridge it was recorded from).
+SCHEMA_FILE = Path(__file__).with_name("config_schema.json")
+SCHEMA_PACKAGES = ("megatron-bridge", "megatron-core")
 
 
 class OverrideError(ValueError):
@@ -66,16 +75,33 @@ _READABLE = {
 }
 
 
-def kinds_of(current) -> set[str]:
-    """What an unrecorded field accepts, judged from its current value: its type (or null); anything when None."""
-    if current is None:
-        return {"any"}
+def kind_of(value) -> str:
+    """The schema's name for the kind of `value`."""
+    if value is None:
+        return "none"
     for t in (bool, int, float, str):
-        if isinstance(current, t):
-            return {t.__name__, "none"}
-    if isinstance(current, (list, tuple)):
-        return {"list", "none"}
-    return {"dict" if isinstance(current, dict) else "object", "none"}
+        if isinstance(value, t):
+            return t.__name__
+    return "list" if isinstance(value, (list, tuple)) else "dict" if isinstance(value, dict) else "object"
+
+
+def kinds_of(current) -> set[str]:
+    """What an unrecorded field accepts, judged from its current value: its kind (or null); anything when None."""
+    return {"any"} if current is None else {kind_of(current), "none"}
+
+
+def to_raw(value) -> str:
+    """A value as SET text (the inverse of convert for scalars): null, true/false, or str()."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@cache
+def schema() -> dict[str, dict]:
+    """{section.field: {"kinds": [...], "choices"?: [...]}}, or {} when the installed stack is not the recorded one."""
+    if not SCHEMA_FILE.is_file():
+        return {}
+    data = json.loads(SCHEMA_FILE.read_text())
+    return data["keys"] if data.get("versions") == stack.versions(SCHEMA_PACKAGES) else {}
 
 
 def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
@@ -116,10 +142,8 @@ def _as_kind(value, kinds: set[str]):
     return value if isinstance(value, dict) and "dict" in kinds else _REFUSED
 
 
-def convert(key: str, raw: str, current):
+def convert(key: str, raw: str, current=None):
     """`raw` converted to the type of the field it replaces: the recorded schema's kinds, else `current`'s."""
-    from overlapkit.plan.inputs import schema
-
     entry = schema().get(key)
     if entry is None:
         return convert_kinds(key, raw, kinds_of(current))

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from overlapkit import stack
-from overlapkit.plan import inputs, registry
+from overlapkit.plan import inputs, overrides, registry
 from overlapkit.plan.build import make_plan
 from overlapkit.plan.overrides import OverrideError
 
@@ -108,7 +108,7 @@ def test_a_recipe_file_that_registers_by_a_call_leaves_the_name_to_the_import(tm
 
 
 def test_recorded_schema_matches_the_installed_bridge():
-    committed = json.loads(inputs.SCHEMA_FILE.read_text())
+    committed = json.loads(overrides.SCHEMA_FILE.read_text())
     assert committed == json.loads(json.dumps(inputs.shipped_schema())), (
         "the installed Bridge's config fields differ from the recorded schema: "
         "python -m overlapkit.plan.inputs --record, review the diff, commit"
