@@ -187,11 +187,11 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
 def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> tuple[dict, list[dict]]:
     """Queue a scheduler held until AT, then cancel this chain's other queued ones (new first: if sbatch refuses,
     the old chain stands), and record it. Returns the schedule and the jobs it replaced."""
-    path = schedule_path(req.profile)
+    path, now = schedule_path(req.profile), now or local_now()
     with _locked(path):
-        sched = new_schedule(req, read(path), now or local_now())
+        sched = new_schedule(req, read(path), now)
         queued = _queued_or_fail(path, "nothing scheduled")
-        begin = first_begin(req.at, now or local_now())
+        begin = first_begin(req.at, now)
         sched.update(job_id=submit_scheduler(sched, path, begin), begin=iso(begin))
         replaced = [j for j in queued if j["state"] == "PENDING" and _cancel(j["job_id"])]
         jsonio.write_json(path, sched)
