@@ -166,3 +166,17 @@ def table(table_rows: list[dict]) -> str:
     lines += ["", f"Held out: {len(held)} runs, median |error| {statistics.median(held):.1%}, "
               f"worst {max(held):.1%}."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    """`python -m overlapkit.plan.published`: the validation table (paste into docs/throughput.md), its verdict."""
+    stack.import_bridge()
+    table_rows = rows(load())
+    print(table(table_rows), end="")
+    for line in verdict(table_rows):
+        print(f"out of bar: {line}")
+    return 1 if verdict(table_rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
