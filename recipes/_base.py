@@ -108,6 +108,9 @@ def moe_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layout
         m.recompute_granularity = "selective" if moe.recompute_modules else None
         m.recompute_modules = list(moe.recompute_modules) if moe.recompute_modules else None
         m.recompute_method = m.recompute_num_layers = None
+        m.sequence_parallel = layout.tp > 1  # nothing to split at TP=1 (the perf recipes say False)
+        if m.cuda_graph_impl == "none":  # no graphs, no scope: Megatron Core could promote a scope naming a graph
+            m.cuda_graph_scope = []  # type (megatron/bridge/perf_recipes/_common.py `_benchmark_common`)
         return cfg
 
     return h100_pretrain(tuned, dtype, layout)

@@ -10,7 +10,9 @@ Four layers, lowest to highest precedence; the highest layer that sets a variabl
 4. `cluster`  the cluster profile's `env`: network/fabric facts (NCCL_IB_HCA, NCCL_SOCKET_IFNAME) and site workarounds
               that no recipe can know, so the site has the last word.
 
-Every change of a lower layer's value is a `warning` conflict, except CUDA_DEVICE_MAX_CONNECTIONS: its value is the
+Every change of a lower layer's value is a `warning` conflict, except a recipe's measured value over our generic
+derived one (it is why the recipe layer exists; the ledger still shows what it replaced), and
+CUDA_DEVICE_MAX_CONNECTIONS: its value is the
 overlap's correctness (kernel order), which only the topology decides. This module is its one home: `connections`
 derives the value the layout needs, and `audit_rows` turns a final value that differs (whichever layer set it) into
 the audit's one `cuda_max_connections` error. Secrets (`is_secret`) never get a value here: a profile lists them by
@@ -252,7 +254,8 @@ def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
             if prev is None:
                 merged[name] = Entry(name, value, layer, reason)
                 continue
-            if prev.value != value and name != PINNED:  # PINNED's final value is audit_rows' rule
+            tuned = (prev.layer, layer) == ("derived", "recipe")  # a recipe's measured value over the generic rule
+            if prev.value != value and name != PINNED and not tuned:  # PINNED's final value is audit_rows' rule
                 msg = f"{name}={value} ({layer}) replaces {prev.value} ({prev.layer})"
                 led.conflicts.append(Conflict(name, (prev.layer, layer), (prev.value, value), "warning", msg))
             merged[name] = Entry(name, value, layer, reason, [*prev.overridden, (prev.layer, prev.value)])

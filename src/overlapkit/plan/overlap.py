@@ -156,7 +156,7 @@ def resolve(cfg, target: Target) -> Resolved:
     dp = data_parallel_size(cfg, target.world_size)
     model, ddp, opt = copy.deepcopy(cfg.model), copy.deepcopy(cfg.ddp), copy.deepcopy(cfg.optimizer)
     comm = copy.deepcopy(cfg.comm_overlap)
-    cap = _Capture()
+    cap, asserted = _Capture(), []
     root = logging.getLogger()
     # Bridge reports drops with root-logger warnings. Route them to the audit only (not to stderr) for the resolve.
     saved_handlers, saved_level = root.handlers[:], root.level
