@@ -32,10 +32,14 @@ def audit_table(report) -> Table:
 
 def layout_line(layout: dict) -> str:
     vpp = layout["vpp"] or "-"
+    moe = "ep" in layout  # MoE: expert parallelism, expert-DP, and parameters active per token
+    ep = f" EP{layout['ep']} ETP{layout['etp']} expert-DP{layout['expert_dp']}" if moe else ""
+    active = f" ({layout['active_params_b']}B active per token without the embedding lookup, top-{layout['topk']} of " \
+             f"{layout['experts']} experts)" if moe else ""  # fmt: skip
     return (
         f"{layout['gpus']} GPUs = {layout['nodes']} nodes × 8 · TP{layout['tp']} PP{layout['pp']} CP{layout['cp']} "
-        f"VP{vpp} DP{layout['dp']} · MBS {layout['mbs']} GBS {layout['gbs']} · seq {layout['seq']} · "
-        f"{layout['dtype']} · {layout['params_b']}B params"
+        f"VP{vpp}{ep} DP{layout['dp']} · MBS {layout['mbs']} GBS {layout['gbs']} · seq {layout['seq']} · "
+        f"{layout['dtype']} · {layout['params_b']}B params{active}"
     )
 
 
@@ -76,6 +80,7 @@ SHORT = {
     "overlap_grad_reduce": "RS",
     "overlap_param_gather": "AG",
     "fp8_param_gather": "FP8-AG",
+    "ep_a2a_overlap": "EP",
 }
 
 

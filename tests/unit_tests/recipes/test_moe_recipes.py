@@ -39,7 +39,9 @@ _FORCE = (
     "forces uniform routing whatever the router scores: a benchmark device that makes step time independent of "
     "routing imbalance; a training recipe routes by the learned router (expect the published step time as a best case)"
 )
-_P2P_CHUNK = "derived for every PP>1 layout (plan/env.py, from NVIDIA's Llama3 70B recipe); the MoE perf recipes omit it"
+_P2P_CHUNK = (
+    "derived for every PP>1 layout (plan/env.py, from NVIDIA's Llama3 70B recipe); the MoE perf recipes omit it"
+)
 # (recipe, field) → why our recipe differs from NVIDIA's perf recipe. "*" matches every MoE recipe.
 DELIBERATE = {
     ("*", "model.moe_router_force_load_balancing"): _FORCE,
@@ -63,7 +65,10 @@ def fields(cfg, target: Target, env: dict) -> dict:
     out |= {f"resolved.{k}": getattr(res.model, k, None) for k in RESOLVED}
     out |= {f"resolved.ddp.{k}": getattr(res.ddp, k) for k in ("overlap_grad_reduce", "overlap_param_gather")}
     out |= {f"precision.{k}": getattr(cfg.mixed_precision, k) for k in PRECISION}
-    out |= {"train.micro_batch_size": cfg.train.micro_batch_size, "train.global_batch_size": cfg.train.global_batch_size}
+    out |= {
+        "train.micro_batch_size": cfg.train.micro_batch_size,
+        "train.global_batch_size": cfg.train.global_batch_size,
+    }
     out |= {"dataset.seq_length": cfg.dataset.seq_length, "model.vocab_size": cfg.model.vocab_size}
     out |= {f"env.{k}": str(v) for k, v in env.items()}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
@@ -120,7 +125,11 @@ def test_shipped_hf_configs_reach_the_megatron_provider(name):
         hf["num_hidden_layers"],
         hf["num_attention_heads"],
     )
-    assert (m.num_moe_experts, m.moe_router_topk, m.vocab_size) == (experts, hf["num_experts_per_tok"], hf["vocab_size"])
+    assert (m.num_moe_experts, m.moe_router_topk, m.vocab_size) == (
+        experts,
+        hf["num_experts_per_tok"],
+        hf["vocab_size"],
+    )
     assert m.moe_ffn_hidden_size == hf.get("moe_intermediate_size", hf["intermediate_size"])
     if "n_shared_experts" in hf:  # DeepSeek-V3: one shared expert, MLA, three dense layers first, one MTP layer
         assert m.moe_shared_expert_intermediate_size == hf["n_shared_experts"] * hf["moe_intermediate_size"]
