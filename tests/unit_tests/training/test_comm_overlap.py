@@ -456,7 +456,9 @@ def test_declared_off_overlaps_are_off_with_the_reason_and_undeclared_ones_are_e
         assert row.state == "off" and row.detail.startswith("kept off: NVIDIA's"), row
     assert p.report.ok
     # The same layout without the declaration: EP overlap off is an error with its fix.
-    q = make_plan(Q235, sets="comm_overlap.overlap_moe_expert_parallel_comm=false comm_overlap.delay_wgrad_compute=false")
+    q = make_plan(
+        Q235, sets="comm_overlap.overlap_moe_expert_parallel_comm=false comm_overlap.delay_wgrad_compute=false"
+    )
     assert [f.fix for f in q.report.errors] == ["comm_overlap.overlap_moe_expert_parallel_comm=true"]
 
 
