@@ -41,13 +41,13 @@ def list_recipes(con) -> int:
         lay = p.layout
         rows.append({
             "recipe": name, "model": lay["model"], "gpus": lay["gpus"], "dtype": lay["dtype"],
-            "layout": f"{lay['tp']}/{lay['pp']}/{lay['cp']}/{lay['vpp'] or '-'}/{lay['dp']}",
+            "layout": f"{lay['tp']}/{lay['pp']}/{lay['cp']}/{lay['vpp'] or '-'}/{lay.get('ep', 1)}/{lay['dp']}",
             "batch": f"{lay['mbs']}/{lay['gbs']}", "seq": lay["seq"], "on": overlap_summary(p.report),
             "audit": "OK" if p.report.ok else f"{len(p.report.errors)} errors",
         })  # fmt: skip
     con.print(recipes_table(rows))
     con.print("overlaps: TP = tensor-parallel userbuffers, P2P = pipeline p2p, RS/AG = data-parallel grad "
-              "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather")  # fmt: skip
+              "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather, EP = expert-parallel all-to-all")  # fmt: skip
     for line in broken:
         print(f"error: {line}", file=sys.stderr)
     return max(_load_errors(), 1 if broken else 0)

@@ -16,7 +16,7 @@ STYLE = {"on": "green", "off": "red", "n/a": "dim"}
 def console(file=None, width: int | None = None) -> Console:
     con = Console(file=file, width=width, highlight=False, soft_wrap=False)
     if width is None and not con.is_terminal:
-        con.width = 120  # piped or in CI: wide enough for the overlap table without wrapping every row
+        con.width = 150  # piped or in CI: wide enough for the overlap and recipe tables without wrapping every row
     return con
 
 
@@ -66,7 +66,7 @@ def render_plan(plan, con: Console) -> None:
 
 def recipes_table(rows: list[dict]) -> Table:
     t = Table(title="H100 recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("recipe", "model", "GPUs", "dtype", "TP/PP/CP/VP/DP", "MBS/GBS", "seq", "overlaps on", "audit"):
+    for col in ("recipe", "model", "GPUs", "dtype", "TP/PP/CP/VP/EP/DP", "MBS/GBS", "seq", "overlaps on", "audit"):
         t.add_column(col, no_wrap=True)
     for r in rows:
         t.add_row(*(str(r[k]) for k in ("recipe", "model", "gpus", "dtype", "layout", "batch", "seq", "on", "audit")))
