@@ -47,7 +47,8 @@ def list_recipes(con) -> int:
         })  # fmt: skip
     con.print(recipes_table(rows))
     con.print("overlaps: TP = tensor-parallel userbuffers, P2P = pipeline p2p, RS/AG = data-parallel grad "
-              "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather, EP = expert-parallel all-to-all")  # fmt: skip
+              "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather, "
+              "EP = expert-parallel all-to-all")  # fmt: skip
     for line in broken:
         print(f"error: {line}", file=sys.stderr)
     return max(_load_errors(), 1 if broken else 0)
