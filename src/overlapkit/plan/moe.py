@@ -152,13 +152,14 @@ def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple
     if res.bridge_asserts and not findings:  # an assert this module does not know yet: never silent
         findings += [("error", "bridge_assert", f"Bridge's setup asserts: {msg}", None) for msg in res.bridge_asserts]
     findings += [("error", c, msg, None) for c, msg in divisibility(cfg, target.world_size)]
-    rows = [_ep_row(m, rm, intent, findings), _delay_row(rm), _shared_row(m, rm)]
+    requested = bool(cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)
+    rows = [_ep_row(m, rm, intent, findings, requested), _delay_row(rm), _shared_row(m, rm)]
     rows.append(_dispatcher_row(m, findings))
     rows.append(_expert_dp_row(m, res, target.world_size, intent))
     return rows, findings
 
 
-def _ep_row(m, rm, intent, findings) -> tuple:
+def _ep_row(m, rm, intent, findings, requested: bool) -> tuple:
     ep = m.expert_model_parallel_size or 1
     if ep == 1:
         return "ep_a2a_overlap", NA, "EP=1: no expert all-to-all"
@@ -170,6 +171,8 @@ def _ep_row(m, rm, intent, findings) -> tuple:
         )
     if why := intent.why_off("ep_a2a_overlap"):
         return "ep_a2a_overlap", OFF, f"kept off: {why}"
+    if requested and findings:  # Bridge's setup would assert: the findings name the prerequisite and its fix
+        return "ep_a2a_overlap", OFF, f"EP={ep}: requested, but a prerequisite fails (see the errors)"
     findings.append(("error", "ep_overlap_off", f"EP={ep} without EP all-to-all overlap: set {EP_OVERLAP}=true",
                      f"{EP_OVERLAP}=true"))  # fmt: skip
     return "ep_a2a_overlap", OFF, f"EP={ep} but {EP_OVERLAP} is off"
