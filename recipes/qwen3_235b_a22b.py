@@ -24,8 +24,11 @@ _MARGIN = f"16 SMs kept from LayerNorm for the overlapped all-to-all, NVIDIA's m
 ENV = {"NVTE_FWD_LAYERNORM_SM_MARGIN": EnvVar(16, _MARGIN), "NVTE_BWD_LAYERNORM_SM_MARGIN": EnvVar(16, _MARGIN)}
 
 
+KNOBS = MoE(dispatcher="alltoall")
+
+
 def _build(dtype: str):
-    return moe_pretrain(base, dtype, LAYOUT, MoE(dispatcher="alltoall"))
+    return moe_pretrain(base, dtype, LAYOUT, KNOBS)
 
 
 @register(model="Qwen3 235B-A22B", nodes=32, source=f"{SRC}.qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",

@@ -15,7 +15,8 @@ from recipes._base import HYBRIDEP_ENV, Layout, MoE, OverlapIntent, moe_pretrain
 
 SRC = "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe"
 LAYOUT = Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=1024, seq=4096, ep=16, etp=1)
-HYBRIDEP = MoE(dispatcher="flex", backend="hybridep")
+KNOBS = MoE(dispatcher="flex", backend="hybridep")
+base = bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config  # what `make new-recipe FROM=` one of these forks
 FP8_NO_EP_OVERLAP = f"NVIDIA's measured FP8 baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"
 
 
@@ -23,11 +24,11 @@ FP8_NO_EP_OVERLAP = f"NVIDIA's measured FP8 baseline runs HybridEP without the 1
           env=HYBRIDEP_ENV)  # fmt: skip
 def qwen3_30b_a3b_pretrain_16gpu_h100_bf16():
     """BF16, TP1 PP1 EP16 (DP=16), MBS1 GBS1024, seq 4096, HybridEP, EP all-to-all overlap."""
-    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config, "bf16", LAYOUT, HYBRIDEP)
+    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config, "bf16", LAYOUT, KNOBS)
 
 
 @register(model="Qwen3 30B-A3B", nodes=2, source=f"{SRC}.qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config",
           env=HYBRIDEP_ENV, intent=OverlapIntent(off=(("ep_a2a_overlap", FP8_NO_EP_OVERLAP),)))  # fmt: skip
 def qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs():
     """FP8 current scaling, TP1 PP1 EP16 (DP=16), MBS1 GBS1024, seq 4096, HybridEP."""
-    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, HYBRIDEP)
+    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS)

@@ -8,8 +8,9 @@ optimizer, BF16 grad reduce, FP8 param gather on FP8), without recompute. PP>1 i
 audit rejects PP without VPP (no p2p overlap). Ranking, best first: an exact Bridge userbuffers preset (or TP=1,
 where TP overlap is n/a) before the explicit opt-in `overlap.tp_preset=default`; DP>1 (DP overlap on); at least 10%
 of the memory budget free (the estimate's error bar); the smallest PP (pipeline bubble), then TP, then CP (their
-collectives); the largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned
-for it); then memory headroom.
+collectives), then EP for MoE shapes (the smallest expert all-to-all group that fits; EP>1 always, so the EP
+overlap path runs, and experts by EP and GPUs by EP·PP must divide, plan/moe.py); the largest VPP that keeps ≥ 2
+layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory headroom.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from overlapkit import stack
 from overlapkit.plan import presets
 from overlapkit.plan.audit import split_violations
+from overlapkit.plan.moe import expert_split_violations
 from overlapkit.shape import ModelShape
 from overlapkit.sizing.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
 from overlapkit.topology import GPUS_PER_NODE
@@ -47,13 +49,15 @@ class Candidate:
     preset: str | None  # exact Bridge preset, presets.DEFAULT_TP_CONFIG (explicit opt-in), or None for TP=1
     memory: MemoryEstimate
     why: str = ""
+    ep: int = 1  # expert parallelism (MoE shapes only)
 
     @property
     def exact_preset(self) -> bool:
         return self.preset != presets.DEFAULT_TP_CONFIG
 
     def describe(self) -> str:
-        return f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vpp or '-'} DP{self.dp} MBS{self.mbs} GBS{self.gbs}"
+        ep = f" EP{self.ep}" if self.ep > 1 else ""
+        return f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vpp or '-'}{ep} DP{self.dp} MBS{self.mbs} GBS{self.gbs}"
 
 
 def shape_errors(s: ModelShape) -> list[str]:
@@ -65,8 +69,9 @@ def shape_errors(s: ModelShape) -> list[str]:
     return errs
 
 
-def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, cp: int, mbs: int, gbs: int):
-    """Why this split does not divide (the audit's rules); empty when it does."""
+def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, cp: int, mbs: int, gbs: int,
+                  ep: int = 1):  # fmt: skip
+    """Why this split does not divide (the audit's rules, plan/moe.py's for the experts); empty when it does."""
     errs = []
     if tp not in TPS:
         errs.append(f"TP{tp} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")
@@ -78,13 +83,16 @@ def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, c
     split = split_violations(seq=s.seq, layers=s.layers, units=s.pipeline_units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp,
                              mbs=mbs, gbs=gbs, heads=s.heads, groups=s.query_groups, ffn=s.ffn)  # fmt: skip
     errs += [msg for _, msg in split]
+    if s.is_moe:
+        errs += [msg for _, msg in expert_split_violations(experts=s.experts, ep=ep, etp=1, pp=pp, world=gpus,
+                                                           ffn=s.moe_ffn)]  # fmt: skip
     if pp > 1 and not gbs % (dp * mbs) and gbs // (dp * mbs) < pp:
         errs.append(f"GBS {gbs} gives {gbs // (dp * mbs)} microbatches, fewer than PP{pp}: the pipeline never fills")
     return errs
 
 
-def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs) -> Workload:
-    """The Workload overlap.apply_overlap_stack would produce for this split."""
+def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs, ep: int = 1) -> Workload:
+    """The Workload overlap.apply_overlap_stack would produce for this split (ETP 1, as every shipped MoE recipe)."""
     return Workload(
         s,
         tp=tp,
@@ -99,6 +107,8 @@ def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs) -> Workload:
         fp8_param_gather=s.dtype == "fp8",
         grad_fp32=False,
         distributed_optimizer=True,
+        ep=ep,
+        expert_dp=max(1, gpus // (ep * pp)),
     )
 
 
@@ -111,6 +121,13 @@ def preset_for(s: ModelShape, tp: int, cp: int, mbs: int, gpu: str = "h100") -> 
         return presets.DEFAULT_TP_CONFIG
 
 
+def _eps(s: ModelShape, fixed: dict) -> list[int]:
+    """EP sizes to try: powers of two that divide the experts (>1: the EP all-to-all overlap path); 1 for dense."""
+    if "ep" in fixed:
+        return [fixed["ep"]]
+    return [e for e in (2**i for i in range(1, 11)) if s.experts % e == 0] if s.is_moe else [1]
+
+
 def _splits(s: ModelShape, gpus: int, fixed: dict):
     units = s.pipeline_units
     for tp in [fixed["tp"]] if "tp" in fixed else TPS:
@@ -120,7 +137,8 @@ def _splits(s: ModelShape, gpus: int, fixed: dict):
                 vpps = [None] if pp == 1 else range(2, units // pp + 1)
                 for vpp in [fixed["vpp"]] if "vpp" in fixed else vpps:
                     for mbs in [fixed["mbs"]] if "mbs" in fixed else MBSS:
-                        yield tp, pp, (vpp if pp > 1 else None), cp, mbs
+                        for ep in _eps(s, fixed):
+                            yield tp, pp, (vpp if pp > 1 else None), cp, mbs, ep
 
 
 def tight(c: Candidate) -> bool:
@@ -129,7 +147,7 @@ def tight(c: Candidate) -> bool:
 
 def _rank(c: Candidate, s: ModelShape):
     per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
-    return (not c.exact_preset, c.dp == 1, tight(c), c.pp, c.tp, c.cp, per_chunk < 2, -(c.vpp or 1), c.mbs,
+    return (not c.exact_preset, c.dp == 1, tight(c), c.pp, c.tp, c.cp, c.ep, per_chunk < 2, -(c.vpp or 1), c.mbs,
             -c.memory.headroom_gb)  # fmt: skip
 
 
@@ -146,6 +164,7 @@ def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
     pp = "PP1" if c.pp == 1 else f"PP{c.pp}×VP{c.vpp} interleaved (p2p overlap on)"
     pp += " is the smallest PP that fits" if c.pp == min_pp else ""
     cp = f"; CP{c.cp}" if c.cp > 1 else ""
+    cp += f"; EP{c.ep}: {s.experts // c.ep} experts per rank, all-to-all overlapped" if c.ep > 1 else ""
     dp = f"DP{c.dp} overlaps grad reduce-scatter/param all-gather" if c.dp > 1 else "DP1: no DP overlap"
     mem = f"{c.memory.total_gb:.1f} of {c.memory.budget_gb:.1f} GB" + (" (tight: < 10% free)" if tight(c) else "")
     return f"{tp}; {pp}{cp}; {dp}; {mem}"
@@ -153,7 +172,7 @@ def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
 
 def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top: int = 5, gpu: str = "h100"):
     """The `top` best layouts of `s` on `gpus` H100s, best first; LayoutSearchError (one line) when none qualifies.
-    `fixed` pins any of tp/pp/vpp/cp/mbs (e.g. from the command line)."""
+    `fixed` pins any of tp/pp/vpp/cp/mbs/ep (e.g. from the command line); EP is searched for MoE shapes only."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     stack.import_bridge()  # presets are read from Bridge; this prepares the process (TE shim, offline) once
     if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
@@ -162,15 +181,18 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
         raise LayoutSearchError(f"pinned {', '.join(bad)}: layout sizes are positive whole numbers")
     if fixed.get("tp", 1) not in TPS:
         raise LayoutSearchError(f"TP{fixed['tp']} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")
+    if fixed.get("ep", 1) > 1 and not s.is_moe:
+        raise LayoutSearchError(f"EP={fixed['ep']} pinned for a dense model: expert parallelism needs experts")
     if errs := shape_errors(s):
         raise LayoutSearchError(f"model shape {s.describe()} does not divide: {'; '.join(errs)}")
     why_not, fitting, best_unfit = Counter(), [], None
-    for tp, pp, vpp, cp, mbs in _splits(s, gpus, fixed):
-        if errs := layout_errors(s, gpus, tp, pp, vpp, cp, mbs, gbs):
+    for tp, pp, vpp, cp, mbs, ep in _splits(s, gpus, fixed):
+        if errs := layout_errors(s, gpus, tp, pp, vpp, cp, mbs, gbs, ep):
             why_not[errs[0]] += 1
             continue
-        est = estimate_workload(workload(s, gpus, tp, pp, vpp, cp, mbs, gbs), gpu)
-        c = Candidate(tp, pp, vpp, cp, gpus // (tp * pp * cp), mbs, gbs, preset_for(s, tp, cp, mbs, gpu), est)
+        est = estimate_workload(workload(s, gpus, tp, pp, vpp, cp, mbs, gbs, ep), gpu)
+        dp = gpus // (tp * pp * cp)
+        c = Candidate(tp, pp, vpp, cp, dp, mbs, gbs, preset_for(s, tp, cp, mbs, gpu), est, ep=ep)
         if est.fits:
             fitting.append(c)
         elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:

@@ -102,24 +102,31 @@ def _older(have: str, want: str) -> bool:
     return Version(have) < Version(want)
 
 
+def expert_split_violations(*, experts: int, ep: int, etp: int, pp: int, world: int, ffn: int) -> list[tuple]:
+    """(code, message) for each expert-side divisibility rule a split breaks, on bare numbers: one source for the
+    audit (on a built config) and layout_search (candidate splits, no configs)."""
+    out = []
+    if experts % ep:
+        out.append(("experts_not_divisible_ep", f"{experts} experts are not divisible by EP{ep}: each EP rank holds "
+                    "whole experts; change model.expert_model_parallel_size"))  # fmt: skip
+    if world % (etp * ep * pp):
+        out.append(("expert_world_not_divisible", f"{world} GPUs are not divisible by ETP·EP·PP={etp}·{ep}·{pp}: "
+                    "the expert side of the grid is ETP·EP·PP·expert-DP; change EP or the node count"))  # fmt: skip
+    if ffn % etp:
+        out.append(("expert_ffn_not_divisible_etp", f"expert FFN {ffn} is not divisible by ETP{etp}: change "
+                    "model.expert_tensor_parallel_size"))  # fmt: skip
+    return out
+
+
 def divisibility(cfg, world: int) -> list[tuple[str, str]]:
     """The expert side of the split: experts by EP, the world by ETP·EP·PP, the expert FFN by ETP."""
     m = cfg.model
     if not is_moe(m):
         return []
-    ep, etp, pp = m.expert_model_parallel_size or 1, m.expert_tensor_parallel_size or 1, m.pipeline_model_parallel_size
-    out = []
-    if m.num_moe_experts % ep:
-        out.append(("experts_not_divisible_ep", f"{m.num_moe_experts} experts are not divisible by EP{ep}: each EP "
-                    "rank holds whole experts; change model.expert_model_parallel_size"))  # fmt: skip
-    if world % (etp * ep * pp):
-        out.append(("expert_world_not_divisible", f"{world} GPUs are not divisible by ETP·EP·PP={etp}·{ep}·{pp}: "
-                    "the expert side of the grid is ETP·EP·PP·expert-DP; change EP or the node count"))  # fmt: skip
-    ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
-    if ffn % etp:
-        out.append(("expert_ffn_not_divisible_etp", f"expert FFN {ffn} is not divisible by ETP{etp}: change "
-                    "model.expert_tensor_parallel_size"))  # fmt: skip
-    return out
+    return expert_split_violations(
+        experts=m.num_moe_experts, ep=m.expert_model_parallel_size or 1, etp=m.expert_tensor_parallel_size or 1,
+        pp=m.pipeline_model_parallel_size, world=world, ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+    )  # fmt: skip
 
 
 def backend_problem(model, gpu_node: bool) -> tuple[str, str] | None:
