@@ -103,3 +103,95 @@ def test_mla_up_projection_recompute_drops_q_k_v():
 @pytest.mark.parametrize("name", sorted(CARDS))
 def test_every_moe_recipe_fits_an_h100(name):
     assert make_plan(name).memory.fits
+
+
+# --- the model Bridge's provider builds, on the meta device ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """A one-rank gloo group and Megatron's model-parallel state, as Bridge's setup makes them on a GPU."""
+    import os
+
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29573")
+    fresh = not torch.distributed.is_initialized()
+    if fresh:
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    ps.initialize_model_parallel(1, 1)
+    yield ProcessGroupCollection.use_mpu_process_groups()
+    ps.destroy_model_parallel()
+    if fresh:
+        torch.distributed.destroy_process_group()
+
+
+def _no_param_core_attention(orig):
+    """MLA's layer specs with a parameter-free core attention: Megatron Core's local DotProductAttention rejects MLA's
+    k_channels and TE is absent here; softmax(QKᵀ)V has no parameters either way."""
+    import inspect
+
+    import torch
+
+    class CoreAttention(torch.nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+
+    def spec(config, vp_stage=None):
+        s = orig(config, vp_stage=vp_stage) if "vp_stage" in inspect.signature(orig).parameters else orig(config)
+        for layer in s.layer_specs:
+            layer.submodules.self_attention.submodules.core_attention = CoreAttention
+        return s
+
+    return spec
+
+
+def _cpu_buildable(m):
+    """The recipe's provider, unsharded and without TE: every parameter on one rank, local (torch) modules."""
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+    from megatron.core.transformer.enums import AttnBackend
+
+    m.tensor_model_parallel_size = m.pipeline_model_parallel_size = m.context_parallel_size = 1
+    m.expert_model_parallel_size = m.expert_tensor_parallel_size = 1
+    m.virtual_pipeline_model_parallel_size = m.pipeline_dtype = m.pipeline_model_parallel_layout = None
+    m.sequence_parallel = m.account_for_embedding_in_pipeline_split = m.account_for_loss_in_pipeline_split = False
+    m.transformer_impl, m.moe_grouped_gemm, m.fp8 = "local", False, None
+    # allgather: the alltoall dispatcher creates a CUDA stream at construction; parameters do not depend on it.
+    m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend, m.moe_shared_expert_overlap = "allgather", None, False
+    m.gradient_accumulation_fusion = m.apply_rope_fusion = m.masked_softmax_fusion = m.persist_layer_norm = False
+    m.bias_activation_fusion = m.moe_router_fusion = m.moe_permute_fusion = m.cross_entropy_loss_fusion = False
+    m.cuda_graph_impl, m.cuda_graph_scope, m.use_te_rng_tracker = "none", [], False
+    m.recompute_granularity = m.recompute_modules = None
+    m.mtp_num_layers = None  # Bridge builds the MTP block with TE only (gpt_provider.mtp_block_spec): see MTP test
+    if m.multi_latent_attention:
+        m.transformer_layer_spec = _no_param_core_attention(m.transformer_layer_spec)
+    else:
+        m.transformer_layer_spec, m.attention_backend = local_layer_spec, AttnBackend.local
+    m.init_model_with_meta_device = m.use_cpu_initialization = True
+    return m
+
+
+@pytest.mark.parametrize("name", sorted(CARDS))
+def test_parameter_count_equals_the_model_bridge_builds_on_the_meta_device(name, one_rank, monkeypatch):
+    """~20-40 s each: every expert of every layer is built (on the meta device: no memory)."""
+    import torch
+    from megatron.core.models.common.embeddings import yarn_rotary_pos_embedding as yarn
+
+    # Mocked because they cannot exist on CPU: the YaRN cos/sin cache is a CUDA buffer (no parameters), and a few
+    # parameters (GPT-OSS's softmax sinks) ask for torch.cuda.current_device() explicitly.
+    monkeypatch.setattr(yarn.YarnRotaryEmbedding, "_set_cos_sin_cache", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "meta")
+    cfg = registry.get(name).build()
+    shape = ModelShape.of(cfg)
+    m = _cpu_buildable(cfg.model)
+    m.finalize()
+    m._pg_collection = one_rank
+    with torch.device("meta"):
+        model = m.provide()
+    built = sum(p.numel() for p in model.parameters())
+    assert {type(x).__module__.split(".")[0] for x in model.modules()} <= {"megatron", "torch", __name__.split(".")[0]}
+    # Biases of the attention's QK norms and the like aside, the estimate's count is the built model's.
+    assert built == pytest.approx(shape.total_params, rel=1e-6)
