@@ -19,9 +19,13 @@ FFN     ?=
 SEQ     ?=
 GPUS    ?=
 DTYPE   ?=
+EXPERTS ?=
+TOPK    ?=
+EP      ?=
 FORK_FLAGS = $(if $(HIDDEN),--hidden "$(HIDDEN)") $(if $(LAYERS),--layers "$(LAYERS)") $(if $(HEADS),--heads "$(HEADS)") \
   $(if $(QUERY_GROUPS),--query-groups "$(QUERY_GROUPS)") $(if $(FFN),--ffn "$(FFN)") $(if $(SEQ),--seq "$(SEQ)") \
-  $(if $(GPUS),--gpus "$(GPUS)") $(if $(DTYPE),--dtype "$(DTYPE)")
+  $(if $(GPUS),--gpus "$(GPUS)") $(if $(DTYPE),--dtype "$(DTYPE)") $(if $(EXPERTS),--experts "$(EXPERTS)") \
+  $(if $(TOPK),--topk "$(TOPK)") $(if $(EP),--ep "$(EP)")
 CUTS    ?=
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
@@ -54,7 +58,7 @@ plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overla
 plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for plan/recipes; OVERLAPKIT_PLAN_SERVER=0: none)
 	@$(PY) -m launch.plan_server --stop
 
-new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, ARGS=)
+new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
 	@$(PY) -m launch.new_recipe --from "$(FROM)" --name "$(NAME)" $(FORK_FLAGS) $(ARGS)
 
 bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side

@@ -24,11 +24,11 @@ def _args(argv):
     p = Parser(prog="make new-recipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="from_name", required=True, help="recipe to fork (make recipes lists them)")
     p.add_argument("--name", required=True, help="new recipe: <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
-    for flag in ("hidden", "layers", "heads", "query-groups", "ffn", "seq"):
+    for flag in ("hidden", "layers", "heads", "query-groups", "ffn", "seq", "experts", "topk"):
         p.add_argument(f"--{flag}", type=positive_int, help=f"model {flag} (default: the FROM recipe's)")
     p.add_argument("--gpus", type=positive_int, help="GPUs, a multiple of 8 (default: N in the name)")
     p.add_argument("--dtype", choices=("bf16", "fp8cs"), help="default: the name's suffix")
-    for flag in ("tp", "pp", "vpp", "cp", "mbs"):
+    for flag in ("tp", "pp", "vpp", "cp", "mbs", "ep"):
         p.add_argument(f"--{flag}", type=positive_int, help=f"pin {flag.upper()} (default: searched)")
     p.add_argument("--gbs", type=positive_int, help="global batch size (default: the FROM recipe's)")
     p.add_argument("--model", help='registry label (default from the name, e.g. "Llama3 34B")')

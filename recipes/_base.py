@@ -28,6 +28,17 @@ class Layout:
     mbs: int
     gbs: int
     seq: int | None = None  # None: keep the base recipe's sequence length
+    ep: int = 1  # expert parallelism (MoE models)
+    etp: int | None = None  # expert tensor parallelism; None: keep the base recipe's
+
+
+@dataclass(frozen=True)
+class MoE:
+    """The MoE knobs NVIDIA's H100 perf recipes tune beside the layout."""
+
+    dispatcher: str  # model.moe_token_dispatcher_type: "alltoall" or "flex"
+    backend: str | None = None  # flex backend ("hybridep", "deepep"); None with alltoall
+    recompute_modules: tuple[str, ...] | None = None  # selective recompute of these; None: no recompute
 
 
 def precision(dtype: str):
@@ -49,6 +60,9 @@ def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layou
     m = cfg.model
     m.tensor_model_parallel_size, m.pipeline_model_parallel_size = layout.tp, layout.pp
     m.context_parallel_size, m.virtual_pipeline_model_parallel_size = layout.cp, layout.vpp
+    m.expert_model_parallel_size = layout.ep
+    if layout.etp is not None:
+        m.expert_tensor_parallel_size = layout.etp
     m.pipeline_dtype = torch.bfloat16 if layout.pp > 1 else None
     if layout.seq is not None:
         m.seq_length = cfg.dataset.seq_length = layout.seq
@@ -60,12 +74,57 @@ def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layou
     return apply_overlap_stack(cfg, current_intent())
 
 
+# HybridEP kernels' SM budget in NVIDIA's perf recipes (megatron/bridge/perf_recipes/_common.py `_benchmark_common`).
+HYBRIDEP_SMS = 32
+_QWEN = "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe"
+_TOPOLOGY = f"HybridEP's NVLink-domain topology on 8-GPU H100 nodes, as in {_QWEN}"
+# Read by DeepEP's HybridEPBuffer only (megatron/bridge/perf_recipes/environment.py HYBRID_EP_ENV_NAMES).
+HYBRIDEP_ENV = {
+    "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": EnvVar(8, _TOPOLOGY),
+    "NVLINK_DOMAIN_SIZE": EnvVar(8, _TOPOLOGY),
+    "USE_MNNVL": EnvVar(0, f"no multi-node NVLink on H100 (HGX nodes), as in {_QWEN}"),
+    "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": EnvVar(
+        128, f"HybridEP combine chunk of NVIDIA's measured baseline ({_QWEN})"
+    ),
+}
+
+
+def moe_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layout, moe: MoE) -> ConfigContainer:
+    """An MoE base recipe at NVIDIA's H100 layout with its dispatcher, fused kernels and recompute, then the overlap
+    stack (EP all-to-all overlap included, plan/overlap.py). Routing stays the learned router's: the perf recipes'
+    moe_router_force_load_balancing is a benchmark device (tests/unit_tests/recipes/test_moe_recipes.py lists it)."""
+
+    def tuned() -> ConfigContainer:
+        cfg = base()
+        m = cfg.model
+        m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend = moe.dispatcher, moe.backend
+        if moe.backend == "hybridep":
+            m.moe_hybridep_num_sms = HYBRIDEP_SMS
+        if moe.dispatcher == "flex":  # Megatron Core runs the shared experts inside the flex dispatch, not beside it
+            m.moe_shared_expert_overlap = False
+        # Fused kernels of the perf recipes: router, bias+activation, RoPE, TE's fused cross entropy.
+        m.moe_router_fusion = m.bias_activation_fusion = m.apply_rope_fusion = True
+        m.cross_entropy_loss_fusion, m.cross_entropy_fusion_impl = True, "te"
+        m.recompute_granularity = "selective" if moe.recompute_modules else None
+        m.recompute_modules = list(moe.recompute_modules) if moe.recompute_modules else None
+        m.recompute_method = m.recompute_num_layers = None
+        m.sequence_parallel = layout.tp > 1  # nothing to split at TP=1 (the perf recipes say False)
+        if m.cuda_graph_impl == "none":  # no graphs, no scope: Megatron Core could promote a scope naming a graph
+            m.cuda_graph_scope = []  # type (megatron/bridge/perf_recipes/_common.py `_benchmark_common`)
+        return cfg
+
+    return h100_pretrain(tuned, dtype, layout)
+
+
 __all__ = [
     "DTYPES",
     "EnvVar",
+    "HYBRIDEP_ENV",
     "Layout",
+    "MoE",
     "OverlapIntent",
     "h100_pretrain",
+    "moe_pretrain",
     "precision",
     "register",
 ]

@@ -1,4 +1,5 @@
-"""The one description of a dense GQA transformer's shape, and the parameter counts that follow from it.
+"""The one description of a transformer's shape (dense GQA, or mixture-of-experts with optional multi-latent
+attention and multi-token prediction), and the parameter counts that follow from it.
 
 Memory estimates, the layout search, the fork scaffold, the audit's bucket rule and the plan's parameter count all
 read a `ModelShape`: built from a Bridge config with `ModelShape.of(cfg)`, or written out for a new size.
@@ -31,6 +32,20 @@ class ModelShape:
     dropout: bool = False
     account_embedding: bool = False  # Bridge's account_for_{embedding,loss}_in_pipeline_split
     account_loss: bool = False
+    bias: bool = False  # add_bias_linear (GPT-OSS): biases on every linear layer, experts included
+    # Mixture of experts (0 = dense). moe_layers: how many layers are MoE; the rest are dense with `ffn`.
+    experts: int = 0
+    topk: int = 0
+    moe_ffn: int = 0
+    shared_ffn: int = 0  # shared experts' total FFN size (DeepSeek-V3: 1 × 2048)
+    moe_layers: int = 0
+    # Multi-latent attention (DeepSeek-V3): query/KV low ranks and head sizes; 0 = GQA.
+    q_lora: int = 0
+    kv_lora: int = 0
+    qk_head: int = 0
+    qk_rope: int = 0
+    v_head: int = 0
+    mtp_layers: int = 0  # multi-token-prediction layers (not part of the model cards' totals)
 
     @classmethod
     def of(cls, cfg) -> ModelShape:
@@ -42,7 +57,8 @@ class ModelShape:
             vocab=m.vocab_size or cfg.tokenizer.vocab_size or 0, dtype=dtype_of(cfg), kv_channels=m.kv_channels,
             gated=bool(m.gated_linear_unit), tied=bool(m.share_embeddings_and_output_weights),
             dropout=bool(m.hidden_dropout), account_embedding=bool(m.account_for_embedding_in_pipeline_split),
-            account_loss=bool(m.account_for_loss_in_pipeline_split),
+            account_loss=bool(m.account_for_loss_in_pipeline_split), bias=bool(m.add_bias_linear),
+            **_moe_fields(m),
         )  # fmt: skip
 
     @property
@@ -55,11 +71,49 @@ class ModelShape:
         return self.layers + self.account_embedding + self.account_loss
 
     @property
+    def attention_params(self) -> int:
+        """Attention weights (GQA, or MLA with its low-rank projections and their norms), plus its norm."""
+        h, a = self.hidden, self.heads
+        if self.kv_lora:
+            q_in = h * self.q_lora + self.q_lora if self.q_lora else 0
+            q = (self.q_lora or h) * a * (self.qk_head + self.qk_rope) + q_in
+            kv = h * (self.kv_lora + self.qk_rope) + self.kv_lora + self.kv_lora * a * (self.qk_head + self.v_head)
+            return q + kv + a * self.v_head * h + h
+        q, kv = self.head_dim * a, self.head_dim * self.query_groups
+        bias = (q + 2 * kv + h) if self.bias else 0
+        return h * (q + 2 * kv) + q * h + bias + h
+
+    def mlp_params(self, ffn: int) -> int:
+        """One (gated) MLP of width `ffn`, with biases when the model has them."""
+        return (3 if self.gated else 2) * self.hidden * ffn + (((2 if self.gated else 1) * ffn + self.hidden)
+                                                              if self.bias else 0)  # fmt: skip
+
+    @property
+    def expert_params_per_moe_layer(self) -> int:
+        """Routed experts of one MoE layer: what EP·ETP shards."""
+        return self.experts * self.mlp_params(self.moe_ffn)
+
+    @property
+    def moe_dense_part(self) -> int:
+        """One MoE layer's non-expert MLP parameters: router, shared experts, the MLP norm."""
+        shared = self.mlp_params(self.shared_ffn) if self.shared_ffn else 0
+        return self.hidden * self.experts + shared + self.hidden
+
+    @property
+    def dense_layer_params(self) -> int:
+        return self.attention_params + self.mlp_params(self.ffn) + self.hidden
+
+    @property
     def params_per_layer(self) -> int:
-        """Dense GQA transformer layer parameters (weights only; biases and norms are noise at these sizes)."""
-        h, q, kv = self.hidden, self.head_dim * self.heads, self.head_dim * self.query_groups
-        mlp = (3 if self.gated else 2) * h * self.ffn
-        return h * (q + 2 * kv) + q * h + mlp + 2 * h
+        """Mean parameters per transformer layer (weights and norms; biases where the model has them)."""
+        return self.layer_split[0] + self.layer_split[1]
+
+    @property
+    def layer_split(self) -> tuple[int, int]:
+        """(non-expert, routed-expert) parameters per layer on average: TP shards the first, EP·ETP the second."""
+        dense = self.layers - self.moe_layers
+        non_expert = dense * self.dense_layer_params + self.moe_layers * (self.attention_params + self.moe_dense_part)
+        return non_expert // self.layers, self.moe_layers * self.expert_params_per_moe_layer // self.layers
 
     @property
     def embedding_params(self) -> int:
@@ -67,14 +121,50 @@ class ModelShape:
 
     @property
     def total_params(self) -> int:
-        return self.layers * self.params_per_layer + self.embedding_params
+        """The model card's total: every layer and the embeddings, MTP layers excluded."""
+        return sum(self.layer_split) * self.layers + self.embedding_params + self.hidden  # + final norm
 
-    def chunk_params(self, tp: int, pp: int, vpp: int | None) -> int:
-        """Parameters of one model chunk on one TP rank: what one DDP grad buffer holds on a middle pipeline stage."""
-        return self.layers * self.params_per_layer // (pp * (vpp or 1)) // tp
+    @property
+    def mtp_params(self) -> int:
+        """Multi-token prediction: per layer one MoE layer, its input projection (2h→h) and three norms."""
+        layer = self.attention_params + self.moe_dense_part + self.expert_params_per_moe_layer
+        return self.mtp_layers * (layer + 2 * self.hidden * self.hidden + 3 * self.hidden)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token computes with: all but the routed experts it is not sent to (it goes to top-k) and
+        the input embedding (a lookup), as DeepSeek-V3's and gpt-oss's model cards count (Qwen3's cards add the
+        embedding: active_params + vocab·hidden)."""
+        idle = self.moe_layers * (self.experts - self.topk) * self.mlp_params(self.moe_ffn)
+        return self.total_params - idle - self.vocab * self.hidden
+
+    def chunk_params(self, tp: int, pp: int, vpp: int | None, ep_etp: int = 1) -> int:
+        """Parameters of one model chunk on one rank: what its DDP grad buffers hold on a middle pipeline stage
+        (non-expert parameters split by TP, routed experts by EP·ETP)."""
+        non_expert, expert = self.layer_split
+        return self.layers * (non_expert // tp + expert // ep_etp) // (pp * (vpp or 1))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
 
     def describe(self) -> str:
         return (
             f"h{self.hidden} L{self.layers} heads{self.heads} groups{self.query_groups} ffn{self.ffn} "
             f"seq{self.seq} {self.dtype}"
         )
+
+
+def _moe_fields(m) -> dict:
+    """The MoE/MLA/MTP fields of a Megatron provider (empty for a dense model)."""
+    out = {}
+    if getattr(m, "num_moe_experts", None):
+        freq = m.moe_layer_freq
+        moe_layers = sum(freq) if isinstance(freq, list) else len(range(0, m.num_layers, freq))
+        out = dict(experts=m.num_moe_experts, topk=m.moe_router_topk, moe_layers=moe_layers,
+                   moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+                   shared_ffn=m.moe_shared_expert_intermediate_size or 0)  # fmt: skip
+    if getattr(m, "multi_latent_attention", False):
+        out |= dict(q_lora=m.q_lora_rank or 0, kv_lora=m.kv_lora_rank, qk_head=m.qk_head_dim,
+                    qk_rope=m.qk_pos_emb_head_dim, v_head=m.v_head_dim)  # fmt: skip
+    return out | {"mtp_layers": getattr(m, "mtp_num_layers", None) or 0}

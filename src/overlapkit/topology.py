@@ -23,6 +23,7 @@ class Target:
     gpus_per_node: int = GPUS_PER_NODE
     gpu: str = "h100"
     te_available: bool = True
+    te_version: str | None = None  # the container's TE when known (cluster profile); None: new enough, unchecked
 
     @property
     def world_size(self) -> int:

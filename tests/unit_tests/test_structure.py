@@ -19,6 +19,7 @@ COVERED_BY = {
     "te_stub": "test_stack.py",
     "plan/overlap": "training/test_comm_overlap.py",
     "plan/audit": "training/test_comm_overlap.py",
+    "plan/moe": "training/test_comm_overlap.py",
     "plan/presets": "training/test_comm_overlap.py",
     "plan/env": "recipes/test_run_plugins.py",
     "plan/build": "recipes/test_recipes.py",

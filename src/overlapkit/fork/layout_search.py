@@ -8,11 +8,11 @@ optimizer, BF16 grad reduce, FP8 param gather on FP8), without recompute. PP>1 i
 audit rejects PP without VPP (no p2p overlap). Ranking, best first: at least 10% of the memory budget free (the
 estimate's error bar: a tight layout is one allocator spike from an OOM); then the predicted TFLOP/s per GPU
 (overlapkit.sizing.throughput, with every overlap the layout allows on; within 2% of the best is a tie); ties by the
-rules of thumb:
-an exact Bridge userbuffers preset (or TP=1, where TP overlap is n/a) before the explicit opt-in
+rules of thumb: an exact Bridge userbuffers preset (or TP=1, where TP overlap is n/a) before the explicit opt-in
 `overlap.tp_preset=default`; DP>1 (DP overlap on); the smallest PP (pipeline bubble), then TP, then CP (their
-collectives); the largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned
-for it); then memory headroom. Each runner-up says why it loses to the first.
+collectives), then EP for MoE shapes (the smallest expert all-to-all group; EP>1 always, so the EP overlap path runs,
+and experts by EP and GPUs by EP·PP must divide, plan/moe.py); the largest VPP that keeps ≥ 2 layers per chunk
+(smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory headroom. Each runner-up says why it loses.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from overlapkit import stack
 from overlapkit.plan import presets
 from overlapkit.plan.audit import split_violations
+from overlapkit.plan.moe import expert_split_violations
 from overlapkit.shape import ModelShape
 from overlapkit.sizing import throughput
 from overlapkit.sizing.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
@@ -57,6 +58,7 @@ class Candidate:
     memory: MemoryEstimate
     why: str = ""
     prediction: throughput.Prediction | None = None
+    ep: int = 1  # expert parallelism (MoE shapes only)
     loses: str = ""  # why it ranks after the first candidate (empty for the first)
 
     @property
@@ -68,7 +70,8 @@ class Candidate:
         return self.preset != presets.DEFAULT_TP_CONFIG
 
     def describe(self) -> str:
-        return f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vpp or '-'} DP{self.dp} MBS{self.mbs} GBS{self.gbs}"
+        ep = f" EP{self.ep}" if self.ep > 1 else ""
+        return f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vpp or '-'}{ep} DP{self.dp} MBS{self.mbs} GBS{self.gbs}"
 
 
 def shape_errors(s: ModelShape) -> list[str]:
@@ -80,8 +83,9 @@ def shape_errors(s: ModelShape) -> list[str]:
     return errs
 
 
-def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, cp: int, mbs: int, gbs: int):
-    """Why this split does not divide (the audit's rules); empty when it does."""
+def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, cp: int, mbs: int, gbs: int,
+                  ep: int = 1):  # fmt: skip
+    """Why this split does not divide (the audit's rules, plan/moe.py's for the experts); empty when it does."""
     errs = []
     if tp not in TPS:
         errs.append(f"TP{tp} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")
@@ -93,13 +97,16 @@ def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, c
     split = split_violations(seq=s.seq, layers=s.layers, units=s.pipeline_units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp,
                              mbs=mbs, gbs=gbs, heads=s.heads, groups=s.query_groups, ffn=s.ffn)  # fmt: skip
     errs += [msg for _, msg in split]
+    if s.is_moe:
+        errs += [msg for _, msg in expert_split_violations(experts=s.experts, ep=ep, etp=1, pp=pp, world=gpus,
+                                                           ffn=s.moe_ffn)]  # fmt: skip
     if pp > 1 and not gbs % (dp * mbs) and gbs // (dp * mbs) < pp:
         errs.append(f"GBS {gbs} gives {gbs // (dp * mbs)} microbatches, fewer than PP{pp}: the pipeline never fills")
     return errs
 
 
-def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs) -> Workload:
-    """The Workload overlap.apply_overlap_stack would produce for this split."""
+def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs, ep: int = 1) -> Workload:
+    """The Workload overlap.apply_overlap_stack would produce for this split (ETP 1, as every shipped MoE recipe)."""
     return Workload(
         s,
         tp=tp,
@@ -114,6 +121,8 @@ def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs) -> Workload:
         fp8_param_gather=s.dtype == "fp8",
         grad_fp32=False,
         distributed_optimizer=True,
+        ep=ep,
+        expert_dp=max(1, gpus // (ep * pp)),
     )
 
 
@@ -126,6 +135,13 @@ def preset_for(s: ModelShape, tp: int, cp: int, mbs: int, gpu: str = "h100") -> 
         return presets.DEFAULT_TP_CONFIG
 
 
+def _eps(s: ModelShape, fixed: dict) -> list[int]:
+    """EP sizes to try: powers of two that divide the experts (>1: the EP all-to-all overlap path); 1 for dense."""
+    if "ep" in fixed:
+        return [fixed["ep"]]
+    return [e for e in (2**i for i in range(1, 11)) if s.experts % e == 0] if s.is_moe else [1]
+
+
 def _splits(s: ModelShape, gpus: int, fixed: dict):
     units = s.pipeline_units
     for tp in [fixed["tp"]] if "tp" in fixed else TPS:
@@ -135,7 +151,8 @@ def _splits(s: ModelShape, gpus: int, fixed: dict):
                 vpps = [None] if pp == 1 else range(2, units // pp + 1)
                 for vpp in [fixed["vpp"]] if "vpp" in fixed else vpps:
                     for mbs in [fixed["mbs"]] if "mbs" in fixed else MBSS:
-                        yield tp, pp, (vpp if pp > 1 else None), cp, mbs
+                        for ep in _eps(s, fixed):
+                            yield tp, pp, (vpp if pp > 1 else None), cp, mbs, ep
 
 
 def tight(c: Candidate) -> bool:
@@ -145,10 +162,10 @@ def tight(c: Candidate) -> bool:
 def _rules(c: Candidate, s: ModelShape) -> tuple:
     """The rules of thumb, in order: they break ties of predicted throughput."""
     per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
-    return (not c.exact_preset, c.dp == 1, c.pp, c.tp, c.cp, per_chunk < 2, -(c.vpp or 1), c.mbs, -c.memory.headroom_gb)
+    return (not c.exact_preset, c.dp == 1, c.pp, c.tp, c.cp, c.ep, per_chunk < 2, -(c.vpp or 1), c.mbs, -c.memory.headroom_gb)
 
 
-_RULE_NAMES = ("no exact userbuffers preset", "DP1 (no DP overlap)", "larger PP", "larger TP", "larger CP",
+_RULE_NAMES = ("no exact userbuffers preset", "DP1 (no DP overlap)", "larger PP", "larger TP", "larger CP", "larger EP",
                "fewer than 2 layers per chunk", "smaller VPP", "larger MBS", "less memory headroom")  # fmt: skip
 
 
@@ -163,8 +180,9 @@ def _rank(c: Candidate, s: ModelShape, best_tflops: float):
 
 def predict(s: ModelShape, w: Workload, flops: throughput.Flops, gpu: str) -> throughput.Prediction:
     """The throughput model for a split with every overlap it allows on (what apply_overlap_stack does)."""
-    on = throughput.Overlaps(tp=w.tp > 1, p2p=w.pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1)
-    return throughput.predict(w, flops, on, gpu=gpu, bucket=BRIDGE_BUCKET)
+    on = throughput.Overlaps(tp=w.tp > 1, p2p=w.pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1, ep=w.ep > 1)
+    moe = throughput.Moe(s.experts, s.topk, w.ep, s.moe_layers) if s.experts else None
+    return throughput.predict(w, flops, on, gpu=gpu, moe=moe, bucket=BRIDGE_BUCKET)
 
 
 def why_loses(c: Candidate, best: Candidate, s: ModelShape, best_tflops: float) -> str:
@@ -199,6 +217,7 @@ def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
     pp = "PP1" if c.pp == 1 else f"PP{c.pp}×VP{c.vpp} interleaved (p2p overlap on)"
     pp += " is the smallest PP that fits" if c.pp == min_pp else ""
     cp = f"; CP{c.cp}" if c.cp > 1 else ""
+    cp += f"; EP{c.ep}: {s.experts // c.ep} experts per rank, all-to-all overlapped" if c.ep > 1 else ""
     dp = f"DP{c.dp} overlaps grad reduce-scatter/param all-gather" if c.dp > 1 else "DP1: no DP overlap"
     mem = f"{c.memory.total_gb:.1f} of {c.memory.budget_gb:.1f} GB" + (" (tight: < 10% free)" if tight(c) else "")
     pred = f"; predicted {c.tflops:.0f} TFLOP/s/GPU" if c.prediction else ""
@@ -207,7 +226,7 @@ def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
 
 def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top: int = 5, gpu: str = "h100"):
     """The `top` best layouts of `s` on `gpus` H100s, best first; LayoutSearchError (one line) when none qualifies.
-    `fixed` pins any of tp/pp/vpp/cp/mbs (e.g. from the command line)."""
+    `fixed` pins any of tp/pp/vpp/cp/mbs/ep (e.g. from the command line); EP is searched for MoE shapes only."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     stack.import_bridge()  # presets are read from Bridge; this prepares the process (TE shim, offline) once
     if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
@@ -216,16 +235,19 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
         raise LayoutSearchError(f"pinned {', '.join(bad)}: layout sizes are positive whole numbers")
     if fixed.get("tp", 1) not in TPS:
         raise LayoutSearchError(f"TP{fixed['tp']} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")
+    if fixed.get("ep", 1) > 1 and not s.is_moe:
+        raise LayoutSearchError(f"EP={fixed['ep']} pinned for a dense model: expert parallelism needs experts")
     if errs := shape_errors(s):
         raise LayoutSearchError(f"model shape {s.describe()} does not divide: {'; '.join(errs)}")
     why_not, fitting, best_unfit, flops = Counter(), [], None, {}
-    for tp, pp, vpp, cp, mbs in _splits(s, gpus, fixed):
-        if errs := layout_errors(s, gpus, tp, pp, vpp, cp, mbs, gbs):
+    for tp, pp, vpp, cp, mbs, ep in _splits(s, gpus, fixed):
+        if errs := layout_errors(s, gpus, tp, pp, vpp, cp, mbs, gbs, ep):
             why_not[errs[0]] += 1
             continue
-        w = workload(s, gpus, tp, pp, vpp, cp, mbs, gbs)
+        w = workload(s, gpus, tp, pp, vpp, cp, mbs, gbs, ep)
         est = estimate_workload(w, gpu)
-        c = Candidate(tp, pp, vpp, cp, gpus // (tp * pp * cp), mbs, gbs, preset_for(s, tp, cp, mbs, gpu), est)
+        dp = gpus // (tp * pp * cp)
+        c = Candidate(tp, pp, vpp, cp, dp, mbs, gbs, preset_for(s, tp, cp, mbs, gpu), est, ep=ep)
         if est.fits:
             f = flops[tp] = flops.get(tp) or throughput.flops_of_shape(s, tp)  # the padded vocabulary depends on TP
             fitting.append(replace(c, prediction=predict(s, w, f, gpu)))

@@ -28,8 +28,9 @@ from overlapkit.topology import GPUS_PER_NODE
 NAME_RE = re.compile(
     r"^(?P<model>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<dtype>bf16|fp8cs)$"
 )
-SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq")
-LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "mbs")
+SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq", "experts", "topk")
+LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "mbs", "ep")
+MOE_SHAPE = ("experts", "topk")  # only for a FROM recipe with experts
 RECIPES_DIR = registry.RECIPES_DIR
 
 
@@ -65,7 +66,7 @@ class ForkResult:
 
 
 def model_label(prefix: str) -> str:
-    return " ".join(t.upper() if re.fullmatch(r"\d+(\.\d+)?[bm]", t) else t.capitalize() for t in prefix.split("_"))
+    return " ".join(t.upper() if re.fullmatch(r"a?\d+(\.\d+)?[bm]", t) else t.capitalize() for t in prefix.split("_"))
 
 
 def _check_name(req: ForkRequest) -> tuple[str, int, str]:
@@ -95,7 +96,18 @@ def _base_shape(cfg, req: ForkRequest, dtype: str) -> ModelShape:
     for k, v in new.items():
         if not isinstance(v, int) or v < 1:
             raise ForkError(f"--{k.replace('_', '-')} {v!r}: must be a positive whole number")
-    return dataclasses.replace(ModelShape.of(cfg), **new, dtype="fp8" if dtype == "fp8cs" else "bf16")
+    shape = ModelShape.of(cfg)
+    if not shape.is_moe and (moe := [k for k in MOE_SHAPE if k in new]):
+        raise ForkError(
+            f"--{moe[0]} needs an MoE FROM recipe ({req.from_name} is dense): fork a Qwen3/DeepSeek/GPT-OSS one"
+        )
+    if new.get("topk", 0) > new.get("experts", shape.experts):
+        raise ForkError(f"--topk {new['topk']} exceeds the {new.get('experts', shape.experts)} experts")
+    if shape.is_moe and "layers" in new:
+        if shape.moe_layers != shape.layers:  # DeepSeek-V3: moe_layer_freq names each layer
+            raise ForkError(f"--layers on {req.from_name}: its dense/MoE layer pattern is per layer; keep its depth")
+        new["moe_layers"] = new["layers"]  # every layer is MoE (Qwen3, GPT-OSS)
+    return dataclasses.replace(shape, **new, dtype="fp8" if dtype == "fp8cs" else "bf16")
 
 
 TEMPLATE = '''"""{doc}
@@ -125,6 +137,44 @@ def {name}():
 '''
 
 
+MOE_TEMPLATE = '''"""{doc}
+"""
+
+from recipes._base import Layout, OverlapIntent, moe_pretrain, register
+from {base_module} import KNOBS
+from {base_module} import base as _from_base
+
+SHAPE = dict(hidden_size={s.hidden}, num_layers={s.layers}, num_attention_heads={s.heads})
+SHAPE.update(num_query_groups={s.query_groups}, ffn_hidden_size={s.ffn})
+SHAPE.update(num_moe_experts={s.experts}, moe_router_topk={s.topk})
+LAYOUT = Layout(tp={c.tp}, pp={c.pp}, cp={c.cp}, vpp={c.vpp}, mbs={c.mbs}, gbs={c.gbs}, seq={s.seq}, ep={c.ep}, etp=1)
+INTENT = OverlapIntent({intent_args})
+
+
+def base():
+    """The base recipe's Bridge config with this model's experts and depth."""
+    cfg = _from_base()
+    for key, value in SHAPE.items():
+        setattr(cfg.model, key, value)
+    return cfg
+
+
+@register(model="{model}", nodes={nodes}, source="forked from {from_name}", intent=INTENT)
+def {name}():
+    """{dtype_word}, {layout}, seq {s.seq}, top-{s.topk} of {s.experts} experts."""
+    return moe_pretrain(base, "{dtype}", LAYOUT, KNOBS)
+'''
+
+
+def _moe_intent(req: ForkRequest, c) -> str:
+    """The fork keeps the FROM recipe's delayed wgrad; NVIDIA's kept-off overlaps belong to NVIDIA's layouts, so the
+    fork runs every overlap its searched layout allows (TP overlap through the default config where no preset fits)."""
+    args = ["delay_wgrad=True"] if registry.get(req.from_name).intent.delay_wgrad else []
+    if not c.exact_preset:
+        args.append('tp_preset="default"')
+    return ", ".join(args)
+
+
 def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_module: str) -> str:
     imports = "Layout, h100_pretrain, register"
     if c.exact_preset:
@@ -144,6 +194,12 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         + "\n\n"
         + "\n".join(textwrap.wrap(body, 116, break_on_hyphens=False))
     )
+    if s.is_moe:
+        return MOE_TEMPLATE.format(
+            doc=doc, model=model, nodes=nodes, from_name=req.from_name, s=s, base_module=base_module, c=c,
+            intent_args=_moe_intent(req, c), name=req.name, dtype=dtype, layout=c.describe(),
+            dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
+        )  # fmt: skip
     return TEMPLATE.format(
         doc=doc, model=model, nodes=nodes, from_name=req.from_name, s=s, base_module=base_module, imports=imports,
         layout=c.describe(), kv=s.kv_channels or s.hidden // s.heads, c=c, intent=intent, name=req.name, dtype=dtype,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from overlapkit.plan import overrides, presets
+from overlapkit.plan import moe, overrides, presets
 from overlapkit.plan.overlap import OverlapIntent, Resolved
 from overlapkit.shape import ModelShape, dtype_of
 from overlapkit.topology import Target
@@ -145,9 +145,17 @@ class _Audit:
 def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None = None) -> AuditReport:
     """Audit recipe `cfg` (as written, with the recipe's `intent`) against Bridge's `resolved` state for `target`."""
     a = _Audit(cfg, target, resolved, intent or OverlapIntent())
-    for check in (_tp_overlap, _split, _p2p_overlap, _dp_overlap, _optimizer_step_overlap, _precision):
+    for check in (_tp_overlap, _split, _p2p_overlap, _dp_overlap, _optimizer_step_overlap, _precision, _moe):
         check(a)
     return a.rep
+
+
+def _moe(a: _Audit) -> None:
+    """Expert parallelism (plan/moe.py): EP a2a overlap, delayed wgrad, shared experts, dispatcher, expert-DP."""
+    rows, findings = moe.rows_and_findings(a.cfg, a.target, a.res, a.intent)
+    for name, state, detail in rows:
+        a.row(name, state, detail)
+    a.rep.findings += [Finding(level, code, msg, fix) for level, code, msg, fix in findings]
 
 
 def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
@@ -200,6 +208,8 @@ def _tp_overlap(a: _Audit) -> None:
         if requested:
             a.err("tp_overlap_dropped", f"TP overlap requested but Bridge drops it: TP={tp} < 2; set "
                   "model.tensor_model_parallel_size>=2 or comm_overlap.tp_comm_overlap=false")  # fmt: skip
+    elif not requested and (why := a.intent.why_off("tp_comm_overlap")):
+        a.row("tp_comm_overlap", OFF, f"kept off: {why}")
     elif not requested:
         a.row("tp_comm_overlap", OFF, f"TP={tp} but comm_overlap.tp_comm_overlap is off")
         a.err("tp_overlap_off", f"TP={tp} without TP comm overlap: set comm_overlap.tp_comm_overlap=true",
@@ -270,6 +280,8 @@ def _p2p_overlap(a: _Audit) -> None:
                   "model.virtual_pipeline_model_parallel_size=null")  # fmt: skip
     elif a.res.model.overlap_p2p_comm:
         a.row("overlap_p2p_comm", ON, f"PP={pp} × VPP={vpp}: interleaved schedule overlaps p2p")
+    elif (not vpp or vpp == 1) and (kept := a.intent.why_off("overlap_p2p_comm")):
+        a.row("overlap_p2p_comm", OFF, f"PP={pp} without VPP, kept off: {kept}")
     else:
         if not vpp or vpp == 1:
             why = f"PP={pp} without VPP: Bridge selects batch_p2p_comm (no overlap)"
@@ -300,6 +312,8 @@ def _dp_overlap(a: _Audit) -> None:
     for name, what in (("overlap_grad_reduce", "grad reduce-scatter"), ("overlap_param_gather", "param all-gather")):
         if getattr(rddp, name) and dist_opt:
             a.row(name, ON, f"DP={dp}: {what} overlapped with backward/forward")
+        elif dist_opt and (why := a.intent.why_off(name)):
+            a.row(name, OFF, f"kept off: {why}")
         elif dist_opt:
             a.row(name, OFF, f"DP={dp} but comm_overlap.{name}=false")
             a.err(f"{name}_off", f"DP={dp} without {what} overlap; set comm_overlap.{name}=true",

@@ -12,6 +12,7 @@ from overlapkit import jsonio, stack
 from overlapkit.plan import inputs, overrides, presets, registry
 from overlapkit.plan.audit import AuditReport, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
+from overlapkit.plan.moe import expert_dp
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
 from overlapkit.shape import ModelShape, dtype_of
 from overlapkit.sizing import memory, throughput
@@ -42,7 +43,13 @@ class Plan:
     @property
     def layout(self) -> dict:
         m, t = self.cfg.model, self.cfg.train
-        return {
+        shape = ModelShape.of(self.cfg)
+        moe = {}
+        if shape.is_moe:
+            moe = {"ep": m.expert_model_parallel_size, "etp": m.expert_tensor_parallel_size or 1,
+                   "expert_dp": expert_dp(m, self.target.world_size), "experts": shape.experts, "topk": shape.topk,
+                   "active_params_b": round(shape.active_params / 1e9, 1)}  # fmt: skip
+        return moe | {
             "model": self.recipe.model,
             "nodes": self.target.nodes,
             "gpus": self.target.world_size,
@@ -56,7 +63,7 @@ class Plan:
             "seq": m.seq_length,
             "dtype": dtype_of(self.cfg),
             "preset": presets.name_of(self.cfg.comm_overlap.tp_comm_overlap_cfg) if self.cfg.comm_overlap else None,
-            "params_b": round(ModelShape.of(self.cfg).total_params / 1e9, 1),
+            "params_b": round(shape.total_params / 1e9, 1),
         }
 
     def memory_dict(self) -> dict:

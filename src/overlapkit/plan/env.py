@@ -10,7 +10,9 @@ Four layers, lowest to highest precedence; the highest layer that sets a variabl
 4. `cluster`  the cluster profile's `env`: network/fabric facts (NCCL_IB_HCA, NCCL_SOCKET_IFNAME) and site workarounds
               that no recipe can know, so the site has the last word.
 
-Every change of a lower layer's value is a `warning` conflict, except CUDA_DEVICE_MAX_CONNECTIONS: its value is the
+Every change of a lower layer's value is a `warning` conflict, except a recipe's measured value over our generic
+derived one (it is why the recipe layer exists; the ledger still shows what it replaced), and
+CUDA_DEVICE_MAX_CONNECTIONS: its value is the
 overlap's correctness (kernel order), which only the topology decides. This module is its one home: `connections`
 derives the value the layout needs, and `audit_rows` turns a final value that differs (whichever layer set it) into
 the audit's one `cuda_max_connections` error. Secrets (`is_secret`) never get a value here: a profile lists them by
@@ -33,7 +35,8 @@ from overlapkit.plan.audit import OFF, ON, AuditReport, Finding, Row
 
 LAYERS = ("derived", "bridge", "recipe", "cluster")
 # Anywhere in the name: WANDB_APIKEY, MY_TOKEN_FILE and DB_PASSWD are as secret as WANDB_API_KEY or HF_TOKEN.
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL", re.IGNORECASE)
+# TOKENS (a count, e.g. HybridEP's NUM_OF_TOKENS_PER_CHUNK_COMBINE_API) is not a credential.
+_SECRET = re.compile(r"KEY|TOKEN(?!S)|SECRET|PASS|CREDENTIAL", re.IGNORECASE)
 # Values that are credentials whatever their name, by the issuers' documented prefixes and shapes.
 CREDENTIAL_FORMATS = {
     "a Hugging Face token": r"\bhf_[A-Za-z0-9]{30,}",  # huggingface.co/docs/hub/security-tokens
@@ -127,13 +130,25 @@ class Connections:
     error: str | None = None
 
 
+QWEN_MOE = "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe"
+# Megatron Core's alltoall dispatcher orders the shared-expert GEMMs around the all-to-all so they overlap "when
+# CUDA_DEVICE_MAX_CONNECTIONS>1" (megatron/core/transformer/moe/token_dispatcher.py): more queues, more overlap.
+EP_QUEUES = "8"
+
+
 def connections(plan) -> Connections:
     """The one rule for CUDA_DEVICE_MAX_CONNECTIONS. TP/CP overlap needs 1: its compute and comm kernels must keep
-    their issue order on one hardware queue. Otherwise 32, so DP grad-reduce/param-gather run beside compute."""
-    m = plan.cfg.model
+    their issue order on one hardware queue. TP>1 without TP overlap but with the EP all-to-all overlap: 8, so the
+    all-to-all streams run beside compute while TP collectives keep a short queue (NVIDIA's Qwen3 235B-A22B).
+    Otherwise 32, so DP grad-reduce/param-gather and EP all-to-all run beside compute."""
+    m, rm = plan.cfg.model, plan.resolved.model
     tp, cp = m.tensor_model_parallel_size, m.context_parallel_size or 1
     fsdp = bool(plan.cfg.ddp.use_megatron_fsdp)
     fsdp_note = "Megatron-FSDP asserts it is not 1 (megatron/bridge/training/config.py)"
+    ep_overlap = bool(getattr(rm, "overlap_moe_expert_parallel_comm", False))
+    if tp > 1 and cp == 1 and not fsdp and ep_overlap and not rm.tp_comm_overlap:
+        why = f"TP={tp} without TP comm overlap (no userbuffers kernel order to keep), EP all-to-all overlap on: its "
+        return Connections(EP_QUEUES, why + f"streams need queues beside compute; {QWEN_MOE} 235B-A22B sets 8")
     if (tp > 1 or cp > 1) and not fsdp:
         why = f"TP={tp}/CP={cp} comm overlap needs compute and comm kernels kept in issue order (one hardware queue); "
         return Connections("1", why + f"{PERF} sets 1 for its TP4 and CP2 layouts")
@@ -142,6 +157,8 @@ def connections(plan) -> Connections:
         return Connections("32", f"{fsdp_note}, although TP={tp}/CP={cp} overlap wants 1 (an audit error)",
                            f"{PINNED}: TP/CP overlap needs 1 but Megatron-FSDP refuses 1; {fix}")  # fmt: skip
     why = f"TP=CP=1: 1 would serialise DP grad-reduce/param-gather with compute; {PERF} 8B fp8cs uses 32"
+    if getattr(m, "num_moe_experts", None):
+        why += f", {QWEN_MOE} 30B-A3B and the GPT-OSS 120B recipe too"
     return Connections("32", why + (f"; {fsdp_note}" if fsdp else ""))
 
 
@@ -237,7 +254,8 @@ def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
             if prev is None:
                 merged[name] = Entry(name, value, layer, reason)
                 continue
-            if prev.value != value and name != PINNED:  # PINNED's final value is audit_rows' rule
+            tuned = (prev.layer, layer) == ("derived", "recipe")  # a recipe's measured value over the generic rule
+            if prev.value != value and name != PINNED and not tuned:  # PINNED's final value is audit_rows' rule
                 msg = f"{name}={value} ({layer}) replaces {prev.value} ({prev.layer})"
                 led.conflicts.append(Conflict(name, (prev.layer, layer), (prev.value, value), "warning", msg))
             merged[name] = Entry(name, value, layer, reason, [*prev.overridden, (prev.layer, prev.value)])
@@ -295,6 +313,8 @@ def audit_rows(plan, ledger: Ledger) -> AuditReport:
         if need.value == "1":
             msg = f"{PINNED}={value}{where} with TP={tp}/CP={cp} overlap: must be 1 so compute and comm kernels keep "
             msg += "their order"
+        elif need.value == EP_QUEUES:
+            msg = f"{PINNED}={value}{where} with TP={tp} and EP all-to-all overlap: use {EP_QUEUES}"
         else:
             msg = f"{PINNED}={value}{where} with TP=CP=1 serialises DP overlap: use {need.value}"
         rep.findings.append(Finding("error", "cuda_max_connections", f"{msg}; remove it from that layer"))

@@ -22,6 +22,23 @@ class OverlapIntent:
 
     tp_preset: str | None = None  # exported preset name, presets.DEFAULT_TP_CONFIG (opt-in), or None = auto
     param_gather_with_optimizer_step: bool = False  # opt-in: Bridge leaves it off because of checkpointing
+    # MoE: delay the expert weight-gradient GEMMs so they overlap the EP all-to-all (needs EP a2a overlap).
+    delay_wgrad: bool = False
+    # Overlaps the recipe keeps off on purpose, as NVIDIA's measured recipe does: ((name, why), ...). Names:
+    # KEEP_OFF. The audit shows them "off" with that reason instead of failing; anything else missing is an error.
+    off: tuple[tuple[str, str], ...] = ()
+
+    def why_off(self, name: str) -> str | None:
+        return dict(self.off).get(name)
+
+
+# What a recipe may declare off (OverlapIntent.off), with the config field that carries each.
+KEEP_OFF = {
+    "tp_comm_overlap": "comm_overlap.tp_comm_overlap",
+    "ep_a2a_overlap": "comm_overlap.overlap_moe_expert_parallel_comm",
+    "overlap_grad_reduce": "comm_overlap.overlap_grad_reduce",
+    "overlap_p2p_comm": "model.virtual_pipeline_model_parallel_size",
+}
 
 
 @dataclass
@@ -34,6 +51,7 @@ class Resolved:
     comm: object
     data_parallel_size: int
     bridge_warnings: list[str] = field(default_factory=list)
+    bridge_asserts: list[str] = field(default_factory=list)  # MoE overlap prerequisites Bridge's setup asserted
 
 
 def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = "h100"):
@@ -47,6 +65,9 @@ def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = 
     old = cfg.comm_overlap
     if tp > 1:
         m.sequence_parallel = True  # TP overlap requires SP; Bridge drops TP overlap without it
+    if tp > 1 and intent.why_off("tp_comm_overlap"):
+        comm = CommOverlapConfig(tp_comm_overlap=False)
+    elif tp > 1:
         if intent.tp_preset == presets.DEFAULT_TP_CONFIG:
             tp_cfg = None
         else:
@@ -61,6 +82,7 @@ def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = 
         comm.wgrad_deferral_limit = old.wgrad_deferral_limit
     comm.overlap_param_gather_with_optimizer_step = intent.param_gather_with_optimizer_step
     cfg.comm_overlap = comm
+    _moe_overlap(cfg, intent)
 
     # DP overlap lives in Megatron DDP + the distributed optimizer; Bridge switches it on when DP>1.
     cfg.ddp.use_distributed_optimizer = True
@@ -68,6 +90,8 @@ def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = 
     cfg.ddp.overlap_grad_reduce = True
     cfg.ddp.overlap_param_gather = True
     cfg.ddp.align_param_gather = pp > 1 and vpp > 1
+    if intent.why_off("overlap_grad_reduce"):  # Bridge's setup would switch it back on for DP>1 unless comm says no
+        cfg.ddp.overlap_grad_reduce = comm.overlap_grad_reduce = False
 
     # Precision knobs go through cfg.mixed_precision: its setup() overwrites the ddp/optimizer copies.
     mp = cfg.mixed_precision
@@ -77,19 +101,45 @@ def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = 
     return cfg
 
 
-@contextlib.contextmanager
-def te_flag(available: bool):
-    """Bridge gates TP overlap on its module-level `HAVE_TE`, probed at import on *this* machine. For the resolve we
-    need the *target's* answer, so set it for the duration and restore it after. This is the only place we touch it.
-    """
-    from megatron.bridge.training import comm_overlap as co
+def is_moe(model) -> bool:
+    return bool(getattr(model, "num_moe_experts", None))
 
-    saved = co.HAVE_TE
-    co.HAVE_TE = available
+
+def _moe_overlap(cfg, intent: OverlapIntent) -> None:
+    """EP all-to-all overlap (and delayed expert wgrad) wherever the layout allows it and the recipe does not keep it
+    off. Bridge asserts its prerequisites at setup on the GPUs (training/comm_overlap.py); the audit checks them here.
+    Shared-expert overlap cannot run beside it (Bridge asserts), so EP overlap switches it off."""
+    m, comm = cfg.model, cfg.comm_overlap
+    if not is_moe(m):
+        return
+    on = (m.expert_model_parallel_size or 1) > 1 and not intent.why_off("ep_a2a_overlap")
+    comm.overlap_moe_expert_parallel_comm = on
+    comm.delay_wgrad_compute = bool(on and intent.delay_wgrad)
+    if on:
+        m.moe_shared_expert_overlap = False
+
+
+@contextlib.contextmanager
+def te_flag(available: bool, version: str | None = None):
+    """Bridge gates TP overlap on its module-level `HAVE_TE`, and delay_wgrad on `is_te_min_version`, both probed on
+    *this* machine. For the resolve we need the *target's* answers, so set them for the duration and restore them
+    after. This is the only place we touch them. An unknown target version counts as new enough (the audit says so)."""
+    from megatron.bridge.training import comm_overlap as co
+    from packaging.version import Version
+
+    def te_min(want, check_equality=True):
+        if not available:
+            return False
+        if version is None:
+            return True
+        return Version(version) >= Version(want) if check_equality else Version(version) > Version(want)
+
+    saved = co.HAVE_TE, co.is_te_min_version
+    co.HAVE_TE, co.is_te_min_version = available, te_min
     try:
         yield
     finally:
-        co.HAVE_TE = saved
+        co.HAVE_TE, co.is_te_min_version = saved
 
 
 class _Capture(logging.Handler):
@@ -106,7 +156,7 @@ def resolve(cfg, target: Target) -> Resolved:
     dp = data_parallel_size(cfg, target.world_size)
     model, ddp, opt = copy.deepcopy(cfg.model), copy.deepcopy(cfg.ddp), copy.deepcopy(cfg.optimizer)
     comm = copy.deepcopy(cfg.comm_overlap)
-    cap = _Capture()
+    cap, asserted = _Capture(), []
     root = logging.getLogger()
     # Bridge reports drops with root-logger warnings. Route them to the audit only (not to stderr) for the resolve.
     saved_handlers, saved_level = root.handlers[:], root.level
@@ -119,9 +169,26 @@ def resolve(cfg, target: Target) -> Resolved:
             mp.setup(model, opt, ddp)
         if comm is not None:
             comm.data_parallel_size = dp
-            with te_flag(target.te_available):
-                comm.finalize()
-                comm.setup(model, opt, ddp)
+            with te_flag(target.te_available, target.te_version):
+                asserted = _setup(comm, model, opt, ddp)
     finally:
         root.handlers, root.level = saved_handlers, saved_level
-    return Resolved(model, ddp, opt, comm, dp, cap.messages)
+    return Resolved(model, ddp, opt, comm, dp, cap.messages, asserted)
+
+
+def _setup(comm, model, opt, ddp) -> list[str]:
+    """Bridge's CommOverlapConfig.finalize/setup. Its MoE overlap prerequisites are bare asserts: record the message
+    and resolve the rest of the stack without the EP overlap (the audit reports each one with its fix)."""
+    comm.finalize()
+    saved = copy.deepcopy((model, opt, ddp))
+    try:
+        comm.setup(model, opt, ddp)
+        return []
+    except AssertionError as exc:
+        message = " ".join(str(exc).split())
+    for live, before in zip((model, opt, ddp), saved, strict=True):
+        live.__dict__.update(before.__dict__)
+    comm.user_comm_overlap_cfg.overlap_moe_expert_parallel_comm = False
+    comm.user_comm_overlap_cfg.delay_wgrad_compute = False
+    comm.setup(model, opt, ddp)
+    return [message]

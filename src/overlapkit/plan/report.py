@@ -16,7 +16,7 @@ STYLE = {"on": "green", "off": "red", "n/a": "dim"}
 def console(file=None, width: int | None = None) -> Console:
     con = Console(file=file, width=width, highlight=False, soft_wrap=False)
     if width is None and not con.is_terminal:
-        con.width = 120  # piped or in CI: wide enough for the overlap table without wrapping every row
+        con.width = 150  # piped or in CI: wide enough for the overlap and recipe tables without wrapping every row
     return con
 
 
@@ -32,10 +32,14 @@ def audit_table(report) -> Table:
 
 def layout_line(layout: dict) -> str:
     vpp = layout["vpp"] or "-"
+    moe = "ep" in layout  # MoE: expert parallelism, expert-DP, and parameters active per token
+    ep = f" EP{layout['ep']} ETP{layout['etp']} expert-DP{layout['expert_dp']}" if moe else ""
+    active = f" ({layout['active_params_b']}B active per token without the embedding lookup, top-{layout['topk']} of " \
+             f"{layout['experts']} experts)" if moe else ""  # fmt: skip
     return (
         f"{layout['gpus']} GPUs = {layout['nodes']} nodes × 8 · TP{layout['tp']} PP{layout['pp']} CP{layout['cp']} "
-        f"VP{vpp} DP{layout['dp']} · MBS {layout['mbs']} GBS {layout['gbs']} · seq {layout['seq']} · "
-        f"{layout['dtype']} · {layout['params_b']}B params"
+        f"VP{vpp}{ep} DP{layout['dp']} · MBS {layout['mbs']} GBS {layout['gbs']} · seq {layout['seq']} · "
+        f"{layout['dtype']} · {layout['params_b']}B params{active}"
     )
 
 
@@ -65,7 +69,8 @@ def render_plan(plan, con: Console) -> None:
 
 def recipes_table(rows: list[dict]) -> Table:
     t = Table(title="H100 recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = ("recipe", "model", "GPUs", "dtype", "TP/PP/CP/VP/DP", "MBS/GBS", "seq", "overlaps on", "TFLOP/s*", "audit")
+    cols = ("recipe", "model", "GPUs", "dtype", "TP/PP/CP/VP/EP/DP", "MBS/GBS", "seq", "overlaps on", "TFLOP/s*",
+            "audit")  # fmt: skip
     for col in cols:
         t.add_column(col, no_wrap=True, justify="right" if col == "TFLOP/s*" else "left")
     keys = ("recipe", "model", "gpus", "dtype", "layout", "batch", "seq", "on", "tflops", "audit")
@@ -81,6 +86,7 @@ SHORT = {
     "overlap_grad_reduce": "RS",
     "overlap_param_gather": "AG",
     "fp8_param_gather": "FP8-AG",
+    "ep_a2a_overlap": "EP",
 }
 
 

@@ -45,13 +45,16 @@ class NightlyRun:
 
 def shape_for(recipe: str, layout: dict, *, iters: int = NIGHTLY_ITERS, min_dp: int = MIN_DP,
               seed: int = NIGHTLY_SEED) -> NightlyRun:  # fmt: skip
-    """TP/PP/CP/VPP stay (same overlap paths); DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes.
-    GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline schedule (warm-up, steady 1F1B,
-    cool-down) and each rank's work per step stay those of the full-size run, so step time is comparable."""
+    """TP/PP/CP/VPP stay (same overlap paths), and so do EP and ETP: an MoE run keeps its expert all-to-all (and
+    its overlap) every night. DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes on which the expert
+    grid ETP·EP·PP divides too. GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline
+    schedule (warm-up, steady 1F1B, cool-down) and each rank's work per step stay those of the full-size run, so
+    step time is comparable."""
     mp = layout["tp"] * layout["pp"] * layout["cp"]
     full_dp = layout["nodes"] * GPUS_PER_NODE // mp
     want = max(1, min(full_dp, min_dp))
-    nodes = math.ceil(mp * want / GPUS_PER_NODE)
+    unit = math.lcm(mp, layout.get("ep", 1) * layout.get("etp", 1) * layout["pp"], GPUS_PER_NODE)
+    nodes = math.ceil(mp * want / unit) * unit // GPUS_PER_NODE
     dp = nodes * GPUS_PER_NODE // mp
     microbatches = layout["gbs"] // (full_dp * layout["mbs"])
     gbs = microbatches * dp * layout["mbs"]
@@ -92,7 +95,8 @@ def _layout(entry: registry.Recipe) -> dict:
     m = cfg.model
     return {"tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size,
             "cp": m.context_parallel_size or 1, "mbs": cfg.train.micro_batch_size,
-            "gbs": cfg.train.global_batch_size, "nodes": entry.nodes}  # fmt: skip
+            "gbs": cfg.train.global_batch_size, "nodes": entry.nodes, "ep": m.expert_model_parallel_size or 1,
+            "etp": m.expert_tensor_parallel_size or 1}  # fmt: skip
 
 
 def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say) -> dict:

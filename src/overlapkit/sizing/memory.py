@@ -1,4 +1,5 @@
-"""Per-GPU memory estimate for dense GQA transformer recipes on H100 80 GB: does the first step OOM?
+"""Per-GPU memory estimate for transformer recipes on H100 80 GB: does the first step OOM? (Mixture-of-experts and
+multi-latent-attention terms: sizing/moe_memory.py.)
 
 "GB" here is GiB (2**30 B), the unit of torch.cuda memory stats and of nvidia-smi's MiB/1024. The peak is on the
 first pipeline stage: it holds the input embedding and the most in-flight microbatches (as in Megatron-LM's
@@ -45,6 +46,7 @@ import math
 from dataclasses import dataclass, field
 
 from overlapkit.shape import ModelShape
+from overlapkit.sizing import moe_memory
 from overlapkit.topology import Target, data_parallel_size
 
 GB = 2**30
@@ -80,6 +82,11 @@ class Workload:
     mb_group: int | None = None  # microbatch_group_size_per_vp_stage (megatron-core default: PP)
     attention: str = "flash"  # "flash" (TE fused/flash) | "unfused" (megatron-core's local DotProductAttention)
     fused_cross_entropy: bool = True  # False: native vocab-parallel cross entropy (the no-TE 1-GPU cut)
+    ep: int = 1  # expert parallelism (MoE): routed experts split by EP·ETP
+    etp: int = 1
+    expert_dp: int = 1  # expert-data-parallel size: what shards the experts' optimizer states
+    recompute_modules: tuple[str, ...] = ()  # selective recompute (credited for MoE/MLA models: moe_memory)
+    first_chunks: tuple[int, ...] | None = None  # decoder layers per chunk of the first stage, from an explicit layout
 
     def __getattr__(self, name: str):
         """The shape's fields read as the workload's own (w.hidden, w.seq, w.dtype, ...): the formulas stay short."""
@@ -155,8 +162,29 @@ def workload_of(cfg, target: Target) -> Workload:
         grad_fp32=bool(mp.grad_reduce_in_fp32 if real_mp else cfg.ddp.grad_reduce_in_fp32),  # mp overwrites ddp
         distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer), recompute=m.recompute_granularity,
         recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers,
-        mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None),
+        mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None), ep=m.expert_model_parallel_size or 1,
+        etp=m.expert_tensor_parallel_size or 1, expert_dp=_expert_dp(m, target.world_size),
+        recompute_modules=tuple(m.recompute_modules or ()) if m.recompute_granularity == "selective" else (),
+        first_chunks=first_stage_chunks(m),
     )  # fmt: skip
+
+
+def first_stage_chunks(m) -> tuple[int, ...] | None:
+    """Decoder layers in each model chunk of pipeline rank 0 when the recipe gives an explicit layout (DeepSeek-V3's
+    `Et|(tt|)*30mL`), parsed by Megatron Core's own PipelineParallelLayerLayout; None for an even split."""
+    layout = m.pipeline_model_parallel_layout
+    if layout is None or m.pipeline_model_parallel_size == 1:
+        return None
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    stages = PipelineParallelLayerLayout(layout, m.pipeline_model_parallel_size).layout[0]
+    return tuple(sum(getattr(x, "name", x) == "decoder" for x in chunk) for chunk in stages)
+
+
+def _expert_dp(m, world: int) -> int:
+    """world / (ETP·EP·PP): the expert side of Megatron Core's parallel grid."""
+    side = (m.expert_tensor_parallel_size or 1) * (m.expert_model_parallel_size or 1) * m.pipeline_model_parallel_size
+    return max(1, world // side)
 
 
 def first_stage_layers(w: Workload) -> tuple[int, int]:
@@ -164,6 +192,8 @@ def first_stage_layers(w: Workload) -> tuple[int, int]:
     the first chunk's share; the chunk size is rounded up, an upper bound when the split is uneven."""
     if w.pp == 1:
         return w.layers, w.layers
+    if w.first_chunks:  # explicit layout: the largest chunk, and every layer of the first stage
+        return max(w.first_chunks), sum(w.first_chunks)
     vpp = w.vpp or 1
     per_chunk = math.ceil(w.pipeline_units / (w.pp * vpp))
     return per_chunk, min(w.layers, per_chunk * vpp - w.account_embedding)
@@ -173,6 +203,12 @@ def activation_terms(w: Workload) -> dict[str, float]:
     """Bytes stored per layer, in units of (tokens·h) elements; see the module docstring for the derivation."""
     q, kv, f = w.head_dim * w.heads / w.hidden, w.head_dim * w.query_groups / w.hidden, w.ffn / w.hidden
     lin = 1 if w.dtype == "fp8" else 2  # TE saves FP8 copies of linear inputs under FP8
+    if w.shape.is_moe or w.kv_lora:
+        attn = moe_memory.attention_terms(w, lin) if w.kv_lora else _gqa_terms(w, lin, q, kv)
+        if "layernorm" in w.recompute_modules:  # the norms' outputs (the linear inputs) are recomputed
+            attn["QKV input"] = 0
+        mlp = moe_memory.mlp_terms(w, lin) if w.shape.is_moe else {}
+        return attn | mlp | {"dropout masks": 2 if w.dropout else 0}
     return {
         "norm inputs (2 norms)": 4,
         "QKV input": lin,
@@ -187,6 +223,16 @@ def activation_terms(w: Workload) -> dict[str, float]:
         "FC1 output": (4 if w.gated else 2) * f,
         "FC2 input": lin * f,
         "dropout masks": 2 if w.dropout else 0,
+    }
+
+
+def _gqa_terms(w: Workload, lin: int, q: float, kv: float) -> dict[str, float]:
+    return {
+        "norm inputs (2 norms)": 4,
+        "QKV input": lin,
+        "Q + attention output": 4 * q + (q if w.dtype == "fp8" else 0),
+        "K + V (GQA)": 4 * kv,
+        "flash-attn log-sum-exp (fp32)": 4 * w.heads / w.hidden if w.attention == "flash" else 0,
     }
 
 
@@ -224,10 +270,14 @@ def activation_bytes(w: Workload) -> tuple[float, str]:
         stored, transient = k * ckpt + (chunk_layers - k) * per_layer, per_layer if k else 0.0
         how = f"full recompute of {k} of {chunk_layers} layers per chunk"
     else:
-        stored, transient = chunk_layers * per_layer, 0.0
-        how = "no recompute" if w.recompute is None else "selective (core_attn: nothing stored with flash attn)"
+        mean = sum(w.first_chunks) / len(w.first_chunks) if w.first_chunks else chunk_layers  # chunks take turns
+        stored, transient = mean * per_layer, 0.0
+        how = (
+            "no recompute" if w.recompute is None else f"selective ({', '.join(w.recompute_modules or ['core_attn'])})"
+        )
     chunks = in_flight_chunks(w)
-    note = f"{per_layer / 2**20:.0f} MB/layer × {chunk_layers} layers × {chunks} in flight; {how}"
+    shown = f"{stored / per_layer:.3g}" if per_layer and w.first_chunks else chunk_layers
+    note = f"{per_layer / 2**20:.0f} MB/layer × {shown} layers × {chunks} in flight; {how}"
     return chunks * stored + transient, note
 
 
@@ -236,12 +286,14 @@ def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = Non
     layers = first_stage_layers(w)[1]
     two = w.pp == 1 and not w.tied  # the untied output layer sits on the first stage too when PP=1
     emb, emb_what = w.vocab * w.hidden * (1 + two), "embedding + output layer" if two else "embedding"
-    layer_params = layers * w.params_per_layer
-    params = (layer_params + emb) // w.tp
+    layer_params = layers * w.shape.layer_split[0]  # non-expert (all of a dense layer): split by TP
+    experts = layers * w.shape.layer_split[1] // (w.ep * w.etp)  # routed experts: split by EP·ETP
+    params = (layer_params + emb) // w.tp + experts
     fp8 = w.dtype == "fp8"
     wbytes = (2 if w.fp8_param_gather else 4) if fp8 else 2
     gbytes = 4 if w.grad_fp32 else 2
     shard = w.dp * w.cp if w.distributed_optimizer else 1
+    eshard = w.expert_dp if w.distributed_optimizer else 1  # expert states: sharded over expert-DP
     act, act_note = activation_bytes(w)
     tokens = w.seq * w.mbs // w.cp
     # Native (unfused) cross entropy keeps BF16 logits, their fp32 copy and the fp32 softmax: 10 B per logit.
@@ -249,19 +301,23 @@ def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = Non
     logits = tokens * (4 * w.hidden + per_logit * w.vocab) / w.tp if w.pp == 1 else 0.0
     ub = sum(tokens * w.hidden * (1 if fp8 and n in UB_ALL_GATHER else 2) for n in UB_BUFFERS) if w.tp_overlap else 0
     notes = {
-        "weights": f"{params / 1e9:.2f}B params/GPU ({layers} layers + {emb_what}, /TP{w.tp})"
-        f" × {wbytes} B{' (FP8 + transpose)' if fp8 and w.fp8_param_gather else ''}",
+        "weights": f"{params / 1e9:.2f}B params/GPU ({layers} layers + {emb_what}, /TP{w.tp}"
+        + (f"; experts {experts / 1e9:.2f}B, /EP{w.ep}·ETP{w.etp}" if experts else "")
+        + f") × {wbytes} B{' (FP8 + transpose)' if fp8 and w.fp8_param_gather else ''}",
         "grads": f"× {gbytes} B ({'fp32' if w.grad_fp32 else 'bf16'} DDP grad buffer)",
         "optimizer": f"× 12 B / {shard} (fp32 master + Adam m, v; "
-        + (f"distributed over DP{w.dp}·CP{w.cp})" if w.distributed_optimizer else "not distributed)"),
+        + (f"distributed over DP{w.dp}·CP{w.cp}" if w.distributed_optimizer else "not distributed")
+        + (f"; experts' over expert-DP{eshard})" if experts else ")"),
         "activations": act_note,
         "logits": "fp32 logits + loss inputs (PP=1)" if logits else "on the last stage (PP>1)",
         "comm_buffers": f"{len(UB_BUFFERS)} userbuffers of {tokens}×{w.hidden}" if ub else "no TP overlap",
         "reserve": "CUDA context, NCCL communicators, cuBLAS/TE workspaces",
     }
+    dense = params - experts
     return MemoryEstimate(
-        weights_gb=(layer_params * wbytes + emb * 2) / w.tp / GB if fp8 else params * 2 / GB,
-        grads_gb=params * gbytes / GB, optimizer_gb=params * 12 / shard / GB, activations_gb=act / GB,
+        weights_gb=((layer_params * wbytes + emb * 2) / w.tp + experts * wbytes) / GB if fp8 else params * 2 / GB,
+        grads_gb=params * gbytes / GB, optimizer_gb=(dense * 12 / shard + experts * 12 / eshard) / GB,
+        activations_gb=act / GB,
         logits_gb=logits / GB, comm_buffers_gb=ub / GB, reserve_gb=RESERVE_GB, hbm_gb=hbm_gb or HBM_GB[gpu],
         margin_gb=MARGIN_GB, params_per_gpu=params, notes=notes, gpu=gpu,
     )  # fmt: skip

@@ -18,7 +18,7 @@ The model (docs/throughput.md has the derivation, the sources and the validation
   the excess over the attention compute is exposed.
 - EP: 4 all-to-alls per MoE layer and microbatch (dispatch + combine, forward and backward) of top-k copies of
   each token, from the config's num_moe_experts / moe_router_topk / expert_model_parallel_size; hidden behind the
-  layer's compute only when the overlap table says overlap_moe_expert_parallel_comm "on".
+  layer's compute only when the overlap table says ep_a2a_overlap "on".
 - PP: the interleaved schedule's bubble (PP−1)/(VPP·m), m = GBS/(DP·MBS), of the per-microbatch time; p2p sends
   of the [s·b/(CP·TP), h] activation, exposed in the fill and drain with overlap_p2p_comm on, all of them off.
 - DP: grad reduce-scatter and param all-gather of each GPU's parameters over its DP×CP group (inter-node network
@@ -125,7 +125,8 @@ def flops_of_config(cfg) -> Flops:
 
 
 def flops_of_shape(shape, tp: int = 1) -> Flops:
-    """For a dense ModelShape (the layout search): a Bridge GPTModelProvider of that shape."""
+    """For a ModelShape (the layout search): a Bridge GPTModelProvider of that shape, with its experts (the last
+    `moe_layers` layers MoE, as DeepSeek-V3's leading dense layers) and multi-latent attention where it has them."""
     from megatron.bridge.models.gpt_provider import GPTModelProvider
 
     m = GPTModelProvider(
@@ -134,6 +135,15 @@ def flops_of_shape(shape, tp: int = 1) -> Flops:
         kv_channels=shape.head_dim, gated_linear_unit=shape.gated, tensor_model_parallel_size=tp,
         share_embeddings_and_output_weights=shape.tied,
     )  # fmt: skip
+    if shape.experts:
+        m.num_moe_experts, m.moe_router_topk, m.moe_ffn_hidden_size = shape.experts, shape.topk, shape.moe_ffn
+        m.moe_shared_expert_intermediate_size = shape.shared_ffn or None
+        m.moe_layer_freq = [0] * (shape.layers - shape.moe_layers) + [1] * shape.moe_layers
+        m.mtp_num_layers = shape.mtp_layers or None
+    if shape.kv_lora:  # the fields Bridge's count reads for MLA (MLATransformerConfig's names)
+        m.multi_latent_attention = True
+        m.q_lora_rank, m.kv_lora_rank = shape.q_lora or None, shape.kv_lora
+        m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim = shape.qk_head, shape.qk_rope, shape.v_head
     return flops_of_model(m)
 
 
@@ -150,7 +160,7 @@ class Overlaps:
     @classmethod
     def of_rows(cls, states: dict[str, str], ep_default: bool = False) -> Overlaps:
         on = {k: v == "on" for k, v in states.items()}
-        ep = on.get("overlap_moe_expert_parallel_comm", ep_default)
+        ep = on.get("ep_a2a_overlap", ep_default)  # plan/moe.py's row
         return cls(on.get("tp_comm_overlap", False), on.get("overlap_p2p_comm", False),
                    on.get("overlap_grad_reduce", False), on.get("overlap_param_gather", False), ep)  # fmt: skip
 

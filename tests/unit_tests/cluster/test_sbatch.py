@@ -21,7 +21,11 @@ from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
 
 GOLDEN = stack.REPO_ROOT / "tests" / "golden"
-CASES = [("llama3_70b_pretrain_64gpu_h100_bf16", "example-eos"), ("llama3_8b_pretrain_8gpu_h100_fp8cs", "local")]
+CASES = [
+    ("llama3_70b_pretrain_64gpu_h100_bf16", "example-eos"),
+    ("llama3_8b_pretrain_8gpu_h100_fp8cs", "local"),
+    ("qwen3_235b_a22b_pretrain_256gpu_h100_bf16", "example-eos"),  # MoE: EP overlap, CUDA_DEVICE_MAX_CONNECTIONS=8
+]
 
 
 def normalise(text: str, sub: submit.Submission) -> str:

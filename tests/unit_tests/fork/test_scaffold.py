@@ -167,3 +167,47 @@ def test_model_label_and_name_pattern():
     assert scaffold.model_label("llama3_34b") == "Llama3 34B" and scaffold.model_label("gpt3_1.3b") == "Gpt3 1.3B"
     assert scaffold.NAME_RE.match(NAME_34B)["model"] == "llama3_34b"
     assert scaffold.NAME_RE.match("llama3_34b_pretrain_32gpu_h100_fp16") is None
+
+
+# --- MoE forks: EP is searched (EXPERTS=, TOPK=, pinned EP=) -------------------------------------------------------
+
+Q30 = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16"
+ARGS_MOE = ["--from", Q30, "--name", "qwen3_60b_a6b_pretrain_32gpu_h100_bf16", "--layers", "64", "--experts", "256"]
+
+
+def test_moe_fork_searches_ep_and_keeps_the_ep_overlap_on(capsys, tmp_path, clean_registry):
+    code, out, err = cli(capsys, tmp_path, *ARGS_MOE)
+    assert code == 0, err
+    text = (tmp_path / "qwen3_60b_a6b_pretrain_32gpu_h100_bf16.py").read_text()
+    assert (
+        "moe_pretrain(base" in text
+        and "num_moe_experts=256" in text
+        and "from recipes.qwen3_30b_a3b import KNOBS" in text
+    )
+    p = make_plan("qwen3_60b_a6b_pretrain_32gpu_h100_bf16")
+    assert p.report.ok and p.memory.fits and p.layout["ep"] > 1 and 256 % p.layout["ep"] == 0
+    assert p.report.row("ep_a2a_overlap").state == "on" and p.layout["experts"] == 256
+    assert p.layout["model"] == "Qwen3 60B A6B"
+
+
+def test_moe_fork_with_pinned_ep_and_topk(capsys, tmp_path, clean_registry):
+    name = "qwen3_30b_a3b_pretrain_32gpu_h100_bf16"
+    code, _, err = cli(capsys, tmp_path, "--from", Q30, "--name", name, "--ep", "8", "--topk", "4")
+    assert code == 0, err
+    p = make_plan(name)
+    assert (p.layout["ep"], p.layout["topk"]) == (8, 4) and p.report.ok
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--from", R8, "--name", "llama3_8b_pretrain_16gpu_h100_bf16", "--experts", "8"], "needs an MoE FROM recipe"),
+        (["--from", R8, "--name", "llama3_8b_pretrain_16gpu_h100_bf16", "--ep", "2"], "dense model"),
+        ([*ARGS_MOE[:4], "--ep", "3"], "not divisible by EP3"),
+        (["--from", Q30, "--name", "qwen3_30b_a3b_pretrain_24gpu_h100_bf16", "--topk", "200"], "exceeds the 128"),
+    ],
+)
+def test_moe_fork_bad_requests_are_one_line_errors(capsys, tmp_path, clean_registry, argv, needle):
+    code, out, err = cli(capsys, tmp_path, *argv)
+    assert code == 2 and needle in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -36,8 +36,8 @@ def check_golden(path, actual: str):
 
 
 # The recipes this repo ships. A user's fork (make new-recipe) adds to registry.names(): it is built and audited by
-# the parametrized tests below, while the golden table stays about the shipped ten.
-SHIPPED = [
+# the parametrized tests below, while the golden table stays about the shipped eighteen.
+DENSE = [
     f"{m}_pretrain_{g}gpu_h100_{d}"
     for m, g in [
         ("llama3_8b", 8),
@@ -48,17 +48,25 @@ SHIPPED = [
     ]
     for d in ("bf16", "fp8cs")
 ]
+MOE = [
+    f"{m}_pretrain_{g}gpu_h100_{d}"
+    for m, g in [("qwen3_30b_a3b", 16), ("qwen3_235b_a22b", 256), ("deepseek_v3", 1024), ("gpt_oss_120b", 64)]
+    for d in ("bf16", "fp8cs")
+]
+SHIPPED = DENSE + MOE
 
 
-def test_the_ten_shipped_recipes_cover_the_four_models_and_both_dtypes():
+def test_the_eighteen_shipped_recipes_cover_the_eight_models_and_both_dtypes():
     names = SHIPPED
-    assert set(names) <= set(registry.names()) and len(names) == 10
-    assert {registry.get(n).model for n in names} == {"Llama3 8B", "Llama3 70B", "Llama3.1 405B", "GPT3 175B"}
+    assert set(names) <= set(registry.names()) and len(names) == 18
+    assert {registry.get(n).model for n in DENSE} == {"Llama3 8B", "Llama3 70B", "Llama3.1 405B", "GPT3 175B"}
+    assert {registry.get(n).model for n in MOE} == {"Qwen3 30B-A3B", "Qwen3 235B-A22B", "DeepSeek-V3", "GPT-OSS 120B"}
     assert {n.rsplit("_", 1)[1] for n in names} == {"bf16", "fp8cs"}
     for n in registry.names():
         r = registry.get(n)
         # The name starts with the model label ("Llama3.1 405B" → llama31_405b), with the GPU count of its nodes.
-        assert n.startswith(r.model.lower().replace(" ", "_").replace(".", "") + "_pretrain_"), n
+        label = r.model.lower().replace(" ", "_").replace(".", "").replace("-", "_")
+        assert n.startswith(label + "_pretrain_"), n
         assert f"_{r.gpus}gpu_" in n, n
         assert f"_{r.gpus}gpu_h100_" in n and r.source and r.time_limit.count(":") == 2
 
@@ -70,8 +78,14 @@ def test_recipe_builds_offline_passes_the_audit_and_has_no_warnings(name):
     assert dict(os.environ) == before  # pure builder: no environment writes
     assert p.report.ok, [f.message for f in p.report.errors]
     assert p.report.warnings == []
-    assert p.report.row("overlap_grad_reduce").state == "on" and p.report.row("overlap_param_gather").state == "on"
-    assert p.report.row("tp_comm_overlap").state == ("n/a" if p.layout["tp"] == 1 else "on")
+    # Every overlap is on, n/a, or kept off by the recipe's declaration, with its reason (OverlapIntent.off).
+    kept = dict(p.intent.off)
+    for name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "ep_a2a_overlap"):
+        row = next((r for r in p.report.rows if r.name == name), None)
+        if row is not None and row.state not in ("on", "n/a"):
+            assert kept.get(name) and kept[name] in row.detail, (row, kept)
+    tp_state = "n/a" if p.layout["tp"] == 1 else "off" if "tp_comm_overlap" in kept else "on"
+    assert p.report.row("tp_comm_overlap").state == tp_state
 
 
 def test_layout_table_matches_golden():

@@ -408,3 +408,38 @@ def test_profile_defaults_and_empty_container(tmp_path):
     prof = load_profile(_write(tmp_path, 'time_limit = "1-00:00:00"\ncontainer_image = ""\n'))
     assert (prof.name, prof.time_limit, prof.container_image, prof.exclusive) == ("site", "1-00:00:00", None, True)
     assert load_profile(_write(tmp_path, "")).container_image == DEFAULT_CONTAINER
+
+
+# --- CUDA_DEVICE_MAX_CONNECTIONS for the MoE recipes: NVIDIA's value, derived, and still an error where it breaks ---
+
+# NVIDIA's H100 perf recipes' values (megatron/bridge/perf_recipes/{qwen,deepseek,gpt_oss}/h100/*.py `env_vars`).
+NVIDIA_CDMC = {
+    "qwen3_30b_a3b_pretrain_16gpu_h100_bf16": "32",  # TP1, EP16, EP overlap
+    "qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs": "32",  # TP1, EP16
+    "qwen3_235b_a22b_pretrain_256gpu_h100_bf16": "8",  # TP2 without TP overlap, EP overlap
+    "qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs": "8",
+    "deepseek_v3_pretrain_1024gpu_h100_bf16": "1",  # TP2 without TP or EP overlap
+    "deepseek_v3_pretrain_1024gpu_h100_fp8cs": "1",
+    "gpt_oss_120b_pretrain_64gpu_h100_bf16": "32",  # TP1, PP4
+    "gpt_oss_120b_pretrain_64gpu_h100_fp8cs": "32",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NVIDIA_CDMC))
+def test_cuda_max_connections_rule_reproduces_nvidias_value_with_its_reason(name):
+    p = make_plan(name, caller_env={})
+    entry = p.ledger.entry(PINNED)
+    assert (entry.value, entry.layer) == (NVIDIA_CDMC[name], "derived") and p.report.ok
+    assert "perf_recipes" in entry.reason  # the source is named in the ledger
+
+
+def test_ep_overlap_value_8_is_an_error_where_tp_overlap_or_cp_needs_1_and_1_is_an_error_where_8_is_needed():
+    q = make_plan("qwen3_235b_a22b_pretrain_256gpu_h100_bf16", caller_env={})
+    one = build_ledger(q, profile(env={PINNED: "1"}), caller_env={})
+    assert cuda_errors(q, one) == [f"{PINNED}=1 (cluster layer) with TP=2 and EP all-to-all overlap: use 8; remove it "
+                                   "from that layer"]  # fmt: skip
+    cp2 = make_plan("qwen3_235b_a22b_pretrain_256gpu_h100_bf16", sets="model.context_parallel_size=2", caller_env={})
+    eight = build_ledger(cp2, profile(env={PINNED: "8"}), caller_env={})
+    assert "must be 1" in cuda_errors(cp2, eight)[0]  # CP overlap needs one hardware queue whatever EP does
+    tp_on = make_plan(B70, caller_env={})
+    assert "must be 1" in cuda_errors(tp_on, build_ledger(tp_on, profile(env={PINNED: "8"}), caller_env={}))[0]

@@ -247,6 +247,30 @@ def test_nightly_shape_keeps_model_parallelism_and_microbatches():
     assert "rng.seed=1234" in s8.sets and "checkpoint.save=null" in s8.sets and "train.train_iters=60" in s8.sets
 
 
+@pytest.mark.parametrize(
+    ("name", "nodes", "dp", "ep"),
+    [
+        ("qwen3_30b_a3b_pretrain_16gpu_h100_bf16", 2, 16, 16),  # EP16·PP1 needs the full 16 GPUs
+        ("qwen3_235b_a22b_pretrain_256gpu_h100_bf16", 32, 16, 32),  # EP32·PP8 = 256: the whole recipe
+        ("deepseek_v3_pretrain_1024gpu_h100_bf16", 64, 32, 64),  # EP64·PP8 = 512 GPUs of the 1024
+        ("gpt_oss_120b_pretrain_64gpu_h100_bf16", 4, 8, 8),  # EP8·PP4 = 32 GPUs
+    ],
+)
+def test_nightly_shape_of_an_moe_recipe_keeps_ep_and_plans_clean(name, nodes, dp, ep):
+    from overlapkit.plan import registry
+    from overlapkit.plan.build import make_plan
+
+    shape = nightly.shape_for(name, nightly._layout(registry.get(name)))
+    assert (shape.nodes, shape.dp) == (nodes, dp)
+    plan = make_plan(name, nodes=shape.nodes, sets=shape.sets)
+    assert plan.report.ok, [f.message for f in plan.report.errors]
+    assert plan.layout["ep"] == ep > 1 and plan.memory.fits
+    on = (
+        "on" if name.startswith("qwen3_235b") or name.endswith("30b_a3b_pretrain_16gpu_h100_bf16") else "off"
+    )  # as NVIDIA
+    assert plan.report.row("ep_a2a_overlap").state == on
+
+
 def test_nightly_overrides_plan_cleanly_with_bridge():
     from overlapkit.plan.build import make_plan
 

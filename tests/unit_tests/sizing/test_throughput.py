@@ -131,7 +131,7 @@ def test_moe_fields_bring_the_ep_all_to_all_hidden_only_when_its_overlap_is_on()
     off = throughput.predict(w, f, throughput.Overlaps(ep=False), moe=moe)
     assert off.share("EP all-to-all") > 0 and off.step_s > on.step_s
     assert on.share("EP all-to-all") < off.share("EP all-to-all")
-    states = {"tp_comm_overlap": "on", "overlap_moe_expert_parallel_comm": "off"}
+    states = {"tp_comm_overlap": "on", "ep_a2a_overlap": "off"}
     assert throughput.Overlaps.of_rows(states, ep_default=True).ep is False  # the table's word wins
 
 

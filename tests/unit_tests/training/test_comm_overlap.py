@@ -347,3 +347,139 @@ def test_report_json_has_stable_keys():
         "overlap_param_gather",
     ]
     assert all(set(v) == {"state", "detail"} for v in data["rows"].values())
+
+
+# --- mixture of experts: Bridge's MoE overlap asserts as findings, both ways, on real Bridge recipes -------------
+
+Q235 = "qwen3_235b_a22b_pretrain_256gpu_h100_bf16"  # TP2 PP8 VP4 EP32, EP a2a overlap + delayed wgrad
+
+
+def moe_cfg(name=Q235):
+    from overlapkit.plan import registry
+
+    return registry.get(name).build()  # Bridge's qwen3_moe recipe function, our layout and stack
+
+
+def _flip(cfg, section, field, value):
+    setattr(getattr(cfg, section), field, value)
+
+
+# Each Bridge assert in CommOverlapConfig._get_model_comm_overlap_cfgs, tripped on purpose: (edits, finding code).
+MOE_ASSERTS = [
+    ([("model", "expert_model_parallel_size", 1)], "ep_overlap_needs_ep"),
+    ([("model", "num_moe_experts", 1)], "ep_overlap_needs_experts"),
+    ([("model", "moe_token_dispatcher_type", "allgather")], "ep_overlap_dispatcher"),
+    ([("mixed_precision", "bf16", False)], "ep_overlap_dtype"),
+    ([("model", "virtual_pipeline_model_parallel_size", None)], "ep_overlap_needs_vpp"),
+    ([("model", "recompute_granularity", "full")], "ep_overlap_full_recompute"),
+    ([("model", "recompute_method", "uniform")], "ep_overlap_recompute_method"),
+    ([("model", "recompute_num_layers", 1)], "ep_overlap_recompute_layers"),
+    ([("model", "recompute_granularity", "selective"), ("model", "recompute_modules", ["moe"])],
+     "ep_overlap_recompute_moe"),
+    ([("model", "moe_shared_expert_overlap", True)], "ep_overlap_shared_expert"),
+    ([("model", "mtp_num_layers", 2)], "ep_overlap_mtp"),
+    ([("comm_overlap", "overlap_moe_expert_parallel_comm", False)], "delay_wgrad_needs_ep_overlap"),
+]  # fmt: skip
+
+
+def test_moe_clean_case_has_the_ep_rows_and_bridge_asserts_nothing():
+    from overlapkit.plan import registry
+
+    cfg = moe_cfg()
+    res, rep = run(cfg, nodes=32, intent=registry.get(Q235).intent)  # the recipe keeps TP overlap off, declared
+    assert res.bridge_asserts == [] and rep.ok, [f.message for f in rep.errors]
+    states = {r.name: r.state for r in rep.rows}
+    assert states["ep_a2a_overlap"] == states["delay_wgrad_compute"] == "on"
+    assert (states["moe_shared_expert_overlap"], states["expert_dp_overlap"]) == ("n/a", "n/a")  # none; EDP=1
+    assert rep.row("moe_dispatcher").detail == "alltoall"
+    assert (res.model.overlap_moe_expert_parallel_comm, res.model.delay_wgrad_compute) == (True, True)
+
+
+@pytest.mark.parametrize(("edits", "code"), MOE_ASSERTS, ids=[c for _, c in MOE_ASSERTS])
+def test_each_moe_overlap_prerequisite_trips_bridges_assert_and_our_finding(edits, code):
+    cfg = moe_cfg()
+    for section, field, value in edits:
+        _flip(cfg, section, field, value)
+    res, rep = run(cfg, nodes=32)
+    assert res.bridge_asserts, "Bridge's own setup did not assert: the finding would be a false alarm"
+    finding = next(f for f in rep.errors if f.code == code)
+    assert "\n" not in finding.message and "set " in finding.message  # one line naming the fix
+    # Resolving went on without the EP overlap, so the rest of the stack is still reported.
+    assert rep.row("overlap_grad_reduce").state == "on"
+
+
+def test_delay_wgrad_needs_te_2_7_on_the_target_both_ways():
+    old, new = Target(nodes=32, te_version="2.6.0"), Target(nodes=32, te_version="2.7.0")
+    for target, tripped in ((old, True), (new, False)):
+        cfg = moe_cfg()
+        res = resolve(cfg, target)
+        rep = audit(cfg, target, res)
+        assert bool(res.bridge_asserts) is tripped and ("delay_wgrad_te_version" in rep.codes()) is tripped
+
+
+def test_moe_divisibility_experts_by_ep_and_the_expert_grid():
+    cfg = moe_cfg()
+    cfg.model.expert_model_parallel_size = 48  # 128 experts; 2·48·8 = 768 does not divide 256 GPUs
+    _, rep = run(cfg, nodes=32)
+    assert {"experts_not_divisible_ep", "expert_world_not_divisible"} <= rep.codes("error")
+    cfg.model.expert_model_parallel_size = 16
+    _, rep = run(cfg, nodes=32)
+    assert not {"experts_not_divisible_ep", "expert_world_not_divisible"} & rep.codes()
+    assert rep.row("expert_dp_overlap").state == "on" and "expert-DP=2" in rep.row("expert_dp_overlap").detail
+
+
+def test_dispatcher_backend_missing_is_an_error_on_a_gpu_node_and_a_note_on_a_cpu_one():
+    from overlapkit.plan import moe
+
+    model = moe_cfg("deepseek_v3_pretrain_1024gpu_h100_bf16").model  # flex / hybridep
+    assert model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend == "hybridep"
+    have = moe.importlib.util.find_spec("deep_ep") is not None
+    if have:
+        pytest.skip("deep_ep is importable here: nothing is missing")
+    level, msg = moe.backend_problem(model, gpu_node=True)
+    assert level == "error" and "model.moe_token_dispatcher_type=alltoall" in msg
+    assert moe.backend_problem(model, gpu_node=False)[0] == "note"
+    assert moe.backend_problem(moe_cfg().model, gpu_node=True) is None  # alltoall needs no backend
+
+
+def test_dense_models_get_no_moe_rows():
+    _, rep = run(make70())
+    assert not {"ep_a2a_overlap", "moe_dispatcher", "expert_dp_overlap"} & {r.name for r in rep.rows}
+
+
+def test_declared_off_overlaps_are_off_with_the_reason_and_undeclared_ones_are_errors():
+    from overlapkit.plan.build import make_plan
+
+    p = make_plan("deepseek_v3_pretrain_1024gpu_h100_bf16")
+    for name in ("tp_comm_overlap", "ep_a2a_overlap", "overlap_grad_reduce"):
+        row = p.report.row(name)
+        assert row.state == "off" and row.detail.startswith("kept off: NVIDIA's"), row
+    assert p.report.ok
+    # The same layout without the declaration: EP overlap off is an error with its fix.
+    q = make_plan(
+        Q235, sets="comm_overlap.overlap_moe_expert_parallel_comm=false comm_overlap.delay_wgrad_compute=false"
+    )
+    assert [f.fix for f in q.report.errors] == ["comm_overlap.overlap_moe_expert_parallel_comm=true"]
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        "model.recompute_granularity=full",
+        "model.recompute_method=uniform",
+        "model.recompute_num_layers=2",
+        "model.moe_shared_expert_overlap=true",
+        "model.mtp_num_layers=2",
+        "model.moe_token_dispatcher_type=allgather",
+        "model.virtual_pipeline_model_parallel_size=null",
+        "model.recompute_granularity=selective model.recompute_modules=[moe,layernorm]",
+    ],
+)
+def test_set_flipping_a_moe_prerequisite_fails_with_a_fix_that_clears_it(sets):
+    from overlapkit.plan.build import make_plan
+
+    bad = make_plan(Q235, sets=sets)
+    moe_codes = [f for f in bad.report.errors if f.code.startswith("ep_overlap")]
+    assert moe_codes and all(f.fix for f in moe_codes)
+    fixed = make_plan(Q235, sets=f"{sets} {' '.join(f.fix for f in moe_codes)}")
+    assert not {f.code for f in moe_codes} & fixed.report.codes(), fixed.report.errors

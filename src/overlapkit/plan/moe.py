@@ -1,0 +1,238 @@
+"""The mixture-of-experts part of the audit: the EP overlap rows, Bridge's MoE overlap asserts as one-line findings
+with their fix, the expert-side divisibility rules, and the dispatcher backend the target must have.
+
+Bridge checks the EP all-to-all overlap's prerequisites only with bare `assert`s in
+`CommOverlapConfig._get_model_comm_overlap_cfgs` (megatron/bridge/training/comm_overlap.py), at setup on the GPUs.
+`bridge_assert_violations` states each of them once, on the config as written (and Bridge's resolved model for the
+dtype flags), so a plan names the fix before a job starts; the resolve records what Bridge itself asserted
+(`Resolved.bridge_asserts`) and tests/unit_tests/training/test_comm_overlap.py trips every one both ways with real
+Bridge objects. Dense models get no MoE rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from overlapkit.plan.overlap import is_moe
+
+ON, OFF, NA = "on", "off", "n/a"
+EP_OVERLAP = "comm_overlap.overlap_moe_expert_parallel_comm"
+DELAY_WGRAD = "comm_overlap.delay_wgrad_compute"
+# Megatron Core imports the DeepEP and HybridEP kernels from the `deep_ep` package
+# (megatron/core/transformer/moe/fused_a2a.py: `from deep_ep import Buffer`, `from deep_ep import HybridEPBuffer`).
+BACKEND_MODULE = {"deepep": "deep_ep", "hybridep": "deep_ep"}
+TE_FOR_DELAY_WGRAD = "2.7.0"  # Bridge asserts is_te_min_version("2.7.0") for delay_wgrad with grad-reduce overlap
+
+
+def expert_dp(model, world: int) -> int:
+    """Expert-data-parallel size: the expert side of the world is ETP·EP·PP·expert-DP (Megatron Core's expert grid
+    folds CP into expert-DP)."""
+    side = (model.expert_tensor_parallel_size or 1) * (model.expert_model_parallel_size or 1)
+    return max(1, world // (side * model.pipeline_model_parallel_size))
+
+
+def _vpp_fix(model) -> str | None:
+    """A virtual-pipeline size that splits the layers evenly, for the 'EP overlap with PP needs VPP' fix."""
+    pp, layers = model.pipeline_model_parallel_size, model.num_layers
+    units = (
+        layers + bool(model.account_for_embedding_in_pipeline_split) + bool(model.account_for_loss_in_pipeline_split)
+    )
+    vpp = next((v for v in range(2, 9) if units % (pp * v) == 0), None)
+    return f"model.virtual_pipeline_model_parallel_size={vpp}" if vpp else None
+
+
+def bridge_assert_violations(cfg, rmodel, comm_user, rddp, te_version: str | None) -> list[tuple[str, str, str]]:
+    """(code, one-line message naming the fix, SET fix) for each assert Bridge's MoE overlap validation would trip.
+    `comm_user`: the CommOverlapConfig as written; `rmodel`/`rddp`: Bridge's resolved model/ddp (bf16 flags)."""
+    m, out = cfg.model, []
+    if comm_user is not None and comm_user.overlap_moe_expert_parallel_comm:
+        mods = [x for x in (m.recompute_modules or []) if x != "moe"]
+        checks = [
+            ((m.expert_model_parallel_size or 1) > 1, "ep_overlap_needs_ep", "needs expert_model_parallel_size>1",
+             f"{EP_OVERLAP}=false"),
+            ((m.num_moe_experts or 0) > 1, "ep_overlap_needs_experts", "needs num_moe_experts>1",
+             f"{EP_OVERLAP}=false"),
+            (m.moe_token_dispatcher_type in ("alltoall", "flex"), "ep_overlap_dispatcher",
+             f"needs the alltoall or flex dispatcher, not {m.moe_token_dispatcher_type!r}",
+             "model.moe_token_dispatcher_type=alltoall"),
+            (bool(rmodel.bf16 or rmodel.fp16), "ep_overlap_dtype", "needs bf16 or fp16 params",
+             "mixed_precision.bf16=true"),
+            (m.pipeline_model_parallel_size == 1 or m.virtual_pipeline_model_parallel_size is not None,
+             "ep_overlap_needs_vpp", "with PP>1 needs a virtual pipeline (VPP)", _vpp_fix(m)),
+            (m.recompute_granularity != "full", "ep_overlap_full_recompute", "cannot run with full recompute",
+             "model.recompute_granularity=selective"),
+            (m.recompute_method is None, "ep_overlap_recompute_method", "needs recompute_method unset",
+             "model.recompute_method=null"),
+            (m.recompute_num_layers is None, "ep_overlap_recompute_layers", "needs recompute_num_layers unset",
+             "model.recompute_num_layers=null"),
+            ("moe" not in (m.recompute_modules or []), "ep_overlap_recompute_moe",
+             "cannot recompute the 'moe' module", f"model.recompute_modules=[{','.join(mods)}]"),
+            (not m.moe_shared_expert_overlap, "ep_overlap_shared_expert", "cannot run with shared-expert overlap",
+             "model.moe_shared_expert_overlap=false"),
+            (m.mtp_num_layers in (None, 0, 1), "ep_overlap_mtp", "supports at most one MTP layer",
+             "model.mtp_num_layers=1"),
+        ]  # fmt: skip
+        for ok, code, why, fix in checks:
+            if not ok:
+                out.append((code, f"EP all-to-all overlap {why} (Bridge asserts at setup); set {fix}", fix))
+    out += _delay_wgrad_violations(m, comm_user, rddp, te_version)
+    return out
+
+
+def _delay_wgrad_violations(m, comm_user, rddp, te_version) -> list[tuple[str, str, str]]:
+    if comm_user is None or not comm_user.delay_wgrad_compute:
+        return []
+    out = []
+    if not (m.overlap_moe_expert_parallel_comm or comm_user.overlap_moe_expert_parallel_comm):
+        fix = f"{DELAY_WGRAD}=false"
+        out.append(("delay_wgrad_needs_ep_overlap", f"delay_wgrad_compute needs EP all-to-all overlap (Bridge "
+                    f"asserts at setup); set {fix} or {EP_OVERLAP}=true", fix))  # fmt: skip
+    needs_te = rddp.overlap_grad_reduce or comm_user.overlap_grad_reduce or m.gradient_accumulation_fusion
+    if needs_te and te_version is not None and _older(te_version, TE_FOR_DELAY_WGRAD):
+        fix = f"{DELAY_WGRAD}=false"
+        out.append(("delay_wgrad_te_version", f"delay_wgrad_compute with grad-reduce overlap or gradient "
+                    f"accumulation fusion needs TE >= {TE_FOR_DELAY_WGRAD}, the target has {te_version}; use a newer "
+                    f"container or set {fix}", fix))  # fmt: skip
+    return out
+
+
+def _older(have: str, want: str) -> bool:
+    from packaging.version import Version
+
+    return Version(have) < Version(want)
+
+
+def expert_split_violations(*, experts: int, ep: int, etp: int, pp: int, world: int, ffn: int) -> list[tuple]:
+    """(code, message) for each expert-side divisibility rule a split breaks, on bare numbers: one source for the
+    audit (on a built config) and layout_search (candidate splits, no configs)."""
+    out = []
+    if experts % ep:
+        out.append(("experts_not_divisible_ep", f"{experts} experts are not divisible by EP{ep}: each EP rank holds "
+                    "whole experts; change model.expert_model_parallel_size"))  # fmt: skip
+    if world % (etp * ep * pp):
+        out.append(("expert_world_not_divisible", f"{world} GPUs are not divisible by ETP·EP·PP={etp}·{ep}·{pp}: "
+                    "the expert side of the grid is ETP·EP·PP·expert-DP; change EP or the node count"))  # fmt: skip
+    if ffn % etp:
+        out.append(("expert_ffn_not_divisible_etp", f"expert FFN {ffn} is not divisible by ETP{etp}: change "
+                    "model.expert_tensor_parallel_size"))  # fmt: skip
+    return out
+
+
+def divisibility(cfg, world: int) -> list[tuple[str, str]]:
+    """The expert side of the split: experts by EP, the world by ETP·EP·PP, the expert FFN by ETP."""
+    m = cfg.model
+    if not is_moe(m):
+        return []
+    return expert_split_violations(
+        experts=m.num_moe_experts, ep=m.expert_model_parallel_size or 1, etp=m.expert_tensor_parallel_size or 1,
+        pp=m.pipeline_model_parallel_size, world=world, ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+    )  # fmt: skip
+
+
+def backend_problem(model, gpu_node: bool) -> tuple[str, str] | None:
+    """(level, message) when the flex dispatcher's backend (DeepEP/HybridEP) is not importable here: an error on a
+    GPU node (the job would fail at its first MoE layer), a note on a CPU planning machine (the container has it)."""
+    backend = model.moe_flex_dispatcher_backend if model.moe_token_dispatcher_type == "flex" else None
+    module = BACKEND_MODULE.get(backend or "")
+    if module is None or importlib.util.find_spec(module) is not None:
+        return None
+    fix = "model.moe_token_dispatcher_type=alltoall model.moe_flex_dispatcher_backend=null"
+    if gpu_node:
+        return "error", f"flex dispatcher backend {backend} needs the {module} package, which is not importable on " \
+                        f"this GPU node: use the NeMo container or set {fix}"  # fmt: skip
+    return "note", f"{module} not importable on this CPU machine: the NeMo container on the GPU nodes provides it"
+
+
+def gpu_node() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple]]:
+    """(name, state, why) rows and (level, code, message, fix) findings for an MoE model; ([], []) for a dense one."""
+    m, rm = cfg.model, res.model
+    if not is_moe(m):
+        return [], []
+    findings = [("error", c, msg, fix) for c, msg, fix in
+                bridge_assert_violations(cfg, rm, cfg.comm_overlap, res.ddp, target.te_version)]  # fmt: skip
+    if res.bridge_asserts and not findings:  # an assert this module does not know yet: never silent
+        findings += [("error", "bridge_assert", f"Bridge's setup asserts: {msg}", None) for msg in res.bridge_asserts]
+    findings += [("error", c, msg, None) for c, msg in divisibility(cfg, target.world_size)]
+    requested = bool(cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)
+    rows = [_ep_row(m, rm, intent, findings, requested), _delay_row(rm), _shared_row(m, rm)]
+    rows.append(_dispatcher_row(m, findings))
+    rows.append(_expert_dp_row(m, res, target.world_size, intent))
+    return rows, findings
+
+
+def _ep_row(m, rm, intent, findings, requested: bool) -> tuple:
+    ep = m.expert_model_parallel_size or 1
+    if ep == 1:
+        return "ep_a2a_overlap", NA, "EP=1: no expert all-to-all"
+    if rm.overlap_moe_expert_parallel_comm:
+        return (
+            "ep_a2a_overlap",
+            ON,
+            f"EP={ep}: dispatch/combine all-to-all overlapped with another microbatch's compute",
+        )
+    if why := intent.why_off("ep_a2a_overlap"):
+        return "ep_a2a_overlap", OFF, f"kept off: {why}"
+    if requested and findings:  # Bridge's setup would assert: the findings name the prerequisite and its fix
+        return "ep_a2a_overlap", OFF, f"EP={ep}: requested, but a prerequisite fails (see the errors)"
+    findings.append(("error", "ep_overlap_off", f"EP={ep} without EP all-to-all overlap: set {EP_OVERLAP}=true",
+                     f"{EP_OVERLAP}=true"))  # fmt: skip
+    return "ep_a2a_overlap", OFF, f"EP={ep} but {EP_OVERLAP} is off"
+
+
+def _delay_row(rm) -> tuple:
+    if not rm.overlap_moe_expert_parallel_comm:
+        return "delay_wgrad_compute", NA, "needs EP all-to-all overlap"
+    if rm.delay_wgrad_compute:
+        return (
+            "delay_wgrad_compute",
+            ON,
+            f"expert wgrad GEMMs delayed to overlap the combine a2a (TE >= {TE_FOR_DELAY_WGRAD})",
+        )
+    return "delay_wgrad_compute", OFF, "wgrad computed in place (the recipe's choice, as NVIDIA's)"
+
+
+def _shared_row(m, rm) -> tuple:
+    if not m.moe_shared_expert_intermediate_size:
+        return "moe_shared_expert_overlap", NA, "no shared experts"
+    if rm.moe_shared_expert_overlap:
+        return "moe_shared_expert_overlap", ON, "shared-expert MLP overlapped with the dispatch all-to-all"
+    if rm.overlap_moe_expert_parallel_comm:
+        return "moe_shared_expert_overlap", OFF, "EP all-to-all overlap already hides it (Bridge forbids both)"
+    if m.moe_token_dispatcher_type == "flex":
+        return "moe_shared_expert_overlap", OFF, "flex dispatcher: Bridge's flex setup switches it off"
+    return "moe_shared_expert_overlap", OFF, "model.moe_shared_expert_overlap=false"
+
+
+def _dispatcher_row(m, findings) -> tuple:
+    kind = m.moe_token_dispatcher_type
+    detail = f"flex / {m.moe_flex_dispatcher_backend}" if kind == "flex" else kind
+    if kind == "flex" and m.moe_flex_dispatcher_backend == "hybridep":
+        detail += f" ({m.moe_hybridep_num_sms} SMs)"
+    if problem := backend_problem(m, gpu_node()):
+        level, msg = problem
+        if level == "note":
+            detail += f"; {msg}"
+        else:
+            findings.append((level, "dispatcher_backend_missing", msg, None))
+    return "moe_dispatcher", ON, detail
+
+
+def _expert_dp_row(m, res, world: int, intent) -> tuple:
+    edp = expert_dp(m, world)
+    if edp == 1:
+        return "expert_dp_overlap", NA, f"expert-DP=1 (ETP·EP·PP = {world} GPUs): expert grads need no DP reduce"
+    rddp = res.ddp
+    if rddp.overlap_grad_reduce and rddp.overlap_param_gather:
+        return "expert_dp_overlap", ON, f"expert-DP={edp}: expert grad reduce-scatter / param all-gather overlapped"
+    why = intent.why_off("overlap_grad_reduce")
+    return (
+        "expert_dp_overlap",
+        OFF,
+        f"expert-DP={edp}: " + (f"grad reduce kept off: {why}" if why else "DP overlap off"),
+    )
