@@ -162,7 +162,8 @@ def tight(c: Candidate) -> bool:
 def _rules(c: Candidate, s: ModelShape) -> tuple:
     """The rules of thumb, in order: they break ties of predicted throughput."""
     per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
-    return (not c.exact_preset, c.dp == 1, c.pp, c.tp, c.cp, c.ep, per_chunk < 2, -(c.vpp or 1), c.mbs, -c.memory.headroom_gb)
+    return (not c.exact_preset, c.dp == 1, c.pp, c.tp, c.cp, c.ep, per_chunk < 2, -(c.vpp or 1), c.mbs,
+            -c.memory.headroom_gb)  # fmt: skip
 
 
 _RULE_NAMES = ("no exact userbuffers preset", "DP1 (no DP overlap)", "larger PP", "larger TP", "larger CP", "larger EP",
