@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from overlapkit.plan.env import LAYERS
+from overlapkit.plan.runopts import lines as run_lines
 
 STYLE = {"on": "green", "off": "red", "n/a": "dim"}
 
@@ -50,6 +51,8 @@ def render_plan(plan, con: Console) -> None:
     est = plan.memory
     con.print(memory_table(est))
     con.print(escape(est.summary()))
+    for line in run_lines(d):  # data, checkpoints, segments, Nsight (plan/runopts.py)
+        con.print(escape(line))
     if plan.ledger is not None:
         render_ledger(plan.ledger, con)
     for f in plan.report.warnings:
