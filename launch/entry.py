@@ -112,17 +112,24 @@ def resume_guard(args, plan: dict) -> int | None:
     run = plan.get("run") or {}
     found, step = runopts.checkpoint_state(run.get("checkpoint_dir"))
     where = f"segment {args.segment}/{args.segments}"
+    say = print if not _env_int("SLURM_PROCID", "RANK") else (lambda *a, **k: None)  # rank 0 speaks for all
     if args.segment > 1 and not found:
-        print(f"error: {where}: no checkpoint to resume from in {run.get('checkpoint_dir')} (no "
+        say(f"error: {where}: no checkpoint to resume from in {run.get('checkpoint_dir')} (no "
               f"{' or '.join(runopts.TRACKERS)}): the previous segment saved none; refusing to start from iteration "
               "0 (make status shows what each segment did)", file=sys.stderr)  # fmt: skip
         return 1
     if step is not None and run.get("train_iters") and step >= run["train_iters"]:
-        print(f"{where}: training finished at iteration {step} (train_iters {run['train_iters']}): nothing to run")
+        say(f"{where}: training finished at iteration {step} (train_iters {run['train_iters']}): nothing to run")
         return 0
     if found:
-        print(f"{where}: resuming from iteration {step} in {run['checkpoint_dir']}")
+        say(f"{where}: resuming from iteration {step} in {run['checkpoint_dir']}")
     return None
+
+
+def checkpoint_dir(run_dir: Path) -> str | None:
+    """Where this rank's config saves and loads checkpoints: the run options of overrides.json (what rebuild applies)."""
+    rec = json.loads((run_dir / "overrides.json").read_text())
+    return runopts.RunOptions.from_dict(rec.get("run")).checkpoint_dir
 
 
 def out_dir(args) -> Path:
@@ -181,6 +188,7 @@ def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
         "failed_ranks": bad,
         "reaudit_errors": errors,
         "hosts": sorted({r["host"] for r in ranks}),
+        "checkpoint": {"save": rebuilt.cfg.checkpoint.save, "load": rebuilt.cfg.checkpoint.load} if rebuilt else None,
     }
     write_json(out_dir(args) / "preflight.json", summary)
     print(f"preflight: {'OK' if summary['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
@@ -194,6 +202,7 @@ def main(argv=None) -> int:
         return guard
     ledger = json.loads((args.run_dir / "ledger.json").read_text())
     rec = rank_checks(plan, ledger["values"], ledger.get("secrets", ()))
+    rec["checkpoint_dir"] = checkpoint_dir(args.run_dir)
     (out_dir(args) / "preflight").mkdir(parents=True, exist_ok=True)
     write_json(out_dir(args) / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
     if rec["failures"]:
