@@ -127,7 +127,7 @@ def resume_guard(args, plan: dict) -> int | None:
 
 
 def checkpoint_dir(run_dir: Path) -> str | None:
-    """Where this rank's config saves and loads checkpoints: the run options of overrides.json (what rebuild applies)."""
+    """Where this rank's config saves and loads checkpoints: overrides.json's run options (what rebuild applies)."""
     rec = json.loads((run_dir / "overrides.json").read_text())
     return runopts.RunOptions.from_dict(rec.get("run")).checkpoint_dir
 
