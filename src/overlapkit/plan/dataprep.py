@@ -120,6 +120,8 @@ def prep(in_path, tokenizer, out, key="text", workers="1", force=False, log=prin
     _clear_stale(target)
     work = target / f"{WORK_PREFIX}{os.getpid()}"
     stack.offline_env()
+    stack.quiet_logs()  # the preprocessor imports Megatron Core: its CPU-only notices are not news here
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         from modelopt.torch.utils.plugins.megatron_preprocess_data import megatron_preprocess_data
 

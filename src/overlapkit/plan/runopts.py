@@ -225,8 +225,9 @@ def lines(d: dict) -> list[str]:
     if not run.get("checkpoint_dir"):
         out.append("checkpoints: off (benchmark); RUN_NAME=<name> saves to <job_dir>/checkpoints/<name> and resumes")
         return out
-    loss = (f" ≈ {run['crash_loss_min']} min at the published step time {run['expected_step_s']} s"
-            if run["crash_loss_min"] else " (no published step time for this recipe)")  # fmt: skip
+    gpu_h = run["crash_loss_min"] * d["layout"]["gpus"] / 60 if run["crash_loss_min"] else 0
+    loss = (f" ≈ {run['crash_loss_min']} min ({gpu_h:,.0f} GPU-hours) at the published step time "
+            f"{run['expected_step_s']} s" if gpu_h else " (no published step time for this recipe)")  # fmt: skip
     out.append(f"checkpoints: {run['checkpoint_dir']} every {run['save_interval']} iterations; a crash loses up to "
                f"{run['save_interval']} iterations{loss}")  # fmt: skip
     out.append(f"tensorboard: {run['tensorboard_dir']}" + (f"; W&B project {run['wandb']['project']}"
