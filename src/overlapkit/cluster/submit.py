@@ -320,12 +320,26 @@ def shipped_commit() -> tuple[str, list[str]]:
     return sha, [line[3:] for line in dirty.stdout.splitlines()]
 
 
+def _run_chain(exp) -> None:
+    """exp.run; when sbatch refuses a later segment, the segments already queued are cancelled (a chain is all or
+    nothing: half a chain would train without its continuation, unrecorded)."""
+    try:
+        exp.run(detach=True)
+    except Exception as exc:
+        queued = [m.group(1) for job in exp.jobs if (m := re.search(r"(\d+)$", getattr(job, "handle", "") or ""))]
+        for job_id in queued:
+            with contextlib.suppress(RuntimeError):
+                slurm.cancel(job_id)
+        raise SubmitError(f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already "
+                          "queued") from exc  # fmt: skip
+
+
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
     with transaction(sub), _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         with _critical():  # a signal now waits until the job id is on disk
-            exp.run(detach=True)
+            _run_chain(exp)
             exp_dir, ids = exp._exp_dir, []
             for job in exp.jobs:  # one per segment, in order
                 m = re.search(r"(\d+)$", job.handle or "")
