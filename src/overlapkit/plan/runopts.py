@@ -212,8 +212,9 @@ def summary(plan, opts: RunOptions) -> dict:
 def lines(d: dict) -> list[str]:
     """The plan's data / checkpoint / segment lines (plain text; report.render_plan prints them)."""
     data, run = d.get("data") or {"mock": True}, d.get("run") or {}
+    n = 0 if data["mock"] else len(data["blend"] or [p for ps in data["blend_per_split"].values() for p in ps])
     out = ["data: mock (benchmark)"] if data["mock"] else [
-        f"data: {len(data['blend'] or [p for ps in data['blend_per_split'].values() for p in ps])} prefixes, "
+        f"data: {n} dataset prefix{'es' if n != 1 else ''}, "
         f"{data['tokens']:,} tokens ({data['train_tokens']:,} in the train split); the run reads "
         f"{data['consumed_tokens']:,} = {data['epochs']} epochs; tokenizer {data['tokenizer']}"]  # fmt: skip
     for p in data.get("blend") or []:
