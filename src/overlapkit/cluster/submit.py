@@ -252,14 +252,15 @@ def experiment(sub: Submission):
     return run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR")
 
 
-def plugins_for(sub: Submission) -> list:
+def plugins_for(sub) -> list:
     """Our env-var plugin, and Bridge's own run plugins where the run asks for them (they append their overrides to
     the path-based script's arguments and set the executor: --signal, the nsys launcher)."""
     from megatron.bridge.recipes.run_plugins import NsysPlugin, PreemptionPlugin
 
     from overlapkit.cluster.plugin import EnvVarPlugin
 
-    out, run_opts = [EnvVarPlugin.from_ledger(sub.plan.ledger)], sub.plan.run
+    plan = sub.plan if isinstance(sub, Submission) else sub  # a Submission, or a Plan (run-local)
+    out, run_opts = [EnvVarPlugin.from_ledger(plan.ledger)], plan.run
     if run_opts.run_name:
         out.append(PreemptionPlugin(preempt_time=runopts.PREEMPT_S))
     if run_opts.nsys:
@@ -357,13 +358,15 @@ def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full",
     """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm); returns the run directory."""
     import nemo_run as run
 
-    from overlapkit.cluster.plugin import EnvVarPlugin
-
     run_dir = write_run_dir(plan, stack.REPO_ROOT / "runs" / "local")
     executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun")
-    task = run.Script(path=ENTRY, args=entry_args(plan, run_dir, preflight_only, checks), entrypoint="python")
+    # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
+    script = str(stack.REPO_ROOT / ENTRY)
+    task = run.Script(path=script, args=entry_args(plan, run_dir, preflight_only, checks), entrypoint="python")
+    if plan.run.nsys:
+        executor.get_launcher().nsys_folder = str(run_dir / "nsys")
     with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
-        exp.add(task, name="train", plugins=[EnvVarPlugin.from_ledger(plan.ledger)])
+        exp.add(task, name="train", plugins=plugins_for(plan))
         exp.dryrun(log=True) if dryrun else exp.run(sequential=True, tail_logs=True)
     return run_dir
 
