@@ -58,8 +58,11 @@ def main(argv=None) -> int:
     line(f"wrote {res.path} (forked from {args.from_name})")
     line(f"layout: {res.choice.describe()}")
     line(f"  why: {res.choice.why}")
-    for alt in res.alternatives:
-        line(f"  also fits: {alt.describe()}: {alt.memory.total_gb:.1f} GB")
+    line("top candidates (ranked by predicted TFLOP/s/GPU on H100; ties by the layout rules):")
+    for i, c in enumerate([res.choice, *res.alternatives], 1):
+        p = c.prediction
+        pred = f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, {p.tokens_per_gpu_s:,.0f} tokens/s/GPU, {p.step_s:.2f} s/step"
+        line(f"  {i}. {c.describe()}: {pred}; {c.memory.total_gb:.1f} GB" + (f"; loses: {c.loses}" if c.loses else ""))
     render_plan(res.plan, out)  # its memory table and summary included
     if not registry.finds(res.path):
         line(f"note: make plan finds it with {registry.PATH_VAR}={res.path.parent} (it searches recipes/ only)")

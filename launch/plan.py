@@ -49,11 +49,13 @@ def list_recipes(con) -> int:
             "recipe": name, "model": lay["model"], "gpus": lay["gpus"], "dtype": lay["dtype"],
             "layout": f"{lay['tp']}/{lay['pp']}/{lay['cp']}/{lay['vpp'] or '-'}/{lay['dp']}",
             "batch": f"{lay['mbs']}/{lay['gbs']}", "seq": lay["seq"], "on": overlap_summary(p.report),
+            "tflops": f"{p.throughput.tflops_per_gpu:.0f}",
             "audit": "OK" if p.report.ok else f"{len(p.report.errors)} errors",
         })  # fmt: skip
     con.print(recipes_table(rows))
     con.print("overlaps: TP = tensor-parallel userbuffers, P2P = pipeline p2p, RS/AG = data-parallel grad "
               "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather")  # fmt: skip
+    con.print("TFLOP/s* = predicted model TFLOP/s per GPU on H100 SXM (Bridge's FLOPs count; docs/throughput.md)")
     for line in broken:
         print(f"error: {line}", file=sys.stderr)
     return max(_load_errors(), 1 if broken else 0)
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
         run_options(args)
         stack.import_bridge()
         if args.list:
-            return list_recipes(console(width=max(out.width, 140)))  # one row per recipe, never wrapped
+            return list_recipes(console(width=max(out.width, 150)))  # one row per recipe, never wrapped
         from overlapkit.plan import registry
         from overlapkit.plan.build import make_plan, write_run_dir
         from overlapkit.plan.report import render_plan

@@ -23,6 +23,7 @@ COVERED_BY = {
     "plan/env": "recipes/test_run_plugins.py",
     "plan/build": "recipes/test_recipes.py",
     "plan/report": "recipes/test_recipes.py",
+    "plan/published": "sizing/test_throughput.py",
     "cluster/profiles": "recipes/test_run_plugins.py",
     "cluster/plugin": "recipes/test_run_plugins.py",
     "cluster/submit": "cluster/test_sbatch.py",

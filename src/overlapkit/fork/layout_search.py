@@ -5,11 +5,14 @@ Divisibility follows the audit (overlapkit.plan.audit): heads and query groups b
 embedding/loss accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS. Memory comes from
 overlapkit.sizing.memory with the settings overlap.apply_overlap_stack imposes (SP on with TP>1, distributed
 optimizer, BF16 grad reduce, FP8 param gather on FP8), without recompute. PP>1 is only searched with VPP>1: the
-audit rejects PP without VPP (no p2p overlap). Ranking, best first: an exact Bridge userbuffers preset (or TP=1,
-where TP overlap is n/a) before the explicit opt-in `overlap.tp_preset=default`; DP>1 (DP overlap on); at least 10%
-of the memory budget free (the estimate's error bar); the smallest PP (pipeline bubble), then TP, then CP (their
+audit rejects PP without VPP (no p2p overlap). Ranking, best first: at least 10% of the memory budget free (the
+estimate's error bar: a tight layout is one allocator spike from an OOM); then the predicted TFLOP/s per GPU
+(overlapkit.sizing.throughput, with every overlap the layout allows on; within 2% of the best is a tie); ties by the
+rules of thumb:
+an exact Bridge userbuffers preset (or TP=1, where TP overlap is n/a) before the explicit opt-in
+`overlap.tp_preset=default`; DP>1 (DP overlap on); the smallest PP (pipeline bubble), then TP, then CP (their
 collectives); the largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned
-for it); then memory headroom.
+for it); then memory headroom. Each runner-up says why it loses to the first.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from overlapkit import stack
 from overlapkit.plan import presets
 from overlapkit.plan.audit import split_violations
 from overlapkit.shape import ModelShape
+from overlapkit.sizing import throughput
 from overlapkit.sizing.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
 from overlapkit.topology import GPUS_PER_NODE
 
@@ -29,6 +33,11 @@ TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NV
 # The estimate is a model, not a measurement: a layout within 10% of the budget is one allocator spike from an OOM on
 # step 1, so it ranks after every layout with more headroom (still listed: it does fit the estimate).
 TIGHT_FRACTION = 0.10
+# Predictions within 2% of the best count as a tie: the model does not resolve less (its median error on NVIDIA's
+# published runs is 6.9%, docs/throughput.md), so the rules of thumb decide among them.
+TIE_FRACTION = 0.02
+# What Bridge's CommOverlapConfig.setup sets when DP>1 (megatron/bridge/training/comm_overlap.py): 128M parameters.
+BRIDGE_BUCKET = 128 * 1024 * 1024
 
 
 class LayoutSearchError(ValueError):
@@ -47,6 +56,12 @@ class Candidate:
     preset: str | None  # exact Bridge preset, presets.DEFAULT_TP_CONFIG (explicit opt-in), or None for TP=1
     memory: MemoryEstimate
     why: str = ""
+    prediction: throughput.Prediction | None = None
+    loses: str = ""  # why it ranks after the first candidate (empty for the first)
+
+    @property
+    def tflops(self) -> float:
+        return self.prediction.tflops_per_gpu if self.prediction else 0.0
 
     @property
     def exact_preset(self) -> bool:
@@ -127,10 +142,48 @@ def tight(c: Candidate) -> bool:
     return c.memory.headroom_gb < TIGHT_FRACTION * c.memory.budget_gb
 
 
-def _rank(c: Candidate, s: ModelShape):
+def _rules(c: Candidate, s: ModelShape) -> tuple:
+    """The rules of thumb, in order: they break ties of predicted throughput."""
     per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
-    return (not c.exact_preset, c.dp == 1, tight(c), c.pp, c.tp, c.cp, per_chunk < 2, -(c.vpp or 1), c.mbs,
-            -c.memory.headroom_gb)  # fmt: skip
+    return (not c.exact_preset, c.dp == 1, c.pp, c.tp, c.cp, per_chunk < 2, -(c.vpp or 1), c.mbs, -c.memory.headroom_gb)
+
+
+_RULE_NAMES = ("no exact userbuffers preset", "DP1 (no DP overlap)", "larger PP", "larger TP", "larger CP",
+               "fewer than 2 layers per chunk", "smaller VPP", "larger MBS", "less memory headroom")  # fmt: skip
+
+
+def _tied(c: Candidate, best_tflops: float) -> bool:
+    return c.tflops >= best_tflops * (1 - TIE_FRACTION)
+
+
+def _rank(c: Candidate, s: ModelShape, best_tflops: float):
+    tied = _tied(c, best_tflops)
+    return (tight(c), not tied, 0.0 if tied else -c.tflops, *_rules(c, s))
+
+
+def predict(s: ModelShape, w: Workload, flops: throughput.Flops, gpu: str) -> throughput.Prediction:
+    """The throughput model for a split with every overlap it allows on (what apply_overlap_stack does)."""
+    on = throughput.Overlaps(tp=w.tp > 1, p2p=w.pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1)
+    return throughput.predict(w, flops, on, gpu=gpu, bucket=BRIDGE_BUCKET)
+
+
+def why_loses(c: Candidate, best: Candidate, s: ModelShape, best_tflops: float) -> str:
+    """One phrase: what makes `c` rank after `best`."""
+    if tight(c) and not tight(best):
+        return f"tight memory: {c.memory.headroom_gb:.1f} GB free (< 10% of the budget)"
+    if not _tied(c, best_tflops):
+        mine, theirs = dict(_terms(c)), dict(_terms(best))
+        worse = sorted(((mine.get(k, 0) - theirs.get(k, 0), k) for k in mine | theirs), reverse=True)[:2]
+        parts = ", ".join(f"+{d:.2f} s {k}" for d, k in worse if d > 0.005)
+        return f"{1 - c.tflops / best.tflops:.1%} slower predicted" + (f" ({parts} per step)" if parts else "")
+    for name, a, b in zip(_RULE_NAMES, _rules(c, s), _rules(best, s), strict=True):
+        if a != b:
+            return f"within {TIE_FRACTION:.0%} of the best prediction (a tie); {name}"
+    return "ties on every rule"
+
+
+def _terms(c: Candidate) -> list:
+    return [(n, t) for n, t, _ in c.prediction.terms] if c.prediction else []
 
 
 def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
@@ -148,7 +201,8 @@ def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
     cp = f"; CP{c.cp}" if c.cp > 1 else ""
     dp = f"DP{c.dp} overlaps grad reduce-scatter/param all-gather" if c.dp > 1 else "DP1: no DP overlap"
     mem = f"{c.memory.total_gb:.1f} of {c.memory.budget_gb:.1f} GB" + (" (tight: < 10% free)" if tight(c) else "")
-    return f"{tp}; {pp}{cp}; {dp}; {mem}"
+    pred = f"; predicted {c.tflops:.0f} TFLOP/s/GPU" if c.prediction else ""
+    return f"{tp}; {pp}{cp}; {dp}; {mem}{pred}"
 
 
 def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top: int = 5, gpu: str = "h100"):
@@ -164,15 +218,17 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
         raise LayoutSearchError(f"TP{fixed['tp']} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")
     if errs := shape_errors(s):
         raise LayoutSearchError(f"model shape {s.describe()} does not divide: {'; '.join(errs)}")
-    why_not, fitting, best_unfit = Counter(), [], None
+    why_not, fitting, best_unfit, flops = Counter(), [], None, {}
     for tp, pp, vpp, cp, mbs in _splits(s, gpus, fixed):
         if errs := layout_errors(s, gpus, tp, pp, vpp, cp, mbs, gbs):
             why_not[errs[0]] += 1
             continue
-        est = estimate_workload(workload(s, gpus, tp, pp, vpp, cp, mbs, gbs), gpu)
+        w = workload(s, gpus, tp, pp, vpp, cp, mbs, gbs)
+        est = estimate_workload(w, gpu)
         c = Candidate(tp, pp, vpp, cp, gpus // (tp * pp * cp), mbs, gbs, preset_for(s, tp, cp, mbs, gpu), est)
         if est.fits:
-            fitting.append(c)
+            f = flops[tp] = flops.get(tp) or throughput.flops_of_shape(s, tp)  # the padded vocabulary depends on TP
+            fitting.append(replace(c, prediction=predict(s, w, f, gpu)))
         elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:
             best_unfit = c
     pinned = f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""
@@ -187,6 +243,9 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
         kinds = {re.sub(r"\d+", "#", r): r for r in reversed(ranked)}  # one example of each kind of reason
         reasons = "; ".join(sorted(kinds.values(), key=ranked.index)[:2]) or "no split to try"
         raise LayoutSearchError(f"no layout of {s.describe()} on {gpus} GPUs{pinned} divides: {reasons}")
-    fitting.sort(key=lambda c: _rank(c, s))
+    roomy = [c.tflops for c in fitting if not tight(c)] or [c.tflops for c in fitting]
+    fitting.sort(key=lambda c: _rank(c, s, max(roomy)))
     min_pp = min(c.pp for c in fitting)
-    return [replace(c, why=_why(c, s, min_pp)) for c in fitting[:top]]
+    best = fitting[0]
+    return [replace(c, why=_why(c, s, min_pp), loses=why_loses(c, best, s, max(roomy)) if i else "")
+            for i, c in enumerate(fitting[:top])]  # fmt: skip

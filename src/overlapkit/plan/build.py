@@ -14,7 +14,7 @@ from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_override
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
 from overlapkit.shape import ModelShape, dtype_of
-from overlapkit.sizing import memory
+from overlapkit.sizing import memory, throughput
 from overlapkit.topology import Target
 
 
@@ -37,6 +37,7 @@ class Plan:
     memory: memory.MemoryEstimate  # first pipeline stage, per GPU
     profile: object = None  # cluster.profiles.ClusterProfile, when planned for a cluster
     run_dir: Path | None = None
+    throughput: throughput.Prediction | None = None  # step time, tokens/s, TFLOP/s on the target GPU
     run: runopts.RunOptions = runopts.RunOptions()  # RUN_NAME, SEGMENTS, NSYS, DATA (plan/runopts.py)
     sets: list = dataclasses.field(default_factory=list)  # the SET pairs as typed: (key, raw text)
 
@@ -74,6 +75,7 @@ class Plan:
             "overrides": [{"key": k, "old": _jsonable(o), "new": _jsonable(n)} for k, o, n in self.changes],
             "audit": self.report.to_dict(),
             "memory": self.memory_dict(),
+            "throughput": self.throughput.to_dict() if self.throughput else None,
             "cluster": self.profile.name if self.profile else None,
             "env": self.ledger.to_dict() if self.ledger else None,
             "run_dir": str(self.run_dir) if self.run_dir else None,
@@ -123,7 +125,27 @@ def make_plan(
     report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
     report.extend(audit_rows(partial, ledger))
     report.findings += [Finding(*f) for f in runopts.findings(cfg, run, profile)]
-    return dataclasses.replace(partial, report=report, ledger=ledger, memory=memory.estimate(cfg, target))
+    plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=memory.estimate(cfg, target))
+    plan.throughput = predict_throughput(plan)
+    return plan
+
+
+def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:
+    """The throughput model on the plan: its workload, Bridge's FLOPs, and the overlaps its table says are on."""
+    cfg, res = plan.cfg, plan.resolved
+    states = {r.name: r.state for r in plan.report.rows}
+    overlaps = throughput.Overlaps.of_rows(
+        states, ep_default=bool(getattr(res.model, "overlap_moe_expert_parallel_comm", False))
+    )
+    return throughput.predict(
+        memory.workload_of(cfg, plan.target),
+        throughput.flops_of_config(cfg),
+        overlaps,
+        gpu=plan.target.gpu,
+        moe=throughput.Moe.of_model(cfg.model),
+        bucket=res.ddp.bucket_size,
+        constants=constants,
+    )
 
 
 def resolved_config(plan: Plan):

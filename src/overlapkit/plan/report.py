@@ -51,6 +51,9 @@ def render_plan(plan, con: Console) -> None:
     est = plan.memory
     con.print(memory_table(est))
     con.print(escape(est.summary()))
+    if plan.throughput is not None:
+        con.print(throughput_table(plan.throughput))
+        con.print(escape(plan.throughput.summary()))
     for line in run_lines(d):  # data, checkpoints, segments, Nsight (plan/runopts.py)
         con.print(escape(line))
     if plan.ledger is not None:
@@ -65,10 +68,12 @@ def render_plan(plan, con: Console) -> None:
 
 def recipes_table(rows: list[dict]) -> Table:
     t = Table(title="H100 recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("recipe", "model", "GPUs", "dtype", "TP/PP/CP/VP/DP", "MBS/GBS", "seq", "overlaps on", "audit"):
-        t.add_column(col, no_wrap=True)
+    cols = ("recipe", "model", "GPUs", "dtype", "TP/PP/CP/VP/DP", "MBS/GBS", "seq", "overlaps on", "TFLOP/s*", "audit")
+    for col in cols:
+        t.add_column(col, no_wrap=True, justify="right" if col == "TFLOP/s*" else "left")
+    keys = ("recipe", "model", "gpus", "dtype", "layout", "batch", "seq", "on", "tflops", "audit")
     for r in rows:
-        t.add_row(*(str(r[k]) for k in ("recipe", "model", "gpus", "dtype", "layout", "batch", "seq", "on", "audit")))
+        t.add_row(*(str(r[k]) for k in keys))
     return t
 
 
@@ -93,6 +98,16 @@ def memory_table(est) -> Table:
         t.add_column(col, justify="right" if col == "GB" else "left")
     for name, gb, note in est.rows():
         t.add_row(name, f"{gb:.2f}", note)
+    return t
+
+
+def throughput_table(pred) -> Table:
+    """A sizing.throughput.Prediction's breakdown: term, seconds per step, share of the step, how."""
+    t = Table(title="Predicted step time (overlapkit.sizing.throughput)", title_justify="left")
+    for col in ("term", "s/step", "share", "how"):
+        t.add_column(col, justify="right" if col in ("s/step", "share") else "left")
+    for name, sec, how in pred.terms:
+        t.add_row(name, f"{sec:.3f}", f"{sec / pred.step_s:.1%}", escape(how))
     return t
 
 

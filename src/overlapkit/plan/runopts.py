@@ -29,14 +29,6 @@ PREEMPT_S = 300
 # exit_duration_in_mins stops training (with a save) this long before the limit: the second guard when a signal is
 # lost (srun not forwarding it, a data-loader hang at that moment). It must fire before the signal would.
 GUARD_MIN = 15
-# Published H100 tokens/s/GPU (README "What throughput to expect", from ../shared/reference/
-# h100-published-throughput.md): the expected step time for what a crash loses. Others: in iterations only.
-PUBLISHED_TOKENS_PER_GPU = {
-    "llama3_8b_pretrain_8gpu_h100_fp8cs": 14451,
-    "llama3_70b_pretrain_64gpu_h100_fp8cs": 1664,
-    "llama31_405b_pretrain_1024gpu_h100_fp8cs": 326,
-    "gpt3_175b_pretrain_128gpu_h100_fp8cs": 716,
-}
 
 
 @dataclass(frozen=True)
@@ -195,8 +187,8 @@ def _epochs(cfg, opts: RunOptions) -> float | None:
 def summary(plan, opts: RunOptions) -> dict:
     """The plan's `run` key: checkpoint directory, save interval and what a crash can lose, segments, Nsight."""
     cfg, ck = plan.cfg, plan.cfg.checkpoint
-    tps = PUBLISHED_TOKENS_PER_GPU.get(plan.recipe.name)
-    step_s = cfg.train.global_batch_size * cfg.model.seq_length / (tps * plan.target.world_size) if tps else None
+    # The expected step time is the plan's throughput prediction (sizing/throughput.py), its one home.
+    step_s = plan.throughput.step_s if getattr(plan, "throughput", None) is not None else None
     loss_min = round(step_s * ck.save_interval / 60, 1) if step_s and ck.save and ck.save_interval else None
     return {
         "run_name": opts.run_name or None, "checkpoint_dir": ck.save, "save_interval": ck.save_interval if ck.save
@@ -227,8 +219,8 @@ def lines(d: dict) -> list[str]:
         out.append("checkpoints: off (benchmark); RUN_NAME=<name> saves to <job_dir>/checkpoints/<name> and resumes")
         return out
     gpu_h = run["crash_loss_min"] * d["layout"]["gpus"] / 60 if run["crash_loss_min"] else 0
-    loss = (f" ≈ {run['crash_loss_min']} min ({gpu_h:,.0f} GPU-hours) at the published step time "
-            f"{run['expected_step_s']} s" if gpu_h else " (no published step time for this recipe)")  # fmt: skip
+    loss = (f" ≈ {run['crash_loss_min']} min ({gpu_h:,.0f} GPU-hours) at the predicted step time "
+            f"{run['expected_step_s']} s" if gpu_h else " (no step-time prediction for this plan)")  # fmt: skip
     out.append(f"checkpoints: {run['checkpoint_dir']} every {run['save_interval']} iterations; a crash loses up to "
                f"{run['save_interval']} iterations{loss}")  # fmt: skip
     out.append(f"tensorboard: {run['tensorboard_dir']}" + (f"; W&B project {run['wandb']['project']}"

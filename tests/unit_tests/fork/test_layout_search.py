@@ -25,11 +25,28 @@ def test_34b_on_32_gpus_returns_layouts_that_divide_and_fit():
         assert c.pp == 1 or c.vpp > 1  # p2p overlap on whenever there is a pipeline
         assert "\n" not in c.why and c.why
     top = cands[0]
-    # TP4 is the only TP with a Bridge preset for h8192 on H100; PP1 fits; CP2 leaves > 10% of the budget free
-    # where CP1 (72 GB) would not: the same choice NVIDIA made for Llama3 8B/70B BF16.
-    assert top.describe() == "TP4 PP1 CP2 VP- DP4 MBS1 GBS256"
+    # Ranked by predicted TFLOP/s: TP4 PP1 CP2 (what the rules alone chose) runs each layer 64 microbatches × 48
+    # layers per GPU, twice PP2's passes, and is predicted more than 2% slower than the best. Within 2% of the best
+    # (a tie) the rules decide: TP4, the only TP with a Bridge preset for h8192 on H100; DP>1; the smallest PP (2);
+    # the largest VPP that keeps ≥ 2 layers per chunk.
+    assert top.describe() == "TP4 PP2 CP1 VP12 DP4 MBS1 GBS256"
     assert top.preset == "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192" and top.exact_preset
-    assert top.preset in top.why and "smallest PP that fits" in top.why
+    assert top.preset in top.why and f"predicted {top.tflops:.0f} TFLOP/s/GPU" in top.why
+    best = max(c.tflops for c in cands)
+    assert top.tflops >= 0.98 * best and top.loses == "" and all(c.loses for c in cands[1:])
+    assert cands[1].loses == "within 2% of the best prediction (a tie); smaller VPP"
+    old = search(SHAPE_34B, 32, gbs=256, fixed={"tp": 4, "pp": 1, "cp": 2})[0]
+    assert old.describe() == "TP4 PP1 CP2 VP- DP4 MBS1 GBS256" and old.tflops < 0.98 * best
+    assert old.prediction.share("per-layer non-GEMM") > top.prediction.share("per-layer non-GEMM")
+
+
+def test_a_slower_layout_says_how_much_and_where():
+    cands = search(SHAPE_34B, 32, gbs=256, fixed={"tp": 4}, top=80)
+    slower = [c for c in cands if "slower predicted" in c.loses]
+    assert slower, [c.loses for c in cands]
+    c = slower[0]
+    assert c.loses.startswith(f"{1 - c.tflops / cands[0].tflops:.1%} slower predicted (+")
+    assert [c.tflops for c in slower] == sorted((c.tflops for c in slower), reverse=True)  # by prediction
 
 
 def test_a_shape_without_preset_is_declared_default_explicitly():

@@ -46,11 +46,12 @@ def test_without_run_name_a_run_is_a_benchmark_with_no_checkpoints():
     assert runopts.lines(plan.to_dict())[-1].startswith("checkpoints: off (benchmark)")
 
 
-def test_crash_loss_uses_the_published_step_time_where_there_is_one(tmp_path):
+def test_crash_loss_uses_the_plans_predicted_step_time(tmp_path):
     opts, profile = bound(tmp_path, run_name="x")
-    run = make_plan("llama3_8b_pretrain_8gpu_h100_fp8cs", run=opts, profile=profile).to_dict()["run"]
-    step = 128 * 8192 / (14451 * 8)  # GBS·seq / (published tokens/s/GPU · GPUs)
+    plan = make_plan("llama3_8b_pretrain_8gpu_h100_fp8cs", run=opts, profile=profile)
+    run, step = plan.to_dict()["run"], plan.throughput.step_s  # sizing/throughput.py's prediction
     assert run["expected_step_s"] == round(step, 2) and run["crash_loss_min"] == round(step * 500 / 60, 1)
+    assert "at the predicted step time" in runopts.lines(plan.to_dict())[-3]
 
 
 @pytest.mark.parametrize(

@@ -304,3 +304,22 @@ def test_history_survives_a_crash_mid_write(tmp_path, monkeypatch):
     assert [r["night"] for r in night_report.read_history(hist)] == ["n1", "n3"]  # n1 intact; n2 torn, skipped
     night_report.append_history(hist, [{"night": "n4", "recipe": "a", "step_time_ms": 4.0}])
     assert [r["night"] for r in night_report.read_history(hist)] == ["n1", "n3", "n4"]
+
+
+def test_report_shows_predicted_vs_measured_and_flags_a_run_20_percent_under(tmp_path):
+    """plan.json's throughput prediction (make plan writes it) against the log's step time, before any golden."""
+    for step, predicted, flagged in ((2400.0, 1800.0, True), (2000.0, 1800.0, False)):
+        text = bridge_log(curve(N), [step] * N)
+        d = _run_dir(tmp_path, f"run{step:.0f}", text)
+        (d / "plan.json").write_text(json.dumps({**PLAN, "throughput": {"step_time_s": predicted / 1e3}}))
+        entry = {"recipe": PLAN["recipe"], "nodes": 8, "dp": 2, "run_dir": str(d), "job_id": "1"}
+        res = night_report.evaluate(entry, "COMPLETED", [d / "train.log"], tmp_path / "none", preflight_only=False)
+        assert res["predicted_step_ms"] == pytest.approx(predicted)
+        night = {"stamp": "20260101-000000", "cluster": "test", "preflight_only": False}
+        report = night_report.render(night, [res], {})
+        cell = f"{step:.0f} vs {predicted:.0f} ({predicted / step - 1:+.1%} throughput)"
+        assert cell in report and "no golden yet" in report  # stands out before a golden exists
+        assert ("25% under the predicted throughput" in report) is flagged and (f"**{cell}**" in report) is flagged
+    old = {**PLAN}  # a plan.json from before the prediction: a dash, never a crash
+    assert night_report.vs_prediction({"predicted_step_ms": night_report._predicted_ms(old), "summary": {}}) == (
+        "—", None)  # fmt: skip
