@@ -27,6 +27,20 @@ FORK_FLAGS = $(if $(HIDDEN),--hidden "$(HIDDEN)") $(if $(LAYERS),--layers "$(LAY
   $(if $(GPUS),--gpus "$(GPUS)") $(if $(DTYPE),--dtype "$(DTYPE)") $(if $(EXPERTS),--experts "$(EXPERTS)") \
   $(if $(TOPK),--topk "$(TOPK)") $(if $(EP),--ep "$(EP)")
 CUTS    ?=
+# Pretraining runs (README "Pretrain on your data"): the data spec, the run's identity, chained segments, Nsight.
+DATA    ?=
+RUN_NAME ?=
+SEGMENTS ?=
+NSYS    ?=
+NSYS_RANKS ?=
+RUN_FLAGS = --data "$(DATA)" --run-name "$(RUN_NAME)" --segments "$(SEGMENTS)" --nsys "$(NSYS)" --nsys-ranks "$(NSYS_RANKS)"
+# make prep-data: JSONL file or directory → Megatron .bin/.idx + OUT/data.toml
+IN      ?=
+TOKENIZER ?=
+OUT     ?=
+KEY     ?= text
+WORKERS ?= 1
+FORCE   ?=
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
 # make's own pid: if make dies (even by kill -9), its Python child is not told; it watches this pid and stops
@@ -35,7 +49,7 @@ export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local slurm-up slurm-down
+.PHONY: help setup test lint recipes plan plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -53,7 +67,7 @@ recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
 	@$(PY) -m launch.plan --list
 
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
-	@$(PY) -m launch.plan $(RECIPE) --nodes "$(NODES)" --set "$(SET)" --format $(FORMAT)
+	@$(PY) -m launch.plan $(RECIPE) --nodes "$(NODES)" --set "$(SET)" --format $(FORMAT) --cluster "$(CLUSTER)" $(RUN_FLAGS)
 
 plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for plan/recipes; OVERLAPKIT_PLAN_SERVER=0: none)
 	@$(PY) -m launch.plan_server --stop
@@ -68,7 +82,7 @@ gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by si
 	@$(PY) bench/gpu_cut.py $(foreach c,$(CUTS),--only $(c)) $(ARGS)
 
 submit: ## submit RECIPE to CLUSTER via nemo_run (NODES=, SET=, DRYRUN=1 prints the sbatch, PREFLIGHT=1 checks only)
-	@$(PY) -m launch.submit submit --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"
+	@$(PY) -m launch.submit submit --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" $(RUN_FLAGS)
 
 status: ## state and preflight result of RUN= (default: the latest run on CLUSTER)
 	@$(PY) -m launch.submit status --cluster "$(CLUSTER)" --run "$(RUN)"
@@ -80,10 +94,13 @@ cancel: ## cancel RUN= (default: the latest run on CLUSTER)
 	@$(PY) -m launch.submit cancel --cluster "$(CLUSTER)" --run "$(RUN)"
 
 sbatch: ## write a standalone sbatch script for RECIPE on CLUSTER (plain-sbatch path, no nemo_run)
-	@$(PY) -m launch.submit sbatch --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --preflight "$(PREFLIGHT)"
+	@$(PY) -m launch.submit sbatch --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --preflight "$(PREFLIGHT)" $(RUN_FLAGS)
 
 run-local: ## run RECIPE on this 8-GPU node with torchrun (nemo_run LocalExecutor; NODES is 1)
-	@$(PY) -m launch.submit run-local --recipe "$(RECIPE)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)"
+	@$(PY) -m launch.submit run-local --recipe "$(RECIPE)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" $(RUN_FLAGS)
+
+prep-data: ## tokenize IN (JSONL file or dir) with TOKENIZER (local HF dir) into OUT/*.bin/.idx + OUT/data.toml (KEY=, WORKERS=, FORCE=1)
+	@$(PY) -m launch.prep_data --in "$(IN)" --tokenizer "$(TOKENIZER)" --out "$(OUT)" --key "$(KEY)" --workers "$(WORKERS)" --force "$(FORCE)"
 
 slurm-up: ## install and start the local multi-node dev Slurm (root; idempotent)
 	bash slurm/local/start.sh

@@ -8,7 +8,14 @@
    Each rank writes `preflight/rank-NNNNN.json` into the run directory.
 2. Rank 0 (with `--checks full`) also rebuilds the recipe by name with the same overrides, re-audits it, checks the
    audit still matches the submitted plan, and writes `preflight.json` with every rank's result.
-3. Unless `--preflight-only`: Bridge's `pretrain(cfg, forward_step)` with the GPT forward step.
+3. Every rank of a segment after the first (SEGMENTS=N) checks the run's checkpoint tracker: none is an error (exit 1,
+   never a silent start from iteration 0: Bridge's `exit_on_missing_checkpoint` ends with status 0), and a run
+   already at train_iters exits 0 without training.
+4. Unless `--preflight-only`: Bridge's `pretrain(cfg, forward_step)` with the GPT forward step.
+
+It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin, NsysPlugin)
+work unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
+overrides.json (the SET pairs exactly as typed, and the run options).
 """
 
 from __future__ import annotations
@@ -21,7 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-from overlapkit.jsonio import write_json  # standard library only: safe before the environment check
+# A path-based script: its own checkout's src/ and root on the path, whatever the launcher's PYTHONPATH.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path]
+
+from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
+from overlapkit.plan import runopts  # noqa: E402  (standard library only at import)
 
 
 def _env_int(*names: str) -> int | None:
@@ -86,10 +98,44 @@ def reaudit(plan: dict, rebuilt) -> list[str]:
 
 
 def rebuild(args):
-    """The recipe planned again in the job, with the submitted overrides (imports Bridge: after the preflight)."""
-    from overlapkit.plan.build import make_plan
+    """The recipe planned again in the job from overrides.json, then the plugins' overrides (imports Bridge: after
+    the preflight)."""
+    from overlapkit.plan.build import OVERRIDES, make_plan
 
-    return make_plan(args.recipe, nodes=args.nodes, sets=args.set)
+    rec = json.loads((args.run_dir / OVERRIDES).read_text())
+    sets = [f"{k}={v}" for k, v in rec["set"]] + args.plugin_sets
+    return make_plan(args.recipe, nodes=args.nodes, sets=sets, run=runopts.RunOptions.from_dict(rec["run"]))
+
+
+def resume_guard(args, plan: dict) -> int | None:
+    """A later segment must resume: no checkpoint tracker → 1 with the reason; training already finished → 0."""
+    run = plan.get("run") or {}
+    found, step = runopts.checkpoint_state(run.get("checkpoint_dir"))
+    where = f"segment {args.segment}/{args.segments}"
+    say = print if not _env_int("SLURM_PROCID", "RANK") else (lambda *a, **k: None)  # rank 0 speaks for all
+    if args.segment > 1 and not found:
+        say(f"error: {where}: no checkpoint to resume from in {run.get('checkpoint_dir')} (no "
+              f"{' or '.join(runopts.TRACKERS)}): the previous segment saved none; refusing to start from iteration "
+              "0 (make status shows what each segment did)", file=sys.stderr)  # fmt: skip
+        return 1
+    if step is not None and run.get("train_iters") and step >= run["train_iters"]:
+        say(f"{where}: training finished at iteration {step} (train_iters {run['train_iters']}): nothing to run")
+        return 0
+    if found:
+        say(f"{where}: resuming from iteration {step} in {run['checkpoint_dir']}")
+    return None
+
+
+def checkpoint_dir(run_dir: Path) -> str | None:
+    """Where this rank's config saves and loads checkpoints: overrides.json's run options (what rebuild applies)."""
+    rec = json.loads((run_dir / "overrides.json").read_text())
+    return runopts.RunOptions.from_dict(rec.get("run")).checkpoint_dir
+
+
+def out_dir(args) -> Path:
+    """Where this job's preflight records go: the run directory, or segment-N/ in it for a chain (each segment's
+    ranks must not read the records of the one before)."""
+    return args.run_dir if args.segments == 1 else args.run_dir / f"segment-{args.segment}"
 
 
 def collect(run_dir: Path, world: int, timeout: float) -> list[dict]:
@@ -118,16 +164,21 @@ def _args(argv):
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--nodes", type=int, default=None)
-    ap.add_argument("--set", default="")
+    ap.add_argument("--segment", type=int, default=1)
+    ap.add_argument("--segments", type=int, default=1)
     ap.add_argument("--preflight-only", action="store_true")
     ap.add_argument("--checks", choices=("full", "env"), default="full", help="env: skip rank 0's Bridge re-audit")
-    return ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if bad := [t for t in extra if "=" not in t or t.startswith("-")]:
+        ap.error(f"unrecognised arguments: {' '.join(bad)} (run plugins add key=value overrides only)")
+    args.plugin_sets = extra
+    return args
 
 
 def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
     """Rank 0: the re-audit (when rebuilt), every rank's record, and the run's preflight.json."""
     errors = reaudit(plan, rebuilt) if rebuilt is not None else []
-    ranks = collect(args.run_dir, rec["world_size"] or 1, timeout=120)
+    ranks = collect(out_dir(args), rec["world_size"] or 1, timeout=120)
     bad = [r["rank"] for r in ranks if not r["ok"]]
     summary = {
         "ok": rec["ok"] and not errors and not bad and len(ranks) == rec["world_size"],
@@ -137,8 +188,9 @@ def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
         "failed_ranks": bad,
         "reaudit_errors": errors,
         "hosts": sorted({r["host"] for r in ranks}),
+        "checkpoint": {"save": rebuilt.cfg.checkpoint.save, "load": rebuilt.cfg.checkpoint.load} if rebuilt else None,
     }
-    write_json(args.run_dir / "preflight.json", summary)
+    write_json(out_dir(args) / "preflight.json", summary)
     print(f"preflight: {'OK' if summary['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
     return summary["ok"]
 
@@ -146,10 +198,13 @@ def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
 def main(argv=None) -> int:
     args = _args(argv)
     plan = json.loads((args.run_dir / "plan.json").read_text())
+    if (guard := resume_guard(args, plan)) is not None:
+        return guard
     ledger = json.loads((args.run_dir / "ledger.json").read_text())
     rec = rank_checks(plan, ledger["values"], ledger.get("secrets", ()))
-    (args.run_dir / "preflight").mkdir(exist_ok=True)
-    write_json(args.run_dir / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
+    rec["checkpoint_dir"] = checkpoint_dir(args.run_dir)
+    (out_dir(args) / "preflight").mkdir(parents=True, exist_ok=True)
+    write_json(out_dir(args) / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
     if rec["failures"]:
         print(f"preflight failed on rank {rec['rank']}: " + "; ".join(rec["failures"]), file=sys.stderr)
     ok, rebuilt = rec["ok"], None
@@ -159,7 +214,7 @@ def main(argv=None) -> int:
     elif ok:
         # Wait for rank 0's verdict: srun ends a step 60 s (--wait) after the first task exits, and rank 0's
         # Bridge re-audit can take longer than that on a loaded node. All ranks then exit with the same verdict.
-        ok = wait_for_summary(args.run_dir / "preflight.json", timeout=900)
+        ok = wait_for_summary(out_dir(args) / "preflight.json", timeout=900)
     if not ok:
         return 1
     if args.preflight_only:

@@ -23,6 +23,12 @@ def _args(argv):
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--runs", default=str(ROOT / "runs"), help="where run directories go")
     p.add_argument("--list", action="store_true", help="list every recipe")
+    p.add_argument("--cluster", default="local", help="profile whose job_dir holds RUN_NAME's checkpoints")
+    p.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>")
+    p.add_argument("--segments", default="", help="N chained jobs (make submit)")
+    p.add_argument("--nsys", default="", help="<start>:<end> iterations under Nsight Systems")
+    p.add_argument("--nsys-ranks", default="", help="ranks Nsight profiles (default 0)")
+    p.add_argument("--data", default="", help="a data.toml from make prep-data (default: mock data)")
     return p.parse_args(argv)
 
 
@@ -80,6 +86,21 @@ def check_request(recipe: str, nodes: str, sets: str, *, listing: bool = False, 
     return count
 
 
+def run_options(args):
+    """RUN_NAME, SEGMENTS, NSYS, DATA checked before the Bridge import (one line each, exit 2)."""
+    from overlapkit.plan import runopts
+
+    return runopts.parse(args.run_name, args.segments, args.nsys, args.nsys_ranks, args.data)
+
+
+def bound_options(args):
+    """The run options on CLUSTER's profile (its job_dir holds the checkpoints; its time limit sets the guards)."""
+    from overlapkit.cluster import submit
+    from overlapkit.cluster.profiles import load_profile
+
+    return submit.bind(run_options(args), load_profile(args.cluster), submit.registry_time_limit(args.recipe))
+
+
 def main(argv=None) -> int:
     args = _args(argv)
     from overlapkit.plan.report import console
@@ -87,6 +108,7 @@ def main(argv=None) -> int:
     out = console()
     try:
         nodes = check_request(args.recipe, args.nodes, args.set, listing=args.list)
+        run_options(args)
         stack.import_bridge()
         if args.list:
             return list_recipes(console(width=max(out.width, 172)))  # one row per recipe, never wrapped
@@ -94,7 +116,7 @@ def main(argv=None) -> int:
         from overlapkit.plan.build import make_plan, write_run_dir
         from overlapkit.plan.report import render_plan
 
-        plan = make_plan(args.recipe, nodes=nodes, sets=args.set)
+        plan = make_plan(args.recipe, nodes=nodes, sets=args.set, run=bound_options(args))
     except (KeyError, ValueError) as exc:  # UnknownRecipe, OverrideError, PresetError, LayoutError, PlanError
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -119,6 +141,7 @@ def run(argv=None) -> int:
     args = _args(argv)
     try:
         check_request(args.recipe, args.nodes, args.set, listing=args.list)
+        run_options(args)
     except (KeyError, ValueError):
         return main(argv)  # bad input: main's one-line answer, before any import, server or no server
     from launch import plan_server

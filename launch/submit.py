@@ -7,14 +7,16 @@ when the audit has errors or the partition can never run the request. Exit statu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
 from launch.args import Parser
 from launch.plan import check_request
 from overlapkit import stack
-from overlapkit.cluster import sbatch, slurm, submit
+from overlapkit.cluster import chain, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.plan import runopts
 
 
 def _args(argv):
@@ -27,6 +29,11 @@ def _args(argv):
     ap.add_argument("--dryrun", default="", help="non-empty: print sbatch script, plan and ledger; submit nothing")
     ap.add_argument("--preflight", default="", help="1: stop after the in-job preflight; env: also skip the re-audit")
     ap.add_argument("--run", default="", help="run directory for status/logs/cancel (default: the latest)")
+    ap.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>; resume from them")
+    ap.add_argument("--segments", default="", help="N chained jobs (afterany), each resuming from the last")
+    ap.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
+    ap.add_argument("--nsys-ranks", default="", help="ranks Nsight profiles (default 0)")
+    ap.add_argument("--data", default="", help="a data.toml (make prep-data); default: mock data")
     ap.add_argument("--wait", action="store_true", help="submit: wait for the job to finish; exit 1 unless COMPLETED")
     return ap.parse_args(argv)
 
@@ -37,7 +44,7 @@ def do_submit(args, out, nodes, profile) -> int:
     preflight_only, checks = submit.preflight_mode(args.preflight)
     real = args.action == "submit" and not args.dryrun
     sub = submit.prepare(args.recipe, profile, nodes=nodes, sets=args.set, preflight_only=preflight_only,
-                         checks=checks, check_partition=real)  # fmt: skip
+                         checks=checks, check_partition=real, run=args.opts)  # fmt: skip
     with submit.transaction(sub):
         render_plan(sub.plan, out)
         if not real:
@@ -54,7 +61,7 @@ def _not_submitted(args, sub) -> int:
     text = submit.dryrun(sub)
     submit.mark(sub.run_dir, "dryrun")
     print(text)
-    print(f"# every rank runs (scripts/train.sh, from the packaged code directory):\n{sub.command}")
+    print(f"# every rank runs launch/entry.py (the srun line above) with the overrides in {sub.run_dir}/overrides.json")
     print(f"dry run: nothing submitted; plan and ledger in {sub.run_dir}")
     return 0
 
@@ -65,7 +72,9 @@ def _submitted(args, sub) -> int:
         print(f"warning: uncommitted changes are not shipped (the job runs {sha[:12]}): {', '.join(dirty[:5])}",
               file=sys.stderr)  # fmt: skip
     info = submit.submit(sub)
-    print(f"submitted job {info['job_id']} to {sub.profile.name}; run directory: {sub.run_dir}")
+    jobs = info["job_ids"]
+    chained = f"jobs {', '.join(jobs)} (each afterany the one before)" if len(jobs) > 1 else f"job {jobs[0]}"
+    print(f"submitted {chained} to {sub.profile.name}; run directory: {sub.run_dir}")
     if not args.wait:
         return 0
     state = slurm.wait_for(info["job_id"])
@@ -78,11 +87,12 @@ def do_run_local(args, out) -> int:
     from overlapkit.plan.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
-    plan = make_plan(args.recipe, nodes=1, sets=args.set)
+    opts = dataclasses.replace(args.opts, job_dir=str(stack.REPO_ROOT / "runs" / "local"))
+    plan = make_plan(args.recipe, nodes=1, sets=args.set, run=opts)
     render_plan(plan, out)
     if not plan.report.ok:
         return 1
-    submit.run_local(plan, args.set, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
+    submit.run_local(plan, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
     return 0
 
 
@@ -98,11 +108,15 @@ def do_run_dir_action(args) -> int:
     info = submit.load_submission(run_dir)  # logs and cancel need a job: one line saying why there is none
     if args.action == "status":
         pre = run_dir / "preflight.json"
-        print(f"{run_dir.name}: job {info['job_id']} {slurm.job_state(info['job_id'])}")
-        print(f"preflight: {pre.read_text().strip() if pre.exists() else 'not written yet'}")
+        print(f"{run_dir.name}:")
+        print("\n".join(f"  {line}" for line in chain.status_lines(run_dir, info)))
+        if len(chain.job_ids(info)) == 1:
+            print(f"preflight: {pre.read_text().strip() if pre.exists() else 'not written yet'}")
     elif args.action == "logs":
         for f in submit.log_files(info):
             print(f"==> {f} <==\n{f.read_text(errors='replace')}")
+    elif len(chain.job_ids(info)) > 1:
+        print("\n".join(f"{line} ({run_dir.name})" for line in chain.cancel(info)))
     elif ended := slurm.cancel(info["job_id"]):
         print(f"job {info['job_id']} ({run_dir.name}) already {ended}: nothing to cancel")
     else:
@@ -120,6 +134,9 @@ def main(argv=None) -> int:
         if args.action in ("status", "logs", "cancel"):
             return do_run_dir_action(args)
         nodes = check_request(args.recipe, args.nodes, args.set, action=args.action)  # before the 50-s import
+        args.opts = runopts.parse(args.run_name, args.segments, args.nsys, args.nsys_ranks, args.data)
+        if args.action != "submit" and args.opts.segments > 1:
+            raise ValueError(f"SEGMENTS={args.opts.segments} is for make submit (a chain of Slurm jobs)")
         submit.preflight_mode(args.preflight)
         profile = None if args.action == "run-local" else load_profile(args.cluster)
         if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too

@@ -47,7 +47,7 @@ export NCCL_SOCKET_IFNAME=lo
 
 # Command 1
 
-srun --output <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_fp8cs/<EXP_ID>/train/log-root-root.train_%j_${SLURM_RESTART_COUNT:-0}.out --chdir <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_fp8cs/<EXP_ID>/train/code --wait=60 --kill-on-bad-exit=1 --mpi=pmix bash <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_fp8cs/<EXP_ID>/train/scripts/train.sh
+srun --output <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_fp8cs/<EXP_ID>/train/log-root-root.train_%j_${SLURM_RESTART_COUNT:-0}.out --chdir <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_fp8cs/<EXP_ID>/train/code --wait=60 --kill-on-bad-exit=1 --mpi=pmix <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_fp8cs --run-dir <RUN_DIR> --nodes 1 --checks full --segment 1 --segments 1 --preflight-only
 
 exitcode=$?
 

@@ -48,7 +48,7 @@ export NCCL_IB_SL=1
 
 # Command 1
 
-srun --output <JOB_DIR>/experiments/qwen3_235b_a22b_pretrain_256gpu_h100_bf16/<EXP_ID>/train/log-my-account-my-account.train_%j_${SLURM_RESTART_COUNT:-0}.out --container-image nvcr.io/nvidia/nemo:26.08 --container-mounts /lustre:/lustre,<JOB_DIR>/experiments/qwen3_235b_a22b_pretrain_256gpu_h100_bf16/<EXP_ID>/train:/nemo_run --container-workdir /nemo_run/code --wait=60 --kill-on-bad-exit=1 --mpi=pmix bash /nemo_run/scripts/train.sh
+srun --output <JOB_DIR>/experiments/qwen3_235b_a22b_pretrain_256gpu_h100_bf16/<EXP_ID>/train/log-my-account-my-account.train_%j_${SLURM_RESTART_COUNT:-0}.out --container-image nvcr.io/nvidia/nemo:26.08 --container-mounts /lustre:/lustre,<JOB_DIR>/experiments/qwen3_235b_a22b_pretrain_256gpu_h100_bf16/<EXP_ID>/train:/nemo_run --container-workdir /nemo_run/code --wait=60 --kill-on-bad-exit=1 --mpi=pmix python launch/entry.py --recipe qwen3_235b_a22b_pretrain_256gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 32 --checks full --segment 1 --segments 1 --preflight-only
 
 exitcode=$?
 

@@ -10,6 +10,7 @@
 #SBATCH --time=04:00:00
 #SBATCH --output=<RUN_DIR>/slurm-%j.out
 #SBATCH --exclusive
+# (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)
 set -euo pipefail
 # sbatch exports the submitting shell's environment (--export=ALL); secrets travel that way, by name only: WANDB_API_KEY, HF_TOKEN
 
@@ -28,5 +29,4 @@ export NCCL_SOCKET_IFNAME=bond0  # cluster: site setting in slurm/profiles/examp
 export NCCL_IB_TIMEOUT=22  # cluster: site setting in slurm/profiles/example-eos.toml
 export NCCL_IB_SL=1  # cluster: site setting in slurm/profiles/example-eos.toml
 
-srun --mpi=pmix --container-image=nvcr.io/nvidia/nemo:26.08 --container-mounts=/lustre:/lustre,<REPO>:<REPO>,<RUN_DIR>:<RUN_DIR> --chdir=<REPO> bash -c 'export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec python -m launch.entry --recipe llama3_70b_pretrain_64gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 8 --checks full --preflight-only'
+srun --mpi=pmix --container-image=nvcr.io/nvidia/nemo:26.08 --container-mounts=/lustre:/lustre,<REPO>:<REPO>,<RUN_DIR>:<RUN_DIR> --chdir=<REPO> bash -c 'exec python launch/entry.py --recipe llama3_70b_pretrain_64gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 8 --checks full --segment 1 --segments 1 --preflight-only'

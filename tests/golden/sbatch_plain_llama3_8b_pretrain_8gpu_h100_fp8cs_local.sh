@@ -10,6 +10,7 @@
 #SBATCH --time=00:30:00
 #SBATCH --output=<RUN_DIR>/slurm-%j.out
 #SBATCH --exclusive
+# (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)
 set -euo pipefail
 # sbatch exports the submitting shell's environment (--export=ALL); secrets travel that way, by name only: none
 
@@ -27,5 +28,4 @@ export NVTE_NORM_BWD_USE_CUDNN=1  # recipe: cuDNN LayerNorm kernels, as in NVIDI
 export NCCL_CTA_POLICY=1  # recipe: NCCL CTA scheduling policy of NVIDIA's measured 8B FP8 baseline (megatron.bridge.perf_recipes.llama.h100.llama3)
 export NCCL_SOCKET_IFNAME=lo  # cluster: site setting in slurm/profiles/local.toml
 
-srun --mpi=pmix --chdir=<REPO> bash -c 'export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec <REPO>/.venv/bin/python -m launch.entry --recipe llama3_8b_pretrain_8gpu_h100_fp8cs --run-dir <RUN_DIR> --nodes 1 --checks full --preflight-only'
+srun --mpi=pmix --chdir=<REPO> bash -c 'exec <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_fp8cs --run-dir <RUN_DIR> --nodes 1 --checks full --segment 1 --segments 1 --preflight-only'

@@ -29,6 +29,7 @@ COVERED_BY = {
     "cluster/plugin": "recipes/test_run_plugins.py",
     "cluster/submit": "cluster/test_sbatch.py",
     "cluster/slurm": "../e2e/test_slurm_e2e.py",
+    "plan/dataprep": "plan/test_data.py",
     "regress/night_report": "regress/test_rules.py",
     "regress/begin": "regress/test_schedule.py",
     "regress/chain_status": "regress/test_schedule.py",

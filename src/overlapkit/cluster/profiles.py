@@ -53,6 +53,9 @@ class ClusterProfile:
     job_dir: str = DEFAULT_JOB_DIR  # where nemo_run writes experiments (LocalTunnel/SSHTunnel job_dir)
     # The interpreter each rank runs: the container's `python`, or a venv path; "{repo}" is this checkout.
     python: str = "python"
+    # W&B for RUN_NAME runs: project (and entity) here, the key by name only (secrets = ["WANDB_API_KEY"]).
+    wandb_project: str | None = None
+    wandb_entity: str | None = None
     path: Path | None = field(default=None, compare=False)
 
     @property
@@ -73,6 +76,8 @@ class ClusterProfile:
 
 _KEYS = [f.name for f in fields(ClusterProfile) if f.name != "path"]
 _REQUIRED = ("account", "partition")
+_STRINGS = ("name", "account", "partition", "container_image", "time_limit", "job_dir", "python", "wandb_project",
+            "wandb_entity")  # fmt: skip
 
 
 def list_profiles() -> list[str]:
@@ -115,7 +120,7 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
         if key not in data:
             fail(f'missing key {key!r}: add {key} = "..." (sinfo -s / sacctmgr show assoc list yours)')
     out: dict = {"name": name, "path": path}
-    for key in ("name", "account", "partition", "container_image", "time_limit", "job_dir", "python"):
+    for key in _STRINGS:
         if key in data:
             if not isinstance(data[key], str):
                 fail(f'{key} = {data[key]!r}: expected a string, e.g. {key} = "..."')

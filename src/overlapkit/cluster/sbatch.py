@@ -10,6 +10,7 @@ from string import Template
 
 from overlapkit import stack
 from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
+from overlapkit.plan.runopts import PREEMPT_S
 
 TEMPLATE = stack.REPO_ROOT / "slurm" / "templates" / "pretrain.sbatch"
 
@@ -36,6 +37,10 @@ def render(sub: Submission) -> str:
         gpus_per_node=p.gpus_per_node,
         time=p.time_limit or plan.recipe.time_limit,
         exclusive="#SBATCH --exclusive" if p.exclusive else "# (shared nodes: exclusive = false in the profile)",
+        # What Bridge's PreemptionPlugin sets on the nemo_run path: SIGTERM before the limit, a checkpoint, an exit.
+        signal=f"#SBATCH --signal=TERM@{PREEMPT_S}"
+        if plan.run.run_name
+        else "# (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)",
         secrets=" " + ", ".join(plan.ledger.secrets) if plan.ledger.secrets else " none",
         exports=exports,
         srun_args=shlex.join(srun),

@@ -31,8 +31,8 @@ from pathlib import Path
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
+from overlapkit.plan import runopts
 from overlapkit.plan.build import Plan, make_plan, write_run_dir
-from overlapkit.plan.overrides import to_raw
 from overlapkit.topology import GPUS_PER_NODE
 
 TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
@@ -157,26 +157,29 @@ class Submission:
     plan: Plan
     profile: ClusterProfile
     run_dir: Path
-    command: str  # what every rank runs, from the packaged code directory
+    command: str  # what every rank runs on the plain-sbatch path
     preflight_only: bool = False  # recorded in submission.json: make bless refuses such a run
+    checks: str = "full"
 
 
 def python_for(profile: ClusterProfile) -> str:
     return profile.python.replace("{repo}", str(stack.REPO_ROOT))
 
 
+ENTRY = "launch/entry.py"  # a path-based script: Bridge's run plugins append their overrides to its arguments
+
+
+def entry_args(plan: Plan, run_dir: Path, preflight_only: bool, checks: str, segment: int = 1) -> list[str]:
+    """launch/entry.py's arguments for one rank of `segment`; the overrides themselves are in the run directory's
+    overrides.json (plan/build.py), so no value is split by a shell on the way."""
+    args = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", str(plan.target.nodes)]
+    args += ["--checks", checks, "--segment", str(segment), "--segments", str(plan.run.segments)]
+    return args + (["--preflight-only"] if preflight_only else [])
+
+
 def entry_command(plan: Plan, profile: ClusterProfile, run_dir: Path, preflight_only: bool, checks: str) -> str:
-    """Bash for one rank: the packaged repo is the working directory; src/ and the root go on PYTHONPATH."""
-    args = ["-m", "launch.entry", "--recipe", plan.recipe.name, "--run-dir", str(run_dir)]
-    args += ["--nodes", str(plan.target.nodes), "--checks", checks]
-    if plan.changes:
-        args += ["--set", " ".join(f"{k}={to_raw(v)}" for k, _, v in plan.changes)]
-    if preflight_only:
-        args.append("--preflight-only")
-    return (
-        'export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"\n'
-        f"exec {shlex.quote(python_for(profile))} {shlex.join(args)}"
-    )
+    """Bash for one rank of the plain-sbatch path, from the checkout (entry.py puts src/ on its own path)."""
+    return f"exec {shlex.join([python_for(profile), ENTRY, *entry_args(plan, run_dir, preflight_only, checks)])}"
 
 
 def preflight_mode(text: str) -> tuple[bool, str]:
@@ -189,11 +192,13 @@ def preflight_mode(text: str) -> tuple[bool, str]:
 
 
 def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, checks="full", caller_env=None,
-            check_partition=False):  # fmt: skip
-    """Plan for `cluster` (a profile name, path or ClusterProfile), refuse on audit errors and (`check_partition`,
-    for a real submission) on a request the partition can never run, then write the run directory."""
+            check_partition=False, run: runopts.RunOptions | None = None):  # fmt: skip
+    """Plan for `cluster` (a profile name, path or ClusterProfile) and the run options (RUN_NAME, SEGMENTS, NSYS,
+    DATA), refuse on audit errors and (`check_partition`, for a real submission) on a request the partition can never
+    run, then write the run directory."""
     profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
-    plan = make_plan(recipe, nodes=nodes, sets=sets, profile=profile, caller_env=caller_env)
+    opts = bind(run or runopts.RunOptions(), profile, registry_time_limit(recipe))
+    plan = make_plan(recipe, nodes=nodes, sets=sets, profile=profile, caller_env=caller_env, run=opts)
     if not plan.report.ok:
         first = plan.report.errors[0]
         raise AuditFailed(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
@@ -203,7 +208,18 @@ def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, 
     run_dir = write_run_dir(plan, profile.job_path / "runs")
     mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
     command = entry_command(plan, profile, run_dir, preflight_only, checks)
-    return Submission(plan, profile, run_dir, command, preflight_only)
+    return Submission(plan, profile, run_dir, command, preflight_only, checks)
+
+
+def registry_time_limit(recipe: str) -> str | None:
+    from overlapkit.plan import registry
+
+    return registry.get(recipe).time_limit
+
+
+def bind(opts: runopts.RunOptions, profile: ClusterProfile, recipe_limit: str | None) -> runopts.RunOptions:
+    """The run options on this cluster: its job directory, the per-segment time limit (profile, else recipe)."""
+    return runopts.for_profile(opts, profile, slurm.minutes(profile.time_limit or recipe_limit or "") or None)
 
 
 def slurm_executor(sub: Submission):
@@ -236,12 +252,40 @@ def experiment(sub: Submission):
     return run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR")
 
 
-def add_task(exp, sub: Submission) -> None:
-    import nemo_run as run
+def plugins_for(sub) -> list:
+    """Our env-var plugin, and Bridge's own run plugins where the run asks for them (they append their overrides to
+    the path-based script's arguments and set the executor: --signal, the nsys launcher)."""
+    from megatron.bridge.recipes.run_plugins import NsysPlugin, PreemptionPlugin
 
     from overlapkit.cluster.plugin import EnvVarPlugin
 
-    exp.add(run.Script(inline=sub.command), name="train", plugins=[EnvVarPlugin.from_ledger(sub.plan.ledger)])
+    plan = sub.plan if isinstance(sub, Submission) else sub  # a Submission, or a Plan (run-local)
+    out, run_opts = [EnvVarPlugin.from_ledger(plan.ledger)], plan.run
+    if run_opts.run_name:
+        out.append(PreemptionPlugin(preempt_time=runopts.PREEMPT_S))
+    if run_opts.nsys:
+        out.append(NsysPlugin(profile_step_start=run_opts.nsys[0], profile_step_end=run_opts.nsys[1],
+                              profile_ranks=list(run_opts.nsys_ranks)))  # fmt: skip
+    return out
+
+
+def add_task(exp, sub: Submission) -> list[str]:
+    """One task per segment, each after the previous one ends however it ends (afterany: a segment that hit its time
+    limit or was preempted still hands over to the next, which resumes from the checkpoint)."""
+    import nemo_run as run
+
+    prev, ids, n = None, [], sub.plan.run.segments
+    for seg in range(1, n + 1):
+        executor = slurm_executor(sub)
+        executor.dependency_type = "afterany"
+        if sub.plan.run.nsys:  # per-rank reports (NsysPlugin names them by job, node and rank) in the run directory
+            executor.get_launcher().nsys_folder = str(sub.run_dir / "nsys")
+        task = run.Script(path=ENTRY, args=entry_args(sub.plan, sub.run_dir, sub.preflight_only, sub.checks, seg),
+                          entrypoint=python_for(sub.profile))  # fmt: skip
+        prev = exp.add(task, executor=executor, name="train" if n == 1 else f"train-seg{seg}",
+                       plugins=plugins_for(sub), dependencies=[prev] if prev else None)  # fmt: skip
+        ids.append(prev)
+    return ids
 
 
 def sbatch_text(job) -> str:
@@ -266,7 +310,7 @@ def dryrun(sub: Submission) -> str:
     with _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         exp.dryrun(log=False)
-        return sbatch_text(exp.jobs[0])
+        return "\n".join(sbatch_text(job) for job in exp.jobs)
 
 
 def shipped_commit() -> tuple[str, list[str]]:
@@ -277,36 +321,52 @@ def shipped_commit() -> tuple[str, list[str]]:
     return sha, [line[3:] for line in dirty.stdout.splitlines()]
 
 
+def _run_chain(exp) -> None:
+    """exp.run; when sbatch refuses a later segment, the segments already queued are cancelled (a chain is all or
+    nothing: half a chain would train without its continuation, unrecorded)."""
+    try:
+        exp.run(detach=True)
+    except Exception as exc:
+        queued = [m.group(1) for job in exp.jobs if (m := re.search(r"(\d+)$", getattr(job, "handle", "") or ""))]
+        for job_id in queued:
+            with contextlib.suppress(RuntimeError):
+                slurm.cancel(job_id)
+        raise SubmitError(f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already "
+                          "queued") from exc  # fmt: skip
+
+
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
     with transaction(sub), _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         with _critical():  # a signal now waits until the job id is on disk
-            exp.run(detach=True)
-            handle, exp_dir = exp.jobs[0].handle, exp._exp_dir
-            m = re.search(r"(\d+)$", handle or "")
-            if not m:
-                raise SubmitError(f"nemo_run returned no Slurm job id (handle {handle!r}); see {exp_dir}")
-            info = {"job_id": m.group(1), "experiment_dir": str(exp_dir), "cluster": sub.profile.name,
-                    "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only}  # fmt: skip
+            _run_chain(exp)
+            exp_dir, ids = exp._exp_dir, []
+            for job in exp.jobs:  # one per segment, in order
+                m = re.search(r"(\d+)$", job.handle or "")
+                if not m:
+                    raise SubmitError(f"nemo_run returned no Slurm job id (handle {job.handle!r}); see {exp_dir}")
+                ids.append(m.group(1))
+            info = {"job_id": ids[0], "job_ids": ids, "experiment_dir": str(exp_dir), "cluster": sub.profile.name,
+                    "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only,
+                    "checkpoint_dir": sub.plan.run.checkpoint_dir}  # fmt: skip
             mark(sub.run_dir, "submitted", **info)
     return info
 
 
-def run_local(plan: Plan, sets: str = "", *, preflight_only: bool = False, checks: str = "full", dryrun=False):
+def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full", dryrun=False):
     """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm); returns the run directory."""
     import nemo_run as run
 
-    from overlapkit.cluster.plugin import EnvVarPlugin
-
     run_dir = write_run_dir(plan, stack.REPO_ROOT / "runs" / "local")
-    entry = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", "1", "--checks", checks]
-    entry += ["--set", sets] if sets else []
-    entry += ["--preflight-only"] if preflight_only else []
-    executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun", env_vars={"PYTHONPATH": "src:."})
-    task = run.Script(path="launch.entry", args=entry, entrypoint="python", m=True)
+    executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun")
+    # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
+    script = str(stack.REPO_ROOT / ENTRY)
+    task = run.Script(path=script, args=entry_args(plan, run_dir, preflight_only, checks), entrypoint="python")
+    if plan.run.nsys:
+        executor.get_launcher().nsys_folder = str(run_dir / "nsys")
     with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
-        exp.add(task, name="train", plugins=[EnvVarPlugin.from_ledger(plan.ledger)])
+        exp.add(task, name="train", plugins=plugins_for(plan))
         exp.dryrun(log=True) if dryrun else exp.run(sequential=True, tail_logs=True)
     return run_dir
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
-from overlapkit.plan import inputs, overrides, presets, registry
-from overlapkit.plan.audit import AuditReport, audit, replaced_overrides
+from overlapkit.plan import data, inputs, overrides, presets, registry, runopts
+from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
 from overlapkit.plan.moe import expert_dp
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
@@ -39,6 +39,8 @@ class Plan:
     profile: object = None  # cluster.profiles.ClusterProfile, when planned for a cluster
     run_dir: Path | None = None
     throughput: throughput.Prediction | None = None  # step time, tokens/s, TFLOP/s on the target GPU
+    run: runopts.RunOptions = runopts.RunOptions()  # RUN_NAME, SEGMENTS, NSYS, DATA (plan/runopts.py)
+    sets: list = dataclasses.field(default_factory=list)  # the SET pairs as typed: (key, raw text)
 
     @property
     def layout(self) -> dict:
@@ -84,6 +86,8 @@ class Plan:
             "cluster": self.profile.name if self.profile else None,
             "env": self.ledger.to_dict() if self.ledger else None,
             "run_dir": str(self.run_dir) if self.run_dir else None,
+            "data": data.consumption(self.cfg, runopts.spec_of(self.run)),
+            "run": runopts.summary(self, self.run),
         }
 
 
@@ -92,16 +96,27 @@ def _jsonable(v):
 
 
 def make_plan(
-    name: str, *, nodes: int | None = None, sets=None, te_available: bool = True, profile=None, caller_env=None
+    name: str,
+    *,
+    nodes: int | None = None,
+    sets=None,
+    te_available: bool = True,
+    profile=None,
+    caller_env=None,
+    run: runopts.RunOptions | None = None,
 ) -> Plan:
-    """Build recipe `name`, apply `sets` (dotted overrides), resolve for `nodes` (default: the recipe's), lay out the
-    launch environment (with `profile`'s layer when given) and audit the whole stack, env rules included."""
+    """Build recipe `name`, bind it to `run` (checkpoints, data, segments, Nsight; a benchmark by default), apply
+    `sets` (dotted overrides), resolve for `nodes` (default: the recipe's), lay out the launch environment (with
+    `profile`'s layer when given) and audit the whole stack, env rules included."""
     entry = registry.get(name)
     if nodes is not None and nodes < 1:
         raise PlanError(f"NODES={nodes}: must be a positive number of 8-GPU nodes")
     with stack.silenced():
         cfg = entry.build()
-    intent_changes, pairs = overrides.split_intent(overrides.parse(sets))
+    run = run or runopts.RunOptions()
+    runopts.apply(cfg, run)  # before SET: an explicit override still wins, and is audited
+    typed = overrides.parse(sets)
+    intent_changes, pairs = overrides.split_intent(typed)
     intent = dataclasses.replace(entry.intent, **intent_changes)
     if intent_changes:  # re-apply the stack with the new intent first, so later config keys still win
         apply_overlap_stack(cfg, intent)
@@ -111,10 +126,12 @@ def make_plan(
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
     target = Target(nodes=nodes or entry.nodes, te_available=te_available)
     res = resolve(cfg, target)
-    partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile)
+    partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, run=run,
+                   sets=typed)  # fmt: skip
     ledger = build_ledger(partial, profile, caller_env)
     report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
     report.extend(audit_rows(partial, ledger))
+    report.findings += [Finding(*f) for f in runopts.findings(cfg, run, profile)]
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=memory.estimate(cfg, target))
     plan.throughput = predict_throughput(plan)
     return plan
@@ -160,4 +177,15 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     # What the in-job preflight compares each rank's environment with (secrets by name only).
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}
     jsonio.write_json(run_dir / "ledger.json", ledger)
+    jsonio.write_json(run_dir / OVERRIDES, overrides_record(plan))
     return run_dir
+
+
+# What the job rebuilds the recipe from: the SET pairs exactly as typed (JSON keeps spaces, lists and dicts intact;
+# a command line would split them) and the run options. launch/entry.py reads it; plugins add to its command line.
+OVERRIDES = "overrides.json"
+
+
+def overrides_record(plan: Plan) -> dict:
+    return {"recipe": plan.recipe.name, "nodes": plan.target.nodes, "set": [list(p) for p in plan.sets],
+            "run": plan.run.to_dict()}  # fmt: skip

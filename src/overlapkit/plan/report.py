@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from overlapkit.plan.env import LAYERS
+from overlapkit.plan.runopts import lines as run_lines
 
 STYLE = {"on": "green", "off": "red", "n/a": "dim"}
 
@@ -57,6 +58,8 @@ def render_plan(plan, con: Console) -> None:
     if plan.throughput is not None:
         con.print(throughput_table(plan.throughput))
         con.print(escape(plan.throughput.summary()))
+    for line in run_lines(d):  # data, checkpoints, segments, Nsight (plan/runopts.py)
+        con.print(escape(line))
     if plan.ledger is not None:
         render_ledger(plan.ledger, con)
     for f in plan.report.warnings:

@@ -19,6 +19,7 @@ import pytest
 from overlapkit import stack
 from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.plan import runopts
 
 GOLDEN = stack.REPO_ROOT / "tests" / "golden"
 CASES = [
@@ -157,3 +158,15 @@ def test_an_inherited_make_pid_is_watched_only_by_makes_descendants():
     out = subprocess.run([sys.executable, "-c", code], cwd=stack.REPO_ROOT, capture_output=True, text=True,
                          env={"PYTHONPATH": "src:.", "OVERLAPKIT_MAKE_PID": str(gone.pid)}, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr[-500:]
+
+
+def test_pretraining_chain_sbatch_matches_golden(tmp_path):
+    """RUN_NAME + SEGMENTS=2 + NSYS: one script per segment, each with Bridge's PreemptionPlugin signal, its overrides
+    as the path-based entry's arguments, and NsysPlugin's per-rank report names in the run directory."""
+    profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
+    opts = runopts.RunOptions(run_name="golden", segments=2, nsys=(10, 12), nsys_ranks=(0, 4))
+    sub = submit.prepare("llama3_8b_pretrain_8gpu_h100_bf16", profile, preflight_only=True, caller_env={}, run=opts)
+    text = normalise(submit.dryrun(sub), sub)
+    assert text.count("#SBATCH --signal=TERM@300") == 2 and "--segment 2 --segments 2" in text
+    check("sbatch_nemo_run_llama3_8b_pretrain_8gpu_h100_bf16_local_segments.sh", text)
+    check("sbatch_plain_llama3_8b_pretrain_8gpu_h100_bf16_local_run_name.sh", normalise(sbatch.render(sub), sub))

@@ -443,3 +443,53 @@ def test_ep_overlap_value_8_is_an_error_where_tp_overlap_or_cp_needs_1_and_1_is_
     assert "must be 1" in cuda_errors(cp2, eight)[0]  # CP overlap needs one hardware queue whatever EP does
     tp_on = make_plan(B70, caller_env={})
     assert "must be 1" in cuda_errors(tp_on, build_ledger(tp_on, profile(env={PINNED: "8"}), caller_env={}))[0]
+
+
+# --- the path-based task: Bridge's run plugins unchanged, overrides through the run directory's JSON file --------
+
+
+def _chain_sub(tmp_path, sets="", **run):
+    from overlapkit.cluster import submit
+    from overlapkit.plan import runopts
+
+    prof = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
+    opts = runopts.RunOptions(**{"run_name": "p", **run})
+    return submit.prepare(B8, prof, sets=sets, preflight_only=True, caller_env={}, run=opts)
+
+
+def test_bridges_plugins_set_up_our_path_based_task_unchanged(tmp_path):
+    from overlapkit.cluster import submit
+
+    sub = _chain_sub(tmp_path, nsys=(10, 12), nsys_ranks=(0, 3))
+    executor = submit.slurm_executor(sub)
+    task = run.Script(path=submit.ENTRY, args=submit.entry_args(sub.plan, sub.run_dir, True, "full", 2),
+                      entrypoint="python")  # fmt: skip
+    for plugin in submit.plugins_for(sub):
+        plugin.setup(task, executor)
+    assert executor.signal == "TERM@300" and executor.get_launcher().nsys_profile
+    assert task.args[task.args.index("--segment") + 1] == "2"
+    assert "train.exit_signal_handler=True" in task.args and "profiling.profile_ranks=[0,3]" in task.args
+    assert executor.env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_a_blend_with_spaces_sent_through_set_arrives_intact_in_the_job(tmp_path):
+    """SET → overrides.json → launch/entry.py's rebuild, plus a plugin's command-line override on top."""
+    from launch import entry
+
+    blend = "dataset.blend='[[/data/my corpus/a_text_document, /data/b], [0.3, 0.7]]'"
+    sub = _chain_sub(tmp_path, sets=f"{blend} logger.wandb_exp_name='two words' "
+                                    "tokenizer.hf_tokenizer_kwargs='{use_fast: true, padding_side: left}'")  # fmt: skip
+    record = json.loads((sub.run_dir / "overrides.json").read_text())
+    assert record["set"][0] == ["dataset.blend", "[[/data/my corpus/a_text_document, /data/b], [0.3, 0.7]]"]
+    args = entry._args([*submit_args(sub), "train.exit_signal_handler=True"])
+    cfg = entry.rebuild(args).cfg
+    assert cfg.dataset.blend == [["/data/my corpus/a_text_document", "/data/b"], [0.3, 0.7]]
+    assert cfg.logger.wandb_exp_name == "two words" and cfg.train.exit_signal_handler is True
+    assert cfg.tokenizer.hf_tokenizer_kwargs == {"use_fast": True, "padding_side": "left"}
+    assert cfg.checkpoint.save == cfg.checkpoint.load == str(tmp_path / "jobs" / "checkpoints" / "p")
+
+
+def submit_args(sub):
+    from overlapkit.cluster import submit
+
+    return submit.entry_args(sub.plan, sub.run_dir, True, "full")

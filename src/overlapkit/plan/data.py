@@ -1,0 +1,224 @@
+"""The data spec (`DATA=<data.toml>`, written by `make prep-data`): Megatron indexed datasets, their weights or
+per-split blends, the split, the local Hugging Face tokenizer and the index cache, checked file by file before the
+Bridge import and applied with Bridge's own GPTDatasetConfig and TokenizerConfig.
+
+data.toml (relative paths are relative to the file):
+
+    tokenizer = "tokenizer"                # a local HF tokenizer directory (tokenizer.json)
+    split = "98,1,1"                       # train,valid,test weights of one blend
+    cache = "index-cache"                  # GPTDatasetConfig.path_to_cache: must be writable
+    [[blend]]                              # or [blend_per_split] train = [...] valid = [...] test = [...]
+    prefix = "corpus_text_document"        # <prefix>.bin and <prefix>.idx
+    weight = 1.0
+
+Every problem is one DataError line naming the fix. Nothing here writes a dataset file: prep-data uses modelopt's
+preprocessor (Megatron Core's IndexedDatasetBuilder); this module only reads the `.idx` header to check it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Megatron Core's .idx layout (megatron/core/datasets/indexed_dataset.py, _IndexReader): magic, <Q version 1,
+# <B dtype code, <Q sequence count, <Q document count, then int32 sequence lengths. Read, never written here.
+IDX_MAGIC = b"MMIDIDX\x00\x00"
+# DType codes of that file (indexed_dataset.DType) → (name, largest token id it can hold).
+DTYPES = {1: ("uint8", 255), 2: ("int8", 127), 3: ("int16", 32767), 4: ("int32", 2**31 - 1),
+          5: ("int64", 2**63 - 1), 6: ("float64", 2**53), 7: ("float32", 2**24), 8: ("uint16", 65535)}  # fmt: skip
+SPLITS = ("train", "valid", "test")
+KEYS = ("tokenizer", "split", "cache", "blend", "blend_per_split")
+
+
+class DataError(ValueError):
+    """One-line, user-facing."""
+
+
+@dataclass(frozen=True)
+class Prefix:
+    path: str  # absolute, without .bin/.idx
+    weight: float
+    tokens: int
+    documents: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    source: str
+    tokenizer: str
+    vocab: int  # the tokenizer's, added tokens included
+    cache: str
+    split: str | None
+    blend: tuple[Prefix, ...] = ()
+    per_split: dict = dataclasses.field(default_factory=dict)  # split → tuple[Prefix, ...]
+
+    @property
+    def prefixes(self) -> tuple[Prefix, ...]:
+        return self.blend or tuple(p for s in SPLITS for p in self.per_split.get(s, ()))
+
+    @property
+    def tokens(self) -> int:
+        return sum(p.tokens for p in self.prefixes)
+
+    def train_tokens(self) -> int:
+        """Tokens the training split draws from (the split's train share of one blend)."""
+        if self.per_split:
+            return sum(p.tokens for p in self.per_split.get("train", ()))
+        shares = [float(x) for x in (self.split or "1").replace("/", ",").split(",")]
+        return int(self.tokens * shares[0] / sum(shares))
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "tokenizer": self.tokenizer, "vocab": self.vocab, "cache": self.cache,
+                "split": self.split, "tokens": self.tokens,
+                "blend": [dataclasses.asdict(p) for p in self.blend] or None,
+                "blend_per_split": {s: [dataclasses.asdict(p) for p in ps] for s, ps in self.per_split.items()}
+                or None}  # fmt: skip
+
+
+def _fail(where: str, msg: str):
+    raise DataError(f"{where}: {msg}")
+
+
+def read_idx(prefix: str, where: str) -> tuple[int, int, str, int]:
+    """(tokens, documents, dtype name, largest id the dtype holds) from `<prefix>.idx`; checks `.bin` beside it."""
+    idx, binf = Path(prefix + ".idx"), Path(prefix + ".bin")
+    for f in (binf, idx):
+        if not f.is_file():
+            _fail(where, f"{f} is missing: run make prep-data (or fix the prefix; it names <prefix>.bin/.idx)")
+    with idx.open("rb") as fh:
+        head = fh.read(9 + 8 + 1 + 8 + 8)
+    if len(head) < 34 or head[:9] != IDX_MAGIC:
+        _fail(where, f"{idx} is not a Megatron index (bad header): rebuild it with make prep-data FORCE=1")
+    (version,), (code,) = struct.unpack("<Q", head[9:17]), struct.unpack("<B", head[17:18])
+    seqs, docs = struct.unpack("<Q", head[18:26])[0], struct.unpack("<Q", head[26:34])[0]
+    if version != 1 or code not in DTYPES:
+        _fail(where, f"{idx}: index version {version}, dtype code {code} unknown: rebuild it with make prep-data")
+    if idx.stat().st_size < 34 + 4 * seqs + 8 * seqs + 8 * docs:
+        _fail(where, f"{idx} is truncated (an interrupted write?): rebuild it with make prep-data FORCE=1")
+    lengths = np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(seqs,)) if seqs else np.zeros(0)
+    name, largest = DTYPES[code]
+    tokens = int(lengths.sum(dtype=np.int64))
+    if binf.stat().st_size != tokens * np.dtype(name).itemsize:
+        _fail(where, f"{binf} holds {binf.stat().st_size} bytes, its index says {tokens} {name} tokens: rebuild it")
+    return tokens, max(docs - 1, 0), name, largest
+
+
+def tokenizer_vocab(path: Path, where: str) -> int:
+    """The vocabulary of a local HF tokenizer directory (added tokens included), read with `tokenizers`."""
+    if not (path / "tokenizer.json").is_file():
+        _fail(where, f"tokenizer {path} has no tokenizer.json: give a local Hugging Face tokenizer directory")
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    except Exception as exc:  # tokenizers raises its own Exception type on a malformed file
+        _fail(where, f"tokenizer {path}/tokenizer.json does not load ({str(exc).splitlines()[0]}): re-save it")
+
+
+def _prefixes(entries, base: Path, where: str, vocab: int) -> tuple[Prefix, ...]:
+    if not isinstance(entries, list) or not entries:
+        _fail(where, 'a blend is a list of tables: [[blend]] prefix = "..." weight = 1.0')
+    out = []
+    for e in entries:
+        if not isinstance(e, dict) or set(e) - {"prefix", "weight"} or not isinstance(e.get("prefix"), str):
+            _fail(where, f'blend entry {e!r}: use prefix = "<path without .bin/.idx>" and weight = <number>')
+        w = e.get("weight", 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
+            _fail(where, f"weight {w!r} of {e['prefix']}: weights must be positive numbers")
+        prefix = str((base / e["prefix"]).resolve()).removesuffix(".bin").removesuffix(".idx")
+        tokens, docs, dtype, largest = read_idx(prefix, where)
+        if vocab - 1 > largest:
+            _fail(where, f"{prefix}.idx stores {dtype} tokens (ids ≤ {largest}) but the tokenizer has {vocab}: "
+                         "re-run make prep-data with this tokenizer")  # fmt: skip
+        out.append(Prefix(prefix, float(w), tokens, docs, dtype))
+    return tuple(out)
+
+
+def _cache(value, base: Path, where: str) -> str:
+    path = (base / value).resolve()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        _fail(where, f"index cache {path} is not writable (Megatron writes its sample indices there): set cache")
+    return str(path)
+
+
+def load(path: str | Path) -> DataSpec:
+    """Parse and check a data.toml (files, headers, dtype against the tokenizer, weights, cache)."""
+    src = Path(path).expanduser().resolve()
+    where = f"DATA={path}"
+    if not src.is_file():
+        _fail(where, "no such file: give the data.toml that make prep-data wrote (OUT/data.toml)")
+    try:
+        raw = tomllib.loads(src.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        _fail(where, f"invalid TOML: {' '.join(str(exc).split())}")
+    if unknown := sorted(set(raw) - set(KEYS)):
+        _fail(where, f"unknown key {unknown[0]!r}; valid: {', '.join(KEYS)}")
+    if ("blend" in raw) == ("blend_per_split" in raw):
+        _fail(where, "set exactly one of [[blend]] (with split) and [blend_per_split] (train/valid/test)")
+    if not isinstance(raw.get("tokenizer"), str):
+        _fail(where, 'tokenizer = "<local Hugging Face tokenizer directory>" is required')
+    base = src.parent
+    tok = (base / raw["tokenizer"]).resolve()
+    vocab = tokenizer_vocab(tok, where)
+    cache = _cache(raw.get("cache", "index-cache"), base, where)
+    if "blend" in raw:
+        split = raw.get("split", "98,1,1")
+        parts = str(split).split(",")
+        if (
+            len(parts) != 3
+            or not all(p.strip().replace(".", "", 1).isdigit() for p in parts)
+            or not sum(float(p) for p in parts)
+        ):
+            _fail(where, f'split = {split!r}: three non-negative numbers, e.g. "98,1,1"')
+        return DataSpec(str(src), str(tok), vocab, cache, str(split), blend=_prefixes(raw["blend"], base, where, vocab))
+    if "split" in raw:
+        _fail(where, "split applies to [[blend]] only; [blend_per_split] names each split's prefixes itself")
+    table = raw["blend_per_split"]
+    if not isinstance(table, dict) or set(table) - set(SPLITS) or "train" not in table:
+        _fail(where, "[blend_per_split] takes train (required), valid and test, each a list of {prefix, weight}")
+    per = {s: _prefixes(table[s], base, where, vocab) for s in SPLITS if s in table}
+    return DataSpec(str(src), str(tok), vocab, cache, None, per_split=per)
+
+
+def _blend(prefixes) -> tuple[list[str], list[float]]:
+    return [p.path for p in prefixes], [p.weight for p in prefixes]
+
+
+def apply(cfg, spec: DataSpec) -> None:
+    """Point `cfg` at the data: GPTDatasetConfig blend/split/path_to_cache, a HuggingFaceTokenizer TokenizerConfig."""
+    from megatron.bridge.training.tokenizers.config import TokenizerConfig
+
+    model_vocab = getattr(cfg.model, "vocab_size", None)
+    if model_vocab and spec.vocab > model_vocab:
+        raise DataError(f"DATA={spec.source}: tokenizer vocabulary {spec.vocab} > the model's {model_vocab}: "
+                        "use the model's tokenizer, or SET model.vocab_size")  # fmt: skip
+    per = [(_blend(spec.per_split[s]) if s in spec.per_split else None) for s in SPLITS] if spec.per_split else None
+    cfg.dataset = dataclasses.replace(
+        cfg.dataset, blend=_blend(spec.blend) if spec.blend else None, blend_per_split=per,
+        split=spec.split, path_to_cache=spec.cache,
+    )  # fmt: skip
+    cfg.tokenizer = TokenizerConfig(
+        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=spec.tokenizer,
+        make_vocab_size_divisible_by=cfg.tokenizer.make_vocab_size_divisible_by,
+    )  # fmt: skip
+
+
+def consumption(cfg, spec: DataSpec | None) -> dict:
+    """What the run reads: tokens consumed (iterations × GBS × sequence) against the train split's tokens."""
+    t = cfg.train
+    consumed = (t.train_iters or 0) * t.global_batch_size * cfg.model.seq_length
+    if spec is None:
+        return {"mock": True, "consumed_tokens": consumed}
+    train = spec.train_tokens()
+    return {"mock": False, "consumed_tokens": consumed, "train_tokens": train,
+            "epochs": round(consumed / train, 2) if train else None, **spec.to_dict()}  # fmt: skip

@@ -1,0 +1,251 @@
+"""What makes a benchmark a pretraining run: RUN_NAME (checkpoints and logs that outlive the job), SEGMENTS (a run
+longer than the time limit, as chained jobs), NSYS (an Nsight Systems window) and DATA (plan/data.py).
+
+Parsed before the Bridge import (one line per bad value), applied to the built config by `apply`, in the plan and
+again in the job (the options travel in the run directory's overrides.json), and audited by `findings`:
+
+- RUN_NAME=<name>: checkpoints save to and load from `<job_dir>/checkpoints/<name>`, TensorBoard in
+  `<job_dir>/tensorboard/<name>`, W&B project/entity from the profile with the run name (the key by name only, in the
+  profile's secrets). Without it the run is a benchmark: no checkpoints (Bridge's default,
+  `$CWD/nemo_experiments/default`, is inside a job's packaged code directory and lost with it).
+- SEGMENTS=<N>: each segment is sent SIGTERM before its time limit (Bridge's PreemptionPlugin: `--signal=TERM@<s>`)
+  with `train.exit_signal_handler` on, and `train.exit_duration_in_mins` as the second guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_SEGMENTS = 100
+# Seconds before the time limit at which Slurm sends SIGTERM: Bridge's handler saves a checkpoint at the end of the
+# current iteration and exits. Five minutes covers one step plus a distributed save of a 405B model on a parallel
+# filesystem; Bridge's own default (60 s) is too short for that.
+PREEMPT_S = 300
+# exit_duration_in_mins stops training (with a save) this long before the limit: the second guard when a signal is
+# lost (srun not forwarding it, a data-loader hang at that moment). It must fire before the signal would.
+GUARD_MIN = 15
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    run_name: str = ""
+    segments: int = 1
+    nsys: tuple[int, int] | None = None  # profile_step_start, profile_step_end
+    nsys_ranks: tuple[int, ...] = (0,)
+    data: dict | None = None  # plan.data.DataSpec.to_dict(), re-checked where it is applied
+    job_dir: str = ""  # the profile's shared job directory (checkpoints live under it)
+    time_limit_min: int | None = None  # per segment
+    wandb: dict | None = None  # {"project", "entity"} from the profile
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        return str(Path(self.job_dir) / "checkpoints" / self.run_name) if self.run_name and self.job_dir else None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> RunOptions:
+        d = dict(d or {})
+        if d.get("nsys"):
+            d["nsys"] = tuple(d["nsys"])
+        d["nsys_ranks"] = tuple(d.get("nsys_ranks") or (0,))
+        return cls(**d)
+
+
+def parse_run_name(text: str) -> str:
+    name = (text or "").strip()
+    if name and not _NAME.match(name):
+        raise ValueError(f"RUN_NAME={text!r}: letters, digits, '.', '_' or '-', up to 64, starting with a letter or "
+                         "digit (it names a directory)")  # fmt: skip
+    return name
+
+
+def parse_segments(text: str, run_name: str) -> int:
+    t = (text or "").strip()
+    if not t:
+        return 1
+    if not t.isdigit() or not 1 <= int(t) <= MAX_SEGMENTS:
+        raise ValueError(f"SEGMENTS={text!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
+    if int(t) > 1 and not run_name:
+        raise ValueError(f"SEGMENTS={t} needs RUN_NAME=<name>: later segments resume from its checkpoints")
+    return int(t)
+
+
+def parse_nsys(text: str, ranks: str) -> tuple[tuple[int, int] | None, tuple[int, ...]]:
+    t = (text or "").strip()
+    if not t:
+        if (ranks or "").strip():
+            raise ValueError("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
+        return None, (0,)
+    m = re.fullmatch(r"(\d+):(\d+)", t)
+    if not m or int(m.group(1)) >= int(m.group(2)):
+        raise ValueError(f"NSYS={text!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
+    parts = [p.strip() for p in (ranks or "0").split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise ValueError(f"NSYS_RANKS={ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
+    return (int(m.group(1)), int(m.group(2))), tuple(sorted({int(p) for p in parts}))
+
+
+def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptions:
+    """Everything typed, checked before the Bridge import (DATA's files and headers too)."""
+    from overlapkit.plan import data as data_spec
+
+    name = parse_run_name(run_name)
+    seg = parse_segments(segments, name)
+    window, ranks = parse_nsys(nsys, nsys_ranks)
+    spec = data_spec.load(data).to_dict() if (data or "").strip() else None
+    return RunOptions(run_name=name, segments=seg, nsys=window, nsys_ranks=ranks, data=spec)
+
+
+def for_profile(opts: RunOptions, profile, time_limit_min: int | None) -> RunOptions:
+    """The options bound to a cluster: its shared job directory, its time limit, its W&B project."""
+    wandb = {"project": profile.wandb_project, "entity": profile.wandb_entity} if profile.wandb_project else None
+    if opts.segments > 1 and time_limit_min is not None and time_limit_min <= GUARD_MIN + PREEMPT_S // 60:
+        raise ValueError(f"SEGMENTS needs a time limit above {GUARD_MIN + PREEMPT_S // 60} minutes (the save "
+                         f"window): {profile.source} has {time_limit_min}")  # fmt: skip
+    return dataclasses.replace(opts, job_dir=str(profile.job_path), time_limit_min=time_limit_min, wandb=wandb)
+
+
+def spec_of(opts: RunOptions):
+    """The DataSpec, re-read from its data.toml (in the job too: the files must be on the shared filesystem)."""
+    from overlapkit.plan import data as data_spec
+
+    return data_spec.load(opts.data["source"]) if opts.data else None
+
+
+def apply(cfg, opts: RunOptions) -> None:
+    """Bind the config to the run: checkpoints, logs, the exit guards, the Nsight window, the data. Called before
+    the user's SET, so an explicit SET still wins (and is audited)."""
+    from overlapkit.plan import data as data_spec
+
+    where = opts.checkpoint_dir  # None: a benchmark saves nothing (see the module docstring)
+    cfg.checkpoint.save = cfg.checkpoint.load = where
+    if where:
+        cfg.logger.tensorboard_dir = str(Path(opts.job_dir) / "tensorboard" / opts.run_name)
+        if opts.wandb:
+            cfg.logger.wandb_project, cfg.logger.wandb_entity = opts.wandb["project"], opts.wandb.get("entity")
+            cfg.logger.wandb_exp_name = opts.run_name
+            cfg.logger.wandb_save_dir = str(Path(opts.job_dir) / "wandb" / opts.run_name)
+        if opts.time_limit_min:
+            cfg.train.exit_signal_handler = True
+            cfg.train.exit_duration_in_mins = opts.time_limit_min - GUARD_MIN
+    if opts.nsys:
+        from megatron.bridge.training.config import ProfilingConfig
+
+        cfg.profiling = ProfilingConfig(use_nsys_profiler=True, profile_step_start=opts.nsys[0],
+                                        profile_step_end=opts.nsys[1], profile_ranks=list(opts.nsys_ranks))  # fmt: skip
+    if spec := spec_of(opts):
+        data_spec.apply(cfg, spec)
+
+
+def _under(path: str, root: str) -> bool:
+    return Path(path).resolve().is_relative_to(Path(root).resolve())
+
+
+def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
+    """(level, code, message) for the run's checkpoint, logging and data settings."""
+    ck, out = cfg.checkpoint, []
+    if opts.job_dir and ck.save and not _under(ck.save, opts.job_dir):
+        out.append(("error", "checkpoint_outside_job_dir", f"checkpoint.save={ck.save} is outside the profile's "
+                    f"shared job_dir {opts.job_dir}: it would be lost with the job; use RUN_NAME=<name>"))  # fmt: skip
+    if opts.segments > 1 and not (ck.save and ck.load == ck.save):
+        out.append(("error", "segments_without_checkpoints", "SEGMENTS>1 needs checkpoint.save = checkpoint.load "
+                    "(RUN_NAME sets both): a later segment would start from iteration 0"))  # fmt: skip
+    if (
+        ck.save
+        and ck.async_save
+        and ck.async_strategy == "nvrx"
+        and not importlib.util.find_spec("nvidia_resiliency_ext")
+    ):
+        out.append(("warning", "async_save_needs_nvrx", "checkpoint.async_save with async_strategy=nvrx needs "
+                    "nvidia-resiliency-ext, not importable here (the NeMo container ships it; Bridge falls back to "
+                    "mcore without it): SET checkpoint.async_strategy=mcore to be explicit"))  # fmt: skip
+    if ck.save and not ck.save_interval:
+        out.append(("warning", "no_save_interval", "checkpoint.save_interval is null: only the exit save; a crash "
+                    "loses the whole segment (SET checkpoint.save_interval=<iterations>)"))  # fmt: skip
+    if opts.wandb and "WANDB_API_KEY" not in getattr(profile, "secrets", ()):
+        out.append(("error", "wandb_key_not_secret", f"W&B project {opts.wandb['project']} set in the profile but "
+                    "WANDB_API_KEY is not in its secrets: add secrets = [\"WANDB_API_KEY\"]"))  # fmt: skip
+    if opts.data and (eps := _epochs(cfg, opts)) and eps > 1:
+        out.append(("warning", "data_epochs", f"the run reads {eps:.2f} epochs of the train split: more data, or "
+                    "fewer train.train_iters, if repeating it is not intended"))  # fmt: skip
+    return out
+
+
+def _epochs(cfg, opts: RunOptions) -> float | None:
+    from overlapkit.plan import data as data_spec
+
+    return data_spec.consumption(cfg, spec_of(opts)).get("epochs")
+
+
+def summary(plan, opts: RunOptions) -> dict:
+    """The plan's `run` key: checkpoint directory, save interval and what a crash can lose, segments, Nsight."""
+    cfg, ck = plan.cfg, plan.cfg.checkpoint
+    # The expected step time is the plan's throughput prediction (sizing/throughput.py), its one home.
+    step_s = plan.throughput.step_s if getattr(plan, "throughput", None) is not None else None
+    loss_min = round(step_s * ck.save_interval / 60, 1) if step_s and ck.save and ck.save_interval else None
+    return {
+        "run_name": opts.run_name or None, "checkpoint_dir": ck.save, "save_interval": ck.save_interval if ck.save
+        else None, "expected_step_s": round(step_s, 2) if step_s else None, "crash_loss_min": loss_min,
+        "tensorboard_dir": cfg.logger.tensorboard_dir if ck.save else None, "wandb": opts.wandb,
+        "train_iters": cfg.train.train_iters, "segments": opts.segments,
+        "signal": f"TERM@{PREEMPT_S}" if opts.run_name else None,
+        "exit_duration_in_mins": cfg.train.exit_duration_in_mins, "exit_signal_handler": cfg.train.exit_signal_handler,
+        "nsys": {"steps": list(opts.nsys), "ranks": list(opts.nsys_ranks)} if opts.nsys else None,
+    }  # fmt: skip
+
+
+def lines(d: dict) -> list[str]:
+    """The plan's data / checkpoint / segment lines (plain text; report.render_plan prints them)."""
+    data, run = d.get("data") or {"mock": True}, d.get("run") or {}
+    n = 0 if data["mock"] else len(data["blend"] or [p for ps in data["blend_per_split"].values() for p in ps])
+    out = ["data: mock (benchmark)"] if data["mock"] else [
+        f"data: {n} dataset prefix{'es' if n != 1 else ''}, "
+        f"{data['tokens']:,} tokens ({data['train_tokens']:,} in the train split); the run reads "
+        f"{data['consumed_tokens']:,} = {data['epochs']} epochs; tokenizer {data['tokenizer']}"]  # fmt: skip
+    for p in data.get("blend") or []:
+        out.append(f"  {p['path']}  weight {p['weight']:g}  {p['tokens']:,} tokens {p['dtype']}")
+    for split, ps in (data.get("blend_per_split") or {}).items():
+        out += [f"  {split}: {p['path']}  weight {p['weight']:g}  {p['tokens']:,} tokens {p['dtype']}" for p in ps]
+    if run.get("nsys"):
+        out.append(f"nsys: steps {run['nsys']['steps'][0]}-{run['nsys']['steps'][1]} on ranks {run['nsys']['ranks']}")
+    if not run.get("checkpoint_dir"):
+        out.append("checkpoints: off (benchmark); RUN_NAME=<name> saves to <job_dir>/checkpoints/<name> and resumes")
+        return out
+    gpu_h = run["crash_loss_min"] * d["layout"]["gpus"] / 60 if run["crash_loss_min"] else 0
+    loss = (f" ≈ {run['crash_loss_min']} min ({gpu_h:,.0f} GPU-hours) at the predicted step time "
+            f"{run['expected_step_s']} s" if gpu_h else " (no step-time prediction for this plan)")  # fmt: skip
+    out.append(f"checkpoints: {run['checkpoint_dir']} every {run['save_interval']} iterations; a crash loses up to "
+               f"{run['save_interval']} iterations{loss}")  # fmt: skip
+    out.append(f"tensorboard: {run['tensorboard_dir']}" + (f"; W&B project {run['wandb']['project']}"
+                                                           if run["wandb"] else ""))  # fmt: skip
+    if run["exit_duration_in_mins"]:
+        out.append(f"segments: {run['segments']} chained job(s) (afterany), SIGTERM {PREEMPT_S} s before each limit "
+                   f"({run['signal']}), exit_duration_in_mins {run['exit_duration_in_mins']}")  # fmt: skip
+    return out
+
+
+# Bridge's checkpoint tracker (megatron/bridge/training/checkpointing.py: TRACKER_PREFIX + train_state.pt), and the
+# Megatron-LM one it falls back to. Standard library only: launch/entry.py checks it before torch is imported.
+TRACKERS = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
+
+
+def checkpoint_state(directory: str | None) -> tuple[bool, int | None]:
+    """(a tracker exists, the last saved iteration): the highest iter_NNNNNNN directory whose train_state.pt is
+    written (Bridge writes it once the save is complete), else the legacy tracker's number."""
+    if not directory or not Path(directory).is_dir():
+        return False, None
+    d = Path(directory)
+    tracker = any((d / t).is_file() for t in TRACKERS)
+    done = [int(p.name[5:]) for p in d.glob("iter_*") if p.name[5:].isdigit() and (p / "train_state.pt").is_file()]
+    if done:
+        return tracker, max(done)
+    legacy = d / TRACKERS[1]
+    text = legacy.read_text().strip() if legacy.is_file() else ""
+    return tracker, int(text) if text.isdigit() else None

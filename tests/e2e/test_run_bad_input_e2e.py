@@ -1,0 +1,99 @@
+"""Bad DATA, RUN_NAME, SEGMENTS, NSYS and prep-data input as a user types it, through `make` in new processes: one
+line each naming the fix, no traceback, exit 2 (make's `Error 2`), answered before the Bridge import, and nothing
+written (no run directory, no prep-data output)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from overlapkit import stack
+from overlapkit.cluster.profiles import load_profile
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "plan"))
+from data_fixtures import build_dataset, corpus_docs, make_tokenizer, write_corpus, write_spec  # noqa: E402
+
+R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    tok = make_tokenizer(d / "tok", corpus_docs(100))
+    build_dataset(d / "good", [[5, 6, 7, 1]] * 10)
+    build_dataset(d / "small", [[5, 6, 7, 1]] * 10, dtype=np.uint8)
+    build_dataset(d / "nobin", [[5, 6, 1]])
+    (d / "nobin.bin").unlink()
+    build_dataset(d / "badhdr", [[5, 6, 1]])
+    (d / "badhdr.idx").write_bytes(b"GARBAGE!" + (d / "badhdr.idx").read_bytes()[8:])
+    specs = {
+        "missing_bin": write_spec(d / "missing_bin.toml", tok, [("nobin", 1)]),
+        "bad_header": write_spec(d / "bad_header.toml", tok, [("badhdr", 1)]),
+        "dtype": write_spec(d / "dtype.toml", tok, [("small", 1)]),
+        "weight": write_spec(d / "weight.toml", tok, [("good", -1)]),
+        "both": write_spec(d / "both.toml", tok, [("good", 1)], '[blend_per_split]\ntrain = [{prefix = "good"}]'),
+        "no_tokenizer": write_spec(d / "no_tokenizer.toml", d, [("good", 1)]),
+    }
+    cache = d / "cache.toml"
+    cache.write_text(write_spec(cache, tok, [("good", 1)]).read_text().replace('cache = "index-cache"',
+                                                                                'cache = "good.idx/c"'))  # fmt: skip
+    specs["cache"] = cache
+    (d / "broken.toml").write_text("tokenizer = [\n")
+    specs["toml"] = d / "broken.toml"
+    corpus = write_corpus(d / "in" / "c.jsonl", corpus_docs(5))
+    (d / "out").mkdir()
+    (d / "out" / "data.toml").write_text("# an earlier prep-data\n")
+    return {"d": d, "tok": tok, "corpus": corpus, **specs}
+
+
+BAD = [
+    ("plan", ["RUN_NAME=a b"], "RUN_NAME='a b': letters, digits"),
+    ("submit", ["RUN_NAME=../x"], "RUN_NAME='../x'"),
+    ("submit", ["SEGMENTS=3"], "SEGMENTS=3 needs RUN_NAME=<name>"),
+    ("submit", ["RUN_NAME=x", "SEGMENTS=0"], "SEGMENTS='0': a whole number of chained jobs from 1 to 100"),
+    ("submit", ["RUN_NAME=x", "SEGMENTS=two"], "SEGMENTS='two'"),
+    ("plan", ["RUN_NAME=x", "SEGMENTS=1000"], "SEGMENTS='1000'"),
+    ("sbatch", ["RUN_NAME=x", "SEGMENTS=2"], "SEGMENTS=2 is for make submit"),
+    ("plan", ["NSYS=12:10"], "NSYS='12:10': use <start>:<end> iterations with start < end"),
+    ("plan", ["NSYS=10"], "NSYS='10'"),
+    ("submit", ["NSYS=10:12", "NSYS_RANKS=a"], "NSYS_RANKS='a': comma-separated global ranks"),
+    ("plan", ["NSYS_RANKS=0"], "NSYS_RANKS= without NSYS"),
+    ("plan", ["DATA=/no/such/data.toml"], "no such file: give the data.toml that make prep-data wrote"),
+    ("plan", ["DATA={missing_bin}"], "nobin.bin is missing: run make prep-data"),
+    ("submit", ["DATA={bad_header}"], "is not a Megatron index (bad header)"),
+    ("plan", ["DATA={dtype}"], "stores uint8 tokens (ids ≤ 255) but the tokenizer has 320"),
+    ("plan", ["DATA={weight}"], "weights must be positive numbers"),
+    ("sbatch", ["DATA={both}"], "set exactly one of [[blend]] (with split) and [blend_per_split]"),
+    ("plan", ["DATA={cache}"], "is not writable (Megatron writes its sample indices there)"),
+    ("run-local", ["DATA={no_tokenizer}"], "has no tokenizer.json"),
+    ("plan", ["DATA={toml}"], "invalid TOML"),
+    ("prep-data", ["IN=/no/such.jsonl", "TOKENIZER={tok}", "OUT={d}/o1"], "IN=/no/such.jsonl: not a .jsonl"),
+    ("prep-data", ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/o2", "KEY=body"], "no key 'body' in line 1"),
+    ("prep-data", ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/out"], "data.toml exists: FORCE=1 overwrites it"),
+    ("prep-data", ["IN={corpus}", "TOKENIZER={d}", "OUT={d}/o3"], "has no tokenizer.json"),
+    ("prep-data", ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/o4", "WORKERS=0"], "WORKERS='0'"),
+]
+
+
+def written(d: Path) -> set[Path]:
+    roots = [stack.REPO_ROOT / "runs", load_profile("local").job_path / "runs", d]
+    return {p for r in roots if r.is_dir() for p in r.rglob("*")}
+
+
+@pytest.mark.parametrize(("target", "args", "needle"), BAD, ids=[f"{t}-{' '.join(a)}" for t, a, _ in BAD])
+def test_bad_run_input_is_one_line_and_writes_nothing(files, target, args, needle):
+    args = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
+    before = written(files["d"])
+    recipe = [] if target == "prep-data" else [f"RECIPE={R8}"]
+    out = subprocess.run(["make", target, *recipe, *args], cwd=stack.REPO_ROOT, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    ours = [line for line in out.stderr.splitlines() if not re.match(r"make(\[\d+\])?: \*\*\*", line)]
+    assert out.returncode == 2 and "Error 2" in out.stderr, out.stderr
+    assert len(ours) == 1 and ours[0].startswith("error: ") and needle in ours[0], ours
+    assert "Traceback" not in out.stdout + out.stderr
+    assert written(files["d"]) == before

@@ -1,0 +1,101 @@
+"""SEGMENTS on the real local Slurm: `make submit ... RUN_NAME= SEGMENTS=3 PREFLIGHT=1 DATA=` queues three real jobs
+chained with afterany (as Slurm itself shows), each script carries Bridge's PreemptionPlugin `--signal`, every rank
+of a segment plans the same checkpoint directory, a later segment without a checkpoint fails with its message, one
+that finds training finished exits 0, and `make cancel` ends the whole chain. Preflight-only: no GPUs here."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from overlapkit import stack
+from overlapkit.cluster import chain, slurm
+from overlapkit.cluster.profiles import load_profile
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "plan"))
+from data_fixtures import build_dataset, corpus_docs, make_tokenizer, write_spec  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
+JOBS = load_profile("local").job_path
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")  # /tmp: every fake node sees it, like a cluster's shared filesystem
+    tok = make_tokenizer(d / "tok", corpus_docs(100))
+    build_dataset(d / "corpus", [[5, 6, 7, 8, 1]] * 50)
+    return write_spec(d / "data.toml", tok, [("corpus", 1.0)])
+
+
+def submit(spec, name: str, segments: int = 3) -> tuple[Path, list[str]]:
+    out = subprocess.run(["make", "-s", "submit", f"RECIPE={R8}", "CLUSTER=local", f"DATA={spec}", f"RUN_NAME={name}",
+                          f"SEGMENTS={segments}", "PREFLIGHT=1"], cwd=stack.REPO_ROOT, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(
+        r"submitted jobs ([\d, ]+) \(each afterany the one before\) to local; run directory: (\S+)", out.stdout
+    )
+    assert m, out.stdout[-2000:]
+    return Path(m.group(2)), m.group(1).split(", ")
+
+
+def dependency(job: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    return re.search(r"Dependency=(\S+)", out).group(1)
+
+
+def make(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkpoint_fails(spec):
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    run_dir, ids = submit(spec, name)
+    assert len(ids) == 3
+    assert dependency(ids[2]).startswith(f"afterany:{ids[1]}")  # still queued behind segment 2: Slurm shows it
+    states = [slurm.wait_for(j, timeout=600).split()[0] for j in ids]
+    assert states == ["COMPLETED", "FAILED", "FAILED"]
+    info = json.loads((run_dir / "submission.json").read_text())
+    exp = Path(info["experiment_dir"])
+    for seg in (1, 2, 3):
+        assert "#SBATCH --signal=TERM@300" in (exp / f"train-seg{seg}_sbatch.sh").read_text()
+    ckdir = str(JOBS / "checkpoints" / name)
+    ranks = [json.loads(f.read_text()) for f in sorted((run_dir / "segment-1" / "preflight").glob("rank-*.json"))]
+    assert len(ranks) == 8 and {r["checkpoint_dir"] for r in ranks} == {ckdir}
+    rebuilt = json.loads((run_dir / "segment-1" / "preflight.json").read_text())["checkpoint"]
+    assert rebuilt == {"save": ckdir, "load": ckdir}
+    log = "".join(f.read_text() for f in (exp / "train-seg2").glob("log-*.out"))
+    assert f"error: segment 2/3: no checkpoint to resume from in {ckdir}" in log
+    status = make("status", f"RUN={run_dir}").stdout
+    assert f"segment 1/3: job {ids[0]} COMPLETED; preflight OK" in status
+    assert f"segment 2/3: job {ids[1]} FAILED" in status and "last checkpointed none yet" in status
+
+
+def test_segments_that_find_training_finished_exit_zero(spec):
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    ck = JOBS / "checkpoints" / name
+    (ck / "iter_1168251").mkdir(parents=True)  # the recipe's train_iters, saved: the run is over
+    (ck / "iter_1168251" / "train_state.pt").write_bytes(b"saved")
+    (ck / "latest_train_state.pt").write_bytes(b"tracker")
+    run_dir, ids = submit(spec, name, segments=2)
+    assert [slurm.wait_for(j, timeout=600).split()[0] for j in ids] == ["COMPLETED", "COMPLETED"]
+    exp = Path(json.loads((run_dir / "submission.json").read_text())["experiment_dir"])
+    assert "segment 2/2: training finished at iteration 1168251" in "".join(
+        f.read_text() for f in (exp / "train-seg2").glob("log-*.out"))  # fmt: skip
+    assert "last checkpointed iteration 1168251 of 1168251" in make("status", f"RUN={run_dir}").stdout
+
+
+def test_make_cancel_ends_the_whole_chain(spec):
+    run_dir, ids = submit(spec, f"e2e-{uuid.uuid4().hex[:8]}")
+    out = make("cancel", f"RUN={run_dir}")
+    assert out.returncode == 0, out.stderr
+    assert [slurm.wait_for(j, timeout=120).split()[0] for j in ids] == ["CANCELLED"] * 3
+    info = json.loads((run_dir / "submission.json").read_text())
+    assert all(line.endswith("CANCELLED") for line in chain.status_lines(run_dir, info)[:3])

@@ -1,0 +1,26 @@
+"""A chained run's status and cancel lines, on a real run directory and checkpoint layout (job states come from the
+real Slurm client: a job id it never issued reads as UNKNOWN, or, without Slurm, as UNKNOWN too)."""
+
+from __future__ import annotations
+
+import json
+
+from overlapkit.cluster import chain
+
+
+def test_status_lists_every_segment_and_the_last_checkpointed_iteration(tmp_path):
+    ck = tmp_path / "ck"
+    for step in (100, 200):
+        (ck / f"iter_{step:07d}").mkdir(parents=True)
+        (ck / f"iter_{step:07d}" / "train_state.pt").write_bytes(b"x")
+    (ck / "iter_0000300").mkdir()  # a save cut short: no train_state.pt, not counted
+    (ck / "latest_train_state.pt").write_bytes(b"x")
+    (tmp_path / "plan.json").write_text(json.dumps({"run": {"train_iters": 1000}}))
+    (tmp_path / "segment-1").mkdir()
+    (tmp_path / "segment-1" / "preflight.json").write_text(json.dumps({"ok": True}))
+    info = {"job_id": "999990", "job_ids": ["999990", "999991", "999992"], "checkpoint_dir": str(ck)}
+    lines = chain.status_lines(tmp_path, info)
+    assert lines[0].startswith("segment 1/3: job 999990 ") and lines[0].endswith("; preflight OK")
+    assert lines[2].startswith("segment 3/3: job 999992 ")
+    assert lines[3] == f"checkpoints: {ck}; last checkpointed iteration 200 of 1000"
+    assert chain.job_ids({"job_id": "7"}) == ["7"]  # a run submitted before chains

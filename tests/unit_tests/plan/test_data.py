@@ -1,0 +1,164 @@
+"""The data path on CPU with real parts: `make prep-data` (nvidia-modelopt's preprocessor) on a small corpus with a
+tokenizer trained offline, Megatron Core's IndexedDataset reading the result, Bridge's GPTDatasetConfig from the data
+spec feeding BlendedMegatronDatasetBuilder for train/valid/test, and a drawn sample decoding back to corpus text.
+Then every data-spec problem the audit names, each on a real file."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import subprocess
+
+import numpy as np
+import pytest
+from data_fixtures import build_dataset, corpus_docs, make_tokenizer, write_corpus, write_spec
+
+from overlapkit import stack
+from overlapkit.plan import data, dataprep, runopts
+from overlapkit.plan.build import make_plan
+from overlapkit.plan.runopts import RunOptions
+
+R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prep")
+    docs = corpus_docs()
+    tok = make_tokenizer(root / "tok", docs)
+    corpus = write_corpus(root / "in" / "corpus.jsonl", docs)
+    out = subprocess.run(["make", "-s", "prep-data", f"IN={corpus}", f"TOKENIZER={tok}", f"OUT={root / 'out'}"],
+                         cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return {"root": root, "docs": docs, "tok": tok, "corpus": corpus, "out": root / "out", "stdout": out.stdout}
+
+
+def test_prep_data_writes_a_dataset_megatron_reads_and_a_spec(prepared):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    out = prepared["out"]
+    assert "Processed" in prepared["stdout"] and "wrote 1 dataset(s)" in prepared["stdout"]  # progress, result
+    assert sorted(p.name for p in out.iterdir()) == ["corpus_text.bin", "corpus_text.idx", "data.toml"]
+    ds = IndexedDataset(str(out / "corpus_text"))
+    assert len(ds) == len(prepared["docs"])
+    spec = data.load(out / "data.toml")
+    assert spec.tokens == int(ds.sequence_lengths.sum()) and spec.blend[0].dtype == "uint16"
+    assert spec.vocab == 320 and spec.tokenizer == str(prepared["tok"].resolve())
+
+
+def test_the_spec_builds_train_valid_test_with_bridge_and_a_sample_decodes_to_corpus_text(prepared):
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    spec = data.load(prepared["out"] / "data.toml")
+    plan = make_plan(R8, run=RunOptions(data=spec.to_dict()))
+    cfg = plan.cfg
+    assert cfg.dataset.blend == ([str(prepared["out"] / "corpus_text")], [1.0])
+    assert cfg.tokenizer.tokenizer_type == "HuggingFaceTokenizer" and cfg.tokenizer.tokenizer_model == spec.tokenizer
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    ds_cfg = dataclasses.replace(cfg.dataset, seq_length=32, split="80,10,10")  # a short sequence for a tiny corpus
+    ds_cfg.tokenizer = tokenizer
+    ds_cfg.finalize()
+    train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, [16, 4, 4], lambda: True, ds_cfg).build()
+    assert len(train) >= 16 and len(valid) >= 4 and len(test) >= 4
+    text = tokenizer.detokenize(train[3]["tokens"].tolist())
+    pieces = [p.strip() for p in text.split("<eos>") if p.strip()]
+    whole = "\n".join(prepared["docs"])
+    assert pieces and all(p in whole for p in pieces), pieces  # each piece is corpus text, across document breaks
+    assert any(p in prepared["docs"] for p in pieces[1:-1]) or len(pieces) <= 2
+
+
+def test_prep_data_refuses_to_overwrite_without_force(prepared):
+    args = (str(prepared["corpus"]), str(prepared["tok"]), str(prepared["out"]), "text", "1")
+    with pytest.raises(dataprep.PrepError, match="data.toml exists: FORCE=1 overwrites it"):
+        dataprep.check(*args, force=False)
+    assert dataprep.check(*args, force=True)[1] == prepared["out"]
+
+
+def test_an_interrupted_prep_leaves_nothing_that_looks_complete(prepared, tmp_path):
+    docs = prepared["docs"]
+    write_corpus(tmp_path / "in" / "a.jsonl", docs[:50])
+    write_corpus(tmp_path / "in" / "b.jsonl", docs[50:100])
+    calls = []
+
+    def log(msg):  # the second file's progress line: Ctrl-C after the first file was really tokenized
+        calls.append(msg)
+        if msg.startswith("[2/2]"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dataprep.prep(str(tmp_path / "in"), str(prepared["tok"]), str(tmp_path / "out"), log=log)
+    assert calls[0].startswith("[1/2] a.jsonl") and list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing_bin", "corpus.bin is missing: run make prep-data"),
+        ("bad_header", "is not a Megatron index (bad header)"),
+        ("truncated_bin", "its index says"),
+        ("dtype_too_small", "stores uint8 tokens (ids ≤ 255) but the tokenizer has 320"),
+        ("zero_weight", "weights must be positive numbers"),
+        ("text_weight", "weights must be positive numbers"),
+        ("both_blends", "set exactly one of [[blend]]"),
+        ("unwritable_cache", "is not writable"),
+        ("bad_split", "three non-negative numbers"),
+        ("unknown_key", "unknown key 'blends'"),
+        ("no_tokenizer", "has no tokenizer.json"),
+        ("bad_toml", "invalid TOML"),
+    ],
+)
+def test_each_data_spec_problem_is_one_line_naming_the_fix(prepared, tmp_path, case, message):
+    d, tok = tmp_path, prepared["tok"]
+    ids = [[5, 6, 7, 1], [8, 9, 1]]
+    prefix = build_dataset(d / "corpus", ids, dtype=np.uint8 if case == "dtype_too_small" else None)
+    entries, extra = [("corpus", 1.0)], ""
+    if case == "missing_bin":
+        (d / "corpus.bin").unlink()
+    elif case == "bad_header":
+        (d / "corpus.idx").write_bytes(b"NOTANIDX" + (d / "corpus.idx").read_bytes()[8:])
+    elif case == "truncated_bin":
+        (d / "corpus.bin").write_bytes((d / "corpus.bin").read_bytes()[:-2])
+    elif case in ("zero_weight", "text_weight"):
+        entries = [("corpus", 0 if case == "zero_weight" else '"x"')]
+    elif case == "both_blends":
+        extra = '[blend_per_split]\ntrain = [{prefix = "corpus", weight = 1}]'
+    elif case == "unwritable_cache":  # under a regular file: not creatable, even for root (who ignores modes)
+        extra = 'cache = "corpus.idx/cache"'
+    elif case == "bad_split":
+        extra = 'split = "90,10"'
+    elif case == "unknown_key":
+        extra = "blends = 1"
+    elif case == "no_tokenizer":
+        tok = d
+    spec = write_spec(d / "data.toml", tok, entries, extra)
+    text = spec.read_text()
+    if case in ("unwritable_cache", "bad_split"):  # replace the default line instead of repeating the key
+        key = extra.split(" =")[0]
+        text = "\n".join(line for line in text.splitlines() if not line.startswith(f"{key} =") or line == extra)
+    if case == "bad_toml":
+        text += "tokenizer = [unclosed\n"
+    spec.write_text(text + "\n")
+    assert prefix.with_suffix(".idx").exists()
+    with pytest.raises(data.DataError) as err:
+        data.load(spec)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_and_few_tokens_warn_with_epochs(prepared):
+    spec = data.load(prepared["out"] / "data.toml")
+    cfg = copy.deepcopy(make_plan(R8).cfg)
+    cfg.model.vocab_size = 100
+    with pytest.raises(data.DataError, match="tokenizer vocabulary 320 > the model's 100"):
+        data.apply(cfg, spec)
+    plan = make_plan(R8, run=RunOptions(data=spec.to_dict()), sets="train.train_iters=10")
+    warn = [f for f in plan.report.warnings if f.code == "data_epochs"]
+    d = plan.to_dict()["data"]
+    assert d["consumed_tokens"] == 10 * 128 * 8192 and d["epochs"] == round(d["consumed_tokens"] / d["train_tokens"], 2)
+    assert warn and f"{d['epochs']:.2f} epochs" in warn[0].message
+
+
+def test_mock_stays_the_default_and_the_plan_says_so():
+    d = make_plan(R8).to_dict()
+    assert d["data"]["mock"] is True and "data: mock (benchmark)" in runopts.lines(d)
