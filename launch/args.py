@@ -11,3 +11,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         print(f"error: {message} (--help lists the options)", file=sys.stderr)
         sys.exit(2)
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The run options every entry that builds a run takes (make plan, submit, sbatch, run-local): RUN_NAME,
+    SEGMENTS, NSYS, NSYS_RANKS, DATA; overlapkit.plan.runopts.parse checks them."""
+    p.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>; resume from them")
+    p.add_argument("--segments", default="", help="N chained jobs (afterany), each resuming from the last")
+    p.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
+    p.add_argument("--nsys-ranks", default="", help="ranks Nsight profiles (default 0)")
+    p.add_argument("--data", default="", help="a data.toml (make prep-data); default: mock data")

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from launch.args import Parser
+from launch.args import Parser, add_run_options
 from overlapkit import stack
 
 ROOT = stack.REPO_ROOT
@@ -24,11 +24,7 @@ def _args(argv):
     p.add_argument("--runs", default=str(ROOT / "runs"), help="where run directories go")
     p.add_argument("--list", action="store_true", help="list every recipe")
     p.add_argument("--cluster", default="local", help="profile whose job_dir holds RUN_NAME's checkpoints")
-    p.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>")
-    p.add_argument("--segments", default="", help="N chained jobs (make submit)")
-    p.add_argument("--nsys", default="", help="<start>:<end> iterations under Nsight Systems")
-    p.add_argument("--nsys-ranks", default="", help="ranks Nsight profiles (default 0)")
-    p.add_argument("--data", default="", help="a data.toml from make prep-data (default: mock data)")
+    add_run_options(p)
     return p.parse_args(argv)
 
 

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import sys
 
-from launch.args import Parser
+from launch.args import Parser, add_run_options
 from launch.plan import check_request
 from overlapkit import stack
 from overlapkit.cluster import chain, sbatch, slurm, submit
@@ -29,11 +29,7 @@ def _args(argv):
     ap.add_argument("--dryrun", default="", help="non-empty: print sbatch script, plan and ledger; submit nothing")
     ap.add_argument("--preflight", default="", help="1: stop after the in-job preflight; env: also skip the re-audit")
     ap.add_argument("--run", default="", help="run directory for status/logs/cancel (default: the latest)")
-    ap.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>; resume from them")
-    ap.add_argument("--segments", default="", help="N chained jobs (afterany), each resuming from the last")
-    ap.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
-    ap.add_argument("--nsys-ranks", default="", help="ranks Nsight profiles (default 0)")
-    ap.add_argument("--data", default="", help="a data.toml (make prep-data); default: mock data")
+    add_run_options(ap)
     ap.add_argument("--wait", action="store_true", help="submit: wait for the job to finish; exit 1 unless COMPLETED")
     return ap.parse_args(argv)
 
