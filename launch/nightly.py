@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from launch import plan_server
 from launch.args import Parser
 from overlapkit import stack
 from overlapkit.cluster.submit import Interrupted
@@ -141,8 +142,32 @@ def main(argv=None) -> int:
         return 128 + exc.signum
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> int:
+    """The command line, as `python -m launch.nightly` and the plan server's worker run it."""
     from overlapkit.cluster.submit import install_signal_handlers
 
     install_signal_handlers()  # a night's submissions end marked (failed or submitted), even if make is killed
-    sys.exit(main())
+    return main(argv)
+
+
+def precheck(argv) -> bool:
+    """Served: `submit` (the night: plans and submits every recipe) and `schedule` with RECIPES= (the names need the
+    registry), once the checks that need no Bridge pass; every other action needs no Bridge."""
+
+    def check():
+        from overlapkit.cluster.submit import preflight_mode
+
+        args = _args(argv)
+        preflight_mode(args.preflight)
+        profile = profile_of(args)
+        if args.action == "schedule" and args.recipes.strip():
+            begin.check_at(args.at)
+            schedule.check_partition(profile)
+        elif args.action != "submit":
+            raise ValueError(args.action)
+
+    return plan_server.quietly(check)
+
+
+if __name__ == "__main__":
+    sys.exit(plan_server.run("launch.nightly", sys.argv[1:], precheck, cli))

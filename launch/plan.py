@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from launch import plan_server
 from launch.args import Parser, add_run_options
 from overlapkit import stack
 
@@ -129,22 +130,22 @@ def main(argv=None) -> int:
     return 0 if plan.report.ok else 1
 
 
-def run(argv=None) -> int:
-    """The command line (`make plan`, `make recipes`): a request that passes check_request is planned by this
-    checkout's plan server when one answers (launch/plan_server.py: torch and Bridge stay loaded there, our code is
-    imported fresh for every plan); otherwise here, by main(), as always, while a server starts for the next one."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = _args(argv)
-    try:
+def precheck(argv) -> bool:
+    """The request passes every check made before the Bridge import (NODES, the recipe's name, SET, run options)."""
+
+    def check():
+        args = _args(argv)
         check_request(args.recipe, args.nodes, args.set, listing=args.list)
         run_options(args)
-    except (KeyError, ValueError):
-        return main(argv)  # bad input: main's one-line answer, before any import, server or no server
-    from launch import plan_server
 
-    code = plan_server.forward(argv)
-    return main(argv) if code is None else code
+    return plan_server.quietly(check)
+
+
+cli = main  # what the plan server's worker runs: the plain path, unchanged
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    # A good request is planned by this checkout's plan server when one answers (launch/plan_server.py: torch and
+    # Bridge stay loaded there, our code is imported fresh for every plan); otherwise here, as always, while a
+    # server starts for the next one. Bad input is answered here, before any import, server or no server.
+    sys.exit(plan_server.run("launch.plan", sys.argv[1:], precheck, main))

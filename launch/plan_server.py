@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import stack
+from overlapkit.plan.env import is_secret
 
 ROOT = stack.REPO_ROOT
 SWITCH = "OVERLAPKIT_PLAN_SERVER"  # 0/off/false/no: plan in this process, start nothing
@@ -72,6 +73,12 @@ IDLE_VAR = "OVERLAPKIT_PLAN_SERVER_IDLE"  # seconds without a request before it 
 SALT_VAR = "OVERLAPKIT_PLAN_SERVER_STAMP"  # test hook: mixed into the stamp, as a changed venv would be
 IDLE_S = 15 * 60
 OURS = ("overlapkit", "recipes", "launch")  # top-level packages whose modules every plan imports fresh
+# The commands served, by module: each pays the Bridge import on its plain path. The worker calls the module's
+# `cli(argv)`, exactly what its `python -m` entry calls; a request naming any other module is refused.
+SERVED = ("launch.plan", "launch.new_recipe", "launch.submit", "launch.nightly")
+# Imported by the probe after its plans: the submission stack (nemo_run, Bridge's run plugins) that served submit,
+# sbatch and nightly commands would otherwise import in every worker.
+SUBMITTING = ("nemo_run", "megatron.bridge.recipes.run_plugins", "launch.submit", "launch.nightly")
 # The files of ours that run in the server itself (before and around the import): an edit restarts it.
 SERVER_SOURCES = [
     *(ROOT / "src/overlapkit" / f for f in ("__init__.py", "stack.py", "te_stub.py")),
@@ -80,7 +87,10 @@ SERVER_SOURCES = [
 ]
 # Environment variables that packages read at import time (HF cache and offline mode, torch and CUDA settings,
 # sys.path, locale): a client whose values differ gets a new server rather than constants from another shell.
-ENV_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "CUDA", "NVTE_", "NCCL_",
+# NCCL_* is not among them: NCCL reads it when a communicator is created, in a job, never at import (and the worker
+# runs with the client's environment). Nor is a credential (HF_TOKEN, WANDB_API_KEY: `is_secret` below): read when
+# used, from the client's environment, and a token in one shell must not restart the server for every other.
+ENV_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "CUDA", "NVTE_",
                 "MEGATRON", "NEMO", "WANDB", "PYTHON", "OMP_", "MKL_", "LD_", "LC_", "LANG", "TRITON", "XDG_CACHE",
                 SALT_VAR)  # fmt: skip
 HEADER = struct.Struct("!I")
@@ -154,7 +164,7 @@ def stamp(environ, path=None, root: Path = ROOT) -> dict[str, str]:
         parts[str(p)] = repr(_file_id(p))
     parts.update({stack.repo_relative(p): str(_digest(p)) for p in SERVER_SOURCES})
     for key, value in environ.items():
-        if key.startswith(ENV_PREFIXES):
+        if key.startswith(ENV_PREFIXES) and not is_secret(key):
             parts[f"${key}"] = hashlib.sha1(value.encode(errors="replace")).hexdigest()[:16]
     return parts
 
@@ -186,8 +196,10 @@ def loaded_files() -> dict[str, tuple | None]:
 
 
 def disabled(environ=None) -> bool:
+    """Off by the switch, and always inside a Slurm job (a nightly's scheduler job runs `make nightly` on a compute
+    node: a daemon left there would outlive nothing useful, and the job's own import is what it measures)."""
     env = os.environ if environ is None else environ
-    return env.get(SWITCH, "1").strip().lower() in ("0", "off", "false", "no")
+    return env.get(SWITCH, "1").strip().lower() in ("0", "off", "false", "no") or "SLURM_JOB_ID" in env
 
 
 def note(text: str) -> None:
@@ -215,10 +227,19 @@ def _stream_spec(stream) -> tuple | None:
         return None
 
 
-def _request(argv, root: Path = ROOT) -> dict:
+def _request(argv, root: Path = ROOT, module: str = "launch.plan") -> dict:
     streams = [_stream_spec(s) for s in (sys.stdin, sys.stdout, sys.stderr)]
-    return {"op": "plan", "root": str(root), "stamp": stamp(os.environ, root=root), "argv": list(argv),
-            "argv0": sys.argv[0], "env": dict(os.environ), "cwd": os.getcwd(), "streams": streams}  # fmt: skip
+    return {
+        "op": "run",
+        "module": module,
+        "root": str(root),
+        "stamp": stamp(os.environ, root=root),
+        "argv": list(argv),
+        "argv0": sys.argv[0],
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "streams": streams,
+    }
 
 
 def _lines(sock: socket.socket):
@@ -261,38 +282,78 @@ def ask(paths: Paths, request: dict, fds=()) -> dict:
     return {"lost": f"worker {accepted}: {why}"} if accepted else {"none": why}
 
 
-def forward(argv) -> int | None:
-    """Plan `argv` in the server: its exit status, or None when this process must plan (no server yet, a stale one,
-    or none possible). Starts one in the background when none answers, so the next plan is fast."""
+# Commands whose work is safe to do again in the client when the server was lost mid-way (a plan writes a new run
+# directory); a submission or a fork is not: it may have happened, and its run directory says so.
+REPEATABLE = ("launch.plan",)
+
+
+def forward(argv, module: str = "launch.plan") -> int | None:
+    """Run `module`'s command in the server: its exit status, or None when this process must run it (no server yet,
+    a stale one, or none possible). Starts one in the background when none answers, so the next command is fast."""
     if disabled():
         return None
     try:
         paths = Paths.of().private()
     except (OSError, ValueError) as exc:
-        note(f"plan server off ({exc}); planning in this process")
+        note(f"plan server off ({exc}); running in this process")
         return None
     try:
-        request = _request(argv)
-    except OSError as exc:  # the working directory is gone, say: the plan here says what it makes of that
-        note(f"plan server not asked ({exc}); planning in this process")
+        request = _request(argv, module=module)
+    except OSError as exc:  # the working directory is gone, say: the command here says what it makes of that
+        note(f"plan server not asked ({exc}); running in this process")
         return None
     fds, opened = _std_fds()
+    watch_make()
     try:
         reply = ask(paths, request, fds)
     except KeyboardInterrupt:
-        return 130  # the server sees the closed connection and stops the plan
+        return 130  # the server sees the closed connection and stops the worker
     finally:
         for fd in opened:
             os.close(fd)
     if "rc" in reply:
         return reply["rc"]
     if "lost" in reply:
+        if module not in REPEATABLE:
+            note(
+                f"the plan server stopped during this command ({reply['lost']}; log: {paths.log}); not run again "
+                "here: see what it left (make status) and run it again"
+            )
+            return 1
         note(f"the plan server stopped during this plan ({reply['lost']}; log: {paths.log}); planning here")
     elif "refused" in reply:
-        note(f"the plan server refused this plan ({reply['refused']}); planning in this process")
+        note(f"the plan server refused this command ({reply['refused']}); running in this process")
         return None
     start(paths)
     return None
+
+
+def watch_make() -> None:
+    """A client is make's child: when make dies (even by kill -9) the client ends too (the default SIGTERM), the
+    server sees its connection close and stops the worker, whose handlers mark a submission failed."""
+    from overlapkit.cluster import submit
+
+    submit.watch_make()
+
+
+def run(module: str, argv, precheck, cli) -> int:
+    """A command line served where it can be: `precheck(argv)` is everything checked before the Bridge import (True:
+    the request is good and needs Bridge); bad input and commands that need no Bridge are answered by `cli` here."""
+    argv = list(argv)
+    if not precheck(argv):
+        return cli(argv)
+    code = forward(argv, module)
+    return cli(argv) if code is None else code
+
+
+def quietly(check) -> bool:
+    """True when `check()` passes; False on bad input (the plain path then says it, once, in one line)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            check()
+    except (SystemExit, KeyError, ValueError, OSError, RuntimeError):
+        return False
+    return True
 
 
 def start(paths: Paths) -> bool:
@@ -420,6 +481,8 @@ def probe_modules(close=(), timeout: float = 300) -> list[str]:
                 plan.main(["--list"])
                 first = importlib.import_module("overlapkit.plan.registry").names()[0]
                 plan.main([first, "--runs", runs])
+            for name in SUBMITTING:  # what a served submit, sbatch or nightly imports after planning
+                importlib.import_module(name)
             names = [n for n, m in list(sys.modules.items()) if _third_party(n, m)]
             os.write(w, json.dumps(names).encode())
             code = 0
@@ -604,6 +667,8 @@ class Server:
             return conn.close()
         if request.get("root") != str(ROOT):
             return self._refuse(conn, f"this server plans {ROOT}, not {request.get('root')}")
+        if request.get("module") not in SERVED:
+            return self._refuse(conn, f"{request.get('module')!r} is not a served command")
         if why := self.why_stale(request.get("stamp")):
             self.stop_listening(why)  # first: the client starts the next server, which waits for a stopping one
             self.reply(conn, stale=why)
@@ -694,7 +759,7 @@ def worker(request: dict, fds: list[int]) -> int:
     sys.argv = [request["argv0"], *request["argv"]]
     _fresh_ours()
     try:
-        code = importlib.import_module("launch.plan").main(request["argv"])
+        code = importlib.import_module(request["module"]).cli(request["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int | None):

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import sys
 
+from launch import plan_server
 from launch.args import Parser, add_run_options
 from launch.plan import check_request
 from overlapkit import stack
@@ -120,6 +121,21 @@ def do_run_dir_action(args) -> int:
     return 0
 
 
+def checked(args):
+    """Everything about a submit/sbatch/run-local request that needs no Bridge (under a second, not a minute): NODES,
+    the recipe's name, SET, the run options, PREFLIGHT, the profile and what its partition can never run."""
+    nodes = check_request(args.recipe, args.nodes, args.set, action=args.action)
+    args.opts = runopts.parse(args.run_name, args.segments, args.nsys, args.nsys_ranks, args.data)
+    if args.action != "submit" and args.opts.segments > 1:
+        raise ValueError(f"SEGMENTS={args.opts.segments} is for make submit (a chain of Slurm jobs)")
+    submit.preflight_mode(args.preflight)
+    profile = None if args.action == "run-local" else load_profile(args.cluster)
+    if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
+        if bad := slurm.request_problems(profile, nodes or 1, profile.time_limit):
+            raise ValueError(f"{bad[0]}; nothing submitted")
+    return nodes, profile
+
+
 def main(argv=None) -> int:
     args = _args(argv)
     from overlapkit.plan.report import console
@@ -129,15 +145,7 @@ def main(argv=None) -> int:
     try:
         if args.action in ("status", "logs", "cancel"):
             return do_run_dir_action(args)
-        nodes = check_request(args.recipe, args.nodes, args.set, action=args.action)  # before the 50-s import
-        args.opts = runopts.parse(args.run_name, args.segments, args.nsys, args.nsys_ranks, args.data)
-        if args.action != "submit" and args.opts.segments > 1:
-            raise ValueError(f"SEGMENTS={args.opts.segments} is for make submit (a chain of Slurm jobs)")
-        submit.preflight_mode(args.preflight)
-        profile = None if args.action == "run-local" else load_profile(args.cluster)
-        if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
-            if bad := slurm.request_problems(profile, nodes or 1, profile.time_limit):
-                raise ValueError(f"{bad[0]}; nothing submitted")
+        nodes, profile = checked(args)
         stack.import_bridge()
         return do_run_local(args, out) if args.action == "run-local" else do_submit(args, out, nodes, profile)
     except submit.AuditFailed as exc:
@@ -151,7 +159,25 @@ def main(argv=None) -> int:
         return 2
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> int:
+    """The command line, as `python -m launch.submit` and the plan server's worker run it."""
     os.environ.setdefault("NEMORUN_HOME", str(stack.REPO_ROOT / "runs" / "nemo_run"))
     submit.install_signal_handlers()  # the CLI only: an in-process caller keeps its own handlers
-    sys.exit(main())
+    return main(argv)
+
+
+def precheck(argv) -> bool:
+    """Served: submit and sbatch requests that pass `checked` (status/logs/cancel need no Bridge; run-local starts
+    torchrun on this node, which a server's worker must not parent)."""
+
+    def check():
+        args = _args(argv)
+        if args.action not in ("submit", "sbatch"):
+            raise ValueError(args.action)
+        checked(args)
+
+    return plan_server.quietly(check)
+
+
+if __name__ == "__main__":
+    sys.exit(plan_server.run("launch.submit", sys.argv[1:], precheck, cli))

@@ -70,11 +70,20 @@ def install_signal_handlers(parent_var: str = "OVERLAPKIT_MAKE_PID") -> None:
     child is not told: the Makefile passes make's pid in `parent_var` and a watcher sends us SIGTERM when it is gone."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
+    watch_make(parent_var)
+
+
+def watch_make(parent_var: str = "OVERLAPKIT_MAKE_PID") -> None:
+    """SIGTERM to this process once `make` (its pid in `parent_var`) is gone. Only make's own descendants watch it:
+    the variable is inherited by everything make starts, Slurm jobs included (sbatch exports the caller's
+    environment), and the plan server's workers, where that pid means nothing (their client watches instead)."""
     pid = os.environ.get(parent_var, "")
-    # Only make's own descendants watch it: the variable is inherited by everything make starts, Slurm jobs
-    # included (sbatch exports the caller's environment), where that pid means nothing.
-    if pid.isdigit() and _is_ancestor(int(pid)):
+    if pid.isdigit() and _is_ancestor(int(pid)) and not _WATCHING:
+        _WATCHING.append(int(pid))  # one watcher a process (a served client that then runs the command here)
         threading.Thread(target=_watch_parent, args=(int(pid),), daemon=True).start()
+
+
+_WATCHING: list[int] = []
 
 
 def _is_ancestor(pid: int) -> bool:
