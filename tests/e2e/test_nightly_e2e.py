@@ -10,7 +10,6 @@ import subprocess
 
 import pytest
 
-from overlapkit import stack
 from overlapkit.cluster import slurm
 from overlapkit.regress import night_report
 
@@ -23,15 +22,13 @@ def _times(job_id: str) -> tuple[dt.datetime, dt.datetime]:
     return dt.datetime.fromisoformat(start), dt.datetime.fromisoformat(end)
 
 
-def test_make_nightly_preflight_submits_the_suite_and_the_report_runs_last(tmp_path):
-    jobs = tmp_path / "jobs"
-    out = subprocess.run(["make", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={jobs}"], cwd=stack.REPO_ROOT,
-                         capture_output=True, text=True, timeout=900)  # fmt: skip
+def test_make_nightly_preflight_submits_the_suite_and_the_report_runs_last(preflight_night):
+    out, jobs = preflight_night  # `make nightly CLUSTER=local PREFLIGHT=1 JOB_DIR=...`, typed once (tests/conftest.py)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("skip llama31_405b") == 4 and "needs 32 nodes at DP=2" in out.stdout
     # the MoE shapes keep EP (regress/nightly): 235B and DeepSeek-V3 need more than the local 8 nodes
     assert out.stdout.count("skip qwen3_235b") == 2 and out.stdout.count("skip deepseek_v3") == 2
-    (night_dir,) = (jobs / "nightly").iterdir()
+    (night_dir,) = [d for d in (jobs / "nightly").iterdir() if d.is_dir()]  # beside it: history.jsonl, once reported
     night = json.loads((night_dir / "night.json").read_text())
     ids = [e["job_id"] for e in night["entries"] if e.get("job_id")]
     assert len(ids) == 10 and night["preflight_only"]  # 6 dense + Qwen3 30B-A3B and GPT-OSS, two dtypes each

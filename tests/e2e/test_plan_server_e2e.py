@@ -1,20 +1,23 @@
-"""The plan server (launch/plan_server.py) as `make plan` uses it, in new processes: every shipped recipe plans the
-same through it as in a fresh full-import process (JSON, and the text on a terminal), an edited recipe shows in the
-next plan, a changed stack stamp makes the client restart it, another checkout's request is refused, bad input
-never reaches it, and `make plan-server-stop` stops it.
+"""The plan server (launch/plan_server.py) as `make` uses it, in new processes: every shipped recipe plans the same
+through it as on the plain path (JSON, and the text on a terminal), and so do served sbatch, submit DRYRUN, nightly
+DRYRUN and new-recipe; an edited recipe shows in the next plan, a changed stack stamp makes the client restart it,
+another checkout's request is refused, bad input never reaches it, and `make plan-server-stop` stops it.
 
-One server (one ~50 s Bridge import) serves the module; it lives in a private socket directory, so a server you are
-using for this checkout is never touched, and it is stopped at the end. The fresh process imports alongside it.
+The server is the session's (tests/conftest.py: one Bridge import for every e2e `make`). The plain path's side is
+this pytest process, which imported Bridge itself as a plain `make plan` does: its JSON in-process, its terminal text
+in a child forked onto a pseudo-terminal.
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import os
 import pty
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -47,18 +50,6 @@ def _shipped() -> list[str]:
 SHIPPED = _shipped()
 TEXT_RECIPE = "llama3_70b_pretrain_64gpu_h100_bf16"
 COLS = 100  # not the 120 a pipe gets: the terminal's own width must reach rich through the passed descriptors
-FRESH = """
-import contextlib, io, json, sys
-from launch import plan
-out, runs, text_recipe, *names = sys.argv[1:]
-for name in names:
-    o, e = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-        rc = plan.main([name, "--format", "json", "--runs", runs])
-    with open(f"{out}/{name}.json", "w") as f:
-        json.dump({"rc": rc, "stdout": o.getvalue(), "stderr": e.getvalue()}, f)
-sys.exit(plan.main([text_recipe, "--runs", runs]))
-"""
 EDITED = """
 from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
 
@@ -105,11 +96,10 @@ class Terminal:
 
 
 class Server:
-    """This module's server: its private directory, the environment its clients run with, a client call."""
+    """The session's server: the environment its clients run with, a client call, a restart as a first plan would."""
 
-    def __init__(self, sockets: str):
-        self.env = {**os.environ, plan_server.DIR_VAR: sockets}
-        self.env.pop(plan_server.SWITCH, None)  # the suite turns the server off; these clients use it
+    def __init__(self, env: dict):
+        self.env = env
         self.paths = plan_server.Paths.of(environ=self.env)
 
     def spawn(self) -> None:
@@ -126,37 +116,53 @@ class Server:
         assert reply is not None, self.paths.log.read_text()
         return reply
 
-    def plan(self, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "launch.plan", *args], cwd=ROOT, env={**self.env, **(env or {})},
+    def run(self, module: str, *args: str, env: dict | None = None, timeout: float = 120):
+        return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env={**self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
-
-@pytest.fixture(scope="module")
-def server():
-    sockets = tempfile.mkdtemp(prefix="okps-", dir="/tmp")  # short: a Unix socket path has 107 bytes at most
-    srv = Server(sockets)
-    srv.spawn()
-    try:
-        yield srv
-    finally:
-        plan_server.stop(srv.paths)
-        left = plan_server.holder(srv.paths)
-        shutil.rmtree(sockets, ignore_errors=True)
-        assert left is None, f"plan server {left} still running"
+    def plan(self, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+        return self.run("launch.plan", *args, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def fresh():
-    """One fresh full-import process, server off, started alongside the server's import: every shipped recipe to
-    JSON files, then the text plan of TEXT_RECIPE on a terminal."""
-    out, runs = tempfile.mkdtemp(prefix="okps-o-"), tempfile.mkdtemp(prefix="okps-a-", dir="/tmp")
-    env = {**os.environ, plan_server.SWITCH: "0"}
-    term = Terminal([sys.executable, "-c", FRESH, out, runs, TEXT_RECIPE, *SHIPPED], env)
-    yield term, Path(out)
-    if term.proc.poll() is None:
-        term.proc.kill()
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(runs, ignore_errors=True)
+def server(served):
+    return Server(served)
+
+
+def plain_text_on_a_terminal(argv: list[str]) -> tuple[int, str]:
+    """`launch.plan.main(argv)` in a child of this process (Bridge imported by itself, as on the plain path) whose
+    standard streams are a terminal COLS wide, as a user's shell gives them."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, COLS, 0, 0))
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.setsid()
+            os.close(master)
+            for fd in (0, 1, 2):
+                os.dup2(slave, fd)
+            os.environ.update({"TERM": "xterm-256color", plan_server.SWITCH: "0"})
+            for name in ("COLUMNS", "NO_COLOR"):
+                os.environ.pop(name, None)
+            sys.stdin, sys.stdout, sys.stderr = (open(fd, mode, closefd=False) for fd, mode in enumerate("rww"))
+            code = importlib.import_module("launch.plan").main(argv)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(slave)
+    out = bytearray()
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child has closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out.decode()
 
 
 def normalised(stdout: str) -> dict:
@@ -170,28 +176,31 @@ def findings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(("error:", "warning:"))]
 
 
-def test_every_shipped_recipe_plans_the_same_through_the_server_as_in_a_fresh_process(server, fresh, tmp_path):
-    term, out = fresh
+def test_every_shipped_recipe_plans_the_same_through_the_server_as_on_the_plain_path(server, capsys):
     before = server.ready()
-    runs = tempfile.mkdtemp(prefix="okps-b-", dir="/tmp")  # as long as the fresh process's: same wrapping
+    runs = tempfile.mkdtemp(prefix="okps-b-", dir="/tmp")  # both sides' run directories: same length, same wrapping
     try:
         fast = {name: server.plan(name, "--format", "json", "--runs", runs) for name in SHIPPED}
         cmd = [sys.executable, "-m", "launch.plan", TEXT_RECIPE, "--runs", runs]
         text_rc, text = Terminal(cmd, server.env).wait(120)
+        plain = {}
+        for name in SHIPPED:
+            rc = importlib.import_module("launch.plan").main([name, "--format", "json", "--runs", runs])
+            plain[name] = (rc, *capsys.readouterr())
+        plain_rc, plain_text = plain_text_on_a_terminal([TEXT_RECIPE, "--runs", runs])
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     after = server.ready()
     assert after["pong"] == before["pong"] and after["served"] == before["served"] + len(SHIPPED) + 1  # all served
-    fresh_rc, fresh_text = term.wait(timeout=900)
     assert len(SHIPPED) >= 10
     for name in SHIPPED:
-        want = json.loads((out / f"{name}.json").read_text())
+        rc, out, err = plain[name]
         got = fast[name]
-        assert (got.returncode, findings(got.stderr)) == (want["rc"], findings(want["stderr"])), name
-        assert normalised(got.stdout) == normalised(want["stdout"]), name
+        assert (got.returncode, findings(got.stderr)) == (rc, findings(err)), name
+        assert normalised(got.stdout) == normalised(out), name
     run_line = re.compile(r"run directory: \S+")
-    assert text_rc == fresh_rc == 0
-    assert run_line.sub("run directory: <dir>", text) == run_line.sub("run directory: <dir>", fresh_text)
+    assert text_rc == plain_rc == 0
+    assert run_line.sub("run directory: <dir>", text) == run_line.sub("run directory: <dir>", plain_text)
     assert "\x1b[" in text and max(len(re.sub(r"\x1b\[[0-9;]*m", "", line)) for line in text.splitlines()) <= COLS
 
 
@@ -232,7 +241,7 @@ def test_bad_input_is_answered_without_a_server(tmp_path):
     sockets = tempfile.mkdtemp(prefix="okps-", dir="/tmp")
     try:
         env = {**os.environ, plan_server.DIR_VAR: sockets}
-        env.pop(plan_server.SWITCH)
+        env.pop(plan_server.SWITCH, None)
         t0 = time.monotonic()
         cmd = [sys.executable, "-m", "launch.plan", "llama3_8b_pretrain_8gpu_h100_bf16", "--nodes", "0"]
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
@@ -252,6 +261,69 @@ def test_the_stamp_reads_the_real_lock_file(tmp_path):
         "$HF_HOME, uv.lock", "uv.lock, $HF_HOME")  # fmt: skip
 
 
+def masked(text: str, *dirs: Path) -> str:
+    """Text with the given directories and run-directory time stamps replaced (the two sides write to their own)."""
+    for d in dirs:
+        text = text.replace(str(d), "<dir>")
+    text = re.sub(r"_\d{19}\b", "_<id>", text)  # nemo_run's experiment id: the time in nanoseconds
+    return re.sub(r"-\d{8}-\d{6}(\.\d+)?", "-<time>", text)
+
+
+R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
+# Each served command with the plain path's call of the same function in this process (module, argv, its job dir).
+SERVED_COMMANDS = {
+    "sbatch": ("launch.submit", ["sbatch", "--recipe", R8, "--cluster", "{profile}", "--preflight", "1"]),
+    "submit DRYRUN=1": ("launch.submit", ["submit", "--recipe", R8, "--cluster", "{profile}", "--dryrun", "1"]),
+    "nightly DRYRUN=1": ("launch.nightly", ["submit", "--cluster", "local", "--dryrun", "1", "--job-dir", "{jobs}",
+                                           "--max-nodes", "8"]),
+    "new-recipe": ("launch.new_recipe", ["--from", "llama3_70b_pretrain_64gpu_h100_bf16", "--name",
+                                        "llama3_34b_pretrain_32gpu_h100_bf16", "--layers", "48", "--ffn", "22016",
+                                        "--recipes-dir", "{jobs}"]),
+}  # fmt: skip
+
+
+def _side(tmp: Path, name: str) -> tuple[Path, Path]:
+    """A side's own job directory, and a profile of the same name on both sides that writes there."""
+    (tmp / name).mkdir()
+    jobs, profile = tmp / name / "jobs", tmp / name / "site.toml"
+    local = (ROOT / "slurm/profiles/local.toml").read_text()
+    profile.write_text(re.sub(r"(?m)^job_dir\s*=.*$", f'job_dir = "{jobs}"', local))
+    jobs.mkdir()
+    return jobs, profile
+
+
+@pytest.mark.parametrize("what", sorted(SERVED_COMMANDS))
+def test_served_commands_print_and_write_what_the_plain_path_does(server, what, tmp_path, capsys, monkeypatch):
+    module, template = SERVED_COMMANDS[what]
+    outputs, written = [], []
+    for side in ("plain", "serve"):  # names of one length: a path in a table wraps the same on both sides
+        jobs, profile = _side(tmp_path, side)
+        argv = [a.format(jobs=jobs, profile=profile) for a in template]
+        if side == "plain":  # the function the worker runs, here: its signal handlers put back after it
+            monkeypatch.delenv("OVERLAPKIT_MAKE_PID", raising=False)  # no watcher of make in pytest
+            handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+            try:
+                rc = importlib.import_module(module).cli(argv)
+            finally:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+                registry.unregister("llama3_34b_pretrain_32gpu_h100_bf16")  # a fork registers in this process too
+            out, err = capsys.readouterr()
+        else:
+            before = server.ready()["served"]
+            got = server.run(module, *argv)
+            rc, out, err = got.returncode, got.stdout, got.stderr
+            assert server.ready()["served"] == before + 1  # served, not planned by the client itself
+        outputs.append((rc, masked(out, jobs.parent), findings(err)))  # its parent: a table may cut a path short
+        # submission.json is left out: it records when and by which pid it was submitted
+        files = sorted(f for f in jobs.rglob("*") if f.suffix in (".sh", ".py", ".json", ".yaml"))
+        files = [f for f in files if f.is_file() and f.name != "submission.json"]
+        written.append({masked(str(f.relative_to(jobs))): masked(f.read_text(), jobs.parent) for f in files})
+    assert outputs[0][0] == 0 and outputs[0] == outputs[1]
+    assert written[0] == written[1] and (what.startswith(("nightly", "submit")) or written[0])
+
+
+@pytest.mark.stops_server
 def test_a_changed_stamp_makes_the_client_restart_the_server(server, tmp_path):
     old = server.ready()["pong"]
     client = subprocess.Popen([sys.executable, "-m", "launch.plan", "llama3_8b_pretrain_8gpu_h100_bf16", "--runs",
@@ -272,6 +344,7 @@ def test_a_changed_stamp_makes_the_client_restart_the_server(server, tmp_path):
     assert client.stderr.read() == ""  # a restart is silent
 
 
+@pytest.mark.stops_server
 def test_make_plan_server_stop_stops_it(server):
     if plan_server.holder(server.paths) is None:
         server.spawn()

@@ -116,13 +116,16 @@ def profile(tmp_path):
     return dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
 
 
-def test_70b_preflight_runs_64_tasks_across_8_nodes(profile):
-    sub = submit.prepare(R70, profile, preflight_only=True, checks="full", caller_env={})
-    info = submit.submit(sub)
-    assert wait(info["job_id"]) == "COMPLETED"
-    recs = check_ranks(sub.run_dir, world=64, nodes=8)
+def test_70b_preflight_runs_64_tasks_across_8_nodes(preflight_night):
+    _, jobs = preflight_night  # the shared night's 70B run: the recipe's own shape, 64 ranks, full re-audit
+    (night,) = [d for d in (jobs / "nightly").iterdir() if d.is_dir()]
+    entry = next(e for e in json.loads((night / "night.json").read_text())["entries"] if e["recipe"] == R70)
+    run_dir = Path(entry["run_dir"])
+    assert wait(entry["job_id"]) == "COMPLETED"
+    recs = check_ranks(run_dir, world=64, nodes=8)
     assert {r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] for r in recs} == {"1"}
-    assert json.loads((sub.run_dir / "preflight.json").read_text())["ok"]
+    summary = json.loads((run_dir / "preflight.json").read_text())
+    assert summary["ok"] and summary["checks"] == "full" and summary["reaudit_errors"] == []
 
 
 def test_missing_pmix_fails_the_job_and_slurm_says_failed(profile):
