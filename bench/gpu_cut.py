@@ -47,8 +47,11 @@ def child(key: str, side: str, iters: int) -> int:
     total = torch.cuda.mem_get_info()[1]
     est = gpucut.estimate(cfg, _gpu_kind(torch.cuda.get_device_name()), hbm_gb=total / 2**30)
     m = cfg.model
-    print(f"CUT {key} {side}: {m.num_layers} layers, hidden {m.hidden_size}, seq {m.seq_length}, "
-          f"GBS {cfg.train.global_batch_size}, {iters} iterations — {gpucut.LABEL}", flush=True)  # fmt: skip
+    print(
+        f"CUT {key} {side}: {m.num_layers} layers, hidden {m.hidden_size}, seq {m.seq_length}, "
+        f"GBS {cfg.train.global_batch_size}, {iters} iterations — {gpucut.LABEL}",
+        flush=True,
+    )
     print(f"CUT estimate: {est.summary()}", flush=True)
     if not est.fits:
         print(f"CUT-SKIP: needs {est.total_gb:.1f} GB, this card gives {est.budget_gb:.1f} GB", flush=True)
@@ -60,8 +63,19 @@ def child(key: str, side: str, iters: int) -> int:
 def run_side(key: str, side: str, iters: int, out: Path, timeout: float, gpu: str) -> dict:
     """Run one side in a fresh torchrun process; its log goes to out/<key>.<side>.log. Returns its result."""
     log = out / f"{key}.{side}.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-           str(Path(__file__).resolve()), "--child", key, side, "--iters", str(iters)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        str(Path(__file__).resolve()),
+        "--child",
+        key,
+        side,
+        "--iters",
+        str(iters),
+    ]
     t0 = time.monotonic()
     rc = run_logged(cmd, log, timeout)
     from overlapkit.regress import rules as regress
@@ -107,8 +121,15 @@ def classify(log: Path, side: str, rc, iters: int, wall_s: float, golden: dict |
     else:
         why = next(iter(parsed["events"]), None) or ("NaN loss" if parsed["summary"]["nan_iterations"] else None)
         status = f"failed ({why or f'rc {rc}'}, {n}/{iters} iterations)"
-    res = {"side": side, "status": status, "rc": rc, "wall_s": wall_s, "log": log.name,
-           "summary": parsed["summary"], "events": parsed["events"]}  # fmt: skip
+    res = {
+        "side": side,
+        "status": status,
+        "rc": rc,
+        "wall_s": wall_s,
+        "log": log.name,
+        "summary": parsed["summary"],
+        "events": parsed["events"],
+    }
     if status == "ok":
         v = regress.classify(parsed, "COMPLETED", golden)
         res["vs_golden"], res["golden_reasons"] = v.status, v.reasons
@@ -123,8 +144,11 @@ def table(results: dict[str, dict[str, dict]], header: str) -> str:
     """One row per cut: each side's TFLOP/s/GPU and steady step time, and ours ÷ Bridge."""
     from overlapkit.regress import gpucut
 
-    lines = [header, f"{'cut':<13} {'layers':>6} {'seq':>5} │ {'ours TFLOP/s':>12} {'Bridge TFLOP/s':>14} "
-             f"{'ratio':>6} │ {'ours ms':>8} {'Bridge ms':>9} │ {'ours loss':>9} │ status"]  # fmt: skip
+    lines = [
+        header,
+        f"{'cut':<13} {'layers':>6} {'seq':>5} │ {'ours TFLOP/s':>12} {'Bridge TFLOP/s':>14} "
+        f"{'ratio':>6} │ {'ours ms':>8} {'Bridge ms':>9} │ {'ours loss':>9} │ status",
+    ]
     for key, sides in results.items():
         cut = gpucut.CUTS[key]
         o, b = (sides.get(s, {}).get("summary", {}) for s in gpucut.SIDES)
@@ -133,10 +157,12 @@ def table(results: dict[str, dict[str, dict]], header: str) -> str:
         status = "; ".join(f"{s}: {r['status']}" for s, r in sides.items() if r["status"] != "ok") or "ok"
         if status == "ok":
             status = "ok · vs golden: " + ", ".join(f"{s} {r['vs_golden']}" for s, r in sides.items())
-        lines.append(f"{key:<13} {cut.layers:>6} {cut.seq:>5} │ {_fmt(o.get('tflops_per_gpu'), '12.1f')} "
-                     f"{_fmt(b.get('tflops_per_gpu'), '14.1f')} {_fmt(ratio, '6.2f')} │ "
-                     f"{_fmt(o.get('step_time_ms'), '8.1f')} {_fmt(b.get('step_time_ms'), '9.1f')} │ "
-                     f"{_fmt(o.get('last_loss'), '9.3f')} │ {status}")  # fmt: skip
+        lines.append(
+            f"{key:<13} {cut.layers:>6} {cut.seq:>5} │ {_fmt(o.get('tflops_per_gpu'), '12.1f')} "
+            f"{_fmt(b.get('tflops_per_gpu'), '14.1f')} {_fmt(ratio, '6.2f')} │ "
+            f"{_fmt(o.get('step_time_ms'), '8.1f')} {_fmt(b.get('step_time_ms'), '9.1f')} │ "
+            f"{_fmt(o.get('last_loss'), '9.3f')} │ {status}"
+        )
     return "\n".join(lines)
 
 
@@ -148,8 +174,9 @@ def list_cuts() -> int:
     stack.import_bridge()
     for key, cut in gpucut.CUTS.items():
         ours, bridge = (gpucut.build(key, s) for s in gpucut.SIDES)
-        fits = ", ".join(f"{g.upper()} {e.total_gb:.1f} GB {e.verdict}" for g in ("h100", "h200")
-                         if (e := gpucut.estimate(ours, g)))  # fmt: skip
+        fits = ", ".join(
+            f"{g.upper()} {e.total_gb:.1f} GB {e.verdict}" for g in ("h100", "h200") if (e := gpucut.estimate(ours, g))
+        )
         print(f"{key}: {cut.layers} layer{'s' * (cut.layers > 1)}, seq {cut.seq}, GBS {cut.gbs} — {fits}")
         print(f"  ours   = {cut.recipe}\n  Bridge = {cut.reference}" + (f"\n  note: {cut.note}" if cut.note else ""))
         for field, a, b in gpucut.differences(ours, bridge):
@@ -178,13 +205,18 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("error: no CUDA GPU here: run this on a GPU node (see docs/gpu_check.md); --list works on CPU",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "error: no CUDA GPU here: run this on a GPU node (see docs/gpu_check.md); --list works on CPU",
+            file=sys.stderr,
+        )
         return 2
     if importlib.util.find_spec("nvidia_resiliency_ext") is None:
-        print("error: Bridge's pretrain imports nvidia_resiliency_ext, which this venv leaves out (its wheels need "
-              "glibc >= 2.39): run in the NeMo container, or `uv pip install nvidia-resiliency-ext==0.6.0` where "
-              "glibc allows (docs/gpu_check.md)", file=sys.stderr)  # fmt: skip
+        print(
+            "error: Bridge's pretrain imports nvidia_resiliency_ext, which this venv leaves out (its wheels need "
+            "glibc >= 2.39): run in the NeMo container, or `uv pip install nvidia-resiliency-ext==0.6.0` where "
+            "glibc allows (docs/gpu_check.md)",
+            file=sys.stderr,
+        )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name()
@@ -207,8 +239,14 @@ def main(argv=None) -> int:
     text = table(results, header)
     print(text)
     (args.out / "results.txt").write_text(text + "\n")
-    doc = {"device": device, "gpu": _gpu_kind(device), "iters": args.iters, "label": gpucut.LABEL,
-           "versions": _versions(), "results": results}  # fmt: skip
+    doc = {
+        "device": device,
+        "gpu": _gpu_kind(device),
+        "iters": args.iters,
+        "label": gpucut.LABEL,
+        "versions": _versions(),
+        "results": results,
+    }
     (args.out / "results.json").write_text(logparse.to_json(doc))  # NaN/inf as strings: JSON has none
     sides = [r for s in results.values() for r in s.values()]
     ran = all(r["status"] == "ok" or r["status"].startswith("skipped") for r in sides)
