@@ -46,80 +46,100 @@ def bridge_assert_violations(cfg, rmodel, comm_user, rddp, te_version: str | Non
     `comm_user`: the CommOverlapConfig as written; `rmodel`/`rddp`: Bridge's resolved model/ddp (bf16 flags)."""
     m, out = cfg.model, []
     if comm_user is not None and comm_user.overlap_moe_expert_parallel_comm:
-        mods = [x for x in (m.recompute_modules or []) if x != "moe"]
-        checks = [
-            (
-                (m.expert_model_parallel_size or 1) > 1,
-                "ep_overlap_needs_ep",
-                "needs expert_model_parallel_size>1",
-                f"{EP_OVERLAP}=false",
-            ),
-            (
-                (m.num_moe_experts or 0) > 1,
-                "ep_overlap_needs_experts",
-                "needs num_moe_experts>1",
-                f"{EP_OVERLAP}=false",
-            ),
-            (
-                m.moe_token_dispatcher_type in ("alltoall", "flex"),
-                "ep_overlap_dispatcher",
-                f"needs the alltoall or flex dispatcher, not {m.moe_token_dispatcher_type!r}",
-                "model.moe_token_dispatcher_type=alltoall",
-            ),
-            (
-                bool(rmodel.bf16 or rmodel.fp16),
-                "ep_overlap_dtype",
-                "needs bf16 or fp16 params",
-                "mixed_precision.bf16=true",
-            ),
-            (
-                m.pipeline_model_parallel_size == 1 or m.virtual_pipeline_model_parallel_size is not None,
-                "ep_overlap_needs_vpp",
-                "with PP>1 needs a virtual pipeline (VPP)",
-                _vpp_fix(m),
-            ),
-            (
-                m.recompute_granularity != "full",
-                "ep_overlap_full_recompute",
-                "cannot run with full recompute",
-                "model.recompute_granularity=selective",
-            ),
-            (
-                m.recompute_method is None,
-                "ep_overlap_recompute_method",
-                "needs recompute_method unset",
-                "model.recompute_method=null",
-            ),
-            (
-                m.recompute_num_layers is None,
-                "ep_overlap_recompute_layers",
-                "needs recompute_num_layers unset",
-                "model.recompute_num_layers=null",
-            ),
-            (
-                "moe" not in (m.recompute_modules or []),
-                "ep_overlap_recompute_moe",
-                "cannot recompute the 'moe' module",
-                f"model.recompute_modules=[{','.join(mods)}]",
-            ),
-            (
-                not m.moe_shared_expert_overlap,
-                "ep_overlap_shared_expert",
-                "cannot run with shared-expert overlap",
-                "model.moe_shared_expert_overlap=false",
-            ),
-            (
-                m.mtp_num_layers in (None, 0, 1),
-                "ep_overlap_mtp",
-                "supports at most one MTP layer",
-                "model.mtp_num_layers=1",
-            ),
-        ]
+        checks = _ep_layout_checks(m, rmodel) + _ep_recompute_checks(m) + _ep_exclusive_checks(m)
         for ok, code, why, fix in checks:
             if not ok:
                 out.append((code, f"EP all-to-all overlap {why} (Bridge asserts at setup); set {fix}", fix))
     out += _delay_wgrad_violations(m, comm_user, rddp, te_version)
     return out
+
+
+# Bridge's EP overlap asserts in its order, in three groups; each check is (holds, code, why, SET fix).
+def _ep_layout_checks(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
+    """What the EP all-to-all overlap runs on: EP>1, several experts, a dispatcher that can overlap, 16-bit params,
+    and a virtual pipeline when PP>1."""
+    return [
+        (
+            (m.expert_model_parallel_size or 1) > 1,
+            "ep_overlap_needs_ep",
+            "needs expert_model_parallel_size>1",
+            f"{EP_OVERLAP}=false",
+        ),
+        (
+            (m.num_moe_experts or 0) > 1,
+            "ep_overlap_needs_experts",
+            "needs num_moe_experts>1",
+            f"{EP_OVERLAP}=false",
+        ),
+        (
+            m.moe_token_dispatcher_type in ("alltoall", "flex"),
+            "ep_overlap_dispatcher",
+            f"needs the alltoall or flex dispatcher, not {m.moe_token_dispatcher_type!r}",
+            "model.moe_token_dispatcher_type=alltoall",
+        ),
+        (
+            bool(rmodel.bf16 or rmodel.fp16),
+            "ep_overlap_dtype",
+            "needs bf16 or fp16 params",
+            "mixed_precision.bf16=true",
+        ),
+        (
+            m.pipeline_model_parallel_size == 1 or m.virtual_pipeline_model_parallel_size is not None,
+            "ep_overlap_needs_vpp",
+            "with PP>1 needs a virtual pipeline (VPP)",
+            _vpp_fix(m),
+        ),
+    ]
+
+
+def _ep_recompute_checks(m) -> list[tuple[bool, str, str, str | None]]:
+    """The recompute settings the EP overlap cannot run with: full recompute, a recompute method or layer count,
+    recomputing the 'moe' module."""
+    mods = [x for x in (m.recompute_modules or []) if x != "moe"]
+    return [
+        (
+            m.recompute_granularity != "full",
+            "ep_overlap_full_recompute",
+            "cannot run with full recompute",
+            "model.recompute_granularity=selective",
+        ),
+        (
+            m.recompute_method is None,
+            "ep_overlap_recompute_method",
+            "needs recompute_method unset",
+            "model.recompute_method=null",
+        ),
+        (
+            m.recompute_num_layers is None,
+            "ep_overlap_recompute_layers",
+            "needs recompute_num_layers unset",
+            "model.recompute_num_layers=null",
+        ),
+        (
+            "moe" not in (m.recompute_modules or []),
+            "ep_overlap_recompute_moe",
+            "cannot recompute the 'moe' module",
+            f"model.recompute_modules=[{','.join(mods)}]",
+        ),
+    ]
+
+
+def _ep_exclusive_checks(m) -> list[tuple[bool, str, str, str | None]]:
+    """The MoE features that cannot run beside the EP overlap: shared-expert overlap, more than one MTP layer."""
+    return [
+        (
+            not m.moe_shared_expert_overlap,
+            "ep_overlap_shared_expert",
+            "cannot run with shared-expert overlap",
+            "model.moe_shared_expert_overlap=false",
+        ),
+        (
+            m.mtp_num_layers in (None, 0, 1),
+            "ep_overlap_mtp",
+            "supports at most one MTP layer",
+            "model.mtp_num_layers=1",
+        ),
+    ]
 
 
 def _delay_wgrad_violations(m, comm_user, rddp, te_version) -> list[tuple[str, str, str]]:
