@@ -158,7 +158,12 @@ def _under(path: str, root: str) -> bool:
 
 def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
     """(level, code, message) for the run's checkpoint, logging and data settings."""
-    ck, out = cfg.checkpoint, []
+    return _checkpoint_findings(cfg.checkpoint, opts) + _logging_findings(opts, profile) + _data_findings(cfg, opts)
+
+
+def _checkpoint_findings(ck, opts: RunOptions) -> list[tuple[str, str, str]]:
+    """Where checkpoints go, whether segments can resume from them, how they are saved and how often."""
+    out = []
     if opts.job_dir and ck.save and not _under(ck.save, opts.job_dir):
         out.append(
             (
@@ -201,25 +206,35 @@ def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
                 "loses the whole segment (SET checkpoint.save_interval=<iterations>)",
             )
         )
-    if opts.wandb and "WANDB_API_KEY" not in getattr(profile, "secrets", ()):
-        out.append(
-            (
-                "error",
-                "wandb_key_not_secret",
-                f"W&B project {opts.wandb['project']} set in the profile but "
-                'WANDB_API_KEY is not in its secrets: add secrets = ["WANDB_API_KEY"]',
-            )
-        )
-    if opts.data and (eps := _epochs(cfg, opts)) and eps > 1:
-        out.append(
-            (
-                "warning",
-                "data_epochs",
-                f"the run reads {eps:.2f} epochs of the train split: more data, or "
-                "fewer train.train_iters, if repeating it is not intended",
-            )
-        )
     return out
+
+
+def _logging_findings(opts: RunOptions, profile) -> list[tuple[str, str, str]]:
+    """The profile's W&B logging: its key must come from the profile's secrets."""
+    if not opts.wandb or "WANDB_API_KEY" in getattr(profile, "secrets", ()):
+        return []
+    return [
+        (
+            "error",
+            "wandb_key_not_secret",
+            f"W&B project {opts.wandb['project']} set in the profile but "
+            'WANDB_API_KEY is not in its secrets: add secrets = ["WANDB_API_KEY"]',
+        )
+    ]
+
+
+def _data_findings(cfg, opts: RunOptions) -> list[tuple[str, str, str]]:
+    """The data spec against the run's length: epochs of the train split it reads."""
+    if not (opts.data and (eps := _epochs(cfg, opts)) and eps > 1):
+        return []
+    return [
+        (
+            "warning",
+            "data_epochs",
+            f"the run reads {eps:.2f} epochs of the train split: more data, or "
+            "fewer train.train_iters, if repeating it is not intended",
+        )
+    ]
 
 
 def _epochs(cfg, opts: RunOptions) -> float | None:
