@@ -184,8 +184,8 @@ def list_cuts() -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    from overlapkit.regress import gpucut, logparse
+def _args(argv):
+    from overlapkit.regress import gpucut
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=list(gpucut.CUTS), help="a cut (repeatable; default: all)")
@@ -195,7 +195,13 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the cuts and their estimates (no GPU needed)")
     ap.add_argument("--bless", type=Path, metavar="RUN_DIR", help="a reviewed run's ok sides -> goldens")
     ap.add_argument("--child", nargs=2, metavar=("CUT", "SIDE"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from overlapkit.regress import gpucut, logparse
+
+    args = _args(argv)
     if args.child:
         return child(*args.child, args.iters)
     if args.list:
@@ -204,38 +210,14 @@ def main(argv=None) -> int:
         return bless(args.bless)
     import torch
 
-    if not torch.cuda.is_available():
-        print(
-            "error: no CUDA GPU here: run this on a GPU node (see docs/gpu_check.md); --list works on CPU",
-            file=sys.stderr,
-        )
-        return 2
-    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
-        print(
-            "error: Bridge's pretrain imports nvidia_resiliency_ext, which this venv leaves out (its wheels need "
-            "glibc >= 2.39): run in the NeMo container, or `uv pip install nvidia-resiliency-ext==0.6.0` where "
-            "glibc allows (docs/gpu_check.md)",
-            file=sys.stderr,
-        )
+    if problem := _cannot_train(torch):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name()
     header = f"{gpucut.LABEL} · {device} · torch {torch.__version__} · {args.iters} iterations"
     print(header, flush=True)
-    t0, longest, results = time.monotonic(), 90.0, {}
-    for key in args.only or list(gpucut.CUTS):
-        results[key] = {}
-        for side in gpucut.SIDES:
-            left = args.budget_s - (time.monotonic() - t0)
-            if left < longest:
-                results[key][side] = {"side": side, "status": f"not run: {left:.0f} s of the time budget left"}
-                continue
-            res = results[key][side] = run_side(key, side, args.iters, args.out, left, _gpu_kind(device))
-            longest = max(longest, res["wall_s"]) if res["status"] == "ok" else longest
-            print(f"{key} {side}: {res['status']} in {res['wall_s']} s", flush=True)
-            if res["status"].startswith("skipped"):
-                results[key]["bridge"] = {**res, "side": "bridge"}  # the same cut: the same estimate
-                break
+    results = _run_cuts(args, _gpu_kind(device))
     text = table(results, header)
     print(text)
     (args.out / "results.txt").write_text(text + "\n")
@@ -251,6 +233,41 @@ def main(argv=None) -> int:
     sides = [r for s in results.values() for r in s.values()]
     ran = all(r["status"] == "ok" or r["status"].startswith("skipped") for r in sides)
     return 0 if ran and all(r.get("vs_golden", "pass") in ("pass", "no_golden") for r in sides) else 1
+
+
+def _cannot_train(torch) -> str | None:
+    """Why this machine cannot run a side (None: it can)."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU here: run this on a GPU node (see docs/gpu_check.md); --list works on CPU"
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        return (
+            "Bridge's pretrain imports nvidia_resiliency_ext, which this venv leaves out (its wheels need "
+            "glibc >= 2.39): run in the NeMo container, or `uv pip install nvidia-resiliency-ext==0.6.0` where "
+            "glibc allows (docs/gpu_check.md)"
+        )
+    return None
+
+
+def _run_cuts(args, gpu: str) -> dict[str, dict[str, dict]]:
+    """{cut: {side: result}}, the sides of each cut in turn, while the time budget leaves room for the longest side
+    so far; a side that does not fit this GPU stands for both (the same cut: the same estimate)."""
+    from overlapkit.regress import gpucut
+
+    t0, longest, results = time.monotonic(), 90.0, {}
+    for key in args.only or list(gpucut.CUTS):
+        results[key] = {}
+        for side in gpucut.SIDES:
+            left = args.budget_s - (time.monotonic() - t0)
+            if left < longest:
+                results[key][side] = {"side": side, "status": f"not run: {left:.0f} s of the time budget left"}
+                continue
+            res = results[key][side] = run_side(key, side, args.iters, args.out, left, gpu)
+            longest = max(longest, res["wall_s"]) if res["status"] == "ok" else longest
+            print(f"{key} {side}: {res['status']} in {res['wall_s']} s", flush=True)
+            if res["status"].startswith("skipped"):
+                results[key]["bridge"] = {**res, "side": "bridge"}  # the same cut: the same estimate
+                break
+    return results
 
 
 def _versions() -> dict[str, str]:
