@@ -47,8 +47,11 @@ def child(key: str, side: str, iters: int) -> int:
     total = torch.cuda.mem_get_info()[1]
     est = gpucut.estimate(cfg, _gpu_kind(torch.cuda.get_device_name()), hbm_gb=total / 2**30)
     m = cfg.model
-    print(f"CUT {key} {side}: {m.num_layers} layers, hidden {m.hidden_size}, seq {m.seq_length}, "
-          f"GBS {cfg.train.global_batch_size}, {iters} iterations — {gpucut.LABEL}", flush=True)  # fmt: skip
+    print(
+        f"CUT {key} {side}: {m.num_layers} layers, hidden {m.hidden_size}, seq {m.seq_length}, "
+        f"GBS {cfg.train.global_batch_size}, {iters} iterations — {gpucut.LABEL}",
+        flush=True,
+    )
     print(f"CUT estimate: {est.summary()}", flush=True)
     if not est.fits:
         print(f"CUT-SKIP: needs {est.total_gb:.1f} GB, this card gives {est.budget_gb:.1f} GB", flush=True)
@@ -60,8 +63,19 @@ def child(key: str, side: str, iters: int) -> int:
 def run_side(key: str, side: str, iters: int, out: Path, timeout: float, gpu: str) -> dict:
     """Run one side in a fresh torchrun process; its log goes to out/<key>.<side>.log. Returns its result."""
     log = out / f"{key}.{side}.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-           str(Path(__file__).resolve()), "--child", key, side, "--iters", str(iters)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        str(Path(__file__).resolve()),
+        "--child",
+        key,
+        side,
+        "--iters",
+        str(iters),
+    ]
     t0 = time.monotonic()
     rc = run_logged(cmd, log, timeout)
     from overlapkit.regress import rules as regress
@@ -107,8 +121,15 @@ def classify(log: Path, side: str, rc, iters: int, wall_s: float, golden: dict |
     else:
         why = next(iter(parsed["events"]), None) or ("NaN loss" if parsed["summary"]["nan_iterations"] else None)
         status = f"failed ({why or f'rc {rc}'}, {n}/{iters} iterations)"
-    res = {"side": side, "status": status, "rc": rc, "wall_s": wall_s, "log": log.name,
-           "summary": parsed["summary"], "events": parsed["events"]}  # fmt: skip
+    res = {
+        "side": side,
+        "status": status,
+        "rc": rc,
+        "wall_s": wall_s,
+        "log": log.name,
+        "summary": parsed["summary"],
+        "events": parsed["events"],
+    }
     if status == "ok":
         v = regress.classify(parsed, "COMPLETED", golden)
         res["vs_golden"], res["golden_reasons"] = v.status, v.reasons
@@ -123,8 +144,11 @@ def table(results: dict[str, dict[str, dict]], header: str) -> str:
     """One row per cut: each side's TFLOP/s/GPU and steady step time, and ours ÷ Bridge."""
     from overlapkit.regress import gpucut
 
-    lines = [header, f"{'cut':<13} {'layers':>6} {'seq':>5} │ {'ours TFLOP/s':>12} {'Bridge TFLOP/s':>14} "
-             f"{'ratio':>6} │ {'ours ms':>8} {'Bridge ms':>9} │ {'ours loss':>9} │ status"]  # fmt: skip
+    lines = [
+        header,
+        f"{'cut':<13} {'layers':>6} {'seq':>5} │ {'ours TFLOP/s':>12} {'Bridge TFLOP/s':>14} "
+        f"{'ratio':>6} │ {'ours ms':>8} {'Bridge ms':>9} │ {'ours loss':>9} │ status",
+    ]
     for key, sides in results.items():
         cut = gpucut.CUTS[key]
         o, b = (sides.get(s, {}).get("summary", {}) for s in gpucut.SIDES)
@@ -133,10 +157,12 @@ def table(results: dict[str, dict[str, dict]], header: str) -> str:
         status = "; ".join(f"{s}: {r['status']}" for s, r in sides.items() if r["status"] != "ok") or "ok"
         if status == "ok":
             status = "ok · vs golden: " + ", ".join(f"{s} {r['vs_golden']}" for s, r in sides.items())
-        lines.append(f"{key:<13} {cut.layers:>6} {cut.seq:>5} │ {_fmt(o.get('tflops_per_gpu'), '12.1f')} "
-                     f"{_fmt(b.get('tflops_per_gpu'), '14.1f')} {_fmt(ratio, '6.2f')} │ "
-                     f"{_fmt(o.get('step_time_ms'), '8.1f')} {_fmt(b.get('step_time_ms'), '9.1f')} │ "
-                     f"{_fmt(o.get('last_loss'), '9.3f')} │ {status}")  # fmt: skip
+        lines.append(
+            f"{key:<13} {cut.layers:>6} {cut.seq:>5} │ {_fmt(o.get('tflops_per_gpu'), '12.1f')} "
+            f"{_fmt(b.get('tflops_per_gpu'), '14.1f')} {_fmt(ratio, '6.2f')} │ "
+            f"{_fmt(o.get('step_time_ms'), '8.1f')} {_fmt(b.get('step_time_ms'), '9.1f')} │ "
+            f"{_fmt(o.get('last_loss'), '9.3f')} │ {status}"
+        )
     return "\n".join(lines)
 
 
@@ -148,8 +174,9 @@ def list_cuts() -> int:
     stack.import_bridge()
     for key, cut in gpucut.CUTS.items():
         ours, bridge = (gpucut.build(key, s) for s in gpucut.SIDES)
-        fits = ", ".join(f"{g.upper()} {e.total_gb:.1f} GB {e.verdict}" for g in ("h100", "h200")
-                         if (e := gpucut.estimate(ours, g)))  # fmt: skip
+        fits = ", ".join(
+            f"{g.upper()} {e.total_gb:.1f} GB {e.verdict}" for g in ("h100", "h200") if (e := gpucut.estimate(ours, g))
+        )
         print(f"{key}: {cut.layers} layer{'s' * (cut.layers > 1)}, seq {cut.seq}, GBS {cut.gbs} — {fits}")
         print(f"  ours   = {cut.recipe}\n  Bridge = {cut.reference}" + (f"\n  note: {cut.note}" if cut.note else ""))
         for field, a, b in gpucut.differences(ours, bridge):
@@ -157,8 +184,8 @@ def list_cuts() -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    from overlapkit.regress import gpucut, logparse
+def _args(argv):
+    from overlapkit.regress import gpucut
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=list(gpucut.CUTS), help="a cut (repeatable; default: all)")
@@ -168,7 +195,13 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the cuts and their estimates (no GPU needed)")
     ap.add_argument("--bless", type=Path, metavar="RUN_DIR", help="a reviewed run's ok sides -> goldens")
     ap.add_argument("--child", nargs=2, metavar=("CUT", "SIDE"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from overlapkit.regress import gpucut, logparse
+
+    args = _args(argv)
     if args.child:
         return child(*args.child, args.iters)
     if args.list:
@@ -177,19 +210,49 @@ def main(argv=None) -> int:
         return bless(args.bless)
     import torch
 
-    if not torch.cuda.is_available():
-        print("error: no CUDA GPU here: run this on a GPU node (see docs/gpu_check.md); --list works on CPU",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
-        print("error: Bridge's pretrain imports nvidia_resiliency_ext, which this venv leaves out (its wheels need "
-              "glibc >= 2.39): run in the NeMo container, or `uv pip install nvidia-resiliency-ext==0.6.0` where "
-              "glibc allows (docs/gpu_check.md)", file=sys.stderr)  # fmt: skip
+    if problem := _cannot_train(torch):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name()
     header = f"{gpucut.LABEL} · {device} · torch {torch.__version__} · {args.iters} iterations"
     print(header, flush=True)
+    results = _run_cuts(args, _gpu_kind(device))
+    text = table(results, header)
+    print(text)
+    (args.out / "results.txt").write_text(text + "\n")
+    doc = {
+        "device": device,
+        "gpu": _gpu_kind(device),
+        "iters": args.iters,
+        "label": gpucut.LABEL,
+        "versions": _versions(),
+        "results": results,
+    }
+    (args.out / "results.json").write_text(logparse.to_json(doc))  # NaN/inf as strings: JSON has none
+    sides = [r for s in results.values() for r in s.values()]
+    ran = all(r["status"] == "ok" or r["status"].startswith("skipped") for r in sides)
+    return 0 if ran and all(r.get("vs_golden", "pass") in ("pass", "no_golden") for r in sides) else 1
+
+
+def _cannot_train(torch) -> str | None:
+    """Why this machine cannot run a side (None: it can)."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU here: run this on a GPU node (see docs/gpu_check.md); --list works on CPU"
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        return (
+            "Bridge's pretrain imports nvidia_resiliency_ext, which this venv leaves out (its wheels need "
+            "glibc >= 2.39): run in the NeMo container, or `uv pip install nvidia-resiliency-ext==0.6.0` where "
+            "glibc allows (docs/gpu_check.md)"
+        )
+    return None
+
+
+def _run_cuts(args, gpu: str) -> dict[str, dict[str, dict]]:
+    """{cut: {side: result}}, the sides of each cut in turn, while the time budget leaves room for the longest side
+    so far; a side that does not fit this GPU stands for both (the same cut: the same estimate)."""
+    from overlapkit.regress import gpucut
+
     t0, longest, results = time.monotonic(), 90.0, {}
     for key in args.only or list(gpucut.CUTS):
         results[key] = {}
@@ -198,21 +261,13 @@ def main(argv=None) -> int:
             if left < longest:
                 results[key][side] = {"side": side, "status": f"not run: {left:.0f} s of the time budget left"}
                 continue
-            res = results[key][side] = run_side(key, side, args.iters, args.out, left, _gpu_kind(device))
+            res = results[key][side] = run_side(key, side, args.iters, args.out, left, gpu)
             longest = max(longest, res["wall_s"]) if res["status"] == "ok" else longest
             print(f"{key} {side}: {res['status']} in {res['wall_s']} s", flush=True)
             if res["status"].startswith("skipped"):
                 results[key]["bridge"] = {**res, "side": "bridge"}  # the same cut: the same estimate
                 break
-    text = table(results, header)
-    print(text)
-    (args.out / "results.txt").write_text(text + "\n")
-    doc = {"device": device, "gpu": _gpu_kind(device), "iters": args.iters, "label": gpucut.LABEL,
-           "versions": _versions(), "results": results}  # fmt: skip
-    (args.out / "results.json").write_text(logparse.to_json(doc))  # NaN/inf as strings: JSON has none
-    sides = [r for s in results.values() for r in s.values()]
-    ran = all(r["status"] == "ok" or r["status"].startswith("skipped") for r in sides)
-    return 0 if ran and all(r.get("vs_golden", "pass") in ("pass", "no_golden") for r in sides) else 1
+    return results
 
 
 def _versions() -> dict[str, str]:

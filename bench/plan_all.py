@@ -62,9 +62,11 @@ def report(times: dict, reps: int) -> None:
     print(f"{os.cpu_count()} CPUs, {reps} rounds, {RECIPE}")
     for key, label in LABELS.items():
         print(f"{label:<46} median {med[key]:5.1f} s  {[round(x, 1) for x in times[key]]}")
-    print(f"ratio second plan / import: {med['second'] / med['import']:.3f}   "
-          f"recipes / import: {med['recipes'] / med['import']:.3f}   "
-          f"first plan / plain path: {med['first'] / med['plain']:.2f}")  # fmt: skip
+    print(
+        f"ratio second plan / import: {med['second'] / med['import']:.3f}   "
+        f"recipes / import: {med['recipes'] / med['import']:.3f}   "
+        f"first plan / plain path: {med['first'] / med['plain']:.2f}"
+    )
 
 
 def main() -> None:

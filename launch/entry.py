@@ -114,9 +114,12 @@ def resume_guard(args, plan: dict) -> int | None:
     where = f"segment {args.segment}/{args.segments}"
     say = print if not _env_int("SLURM_PROCID", "RANK") else (lambda *a, **k: None)  # rank 0 speaks for all
     if args.segment > 1 and not found:
-        say(f"error: {where}: no checkpoint to resume from in {run.get('checkpoint_dir')} (no "
-              f"{' or '.join(runopts.TRACKERS)}): the previous segment saved none; refusing to start from iteration "
-              "0 (make status shows what each segment did)", file=sys.stderr)  # fmt: skip
+        say(
+            f"error: {where}: no checkpoint to resume from in {run.get('checkpoint_dir')} (no "
+            f"{' or '.join(runopts.TRACKERS)}): the previous segment saved none; refusing to start from iteration "
+            "0 (make status shows what each segment did)",
+            file=sys.stderr,
+        )
         return 1
     if step is not None and run.get("train_iters") and step >= run["train_iters"]:
         say(f"{where}: training finished at iteration {step} (train_iters {run['train_iters']}): nothing to run")

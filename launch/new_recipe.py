@@ -45,10 +45,16 @@ def main(argv=None) -> int:
     from overlapkit.plan.report import console, render_plan
 
     req = ForkRequest(
-        from_name=args.from_name, name=args.name, gpus=args.gpus, dtype=args.dtype, gbs=args.gbs, model=args.model,
-        shape={k: getattr(args, k) for k in SHAPE_FIELDS}, layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
+        from_name=args.from_name,
+        name=args.name,
+        gpus=args.gpus,
+        dtype=args.dtype,
+        gbs=args.gbs,
+        model=args.model,
+        shape={k: getattr(args, k) for k in SHAPE_FIELDS},
+        layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
         recipes_dir=Path(args.recipes_dir),
-    )  # fmt: skip
+    )
     try:
         res = fork(req)
     except ForkError as exc:

@@ -62,10 +62,16 @@ def do_submit(args) -> int:
     preflight_only, checks = preflight_mode(args.preflight)
     stack.import_bridge()
     req = nightly.NightRequest(
-        profile=profile_of(args), recipes=args.recipes.replace(",", " ").split(), iters=args.iters,
-        min_dp=args.min_dp, preflight_only=preflight_only, checks=checks, max_nodes=args.max_nodes,
-        goldens=args.goldens, dryrun=bool(args.dryrun),
-    )  # fmt: skip
+        profile=profile_of(args),
+        recipes=args.recipes.replace(",", " ").split(),
+        iters=args.iters,
+        min_dp=args.min_dp,
+        preflight_only=preflight_only,
+        checks=checks,
+        max_nodes=args.max_nodes,
+        goldens=args.goldens,
+        dryrun=bool(args.dryrun),
+    )
     nightly.submit_night(req, _say)
     return 0
 
@@ -95,9 +101,16 @@ def do_schedule(args) -> int:
     schedule.check_partition(profile)
     if names := args.recipes.replace(",", " ").split():
         schedule.check_recipes(names)
-    req = schedule.ScheduleRequest(profile=profile, at=at, cluster=args.cluster, job_dir=args.job_dir,
-                                   recipes=" ".join(names), preflight=args.preflight, iters=args.iters,
-                                   min_dp=args.min_dp)  # fmt: skip
+    req = schedule.ScheduleRequest(
+        profile=profile,
+        at=at,
+        cluster=args.cluster,
+        job_dir=args.job_dir,
+        recipes=" ".join(names),
+        preflight=args.preflight,
+        iters=args.iters,
+        min_dp=args.min_dp,
+    )
     sched, replaced = schedule.schedule(req)
     for line in schedule.scheduled_lines(sched, schedule.schedule_path(profile), replaced):
         print(line)
@@ -125,9 +138,15 @@ def do_unschedule(args) -> int:
     return 0
 
 
-ACTIONS = {"submit": do_submit, "report": do_report, "bless": do_bless, "schedule": do_schedule,
-           "schedule-run": do_schedule_run, "schedule-status": do_schedule_status,
-           "unschedule": do_unschedule}  # fmt: skip
+ACTIONS = {
+    "submit": do_submit,
+    "report": do_report,
+    "bless": do_bless,
+    "schedule": do_schedule,
+    "schedule-run": do_schedule_run,
+    "schedule-status": do_schedule_status,
+    "unschedule": do_unschedule,
+}
 
 
 def main(argv=None) -> int:

@@ -42,17 +42,26 @@ def list_recipes(con) -> int:
             broken.append(f"{name}: {exc}")
             continue
         lay = p.layout
-        rows.append({
-            "recipe": name, "model": lay["model"], "gpus": lay["gpus"], "dtype": lay["dtype"],
-            "layout": f"{lay['tp']}/{lay['pp']}/{lay['cp']}/{lay['vpp'] or '-'}/{lay.get('ep', 1)}/{lay['dp']}",
-            "batch": f"{lay['mbs']}/{lay['gbs']}", "seq": lay["seq"], "on": overlap_summary(p.report),
-            "tflops": f"{p.throughput.tflops_per_gpu:.0f}",
-            "audit": "OK" if p.report.ok else f"{len(p.report.errors)} errors",
-        })  # fmt: skip
+        rows.append(
+            {
+                "recipe": name,
+                "model": lay["model"],
+                "gpus": lay["gpus"],
+                "dtype": lay["dtype"],
+                "layout": f"{lay['tp']}/{lay['pp']}/{lay['cp']}/{lay['vpp'] or '-'}/{lay.get('ep', 1)}/{lay['dp']}",
+                "batch": f"{lay['mbs']}/{lay['gbs']}",
+                "seq": lay["seq"],
+                "on": overlap_summary(p.report),
+                "tflops": f"{p.throughput.tflops_per_gpu:.0f}",
+                "audit": "OK" if p.report.ok else f"{len(p.report.errors)} errors",
+            }
+        )
     con.print(recipes_table(rows))
-    con.print("overlaps: TP = tensor-parallel userbuffers, P2P = pipeline p2p, RS/AG = data-parallel grad "
-              "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather, "
-              "EP = expert-parallel all-to-all")  # fmt: skip
+    con.print(
+        "overlaps: TP = tensor-parallel userbuffers, P2P = pipeline p2p, RS/AG = data-parallel grad "
+        "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather, "
+        "EP = expert-parallel all-to-all"
+    )
     con.print("TFLOP/s* = predicted model TFLOP/s per GPU on H100 SXM (Bridge's FLOPs count; docs/throughput.md)")
     for line in broken:
         print(f"error: {line}", file=sys.stderr)

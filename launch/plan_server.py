@@ -90,9 +90,28 @@ SERVER_SOURCES = [
 # NCCL_* is not among them: NCCL reads it when a communicator is created, in a job, never at import (and the worker
 # runs with the client's environment). Nor is a credential (HF_TOKEN, WANDB_API_KEY: `is_secret` below): read when
 # used, from the client's environment, and a token in one shell must not restart the server for every other.
-ENV_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "CUDA", "NVTE_",
-                "MEGATRON", "NEMO", "WANDB", "PYTHON", "OMP_", "MKL_", "LD_", "LC_", "LANG", "TRITON", "XDG_CACHE",
-                SALT_VAR)  # fmt: skip
+ENV_PREFIXES = (
+    "HF_",
+    "HUGGINGFACE",
+    "TRANSFORMERS",
+    "TOKENIZERS",
+    "TORCH",
+    "PYTORCH",
+    "CUDA",
+    "NVTE_",
+    "MEGATRON",
+    "NEMO",
+    "WANDB",
+    "PYTHON",
+    "OMP_",
+    "MKL_",
+    "LD_",
+    "LC_",
+    "LANG",
+    "TRITON",
+    "XDG_CACHE",
+    SALT_VAR,
+)
 HEADER = struct.Struct("!I")
 
 
@@ -363,16 +382,25 @@ def start(paths: Paths) -> bool:
         return True  # one is starting (importing): a second would only wait for its lock and leave
     failed = _read_json(paths.failed)
     if failed and failed.get("stamp") == stamp(os.environ):
-        note(f"the plan server failed to start ({failed.get('why')}; log: {paths.log}); planning in this process "
-             "(make plan-server-stop clears this)")  # fmt: skip
+        note(
+            f"the plan server failed to start ({failed.get('why')}; log: {paths.log}); planning in this process "
+            "(make plan-server-stop clears this)"
+        )
         return False
     try:
         if _file_id(paths.log) and _file_id(paths.log)[1] > 1 << 20:  # keep one older log, never a growing one
             os.replace(paths.log, paths.log.with_suffix(".log.1"))
         cmd = [sys.executable, "-m", "launch.plan_server", "--serve", "--after", str(os.getpid())]
         with open(paths.log, "a") as log:  # appended: a stale server may still be writing its last lines
-            subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True, close_fds=True)  # fmt: skip
+            subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
     except OSError as exc:
         note(f"could not start the plan server ({exc}); planning in this process")
         return False
@@ -704,8 +732,11 @@ class Server:
             code = worker(request, fds)
         except BaseException as exc:  # becoming the client failed (its cwd is gone, say): one line, not a traceback
             with contextlib.suppress(OSError):
-                os.write(2, f"error: the plan server could not run this plan ({type(exc).__name__}: {exc}); "
-                            f"{SWITCH}=0 plans without it\n".encode(errors="replace"))  # fmt: skip
+                os.write(
+                    2,
+                    f"error: the plan server could not run this plan ({type(exc).__name__}: {exc}); "
+                    f"{SWITCH}=0 plans without it\n".encode(errors="replace"),
+                )
         finally:
             os._exit(code)
 
@@ -729,8 +760,9 @@ def _stream(fd: int, spec, write: bool):
     enc, errors, line_buffering, write_through = spec or ("utf-8", "strict", False, False)
     raw = io.FileIO(fd, "w" if write else "r", closefd=False)
     buf = io.BufferedWriter(raw) if write else io.BufferedReader(raw)
-    return io.TextIOWrapper(buf, encoding=enc, errors=errors, line_buffering=line_buffering,
-                            write_through=write_through)  # fmt: skip
+    return io.TextIOWrapper(
+        buf, encoding=enc, errors=errors, line_buffering=line_buffering, write_through=write_through
+    )
 
 
 def _fresh_ours() -> None:

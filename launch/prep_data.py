@@ -28,8 +28,9 @@ def main(argv=None) -> int:
     force = args.force.strip().lower() not in ("", "0", "false", "no")
     try:
         dataprep.check(args.in_path, args.tokenizer, args.out, args.key, args.workers, force)  # before any import
-        spec = dataprep.prep(args.in_path, args.tokenizer, args.out, args.key, args.workers, force,
-                             log=lambda m: print(m, flush=True))  # fmt: skip
+        spec = dataprep.prep(
+            args.in_path, args.tokenizer, args.out, args.key, args.workers, force, log=lambda m: print(m, flush=True)
+        )
     except KeyboardInterrupt:
         print("error: interrupted: no data.toml written; the partial output was removed", file=sys.stderr)
         return 130

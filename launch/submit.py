@@ -40,8 +40,16 @@ def do_submit(args, out, nodes, profile) -> int:
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
     real = args.action == "submit" and not args.dryrun
-    sub = submit.prepare(args.recipe, profile, nodes=nodes, sets=args.set, preflight_only=preflight_only,
-                         checks=checks, check_partition=real, run=args.opts)  # fmt: skip
+    sub = submit.prepare(
+        args.recipe,
+        profile,
+        nodes=nodes,
+        sets=args.set,
+        preflight_only=preflight_only,
+        checks=checks,
+        check_partition=real,
+        run=args.opts,
+    )
     with submit.transaction(sub):
         render_plan(sub.plan, out)
         if not real:
@@ -66,8 +74,10 @@ def _not_submitted(args, sub) -> int:
 def _submitted(args, sub) -> int:
     sha, dirty = submit.shipped_commit()
     if dirty:  # the rank-0 re-audit also fails a job whose rebuilt recipe differs from this plan
-        print(f"warning: uncommitted changes are not shipped (the job runs {sha[:12]}): {', '.join(dirty[:5])}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: uncommitted changes are not shipped (the job runs {sha[:12]}): {', '.join(dirty[:5])}",
+            file=sys.stderr,
+        )
     info = submit.submit(sub)
     jobs = info["job_ids"]
     chained = f"jobs {', '.join(jobs)} (each afterany the one before)" if len(jobs) > 1 else f"job {jobs[0]}"

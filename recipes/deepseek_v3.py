@@ -22,13 +22,18 @@ PIPELINE = "Et|(tt|)*30mL"  # NVIDIA's: 61 layers + MTP over PP8·VP4 = 32 stage
 KNOBS = MoE(dispatcher="flex", backend="hybridep", recompute_modules=("mla_up_proj", "mlp"))
 INTENT = OverlapIntent(
     off=(
-        ("tp_comm_overlap", f"NVIDIA's recipe runs TP2 without userbuffers ({SRC}); Bridge has no preset for "
-         "hidden 7168"),
+        (
+            "tp_comm_overlap",
+            f"NVIDIA's recipe runs TP2 without userbuffers ({SRC}); Bridge has no preset for hidden 7168",
+        ),
         ("ep_a2a_overlap", f"NVIDIA's measured baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"),
-        ("overlap_grad_reduce", f"NVIDIA's recipe sets it off ({SRC}): with 256 microbatches per step the one "
-         "reduce-scatter after the last is a small share of the step"),
+        (
+            "overlap_grad_reduce",
+            f"NVIDIA's recipe sets it off ({SRC}): with 256 microbatches per step the one "
+            "reduce-scatter after the last is a small share of the step",
+        ),
     )
-)  # fmt: skip
+)
 ENV = {
     **HYBRIDEP_ENV,
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": EnvVar(0, f"deterministic TE kernels, as NVIDIA's measured baseline ({SRC})"),
@@ -42,15 +47,27 @@ def _build(dtype: str):
     return cfg
 
 
-@register(model="DeepSeek-V3", nodes=128, time_limit="06:00:00", env=ENV, intent=INTENT,
-          source=f"{SRC}.deepseek_v3_pretrain_1024gpu_h100_bf16_config")  # fmt: skip
+@register(
+    model="DeepSeek-V3",
+    nodes=128,
+    time_limit="06:00:00",
+    env=ENV,
+    intent=INTENT,
+    source=f"{SRC}.deepseek_v3_pretrain_1024gpu_h100_bf16_config",
+)
 def deepseek_v3_pretrain_1024gpu_h100_bf16():
     """BF16, TP2 PP8 VP4 EP64 (DP=64), MBS1 GBS16384, seq 4096, HybridEP, layout Et|(tt|)*30mL."""
     return _build("bf16")
 
 
-@register(model="DeepSeek-V3", nodes=128, time_limit="06:00:00", env=ENV, intent=INTENT,
-          source=f"{SRC}.deepseek_v3_pretrain_1024gpu_h100_fp8cs_config")  # fmt: skip
+@register(
+    model="DeepSeek-V3",
+    nodes=128,
+    time_limit="06:00:00",
+    env=ENV,
+    intent=INTENT,
+    source=f"{SRC}.deepseek_v3_pretrain_1024gpu_h100_fp8cs_config",
+)
 def deepseek_v3_pretrain_1024gpu_h100_fp8cs():
     """FP8 current scaling, TP2 PP8 VP4 EP64 (DP=64), MBS1 GBS16384, seq 4096, HybridEP, layout Et|(tt|)*30mL."""
     return _build("fp8cs")

@@ -31,15 +31,25 @@ def _build(dtype: str):
     return moe_pretrain(base, dtype, LAYOUT, KNOBS)
 
 
-@register(model="Qwen3 235B-A22B", nodes=32, source=f"{SRC}.qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",
-          env=ENV, intent=INTENT)  # fmt: skip
+@register(
+    model="Qwen3 235B-A22B",
+    nodes=32,
+    source=f"{SRC}.qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",
+    env=ENV,
+    intent=INTENT,
+)
 def qwen3_235b_a22b_pretrain_256gpu_h100_bf16():
     """BF16, TP2 PP8 VP4 EP32 (DP=16), MBS1 GBS8192, seq 4096, EP a2a overlap + delayed wgrad."""
     return _build("bf16")
 
 
-@register(model="Qwen3 235B-A22B", nodes=32, source=f"{SRC}.qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config",
-          env=ENV, intent=INTENT)  # fmt: skip
+@register(
+    model="Qwen3 235B-A22B",
+    nodes=32,
+    source=f"{SRC}.qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config",
+    env=ENV,
+    intent=INTENT,
+)
 def qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs():
     """FP8 current scaling, TP2 PP8 VP4 EP32 (DP=16), MBS1 GBS8192, seq 4096, EP a2a overlap + delayed wgrad."""
     return _build("fp8cs")

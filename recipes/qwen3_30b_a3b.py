@@ -20,15 +20,21 @@ base = bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config  # what `make new-re
 FP8_NO_EP_OVERLAP = f"NVIDIA's measured FP8 baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"
 
 
-@register(model="Qwen3 30B-A3B", nodes=2, source=f"{SRC}.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config",
-          env=HYBRIDEP_ENV)  # fmt: skip
+@register(
+    model="Qwen3 30B-A3B", nodes=2, source=f"{SRC}.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", env=HYBRIDEP_ENV
+)
 def qwen3_30b_a3b_pretrain_16gpu_h100_bf16():
     """BF16, TP1 PP1 EP16 (DP=16), MBS1 GBS1024, seq 4096, HybridEP, EP all-to-all overlap."""
     return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config, "bf16", LAYOUT, KNOBS)
 
 
-@register(model="Qwen3 30B-A3B", nodes=2, source=f"{SRC}.qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config",
-          env=HYBRIDEP_ENV, intent=OverlapIntent(off=(("ep_a2a_overlap", FP8_NO_EP_OVERLAP),)))  # fmt: skip
+@register(
+    model="Qwen3 30B-A3B",
+    nodes=2,
+    source=f"{SRC}.qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config",
+    env=HYBRIDEP_ENV,
+    intent=OverlapIntent(off=(("ep_a2a_overlap", FP8_NO_EP_OVERLAP),)),
+)
 def qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs():
     """FP8 current scaling, TP1 PP1 EP16 (DP=16), MBS1 GBS1024, seq 4096, HybridEP."""
     return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS)

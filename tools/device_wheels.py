@@ -175,12 +175,16 @@ def excluded(why, loaded, dists, device, warnings):
                         why[n], changed = msg, True
 
 
-def main() -> int:
+def _args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--module", action="append", default=[], help="another module the check imports (repeatable)")
     ap.add_argument("--budget-mib", type=float, default=60.0)
     ap.add_argument("--dry-run", action="store_true", help="probe and list (sizes from uv.lock), download nothing")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = _args()
     lines = [x.strip() for x in (ROOT / "tools" / "device_packages.txt").read_text().splitlines()]
     # name -> the version KINDS.md's pip-list row gives, or None
     device = {norm(n): v or None for n, _, v in (x.partition("==") for x in lines if x and not x.startswith("#"))}

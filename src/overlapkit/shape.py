@@ -52,14 +52,23 @@ class ModelShape:
         """The shape a Bridge ConfigContainer trains (GPT3's provider leaves the vocabulary to the tokenizer)."""
         m = cfg.model
         return cls(
-            hidden=m.hidden_size, layers=m.num_layers, heads=m.num_attention_heads,
-            query_groups=m.num_query_groups or m.num_attention_heads, ffn=m.ffn_hidden_size, seq=m.seq_length,
-            vocab=m.vocab_size or cfg.tokenizer.vocab_size or 0, dtype=dtype_of(cfg), kv_channels=m.kv_channels,
-            gated=bool(m.gated_linear_unit), tied=bool(m.share_embeddings_and_output_weights),
-            dropout=bool(m.hidden_dropout), account_embedding=bool(m.account_for_embedding_in_pipeline_split),
-            account_loss=bool(m.account_for_loss_in_pipeline_split), bias=bool(m.add_bias_linear),
+            hidden=m.hidden_size,
+            layers=m.num_layers,
+            heads=m.num_attention_heads,
+            query_groups=m.num_query_groups or m.num_attention_heads,
+            ffn=m.ffn_hidden_size,
+            seq=m.seq_length,
+            vocab=m.vocab_size or cfg.tokenizer.vocab_size or 0,
+            dtype=dtype_of(cfg),
+            kv_channels=m.kv_channels,
+            gated=bool(m.gated_linear_unit),
+            tied=bool(m.share_embeddings_and_output_weights),
+            dropout=bool(m.hidden_dropout),
+            account_embedding=bool(m.account_for_embedding_in_pipeline_split),
+            account_loss=bool(m.account_for_loss_in_pipeline_split),
+            bias=bool(m.add_bias_linear),
             **_moe_fields(m),
-        )  # fmt: skip
+        )
 
     @property
     def head_dim(self) -> int:
@@ -85,8 +94,9 @@ class ModelShape:
 
     def mlp_params(self, ffn: int) -> int:
         """One (gated) MLP of width `ffn`, with biases when the model has them."""
-        return (3 if self.gated else 2) * self.hidden * ffn + (((2 if self.gated else 1) * ffn + self.hidden)
-                                                              if self.bias else 0)  # fmt: skip
+        return (3 if self.gated else 2) * self.hidden * ffn + (
+            ((2 if self.gated else 1) * ffn + self.hidden) if self.bias else 0
+        )
 
     @property
     def expert_params_per_moe_layer(self) -> int:
@@ -161,10 +171,19 @@ def _moe_fields(m) -> dict:
     if getattr(m, "num_moe_experts", None):
         freq = m.moe_layer_freq
         moe_layers = sum(freq) if isinstance(freq, list) else len(range(0, m.num_layers, freq))
-        out = dict(experts=m.num_moe_experts, topk=m.moe_router_topk, moe_layers=moe_layers,
-                   moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
-                   shared_ffn=m.moe_shared_expert_intermediate_size or 0)  # fmt: skip
+        out = dict(
+            experts=m.num_moe_experts,
+            topk=m.moe_router_topk,
+            moe_layers=moe_layers,
+            moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+            shared_ffn=m.moe_shared_expert_intermediate_size or 0,
+        )
     if getattr(m, "multi_latent_attention", False):
-        out |= dict(q_lora=m.q_lora_rank or 0, kv_lora=m.kv_lora_rank, qk_head=m.qk_head_dim,
-                    qk_rope=m.qk_pos_emb_head_dim, v_head=m.v_head_dim)  # fmt: skip
+        out |= dict(
+            q_lora=m.q_lora_rank or 0,
+            kv_lora=m.kv_lora_rank,
+            qk_head=m.qk_head_dim,
+            qk_rope=m.qk_pos_emb_head_dim,
+            v_head=m.v_head_dim,
+        )
     return out | {"mtp_layers": getattr(m, "mtp_num_layers", None) or 0}

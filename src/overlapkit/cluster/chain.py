@@ -31,8 +31,9 @@ def status_lines(run_dir: Path, info: dict) -> list[str]:
         found, step = runopts.checkpoint_state(ckdir)
         iters = (json.loads((run_dir / "plan.json").read_text()).get("run") or {}).get("train_iters")
         last = f"iteration {step}" + (f" of {iters}" if iters else "") if step is not None else "none yet"
-        out.append(f"checkpoints: {ckdir}; last checkpointed {last}" + ("" if found or step is None else
-                                                                         " (tracker missing)"))  # fmt: skip
+        out.append(
+            f"checkpoints: {ckdir}; last checkpointed {last}" + ("" if found or step is None else " (tracker missing)")
+        )
     return out
 
 

@@ -76,8 +76,17 @@ class ClusterProfile:
 
 _KEYS = [f.name for f in fields(ClusterProfile) if f.name != "path"]
 _REQUIRED = ("account", "partition")
-_STRINGS = ("name", "account", "partition", "container_image", "time_limit", "job_dir", "python", "wandb_project",
-            "wandb_entity")  # fmt: skip
+_STRINGS = (
+    "name",
+    "account",
+    "partition",
+    "container_image",
+    "time_limit",
+    "job_dir",
+    "python",
+    "wandb_project",
+    "wandb_entity",
+)
 
 
 def list_profiles() -> list[str]:

@@ -49,8 +49,11 @@ def partition_info(partition: str) -> dict | None:
         return {}
     gpus = [int(m.group(1)) for _, gres, _ in rows for m in [re.search(r"gpu(?::[^:,(]+)?:(\d+)", gres)] if m]
     limits = [minutes(lim) for _, _, lim in rows]
-    return {"nodes": sum(int(d) for d, _, _ in rows if d.isdigit()), "gpus_per_node": max(gpus, default=0),
-            "time_limit_min": None if None in limits else max(limits)}  # fmt: skip
+    return {
+        "nodes": sum(int(d) for d, _, _ in rows if d.isdigit()),
+        "gpus_per_node": max(gpus, default=0),
+        "time_limit_min": None if None in limits else max(limits),
+    }
 
 
 def partition_nodes(partition: str) -> int | None:
@@ -83,12 +86,16 @@ def request_problems(profile, nodes: int, time_limit: str | None) -> list[str]:
     if nodes > info["nodes"]:
         out.append(f"{nodes} nodes requested but partition {part} has {info['nodes']}: use NODES≤{info['nodes']}")
     if profile.gpus_per_node > info["gpus_per_node"]:
-        out.append(f"{profile.gpus_per_node} GPUs per node requested but partition {part}'s nodes have "
-                   f"{info['gpus_per_node']}: fix gpus_per_node in {profile.source}")  # fmt: skip
+        out.append(
+            f"{profile.gpus_per_node} GPUs per node requested but partition {part}'s nodes have "
+            f"{info['gpus_per_node']}: fix gpus_per_node in {profile.source}"
+        )
     want, cap = minutes(time_limit or ""), info["time_limit_min"]
     if want and cap is not None and want > cap:
-        out.append(f"time limit {time_limit} exceeds partition {part}'s {cap} minutes: set time_limit in "
-                   f"{profile.source} at or below it")  # fmt: skip
+        out.append(
+            f"time limit {time_limit} exceeds partition {part}'s {cap} minutes: set time_limit in "
+            f"{profile.source} at or below it"
+        )
     return out
 
 
@@ -103,12 +110,33 @@ def cancel(job_id: str) -> str | None:
     return None
 
 
-def sbatch_wrap(cmd: str, *, account: str, partition: str, name: str, output: str, after: list[str],
-                time_limit: str = "00:30:00", begin: str | None = None, comment: str | None = None) -> str:  # fmt: skip
+def sbatch_wrap(
+    cmd: str,
+    *,
+    account: str,
+    partition: str,
+    name: str,
+    output: str,
+    after: list[str],
+    time_limit: str = "00:30:00",
+    begin: str | None = None,
+    comment: str | None = None,
+) -> str:
     """Submit `cmd` as a one-task CPU job (`sbatch --wrap`), after every job in `after` ends (afterany), held until
     `begin` (any `sbatch --begin` time) when given; `comment` is shown by squeue (queued() reads it back)."""
-    argv = ["sbatch", "--parsable", f"--account={account}", f"--partition={partition}", "--nodes=1", "--ntasks=1",
-            f"--time={time_limit}", f"--job-name={name}", f"--output={output}", "--wrap", cmd]  # fmt: skip
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--account={account}",
+        f"--partition={partition}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--time={time_limit}",
+        f"--job-name={name}",
+        f"--output={output}",
+        "--wrap",
+        cmd,
+    ]
     if after:
         argv.insert(2, f"--dependency=afterany:{':'.join(after)}")
     if begin:
@@ -138,6 +166,13 @@ def queued(name: str) -> list[dict] | None:
         parts = line.split("|", len(_QUEUED_FIELDS) - 1)
         if len(parts) == len(_QUEUED_FIELDS):
             job_id, state, begin, reason, comment = (p.strip() for p in parts)
-            jobs.append({"job_id": job_id, "state": state, "begin": begin, "reason": reason,
-                         "comment": comment.removesuffix("|").strip()})  # fmt: skip
+            jobs.append(
+                {
+                    "job_id": job_id,
+                    "state": state,
+                    "begin": begin,
+                    "reason": reason,
+                    "comment": comment.removesuffix("|").strip(),
+                }
+            )
     return jobs

@@ -200,8 +200,18 @@ def preflight_mode(text: str) -> tuple[bool, str]:
     return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
 
 
-def prepare(recipe: str, cluster, *, nodes=None, sets="", preflight_only=False, checks="full", caller_env=None,
-            check_partition=False, run: runopts.RunOptions | None = None):  # fmt: skip
+def prepare(
+    recipe: str,
+    cluster,
+    *,
+    nodes=None,
+    sets="",
+    preflight_only=False,
+    checks="full",
+    caller_env=None,
+    check_partition=False,
+    run: runopts.RunOptions | None = None,
+):
     """Plan for `cluster` (a profile name, path or ClusterProfile) and the run options (RUN_NAME, SEGMENTS, NSYS,
     DATA), refuse on audit errors and (`check_partition`, for a real submission) on a request the partition can never
     run, then write the run directory."""
@@ -273,8 +283,13 @@ def plugins_for(sub) -> list:
     if run_opts.run_name:
         out.append(PreemptionPlugin(preempt_time=runopts.PREEMPT_S))
     if run_opts.nsys:
-        out.append(NsysPlugin(profile_step_start=run_opts.nsys[0], profile_step_end=run_opts.nsys[1],
-                              profile_ranks=list(run_opts.nsys_ranks)))  # fmt: skip
+        out.append(
+            NsysPlugin(
+                profile_step_start=run_opts.nsys[0],
+                profile_step_end=run_opts.nsys[1],
+                profile_ranks=list(run_opts.nsys_ranks),
+            )
+        )
     return out
 
 
@@ -289,10 +304,18 @@ def add_task(exp, sub: Submission) -> list[str]:
         executor.dependency_type = "afterany"
         if sub.plan.run.nsys:  # per-rank reports (NsysPlugin names them by job, node and rank) in the run directory
             executor.get_launcher().nsys_folder = str(sub.run_dir / "nsys")
-        task = run.Script(path=ENTRY, args=entry_args(sub.plan, sub.run_dir, sub.preflight_only, sub.checks, seg),
-                          entrypoint=python_for(sub.profile))  # fmt: skip
-        prev = exp.add(task, executor=executor, name="train" if n == 1 else f"train-seg{seg}",
-                       plugins=plugins_for(sub), dependencies=[prev] if prev else None)  # fmt: skip
+        task = run.Script(
+            path=ENTRY,
+            args=entry_args(sub.plan, sub.run_dir, sub.preflight_only, sub.checks, seg),
+            entrypoint=python_for(sub.profile),
+        )
+        prev = exp.add(
+            task,
+            executor=executor,
+            name="train" if n == 1 else f"train-seg{seg}",
+            plugins=plugins_for(sub),
+            dependencies=[prev] if prev else None,
+        )
         ids.append(prev)
     return ids
 
@@ -340,8 +363,9 @@ def _run_chain(exp) -> None:
         for job_id in queued:
             with contextlib.suppress(RuntimeError):
                 slurm.cancel(job_id)
-        raise SubmitError(f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already "
-                          "queued") from exc  # fmt: skip
+        raise SubmitError(
+            f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already queued"
+        ) from exc
 
 
 def submit(sub: Submission) -> dict:
@@ -356,9 +380,15 @@ def submit(sub: Submission) -> dict:
                 if not m:
                     raise SubmitError(f"nemo_run returned no Slurm job id (handle {job.handle!r}); see {exp_dir}")
                 ids.append(m.group(1))
-            info = {"job_id": ids[0], "job_ids": ids, "experiment_dir": str(exp_dir), "cluster": sub.profile.name,
-                    "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only,
-                    "checkpoint_dir": sub.plan.run.checkpoint_dir}  # fmt: skip
+            info = {
+                "job_id": ids[0],
+                "job_ids": ids,
+                "experiment_dir": str(exp_dir),
+                "cluster": sub.profile.name,
+                "run_dir": str(sub.run_dir),
+                "preflight_only": sub.preflight_only,
+                "checkpoint_dir": sub.plan.run.checkpoint_dir,
+            }
             mark(sub.run_dir, "submitted", **info)
     return info
 
@@ -404,8 +434,10 @@ def describe(info: dict) -> str:
         return f"a plain sbatch script, not submitted by make: sbatch {info.get('script')}"
     if state == "submitting":
         if info.get("host") == socket.gethostname() and not _alive(int(info.get("pid", 0)) or -1):
-            return (f"orphan: its submitting process (pid {info.get('pid')}) died at an unknown point before "
-                    "recording a job id; resubmit with make submit")  # fmt: skip
+            return (
+                f"orphan: its submitting process (pid {info.get('pid')}) died at an unknown point before "
+                "recording a job id; resubmit with make submit"
+            )
         return f"being submitted by pid {info.get('pid')} on {info.get('host')} since {info.get('at')}"
     return f"{state} (job {info.get('job_id')})"
 

@@ -83,8 +83,9 @@ def shape_errors(s: ModelShape) -> list[str]:
     return errs
 
 
-def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, cp: int, mbs: int, gbs: int,
-                  ep: int = 1):  # fmt: skip
+def layout_errors(
+    s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, cp: int, mbs: int, gbs: int, ep: int = 1
+):
     """Why this split does not divide (the audit's rules, plan/moe.py's for the experts); empty when it does."""
     errs = []
     if tp not in TPS:
@@ -94,12 +95,26 @@ def layout_errors(s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, c
     dp = gpus // (tp * pp * cp)
     if pp > 1 and not (vpp and vpp > 1):
         errs.append(f"PP{pp} needs VPP>1 for p2p overlap")
-    split = split_violations(seq=s.seq, layers=s.layers, units=s.pipeline_units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp,
-                             mbs=mbs, gbs=gbs, heads=s.heads, groups=s.query_groups, ffn=s.ffn)  # fmt: skip
+    split = split_violations(
+        seq=s.seq,
+        layers=s.layers,
+        units=s.pipeline_units,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        cp=cp,
+        dp=dp,
+        mbs=mbs,
+        gbs=gbs,
+        heads=s.heads,
+        groups=s.query_groups,
+        ffn=s.ffn,
+    )
     errs += [msg for _, msg in split]
     if s.is_moe:
-        errs += [msg for _, msg in expert_split_violations(experts=s.experts, ep=ep, etp=1, pp=pp, world=gpus,
-                                                           ffn=s.moe_ffn)]  # fmt: skip
+        errs += [
+            msg for _, msg in expert_split_violations(experts=s.experts, ep=ep, etp=1, pp=pp, world=gpus, ffn=s.moe_ffn)
+        ]
     if pp > 1 and not gbs % (dp * mbs) and gbs // (dp * mbs) < pp:
         errs.append(f"GBS {gbs} gives {gbs // (dp * mbs)} microbatches, fewer than PP{pp}: the pipeline never fills")
     return errs
@@ -162,12 +177,32 @@ def tight(c: Candidate) -> bool:
 def _rules(c: Candidate, s: ModelShape) -> tuple:
     """The rules of thumb, in order: they break ties of predicted throughput."""
     per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
-    return (not c.exact_preset, c.dp == 1, c.pp, c.tp, c.cp, c.ep, per_chunk < 2, -(c.vpp or 1), c.mbs,
-            -c.memory.headroom_gb)  # fmt: skip
+    return (
+        not c.exact_preset,
+        c.dp == 1,
+        c.pp,
+        c.tp,
+        c.cp,
+        c.ep,
+        per_chunk < 2,
+        -(c.vpp or 1),
+        c.mbs,
+        -c.memory.headroom_gb,
+    )
 
 
-_RULE_NAMES = ("no exact userbuffers preset", "DP1 (no DP overlap)", "larger PP", "larger TP", "larger CP", "larger EP",
-               "fewer than 2 layers per chunk", "smaller VPP", "larger MBS", "less memory headroom")  # fmt: skip
+_RULE_NAMES = (
+    "no exact userbuffers preset",
+    "DP1 (no DP overlap)",
+    "larger PP",
+    "larger TP",
+    "larger CP",
+    "larger EP",
+    "fewer than 2 layers per chunk",
+    "smaller VPP",
+    "larger MBS",
+    "less memory headroom",
+)
 
 
 def _tied(c: Candidate, best_tflops: float) -> bool:
@@ -270,5 +305,7 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
     fitting.sort(key=lambda c: _rank(c, s, max(roomy)))
     min_pp = min(c.pp for c in fitting)
     best = fitting[0]
-    return [replace(c, why=_why(c, s, min_pp), loses=why_loses(c, best, s, max(roomy)) if i else "")
-            for i, c in enumerate(fitting[:top])]  # fmt: skip
+    return [
+        replace(c, why=_why(c, s, min_pp), loses=why_loses(c, best, s, max(roomy)) if i else "")
+        for i, c in enumerate(fitting[:top])
+    ]

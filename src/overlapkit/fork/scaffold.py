@@ -196,15 +196,35 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
     )
     if s.is_moe:
         return MOE_TEMPLATE.format(
-            doc=doc, model=model, nodes=nodes, from_name=req.from_name, s=s, base_module=base_module, c=c,
-            intent_args=_moe_intent(req, c), name=req.name, dtype=dtype, layout=c.describe(),
+            doc=doc,
+            model=model,
+            nodes=nodes,
+            from_name=req.from_name,
+            s=s,
+            base_module=base_module,
+            c=c,
+            intent_args=_moe_intent(req, c),
+            name=req.name,
+            dtype=dtype,
+            layout=c.describe(),
             dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
-        )  # fmt: skip
+        )
     return TEMPLATE.format(
-        doc=doc, model=model, nodes=nodes, from_name=req.from_name, s=s, base_module=base_module, imports=imports,
-        layout=c.describe(), kv=s.kv_channels or s.hidden // s.heads, c=c, intent=intent, name=req.name, dtype=dtype,
+        doc=doc,
+        model=model,
+        nodes=nodes,
+        from_name=req.from_name,
+        s=s,
+        base_module=base_module,
+        imports=imports,
+        layout=c.describe(),
+        kv=s.kv_channels or s.hidden // s.heads,
+        c=c,
+        intent=intent,
+        name=req.name,
+        dtype=dtype,
         dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
-    )  # fmt: skip
+    )
 
 
 def fork(req: ForkRequest) -> ForkResult:

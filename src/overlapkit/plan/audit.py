@@ -75,8 +75,9 @@ class AuditReport:
         }
 
 
-def split_violations(*, seq, layers, units, tp, pp, vpp, cp, dp, mbs, gbs, heads=None, groups=None,
-                     ffn=None) -> list[tuple[str, str]]:  # fmt: skip
+def split_violations(
+    *, seq, layers, units, tp, pp, vpp, cp, dp, mbs, gbs, heads=None, groups=None, ffn=None
+) -> list[tuple[str, str]]:
     """(code, message) for each divisibility rule a parallel split breaks, on bare numbers. One source for the audit
     (on a built config, adding its fixes) and for layout_search (thousands of candidate splits, no configs).
     `units`: transformer layers plus the embedding/loss that Bridge accounts in the pipeline split; None when an
@@ -87,13 +88,17 @@ def split_violations(*, seq, layers, units, tp, pp, vpp, cp, dp, mbs, gbs, heads
     if cp > 1 and seq % (2 * cp):
         out.append(("seq_not_divisible_cp", f"seq {seq} is not divisible by 2·CP={2 * cp}"))
     if pp > 1 and units is not None and units % stages:
-        out.append(("layers_not_divisible", f"layers {layers} (+embedding/loss: {units}) are not divisible by "
-                    f"PP·VPP={stages}"))  # fmt: skip
+        out.append(
+            ("layers_not_divisible", f"layers {layers} (+embedding/loss: {units}) are not divisible by PP·VPP={stages}")
+        )
     if gbs % (dp * mbs):
         out.append(("gbs_not_divisible", f"GBS {gbs} is not divisible by DP·MBS={dp}·{mbs}"))
     # Megatron Core's TransformerConfig and its tensor-parallel linear layers split these by TP (core/utils.divide).
-    for code, what, n in (("heads_not_divisible_tp", "attention heads", heads), ("groups_not_divisible_tp",
-                          "query groups", groups), ("ffn_not_divisible_tp", "FFN hidden size", ffn)):  # fmt: skip
+    for code, what, n in (
+        ("heads_not_divisible_tp", "attention heads", heads),
+        ("groups_not_divisible_tp", "query groups", groups),
+        ("ffn_not_divisible_tp", "FFN hidden size", ffn),
+    ):
         if n and n % tp:
             out.append((code, f"{what} {n} are not divisible by TP{tp}"))
     if heads and groups and heads % groups:
@@ -206,14 +211,20 @@ def _tp_overlap(a: _Audit) -> None:
     if tp < 2:
         a.row("tp_comm_overlap", NA, f"TP={tp} by design of this layout: no tensor-parallel collectives to overlap")
         if requested:
-            a.err("tp_overlap_dropped", f"TP overlap requested but Bridge drops it: TP={tp} < 2; set "
-                  "model.tensor_model_parallel_size>=2 or comm_overlap.tp_comm_overlap=false")  # fmt: skip
+            a.err(
+                "tp_overlap_dropped",
+                f"TP overlap requested but Bridge drops it: TP={tp} < 2; set "
+                "model.tensor_model_parallel_size>=2 or comm_overlap.tp_comm_overlap=false",
+            )
     elif not requested and (why := a.intent.why_off("tp_comm_overlap")):
         a.row("tp_comm_overlap", OFF, f"kept off: {why}")
     elif not requested:
         a.row("tp_comm_overlap", OFF, f"TP={tp} but comm_overlap.tp_comm_overlap is off")
-        a.err("tp_overlap_off", f"TP={tp} without TP comm overlap: set comm_overlap.tp_comm_overlap=true",
-              "comm_overlap.tp_comm_overlap=true")  # fmt: skip
+        a.err(
+            "tp_overlap_off",
+            f"TP={tp} without TP comm overlap: set comm_overlap.tp_comm_overlap=true",
+            "comm_overlap.tp_comm_overlap=true",
+        )
     elif not a.res.model.tp_comm_overlap:
         if not cfg.model.sequence_parallel:
             why, fix = "sequence_parallel is off", "set model.sequence_parallel=true"
@@ -237,8 +248,11 @@ def _tp_preset(a: _Audit, tp: int) -> None:
         if a.intent.tp_preset == presets.DEFAULT_TP_CONFIG:
             a.warn("tp_default_config", "TP overlap uses TE's default userbuffers config (explicit opt-in)")
         else:
-            a.err("tp_default_config", "TP overlap has no userbuffers preset, so TE would silently use its default; "
-                  f"use one of {', '.join(presets.nearest(key))} or opt in with tp_preset='default'")  # fmt: skip
+            a.err(
+                "tp_default_config",
+                "TP overlap has no userbuffers preset, so TE would silently use its default; "
+                f"use one of {', '.join(presets.nearest(key))} or opt in with tp_preset='default'",
+            )
         return
     if name is None:
         a.row("tp_comm_overlap", ON, f"TP={tp}, SP on; custom userbuffers config")
@@ -247,8 +261,11 @@ def _tp_preset(a: _Audit, tp: int) -> None:
     a.row("tp_comm_overlap", ON, f"TP={tp}, SP on, TE on target; preset {name}")
     hard, soft = presets.mismatches(presets.exported_presets()[name], key)
     if hard:
-        a.err("preset_mismatch", f"userbuffers preset {name} contradicts the model ({', '.join(hard)}); "
-              f"use {', '.join(presets.nearest(key, 1))}")  # fmt: skip
+        a.err(
+            "preset_mismatch",
+            f"userbuffers preset {name} contradicts the model ({', '.join(hard)}); "
+            f"use {', '.join(presets.nearest(key, 1))}",
+        )
     elif soft:
         a.warn(
             "preset_tuning_mismatch",
@@ -262,10 +279,12 @@ def _split(a: _Audit) -> None:
     m, (tp, pp, cp, vpp, dp) = a.cfg.model, a.layout
     units = None if m.pipeline_model_parallel_layout is not None else ModelShape.of(a.cfg).pipeline_units
     mbs, gbs = a.cfg.train.micro_batch_size, a.cfg.train.global_batch_size
-    split = dict(seq=m.seq_length, layers=m.num_layers, units=units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, mbs=mbs,
-                 gbs=gbs)  # fmt: skip
-    for code, msg in split_violations(**split, heads=m.num_attention_heads, groups=m.num_query_groups,
-                                      ffn=m.ffn_hidden_size):  # fmt: skip
+    split = dict(
+        seq=m.seq_length, layers=m.num_layers, units=units, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, mbs=mbs, gbs=gbs
+    )
+    for code, msg in split_violations(
+        **split, heads=m.num_attention_heads, groups=m.num_query_groups, ffn=m.ffn_hidden_size
+    ):
         fix = f"train.global_batch_size={-(-gbs // (dp * mbs)) * dp * mbs}" if code == "gbs_not_divisible" else None
         a.err(code, f"{msg}: {SPLIT_FIXES[code].format(dp_mbs=dp * mbs)}", fix)
 
@@ -276,8 +295,11 @@ def _p2p_overlap(a: _Audit) -> None:
     if pp == 1:
         a.row("overlap_p2p_comm", NA, "PP=1: no pipeline p2p")
         if vpp and vpp > 1:
-            a.err("vpp_without_pp", f"VPP={vpp} set with PP=1: set model.virtual_pipeline_model_parallel_size=null",
-                  "model.virtual_pipeline_model_parallel_size=null")  # fmt: skip
+            a.err(
+                "vpp_without_pp",
+                f"VPP={vpp} set with PP=1: set model.virtual_pipeline_model_parallel_size=null",
+                "model.virtual_pipeline_model_parallel_size=null",
+            )
     elif a.res.model.overlap_p2p_comm:
         a.row("overlap_p2p_comm", ON, f"PP={pp} × VPP={vpp}: interleaved schedule overlaps p2p")
     elif (not vpp or vpp == 1) and (kept := a.intent.why_off("overlap_p2p_comm")):
@@ -306,9 +328,12 @@ def _dp_overlap(a: _Audit) -> None:
         return
     dist_opt = bool(rddp.use_distributed_optimizer)
     if not dist_opt:
-        a.err("no_distributed_optimizer", f"DP={dp} without the distributed optimizer: Bridge skips its DP overlap "
-              "setup and param-gather overlap cannot run; set ddp.use_distributed_optimizer=true",
-              "ddp.use_distributed_optimizer=true")  # fmt: skip
+        a.err(
+            "no_distributed_optimizer",
+            f"DP={dp} without the distributed optimizer: Bridge skips its DP overlap "
+            "setup and param-gather overlap cannot run; set ddp.use_distributed_optimizer=true",
+            "ddp.use_distributed_optimizer=true",
+        )
     for name, what in (("overlap_grad_reduce", "grad reduce-scatter"), ("overlap_param_gather", "param all-gather")):
         if getattr(rddp, name) and dist_opt:
             a.row(name, ON, f"DP={dp}: {what} overlapped with backward/forward")
@@ -316,8 +341,11 @@ def _dp_overlap(a: _Audit) -> None:
             a.row(name, OFF, f"kept off: {why}")
         elif dist_opt:
             a.row(name, OFF, f"DP={dp} but comm_overlap.{name}=false")
-            a.err(f"{name}_off", f"DP={dp} without {what} overlap; set comm_overlap.{name}=true",
-                  f"comm_overlap.{name}=true")  # fmt: skip
+            a.err(
+                f"{name}_off",
+                f"DP={dp} without {what} overlap; set comm_overlap.{name}=true",
+                f"comm_overlap.{name}=true",
+            )
         else:
             a.row(name, OFF, f"DP={dp} but no distributed optimizer")
     if rddp.align_param_gather:
@@ -339,13 +367,20 @@ def _bucket_size(a: _Audit) -> None:
     field = bucket_field(a.cfg)
     if bucket >= BYTES_LIKE_BUCKET:
         good = sane_bucket(bucket, chunk, width)
-        a.err("bucket_size_bytes", f"{field}={bucket:,} looks like bytes: it counts parameters "
-              f"({mb:,.0f} MB of {grad_dtype} grads); use e.g. {field}={good}", f"{field}={good}")  # fmt: skip
+        a.err(
+            "bucket_size_bytes",
+            f"{field}={bucket:,} looks like bytes: it counts parameters "
+            f"({mb:,.0f} MB of {grad_dtype} grads); use e.g. {field}={good}",
+            f"{field}={good}",
+        )
     elif bucket >= chunk:
         good = sane_bucket(bucket, chunk, width)
-        a.err("bucket_size_single", f"{field}={bucket:,} params ≥ a model chunk ({chunk:,} params): "
-              f"one bucket, so grad reduce cannot overlap; use ≤ chunk/4, e.g. {field}={good}",
-              f"{field}={good}")  # fmt: skip
+        a.err(
+            "bucket_size_single",
+            f"{field}={bucket:,} params ≥ a model chunk ({chunk:,} params): "
+            f"one bucket, so grad reduce cannot overlap; use ≤ chunk/4, e.g. {field}={good}",
+            f"{field}={good}",
+        )
 
 
 def bucket_field(cfg) -> str:
@@ -379,19 +414,28 @@ def _precision(a: _Audit) -> None:
     """grad_reduce_in_fp32 and fp8_param_gather, which belong on cfg.mixed_precision (its setup overwrites ddp)."""
     cfg, rddp, dp = a.cfg, a.res.ddp, a.layout[4]
     mp = cfg.mixed_precision if cfg.mixed_precision is not None and not isinstance(cfg.mixed_precision, str) else None
-    a.row("grad_reduce_in_fp32", ON if rddp.grad_reduce_in_fp32 else OFF,
-          f"gradients reduced in {_grad_dtype(rddp)[0]} (set via mixed_precision)")  # fmt: skip
+    a.row(
+        "grad_reduce_in_fp32",
+        ON if rddp.grad_reduce_in_fp32 else OFF,
+        f"gradients reduced in {_grad_dtype(rddp)[0]} (set via mixed_precision)",
+    )
     if mp is not None and cfg.ddp.grad_reduce_in_fp32 != mp.grad_reduce_in_fp32:
-        a.err("grad_reduce_fp32_conflict", f"ddp.grad_reduce_in_fp32={cfg.ddp.grad_reduce_in_fp32} contradicts "
-              f"mixed_precision.grad_reduce_in_fp32={mp.grad_reduce_in_fp32}, which overwrites it; "
-              "set it on mixed_precision",
-              f"mixed_precision.grad_reduce_in_fp32={str(cfg.ddp.grad_reduce_in_fp32).lower()}")  # fmt: skip
+        a.err(
+            "grad_reduce_fp32_conflict",
+            f"ddp.grad_reduce_in_fp32={cfg.ddp.grad_reduce_in_fp32} contradicts "
+            f"mixed_precision.grad_reduce_in_fp32={mp.grad_reduce_in_fp32}, which overwrites it; "
+            "set it on mixed_precision",
+            f"mixed_precision.grad_reduce_in_fp32={str(cfg.ddp.grad_reduce_in_fp32).lower()}",
+        )
     fp8_pg = bool(mp is not None and mp.fp8_param_gather)
     if dtype_of(cfg) == "bf16":
         a.row("fp8_param_gather", NA if not fp8_pg else ON, "BF16 run")
         if fp8_pg:
-            a.err("fp8_param_gather_bf16", "fp8_param_gather on a BF16 run: set mixed_precision.fp8_param_gather=false",
-                  "mixed_precision.fp8_param_gather=false")  # fmt: skip
+            a.err(
+                "fp8_param_gather_bf16",
+                "fp8_param_gather on a BF16 run: set mixed_precision.fp8_param_gather=false",
+                "mixed_precision.fp8_param_gather=false",
+            )
         return
     a.row("fp8_param_gather", ON if fp8_pg else OFF, "FP8 params all-gathered in FP8")
     dist_opt = bool(rddp.use_distributed_optimizer)

@@ -48,9 +48,14 @@ class Plan:
         shape = ModelShape.of(self.cfg)
         moe = {}
         if shape.is_moe:
-            moe = {"ep": m.expert_model_parallel_size, "etp": m.expert_tensor_parallel_size or 1,
-                   "expert_dp": expert_dp(m, self.target.world_size), "experts": shape.experts, "topk": shape.topk,
-                   "active_params_b": round(shape.active_params / 1e9, 1)}  # fmt: skip
+            moe = {
+                "ep": m.expert_model_parallel_size,
+                "etp": m.expert_tensor_parallel_size or 1,
+                "expert_dp": expert_dp(m, self.target.world_size),
+                "experts": shape.experts,
+                "topk": shape.topk,
+                "active_params_b": round(shape.active_params / 1e9, 1),
+            }
         return moe | {
             "model": self.recipe.model,
             "nodes": self.target.nodes,
@@ -126,8 +131,9 @@ def make_plan(
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
     target = Target(nodes=nodes or entry.nodes, te_available=te_available)
     res = resolve(cfg, target)
-    partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, run=run,
-                   sets=typed)  # fmt: skip
+    partial = Plan(
+        entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, run=run, sets=typed
+    )
     ledger = build_ledger(partial, profile, caller_env)
     report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
     report.extend(audit_rows(partial, ledger))
@@ -187,5 +193,9 @@ OVERRIDES = "overrides.json"
 
 
 def overrides_record(plan: Plan) -> dict:
-    return {"recipe": plan.recipe.name, "nodes": plan.target.nodes, "set": [list(p) for p in plan.sets],
-            "run": plan.run.to_dict()}  # fmt: skip
+    return {
+        "recipe": plan.recipe.name,
+        "nodes": plan.target.nodes,
+        "set": [list(p) for p in plan.sets],
+        "run": plan.run.to_dict(),
+    }

@@ -30,8 +30,16 @@ import numpy as np
 # <B dtype code, <Q sequence count, <Q document count, then int32 sequence lengths. Read, never written here.
 IDX_MAGIC = b"MMIDIDX\x00\x00"
 # DType codes of that file (indexed_dataset.DType) → (name, largest token id it can hold).
-DTYPES = {1: ("uint8", 255), 2: ("int8", 127), 3: ("int16", 32767), 4: ("int32", 2**31 - 1),
-          5: ("int64", 2**63 - 1), 6: ("float64", 2**53), 7: ("float32", 2**24), 8: ("uint16", 65535)}  # fmt: skip
+DTYPES = {
+    1: ("uint8", 255),
+    2: ("int8", 127),
+    3: ("int16", 32767),
+    4: ("int32", 2**31 - 1),
+    5: ("int64", 2**63 - 1),
+    6: ("float64", 2**53),
+    7: ("float32", 2**24),
+    8: ("uint16", 65535),
+}
 SPLITS = ("train", "valid", "test")
 KEYS = ("tokenizer", "split", "cache", "blend", "blend_per_split")
 
@@ -75,11 +83,16 @@ class DataSpec:
         return int(self.tokens * shares[0] / sum(shares))
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "tokenizer": self.tokenizer, "vocab": self.vocab, "cache": self.cache,
-                "split": self.split, "tokens": self.tokens,
-                "blend": [dataclasses.asdict(p) for p in self.blend] or None,
-                "blend_per_split": {s: [dataclasses.asdict(p) for p in ps] for s, ps in self.per_split.items()}
-                or None}  # fmt: skip
+        return {
+            "source": self.source,
+            "tokenizer": self.tokenizer,
+            "vocab": self.vocab,
+            "cache": self.cache,
+            "split": self.split,
+            "tokens": self.tokens,
+            "blend": [dataclasses.asdict(p) for p in self.blend] or None,
+            "blend_per_split": {s: [dataclasses.asdict(p) for p in ps] for s, ps in self.per_split.items()} or None,
+        }
 
 
 def _fail(where: str, msg: str):
@@ -135,8 +148,11 @@ def _prefixes(entries, base: Path, where: str, vocab: int) -> tuple[Prefix, ...]
         prefix = str((base / e["prefix"]).resolve()).removesuffix(".bin").removesuffix(".idx")
         tokens, docs, dtype, largest = read_idx(prefix, where)
         if vocab - 1 > largest:
-            _fail(where, f"{prefix}.idx stores {dtype} tokens (ids ≤ {largest}) but the tokenizer has {vocab}: "
-                         "re-run make prep-data with this tokenizer")  # fmt: skip
+            _fail(
+                where,
+                f"{prefix}.idx stores {dtype} tokens (ids ≤ {largest}) but the tokenizer has {vocab}: "
+                "re-run make prep-data with this tokenizer",
+            )
         out.append(Prefix(prefix, float(w), tokens, docs, dtype))
     return tuple(out)
 
@@ -200,17 +216,23 @@ def apply(cfg, spec: DataSpec) -> None:
 
     model_vocab = getattr(cfg.model, "vocab_size", None)
     if model_vocab and spec.vocab > model_vocab:
-        raise DataError(f"DATA={spec.source}: tokenizer vocabulary {spec.vocab} > the model's {model_vocab}: "
-                        "use the model's tokenizer, or SET model.vocab_size")  # fmt: skip
+        raise DataError(
+            f"DATA={spec.source}: tokenizer vocabulary {spec.vocab} > the model's {model_vocab}: "
+            "use the model's tokenizer, or SET model.vocab_size"
+        )
     per = [(_blend(spec.per_split[s]) if s in spec.per_split else None) for s in SPLITS] if spec.per_split else None
     cfg.dataset = dataclasses.replace(
-        cfg.dataset, blend=_blend(spec.blend) if spec.blend else None, blend_per_split=per,
-        split=spec.split, path_to_cache=spec.cache,
-    )  # fmt: skip
+        cfg.dataset,
+        blend=_blend(spec.blend) if spec.blend else None,
+        blend_per_split=per,
+        split=spec.split,
+        path_to_cache=spec.cache,
+    )
     cfg.tokenizer = TokenizerConfig(
-        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=spec.tokenizer,
+        tokenizer_type="HuggingFaceTokenizer",
+        tokenizer_model=spec.tokenizer,
         make_vocab_size_divisible_by=cfg.tokenizer.make_vocab_size_divisible_by,
-    )  # fmt: skip
+    )
 
 
 def consumption(cfg, spec: DataSpec | None) -> dict:
@@ -220,5 +242,10 @@ def consumption(cfg, spec: DataSpec | None) -> dict:
     if spec is None:
         return {"mock": True, "consumed_tokens": consumed}
     train = spec.train_tokens()
-    return {"mock": False, "consumed_tokens": consumed, "train_tokens": train,
-            "epochs": round(consumed / train, 2) if train else None, **spec.to_dict()}  # fmt: skip
+    return {
+        "mock": False,
+        "consumed_tokens": consumed,
+        "train_tokens": train,
+        "epochs": round(consumed / train, 2) if train else None,
+        **spec.to_dict(),
+    }

@@ -101,11 +101,14 @@ def _clear_stale(out: Path) -> None:
 def spec_text(tokenizer: Path, prefixes: list[tuple[str, int]], docs: int) -> str:
     total = sum(t for _, t in prefixes) or 1
     stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    out = [f"# written by make prep-data at {stamp}: {docs} documents, {total} tokens (plan/data.py reads it)",
-           f"tokenizer = {json.dumps(str(tokenizer))}",
-           '# train,valid,test shares of the blend (Megatron\'s split); or replace [[blend]] with [blend_per_split]',
-           'split = "98,1,1"', "# Megatron's sample-index cache (GPTDatasetConfig.path_to_cache): must be writable",
-           'cache = "index-cache"']  # fmt: skip
+    out = [
+        f"# written by make prep-data at {stamp}: {docs} documents, {total} tokens (plan/data.py reads it)",
+        f"tokenizer = {json.dumps(str(tokenizer))}",
+        "# train,valid,test shares of the blend (Megatron's split); or replace [[blend]] with [blend_per_split]",
+        'split = "98,1,1"',
+        "# Megatron's sample-index cache (GPTDatasetConfig.path_to_cache): must be writable",
+        'cache = "index-cache"',
+    ]
     for name, tokens in prefixes:  # weights: each file's share of the tokens, its natural proportion
         out += ["", "[[blend]]", f"prefix = {json.dumps(name)}", f"weight = {tokens / total:.6f}"]
     return "\n".join(out) + "\n"
@@ -129,9 +132,15 @@ def prep(in_path, tokenizer, out, key="text", workers="1", force=False, log=prin
         for i, f in enumerate(files, 1):
             log(f"[{i}/{len(files)}] {f.name}: {docs[f]} documents")
             with stack.silenced():
-                made += megatron_preprocess_data(jsonl_paths=[str(f)], output_dir=work, tokenizer_name_or_path=str(tok),
-                                                 json_keys=[key], append_eod=True, workers=int(workers or 1),
-                                                 log_interval=max(1, docs[f] // 20))  # fmt: skip
+                made += megatron_preprocess_data(
+                    jsonl_paths=[str(f)],
+                    output_dir=work,
+                    tokenizer_name_or_path=str(tok),
+                    json_keys=[key],
+                    append_eod=True,
+                    workers=int(workers or 1),
+                    log_interval=max(1, docs[f] // 20),
+                )
         return _publish(made, work, target, tok, sum(docs.values()), log)
     finally:
         shutil.rmtree(work, ignore_errors=True)

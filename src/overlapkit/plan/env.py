@@ -154,8 +154,11 @@ def connections(plan) -> Connections:
         return Connections("1", why + f"{PERF} sets 1 for its TP4 and CP2 layouts")
     if tp > 1 or cp > 1:
         fix = "use TP=CP=1 or ddp.use_megatron_fsdp=false"
-        return Connections("32", f"{fsdp_note}, although TP={tp}/CP={cp} overlap wants 1 (an audit error)",
-                           f"{PINNED}: TP/CP overlap needs 1 but Megatron-FSDP refuses 1; {fix}")  # fmt: skip
+        return Connections(
+            "32",
+            f"{fsdp_note}, although TP={tp}/CP={cp} overlap wants 1 (an audit error)",
+            f"{PINNED}: TP/CP overlap needs 1 but Megatron-FSDP refuses 1; {fix}",
+        )
     why = f"TP=CP=1: 1 would serialise DP grad-reduce/param-gather with compute; {PERF} 8B fp8cs uses 32"
     if getattr(m, "num_moe_experts", None):
         why += f", {QWEN_MOE} 30B-A3B and the GPT-OSS 120B recipe too"

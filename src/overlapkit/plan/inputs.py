@@ -112,9 +112,11 @@ def check_sets(text) -> list[tuple[str, str]]:
     sections = {k.split(".")[0] for k in keys}
     for key, raw in config_pairs:
         if kind := credential_kind(raw):
-            raise overrides.OverrideError(f"{key}=<{kind}>: never put a credential in SET (it is written to "
-                                          "plan.json and the job script); export it and list its name in the "
-                                          "profile's secrets")  # fmt: skip
+            raise overrides.OverrideError(
+                f"{key}=<{kind}>: never put a credential in SET (it is written to "
+                "plan.json and the job script); export it and list its name in the "
+                "profile's secrets"
+            )
         if key in keys:
             value = overrides.convert(key, raw)
             if msg := size_problem(key, value):

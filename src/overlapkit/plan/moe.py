@@ -46,37 +46,100 @@ def bridge_assert_violations(cfg, rmodel, comm_user, rddp, te_version: str | Non
     `comm_user`: the CommOverlapConfig as written; `rmodel`/`rddp`: Bridge's resolved model/ddp (bf16 flags)."""
     m, out = cfg.model, []
     if comm_user is not None and comm_user.overlap_moe_expert_parallel_comm:
-        mods = [x for x in (m.recompute_modules or []) if x != "moe"]
-        checks = [
-            ((m.expert_model_parallel_size or 1) > 1, "ep_overlap_needs_ep", "needs expert_model_parallel_size>1",
-             f"{EP_OVERLAP}=false"),
-            ((m.num_moe_experts or 0) > 1, "ep_overlap_needs_experts", "needs num_moe_experts>1",
-             f"{EP_OVERLAP}=false"),
-            (m.moe_token_dispatcher_type in ("alltoall", "flex"), "ep_overlap_dispatcher",
-             f"needs the alltoall or flex dispatcher, not {m.moe_token_dispatcher_type!r}",
-             "model.moe_token_dispatcher_type=alltoall"),
-            (bool(rmodel.bf16 or rmodel.fp16), "ep_overlap_dtype", "needs bf16 or fp16 params",
-             "mixed_precision.bf16=true"),
-            (m.pipeline_model_parallel_size == 1 or m.virtual_pipeline_model_parallel_size is not None,
-             "ep_overlap_needs_vpp", "with PP>1 needs a virtual pipeline (VPP)", _vpp_fix(m)),
-            (m.recompute_granularity != "full", "ep_overlap_full_recompute", "cannot run with full recompute",
-             "model.recompute_granularity=selective"),
-            (m.recompute_method is None, "ep_overlap_recompute_method", "needs recompute_method unset",
-             "model.recompute_method=null"),
-            (m.recompute_num_layers is None, "ep_overlap_recompute_layers", "needs recompute_num_layers unset",
-             "model.recompute_num_layers=null"),
-            ("moe" not in (m.recompute_modules or []), "ep_overlap_recompute_moe",
-             "cannot recompute the 'moe' module", f"model.recompute_modules=[{','.join(mods)}]"),
-            (not m.moe_shared_expert_overlap, "ep_overlap_shared_expert", "cannot run with shared-expert overlap",
-             "model.moe_shared_expert_overlap=false"),
-            (m.mtp_num_layers in (None, 0, 1), "ep_overlap_mtp", "supports at most one MTP layer",
-             "model.mtp_num_layers=1"),
-        ]  # fmt: skip
+        checks = _ep_layout_checks(m, rmodel) + _ep_recompute_checks(m) + _ep_exclusive_checks(m)
         for ok, code, why, fix in checks:
             if not ok:
                 out.append((code, f"EP all-to-all overlap {why} (Bridge asserts at setup); set {fix}", fix))
     out += _delay_wgrad_violations(m, comm_user, rddp, te_version)
     return out
+
+
+# Bridge's EP overlap asserts in its order, in three groups; each check is (holds, code, why, SET fix).
+def _ep_layout_checks(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
+    """What the EP all-to-all overlap runs on: EP>1, several experts, a dispatcher that can overlap, 16-bit params,
+    and a virtual pipeline when PP>1."""
+    return [
+        (
+            (m.expert_model_parallel_size or 1) > 1,
+            "ep_overlap_needs_ep",
+            "needs expert_model_parallel_size>1",
+            f"{EP_OVERLAP}=false",
+        ),
+        (
+            (m.num_moe_experts or 0) > 1,
+            "ep_overlap_needs_experts",
+            "needs num_moe_experts>1",
+            f"{EP_OVERLAP}=false",
+        ),
+        (
+            m.moe_token_dispatcher_type in ("alltoall", "flex"),
+            "ep_overlap_dispatcher",
+            f"needs the alltoall or flex dispatcher, not {m.moe_token_dispatcher_type!r}",
+            "model.moe_token_dispatcher_type=alltoall",
+        ),
+        (
+            bool(rmodel.bf16 or rmodel.fp16),
+            "ep_overlap_dtype",
+            "needs bf16 or fp16 params",
+            "mixed_precision.bf16=true",
+        ),
+        (
+            m.pipeline_model_parallel_size == 1 or m.virtual_pipeline_model_parallel_size is not None,
+            "ep_overlap_needs_vpp",
+            "with PP>1 needs a virtual pipeline (VPP)",
+            _vpp_fix(m),
+        ),
+    ]
+
+
+def _ep_recompute_checks(m) -> list[tuple[bool, str, str, str | None]]:
+    """The recompute settings the EP overlap cannot run with: full recompute, a recompute method or layer count,
+    recomputing the 'moe' module."""
+    mods = [x for x in (m.recompute_modules or []) if x != "moe"]
+    return [
+        (
+            m.recompute_granularity != "full",
+            "ep_overlap_full_recompute",
+            "cannot run with full recompute",
+            "model.recompute_granularity=selective",
+        ),
+        (
+            m.recompute_method is None,
+            "ep_overlap_recompute_method",
+            "needs recompute_method unset",
+            "model.recompute_method=null",
+        ),
+        (
+            m.recompute_num_layers is None,
+            "ep_overlap_recompute_layers",
+            "needs recompute_num_layers unset",
+            "model.recompute_num_layers=null",
+        ),
+        (
+            "moe" not in (m.recompute_modules or []),
+            "ep_overlap_recompute_moe",
+            "cannot recompute the 'moe' module",
+            f"model.recompute_modules=[{','.join(mods)}]",
+        ),
+    ]
+
+
+def _ep_exclusive_checks(m) -> list[tuple[bool, str, str, str | None]]:
+    """The MoE features that cannot run beside the EP overlap: shared-expert overlap, more than one MTP layer."""
+    return [
+        (
+            not m.moe_shared_expert_overlap,
+            "ep_overlap_shared_expert",
+            "cannot run with shared-expert overlap",
+            "model.moe_shared_expert_overlap=false",
+        ),
+        (
+            m.mtp_num_layers in (None, 0, 1),
+            "ep_overlap_mtp",
+            "supports at most one MTP layer",
+            "model.mtp_num_layers=1",
+        ),
+    ]
 
 
 def _delay_wgrad_violations(m, comm_user, rddp, te_version) -> list[tuple[str, str, str]]:
@@ -85,14 +148,26 @@ def _delay_wgrad_violations(m, comm_user, rddp, te_version) -> list[tuple[str, s
     out = []
     if not (m.overlap_moe_expert_parallel_comm or comm_user.overlap_moe_expert_parallel_comm):
         fix = f"{DELAY_WGRAD}=false"
-        out.append(("delay_wgrad_needs_ep_overlap", f"delay_wgrad_compute needs EP all-to-all overlap (Bridge "
-                    f"asserts at setup); set {fix} or {EP_OVERLAP}=true", fix))  # fmt: skip
+        out.append(
+            (
+                "delay_wgrad_needs_ep_overlap",
+                f"delay_wgrad_compute needs EP all-to-all overlap (Bridge "
+                f"asserts at setup); set {fix} or {EP_OVERLAP}=true",
+                fix,
+            )
+        )
     needs_te = rddp.overlap_grad_reduce or comm_user.overlap_grad_reduce or m.gradient_accumulation_fusion
     if needs_te and te_version is not None and _older(te_version, TE_FOR_DELAY_WGRAD):
         fix = f"{DELAY_WGRAD}=false"
-        out.append(("delay_wgrad_te_version", f"delay_wgrad_compute with grad-reduce overlap or gradient "
-                    f"accumulation fusion needs TE >= {TE_FOR_DELAY_WGRAD}, the target has {te_version}; use a newer "
-                    f"container or set {fix}", fix))  # fmt: skip
+        out.append(
+            (
+                "delay_wgrad_te_version",
+                f"delay_wgrad_compute with grad-reduce overlap or gradient "
+                f"accumulation fusion needs TE >= {TE_FOR_DELAY_WGRAD}, the target has {te_version}; use a newer "
+                f"container or set {fix}",
+                fix,
+            )
+        )
     return out
 
 
@@ -107,14 +182,28 @@ def expert_split_violations(*, experts: int, ep: int, etp: int, pp: int, world: 
     audit (on a built config) and layout_search (candidate splits, no configs)."""
     out = []
     if experts % ep:
-        out.append(("experts_not_divisible_ep", f"{experts} experts are not divisible by EP{ep}: each EP rank holds "
-                    "whole experts; change model.expert_model_parallel_size"))  # fmt: skip
+        out.append(
+            (
+                "experts_not_divisible_ep",
+                f"{experts} experts are not divisible by EP{ep}: each EP rank holds "
+                "whole experts; change model.expert_model_parallel_size",
+            )
+        )
     if world % (etp * ep * pp):
-        out.append(("expert_world_not_divisible", f"{world} GPUs are not divisible by ETP·EP·PP={etp}·{ep}·{pp}: "
-                    "the expert side of the grid is ETP·EP·PP·expert-DP; change EP or the node count"))  # fmt: skip
+        out.append(
+            (
+                "expert_world_not_divisible",
+                f"{world} GPUs are not divisible by ETP·EP·PP={etp}·{ep}·{pp}: "
+                "the expert side of the grid is ETP·EP·PP·expert-DP; change EP or the node count",
+            )
+        )
     if ffn % etp:
-        out.append(("expert_ffn_not_divisible_etp", f"expert FFN {ffn} is not divisible by ETP{etp}: change "
-                    "model.expert_tensor_parallel_size"))  # fmt: skip
+        out.append(
+            (
+                "expert_ffn_not_divisible_etp",
+                f"expert FFN {ffn} is not divisible by ETP{etp}: change model.expert_tensor_parallel_size",
+            )
+        )
     return out
 
 
@@ -124,9 +213,13 @@ def divisibility(cfg, world: int) -> list[tuple[str, str]]:
     if not is_moe(m):
         return []
     return expert_split_violations(
-        experts=m.num_moe_experts, ep=m.expert_model_parallel_size or 1, etp=m.expert_tensor_parallel_size or 1,
-        pp=m.pipeline_model_parallel_size, world=world, ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
-    )  # fmt: skip
+        experts=m.num_moe_experts,
+        ep=m.expert_model_parallel_size or 1,
+        etp=m.expert_tensor_parallel_size or 1,
+        pp=m.pipeline_model_parallel_size,
+        world=world,
+        ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+    )
 
 
 def backend_problem(model, gpu_node: bool) -> tuple[str, str] | None:
@@ -138,8 +231,11 @@ def backend_problem(model, gpu_node: bool) -> tuple[str, str] | None:
         return None
     fix = "model.moe_token_dispatcher_type=alltoall model.moe_flex_dispatcher_backend=null"
     if gpu_node:
-        return "error", f"flex dispatcher backend {backend} needs the {module} package, which is not importable on " \
-                        f"this GPU node: use the NeMo container or set {fix}"  # fmt: skip
+        return (
+            "error",
+            f"flex dispatcher backend {backend} needs the {module} package, which is not importable on "
+            f"this GPU node: use the NeMo container or set {fix}",
+        )
     return "note", f"{module} not importable on this CPU machine: the NeMo container on the GPU nodes provides it"
 
 
@@ -154,8 +250,10 @@ def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple
     m, rm = cfg.model, res.model
     if not is_moe(m):
         return [], []
-    findings = [("error", c, msg, fix) for c, msg, fix in
-                bridge_assert_violations(cfg, rm, cfg.comm_overlap, res.ddp, target.te_version)]  # fmt: skip
+    findings = [
+        ("error", c, msg, fix)
+        for c, msg, fix in bridge_assert_violations(cfg, rm, cfg.comm_overlap, res.ddp, target.te_version)
+    ]
     if res.bridge_asserts and not findings:  # an assert this module does not know yet: never silent
         findings += [("error", "bridge_assert", f"Bridge's setup asserts: {msg}", None) for msg in res.bridge_asserts]
     findings += [("error", c, msg, None) for c, msg in divisibility(cfg, target.world_size)]
@@ -180,8 +278,14 @@ def _ep_row(m, rm, intent, findings, requested: bool) -> tuple:
         return "ep_a2a_overlap", OFF, f"kept off: {why}"
     if requested and findings:  # Bridge's setup would assert: the findings name the prerequisite and its fix
         return "ep_a2a_overlap", OFF, f"EP={ep}: requested, but a prerequisite fails (see the errors)"
-    findings.append(("error", "ep_overlap_off", f"EP={ep} without EP all-to-all overlap: set {EP_OVERLAP}=true",
-                     f"{EP_OVERLAP}=true"))  # fmt: skip
+    findings.append(
+        (
+            "error",
+            "ep_overlap_off",
+            f"EP={ep} without EP all-to-all overlap: set {EP_OVERLAP}=true",
+            f"{EP_OVERLAP}=true",
+        )
+    )
     return "ep_a2a_overlap", OFF, f"EP={ep} but {EP_OVERLAP} is off"
 
 

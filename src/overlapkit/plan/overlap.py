@@ -55,50 +55,62 @@ class Resolved:
 
 
 def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = "h100"):
-    """Switch on every overlap the layout allows. Mutates and returns `cfg`; raises PresetError on no preset."""
-    from megatron.bridge.training.comm_overlap import CommOverlapConfig
-
+    """Switch on every overlap the layout allows. Mutates and returns `cfg`; raises PresetError on no preset.
+    One step per overlap group, in the audit's order: TP (with the pipeline knobs kept), EP, DP, precision."""
     intent = intent or OverlapIntent()
-    m = cfg.model
-    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    vpp = m.virtual_pipeline_model_parallel_size or 1
-    old = cfg.comm_overlap
-    if tp > 1:
-        m.sequence_parallel = True  # TP overlap requires SP; Bridge drops TP overlap without it
-    if tp > 1 and intent.why_off("tp_comm_overlap"):
-        comm = CommOverlapConfig(tp_comm_overlap=False)
-    elif tp > 1:
-        if intent.tp_preset == presets.DEFAULT_TP_CONFIG:
-            tp_cfg = None
-        else:
-            name = intent.tp_preset or presets.select(presets.key_of(cfg, gpu))
-            tp_cfg = presets.preset_object(name)
-        comm = CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=tp_cfg)
-    else:
-        comm = CommOverlapConfig(tp_comm_overlap=False)  # TP=1: no TP collectives to overlap
+    comm = _tp_overlap(cfg, intent, gpu)
     # Keep pipeline-bubble knobs the base recipe chose (e.g. GPT3 175B's deferred embedding wgrad).
-    if old is not None:
+    if (old := cfg.comm_overlap) is not None:
         comm.defer_embedding_wgrad_compute = old.defer_embedding_wgrad_compute
         comm.wgrad_deferral_limit = old.wgrad_deferral_limit
     comm.overlap_param_gather_with_optimizer_step = intent.param_gather_with_optimizer_step
     cfg.comm_overlap = comm
     _moe_overlap(cfg, intent)
+    _dp_overlap(cfg, intent)
+    _precision(cfg)
+    return cfg
 
-    # DP overlap lives in Megatron DDP + the distributed optimizer; Bridge switches it on when DP>1.
+
+def _tp_overlap(cfg, intent: OverlapIntent, gpu: str):
+    """A fresh CommOverlapConfig with tensor-parallel userbuffer overlap wherever TP>1 and the recipe does not keep
+    it off: the recipe's preset, the one presets.select picks for this shape and GPU, or TE's defaults (opt-in)."""
+    from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+    m = cfg.model
+    tp = m.tensor_model_parallel_size
+    if tp > 1:
+        m.sequence_parallel = True  # TP overlap requires SP; Bridge drops TP overlap without it
+    if tp > 1 and intent.why_off("tp_comm_overlap"):
+        return CommOverlapConfig(tp_comm_overlap=False)
+    if tp > 1:
+        if intent.tp_preset == presets.DEFAULT_TP_CONFIG:
+            tp_cfg = None
+        else:
+            name = intent.tp_preset or presets.select(presets.key_of(cfg, gpu))
+            tp_cfg = presets.preset_object(name)
+        return CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=tp_cfg)
+    return CommOverlapConfig(tp_comm_overlap=False)  # TP=1: no TP collectives to overlap
+
+
+def _dp_overlap(cfg, intent: OverlapIntent) -> None:
+    """DP overlap lives in Megatron DDP + the distributed optimizer; Bridge switches it on when DP>1."""
+    pp = cfg.model.pipeline_model_parallel_size
+    vpp = cfg.model.virtual_pipeline_model_parallel_size or 1
     cfg.ddp.use_distributed_optimizer = True
     cfg.optimizer.use_distributed_optimizer = True
     cfg.ddp.overlap_grad_reduce = True
     cfg.ddp.overlap_param_gather = True
     cfg.ddp.align_param_gather = pp > 1 and vpp > 1
     if intent.why_off("overlap_grad_reduce"):  # Bridge's setup would switch it back on for DP>1 unless comm says no
-        cfg.ddp.overlap_grad_reduce = comm.overlap_grad_reduce = False
+        cfg.ddp.overlap_grad_reduce = cfg.comm_overlap.overlap_grad_reduce = False
 
-    # Precision knobs go through cfg.mixed_precision: its setup() overwrites the ddp/optimizer copies.
+
+def _precision(cfg) -> None:
+    """Precision knobs go through cfg.mixed_precision: its setup() overwrites the ddp/optimizer copies."""
     mp = cfg.mixed_precision
     mp.grad_reduce_in_fp32 = False  # BF16 reduce-scatter halves DP traffic (NVIDIA's perf recipes do the same)
     mp.fp8_param_gather = bool(mp.fp8)  # gather FP8 params: half the all-gather bytes of BF16
     cfg.ddp.grad_reduce_in_fp32 = mp.grad_reduce_in_fp32
-    return cfg
 
 
 def is_moe(model) -> bool:

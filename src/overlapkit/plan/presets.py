@@ -47,8 +47,13 @@ class PresetKey:
 def key_of(cfg, gpu: str = "h100") -> PresetKey:
     """The key a Bridge config needs."""
     m = cfg.model
-    return PresetKey.of(ModelShape.of(cfg), tp=m.tensor_model_parallel_size, cp=m.context_parallel_size or 1,
-                        mbs=cfg.train.micro_batch_size, gpu=gpu)  # fmt: skip
+    return PresetKey.of(
+        ModelShape.of(cfg),
+        tp=m.tensor_model_parallel_size,
+        cp=m.context_parallel_size or 1,
+        mbs=cfg.train.micro_batch_size,
+        gpu=gpu,
+    )
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,9 @@ def parse(text: str) -> list[Point]:
         gbs, mbs, seq = (int(x) for x in batch.split("/"))
         tp, pp, cp, vp = layout.split("/")
         vpp = int(vp) if vp.isdigit() and int(vp) > 1 else None
-        points.append(Point(model, release, int(gpus), prec, gbs, mbs, seq, int(tp), int(pp), int(cp), vpp,
-                            float(tokens)))  # fmt: skip
+        points.append(
+            Point(model, release, int(gpus), prec, gbs, mbs, seq, int(tp), int(pp), int(cp), vpp, float(tokens))
+        )
     return points
 
 
@@ -83,10 +84,14 @@ def recipe_of(p: Point) -> tuple[str, int, str]:
     names = [n for n in registry.names() if n.startswith(prefix) and n.endswith(f"_h100_{dtype}")]
     name = next((n for n in names if f"_{p.gpus}gpu_" in n), names[0])
     sets = {
-        "model.tensor_model_parallel_size": p.tp, "model.pipeline_model_parallel_size": p.pp,
-        "model.context_parallel_size": p.cp, "model.virtual_pipeline_model_parallel_size": p.vpp,
-        "train.micro_batch_size": p.mbs, "train.global_batch_size": p.gbs, "model.seq_length": p.seq,
-    }  # fmt: skip
+        "model.tensor_model_parallel_size": p.tp,
+        "model.pipeline_model_parallel_size": p.pp,
+        "model.context_parallel_size": p.cp,
+        "model.virtual_pipeline_model_parallel_size": p.vpp,
+        "train.micro_batch_size": p.mbs,
+        "train.global_batch_size": p.gbs,
+        "model.seq_length": p.seq,
+    }
     text = " ".join(f"{k}={'null' if v is None else v}" for k, v in sets.items())
     return name, p.gpus // 8, text
 
@@ -117,8 +122,12 @@ def fit(plans: dict, calibrate_on: tuple[str, str], points: dict) -> tuple[float
         for i, h in enumerate((1e-4, 1e-7)):
             y = list(x)
             y[i] += h
-            jac.append([(predicted(plans[k], tuple(y)).tokens_per_gpu_s / points[k].tokens - 1 - r[j]) / h
-                        for j, k in enumerate(calibrate_on)])  # fmt: skip
+            jac.append(
+                [
+                    (predicted(plans[k], tuple(y)).tokens_per_gpu_s / points[k].tokens - 1 - r[j]) / h
+                    for j, k in enumerate(calibrate_on)
+                ]
+            )
         (a, c), (b, d) = jac  # columns: d/d(eff), d/d(overhead)
         det = a * d - b * c
         x = [x[0] - (d * r[0] - b * r[1]) / det, x[1] - (-c * r[0] + a * r[1]) / det]
@@ -133,15 +142,26 @@ def rows(points: list[Point], plans: dict | None = None) -> list[dict]:
         pred = predicted(plans[p.key])
         role = "calibration" if p.key in throughput.CALIBRATED_ON else "held out"
         err = pred.tokens_per_gpu_s / p.tokens - 1
-        out.append({"point": p, "predicted": pred.tokens_per_gpu_s, "tflops": pred.tflops_per_gpu, "error": err,
-                    "role": role, "recipe": recipe_of(p)[0]})  # fmt: skip
+        out.append(
+            {
+                "point": p,
+                "predicted": pred.tokens_per_gpu_s,
+                "tflops": pred.tflops_per_gpu,
+                "error": err,
+                "role": role,
+                "recipe": recipe_of(p)[0],
+            }
+        )
     return out
 
 
 def verdict(table_rows: list[dict]) -> list[str]:
     """What breaks issue #14's bar (empty: none)."""
-    bad = [f"{r['point'].key}: {r['error']:+.1%}" for r in table_rows
-           if r["role"] == "held out" and abs(r["error"]) > HELD_OUT_TOL]  # fmt: skip
+    bad = [
+        f"{r['point'].key}: {r['error']:+.1%}"
+        for r in table_rows
+        if r["role"] == "held out" and abs(r["error"]) > HELD_OUT_TOL
+    ]
     held = [abs(r["error"]) for r in table_rows if r["role"] == "held out"]
     if held and statistics.median(held) > MEDIAN_TOL:
         bad.append(f"median |error| of the held-out runs {statistics.median(held):.1%} > {MEDIAN_TOL:.0%}")
@@ -163,8 +183,7 @@ def table(table_rows: list[dict]) -> str:
             f"| {r['tflops']:.0f} | `{r['recipe']}` | {r['role']} |"
         )
     held = [abs(r["error"]) for r in table_rows if r["role"] == "held out"]
-    lines += ["", f"Held out: {len(held)} runs, median |error| {statistics.median(held):.1%}, "
-              f"worst {max(held):.1%}."]  # fmt: skip
+    lines += ["", f"Held out: {len(held)} runs, median |error| {statistics.median(held):.1%}, worst {max(held):.1%}."]
     return "\n".join(lines) + "\n"
 
 

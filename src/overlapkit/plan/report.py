@@ -35,8 +35,12 @@ def layout_line(layout: dict) -> str:
     vpp = layout["vpp"] or "-"
     moe = "ep" in layout  # MoE: expert parallelism, expert-DP, and parameters active per token
     ep = f" EP{layout['ep']} ETP{layout['etp']} expert-DP{layout['expert_dp']}" if moe else ""
-    active = f" ({layout['active_params_b']}B active per token without the embedding lookup, top-{layout['topk']} of " \
-             f"{layout['experts']} experts)" if moe else ""  # fmt: skip
+    active = (
+        f" ({layout['active_params_b']}B active per token without the embedding lookup, top-{layout['topk']} of "
+        f"{layout['experts']} experts)"
+        if moe
+        else ""
+    )
     return (
         f"{layout['gpus']} GPUs = {layout['nodes']} nodes × 8 · TP{layout['tp']} PP{layout['pp']} CP{layout['cp']} "
         f"VP{vpp}{ep} DP{layout['dp']} · MBS {layout['mbs']} GBS {layout['gbs']} · seq {layout['seq']} · "
@@ -72,8 +76,18 @@ def render_plan(plan, con: Console) -> None:
 
 def recipes_table(rows: list[dict]) -> Table:
     t = Table(title="H100 recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = ("recipe", "model", "GPUs", "dtype", "TP/PP/CP/VP/EP/DP", "MBS/GBS", "seq", "overlaps on", "TFLOP/s*",
-            "audit")  # fmt: skip
+    cols = (
+        "recipe",
+        "model",
+        "GPUs",
+        "dtype",
+        "TP/PP/CP/VP/EP/DP",
+        "MBS/GBS",
+        "seq",
+        "overlaps on",
+        "TFLOP/s*",
+        "audit",
+    )
     for col in cols:
         t.add_column(col, no_wrap=True, justify="right" if col == "TFLOP/s*" else "left")
     keys = ("recipe", "model", "gpus", "dtype", "layout", "batch", "seq", "on", "tflops", "audit")

@@ -61,8 +61,10 @@ class RunOptions:
 def parse_run_name(text: str) -> str:
     name = (text or "").strip()
     if name and not _NAME.match(name):
-        raise ValueError(f"RUN_NAME={text!r}: letters, digits, '.', '_' or '-', up to 64, starting with a letter or "
-                         "digit (it names a directory)")  # fmt: skip
+        raise ValueError(
+            f"RUN_NAME={text!r}: letters, digits, '.', '_' or '-', up to 64, starting with a letter or "
+            "digit (it names a directory)"
+        )
     return name
 
 
@@ -107,8 +109,10 @@ def for_profile(opts: RunOptions, profile, time_limit_min: int | None) -> RunOpt
     """The options bound to a cluster: its shared job directory, its time limit, its W&B project."""
     wandb = {"project": profile.wandb_project, "entity": profile.wandb_entity} if profile.wandb_project else None
     if opts.segments > 1 and time_limit_min is not None and time_limit_min <= GUARD_MIN + PREEMPT_S // 60:
-        raise ValueError(f"SEGMENTS needs a time limit above {GUARD_MIN + PREEMPT_S // 60} minutes (the save "
-                         f"window): {profile.source} has {time_limit_min}")  # fmt: skip
+        raise ValueError(
+            f"SEGMENTS needs a time limit above {GUARD_MIN + PREEMPT_S // 60} minutes (the save "
+            f"window): {profile.source} has {time_limit_min}"
+        )
     return dataclasses.replace(opts, job_dir=str(profile.job_path), time_limit_min=time_limit_min, wandb=wandb)
 
 
@@ -138,8 +142,12 @@ def apply(cfg, opts: RunOptions) -> None:
     if opts.nsys:
         from megatron.bridge.training.config import ProfilingConfig
 
-        cfg.profiling = ProfilingConfig(use_nsys_profiler=True, profile_step_start=opts.nsys[0],
-                                        profile_step_end=opts.nsys[1], profile_ranks=list(opts.nsys_ranks))  # fmt: skip
+        cfg.profiling = ProfilingConfig(
+            use_nsys_profiler=True,
+            profile_step_start=opts.nsys[0],
+            profile_step_end=opts.nsys[1],
+            profile_ranks=list(opts.nsys_ranks),
+        )
     if spec := spec_of(opts):
         data_spec.apply(cfg, spec)
 
@@ -150,32 +158,83 @@ def _under(path: str, root: str) -> bool:
 
 def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
     """(level, code, message) for the run's checkpoint, logging and data settings."""
-    ck, out = cfg.checkpoint, []
+    return _checkpoint_findings(cfg.checkpoint, opts) + _logging_findings(opts, profile) + _data_findings(cfg, opts)
+
+
+def _checkpoint_findings(ck, opts: RunOptions) -> list[tuple[str, str, str]]:
+    """Where checkpoints go, whether segments can resume from them, how they are saved and how often."""
+    out = []
     if opts.job_dir and ck.save and not _under(ck.save, opts.job_dir):
-        out.append(("error", "checkpoint_outside_job_dir", f"checkpoint.save={ck.save} is outside the profile's "
-                    f"shared job_dir {opts.job_dir}: it would be lost with the job; use RUN_NAME=<name>"))  # fmt: skip
+        out.append(
+            (
+                "error",
+                "checkpoint_outside_job_dir",
+                f"checkpoint.save={ck.save} is outside the profile's "
+                f"shared job_dir {opts.job_dir}: it would be lost with the job; use RUN_NAME=<name>",
+            )
+        )
     if opts.segments > 1 and not (ck.save and ck.load == ck.save):
-        out.append(("error", "segments_without_checkpoints", "SEGMENTS>1 needs checkpoint.save = checkpoint.load "
-                    "(RUN_NAME sets both): a later segment would start from iteration 0"))  # fmt: skip
+        out.append(
+            (
+                "error",
+                "segments_without_checkpoints",
+                "SEGMENTS>1 needs checkpoint.save = checkpoint.load "
+                "(RUN_NAME sets both): a later segment would start from iteration 0",
+            )
+        )
     if (
         ck.save
         and ck.async_save
         and ck.async_strategy == "nvrx"
         and not importlib.util.find_spec("nvidia_resiliency_ext")
     ):
-        out.append(("warning", "async_save_needs_nvrx", "checkpoint.async_save with async_strategy=nvrx needs "
-                    "nvidia-resiliency-ext, not importable here (the NeMo container ships it; Bridge falls back to "
-                    "mcore without it): SET checkpoint.async_strategy=mcore to be explicit"))  # fmt: skip
+        out.append(
+            (
+                "warning",
+                "async_save_needs_nvrx",
+                "checkpoint.async_save with async_strategy=nvrx needs "
+                "nvidia-resiliency-ext, not importable here (the NeMo container ships it; Bridge falls back to "
+                "mcore without it): SET checkpoint.async_strategy=mcore to be explicit",
+            )
+        )
     if ck.save and not ck.save_interval:
-        out.append(("warning", "no_save_interval", "checkpoint.save_interval is null: only the exit save; a crash "
-                    "loses the whole segment (SET checkpoint.save_interval=<iterations>)"))  # fmt: skip
-    if opts.wandb and "WANDB_API_KEY" not in getattr(profile, "secrets", ()):
-        out.append(("error", "wandb_key_not_secret", f"W&B project {opts.wandb['project']} set in the profile but "
-                    "WANDB_API_KEY is not in its secrets: add secrets = [\"WANDB_API_KEY\"]"))  # fmt: skip
-    if opts.data and (eps := _epochs(cfg, opts)) and eps > 1:
-        out.append(("warning", "data_epochs", f"the run reads {eps:.2f} epochs of the train split: more data, or "
-                    "fewer train.train_iters, if repeating it is not intended"))  # fmt: skip
+        out.append(
+            (
+                "warning",
+                "no_save_interval",
+                "checkpoint.save_interval is null: only the exit save; a crash "
+                "loses the whole segment (SET checkpoint.save_interval=<iterations>)",
+            )
+        )
     return out
+
+
+def _logging_findings(opts: RunOptions, profile) -> list[tuple[str, str, str]]:
+    """The profile's W&B logging: its key must come from the profile's secrets."""
+    if not opts.wandb or "WANDB_API_KEY" in getattr(profile, "secrets", ()):
+        return []
+    return [
+        (
+            "error",
+            "wandb_key_not_secret",
+            f"W&B project {opts.wandb['project']} set in the profile but "
+            'WANDB_API_KEY is not in its secrets: add secrets = ["WANDB_API_KEY"]',
+        )
+    ]
+
+
+def _data_findings(cfg, opts: RunOptions) -> list[tuple[str, str, str]]:
+    """The data spec against the run's length: epochs of the train split it reads."""
+    if not (opts.data and (eps := _epochs(cfg, opts)) and eps > 1):
+        return []
+    return [
+        (
+            "warning",
+            "data_epochs",
+            f"the run reads {eps:.2f} epochs of the train split: more data, or "
+            "fewer train.train_iters, if repeating it is not intended",
+        )
+    ]
 
 
 def _epochs(cfg, opts: RunOptions) -> float | None:
@@ -191,24 +250,35 @@ def summary(plan, opts: RunOptions) -> dict:
     step_s = plan.throughput.step_s if getattr(plan, "throughput", None) is not None else None
     loss_min = round(step_s * ck.save_interval / 60, 1) if step_s and ck.save and ck.save_interval else None
     return {
-        "run_name": opts.run_name or None, "checkpoint_dir": ck.save, "save_interval": ck.save_interval if ck.save
-        else None, "expected_step_s": round(step_s, 2) if step_s else None, "crash_loss_min": loss_min,
-        "tensorboard_dir": cfg.logger.tensorboard_dir if ck.save else None, "wandb": opts.wandb,
-        "train_iters": cfg.train.train_iters, "segments": opts.segments,
+        "run_name": opts.run_name or None,
+        "checkpoint_dir": ck.save,
+        "save_interval": ck.save_interval if ck.save else None,
+        "expected_step_s": round(step_s, 2) if step_s else None,
+        "crash_loss_min": loss_min,
+        "tensorboard_dir": cfg.logger.tensorboard_dir if ck.save else None,
+        "wandb": opts.wandb,
+        "train_iters": cfg.train.train_iters,
+        "segments": opts.segments,
         "signal": f"TERM@{PREEMPT_S}" if opts.run_name else None,
-        "exit_duration_in_mins": cfg.train.exit_duration_in_mins, "exit_signal_handler": cfg.train.exit_signal_handler,
+        "exit_duration_in_mins": cfg.train.exit_duration_in_mins,
+        "exit_signal_handler": cfg.train.exit_signal_handler,
         "nsys": {"steps": list(opts.nsys), "ranks": list(opts.nsys_ranks)} if opts.nsys else None,
-    }  # fmt: skip
+    }
 
 
 def lines(d: dict) -> list[str]:
     """The plan's data / checkpoint / segment lines (plain text; report.render_plan prints them)."""
     data, run = d.get("data") or {"mock": True}, d.get("run") or {}
     n = 0 if data["mock"] else len(data["blend"] or [p for ps in data["blend_per_split"].values() for p in ps])
-    out = ["data: mock (benchmark)"] if data["mock"] else [
-        f"data: {n} dataset prefix{'es' if n != 1 else ''}, "
-        f"{data['tokens']:,} tokens ({data['train_tokens']:,} in the train split); the run reads "
-        f"{data['consumed_tokens']:,} = {data['epochs']} epochs; tokenizer {data['tokenizer']}"]  # fmt: skip
+    out = (
+        ["data: mock (benchmark)"]
+        if data["mock"]
+        else [
+            f"data: {n} dataset prefix{'es' if n != 1 else ''}, "
+            f"{data['tokens']:,} tokens ({data['train_tokens']:,} in the train split); the run reads "
+            f"{data['consumed_tokens']:,} = {data['epochs']} epochs; tokenizer {data['tokenizer']}"
+        ]
+    )
     for p in data.get("blend") or []:
         out.append(f"  {p['path']}  weight {p['weight']:g}  {p['tokens']:,} tokens {p['dtype']}")
     for split, ps in (data.get("blend_per_split") or {}).items():
@@ -219,15 +289,23 @@ def lines(d: dict) -> list[str]:
         out.append("checkpoints: off (benchmark); RUN_NAME=<name> saves to <job_dir>/checkpoints/<name> and resumes")
         return out
     gpu_h = run["crash_loss_min"] * d["layout"]["gpus"] / 60 if run["crash_loss_min"] else 0
-    loss = (f" ≈ {run['crash_loss_min']} min ({gpu_h:,.0f} GPU-hours) at the predicted step time "
-            f"{run['expected_step_s']} s" if gpu_h else " (no step-time prediction for this plan)")  # fmt: skip
-    out.append(f"checkpoints: {run['checkpoint_dir']} every {run['save_interval']} iterations; a crash loses up to "
-               f"{run['save_interval']} iterations{loss}")  # fmt: skip
-    out.append(f"tensorboard: {run['tensorboard_dir']}" + (f"; W&B project {run['wandb']['project']}"
-                                                           if run["wandb"] else ""))  # fmt: skip
+    loss = (
+        f" ≈ {run['crash_loss_min']} min ({gpu_h:,.0f} GPU-hours) at the predicted step time {run['expected_step_s']} s"
+        if gpu_h
+        else " (no step-time prediction for this plan)"
+    )
+    out.append(
+        f"checkpoints: {run['checkpoint_dir']} every {run['save_interval']} iterations; a crash loses up to "
+        f"{run['save_interval']} iterations{loss}"
+    )
+    out.append(
+        f"tensorboard: {run['tensorboard_dir']}" + (f"; W&B project {run['wandb']['project']}" if run["wandb"] else "")
+    )
     if run["exit_duration_in_mins"]:
-        out.append(f"segments: {run['segments']} chained job(s) (afterany), SIGTERM {PREEMPT_S} s before each limit "
-                   f"({run['signal']}), exit_duration_in_mins {run['exit_duration_in_mins']}")  # fmt: skip
+        out.append(
+            f"segments: {run['segments']} chained job(s) (afterany), SIGTERM {PREEMPT_S} s before each limit "
+            f"({run['signal']}), exit_duration_in_mins {run['exit_duration_in_mins']}"
+        )
     return out
 
 

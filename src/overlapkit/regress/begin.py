@@ -16,8 +16,10 @@ from dataclasses import dataclass
 # past), MMDD[YY] and MM/DD[/YY] (read differently by different people), today/tomorrow (a date, not a time of day).
 NAMED = {"midnight": 0, "elevenses": 11, "noon": 12, "fika": 15, "teatime": 16}
 UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
-FORMS = ("HH:MM[:SS] (02:00, 2:30PM), midnight|noon|elevenses|fika|teatime, now+N[seconds|minutes|hours|days|weeks] "
-         "(now+90 is 90 seconds, now+2hours), or YYYY-MM-DD[THH:MM[:SS]] (2026-12-02T02:00)")  # fmt: skip
+FORMS = (
+    "HH:MM[:SS] (02:00, 2:30PM), midnight|noon|elevenses|fika|teatime, now+N[seconds|minutes|hours|days|weeks] "
+    "(now+90 is 90 seconds, now+2hours), or YYYY-MM-DD[THH:MM[:SS]] (2026-12-02T02:00)"
+)
 _CLOCK = re.compile(r"(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?\s*(?P<half>[ap]m)?", re.IGNORECASE)
 _NOW = re.compile(r"now\+(?P<n>\d+)(?P<unit>[a-z]*)", re.IGNORECASE)
 _ISO = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?")
@@ -91,8 +93,10 @@ def first_begin(at: At, now: dt.datetime) -> dt.datetime:
         return now + dt.timedelta(seconds=at.offset_s)
     if at.when is not None:
         if at.when <= now:
-            raise ScheduleError(f"AT={at.text!r} is in the past (now {iso(now)}): give a later date and time, or a "
-                                "time of day such as 02:00")  # fmt: skip
+            raise ScheduleError(
+                f"AT={at.text!r} is in the past (now {iso(now)}): give a later date and time, or a "
+                "time of day such as 02:00"
+            )
         return at.when
     h, m, s = at.clock
     today = now.replace(hour=h, minute=m, second=s)

@@ -63,11 +63,15 @@ def _last_fire(sched: dict, state: str, firing: set[str]) -> tuple[bool, list[st
     if "rc" not in last:
         if state == "running" or last["job_id"] in firing:
             return True, [f"last {where}: launching now"]
-        return not current, [f"the night did not start: {where}, whose launch never reported back (see "
-                             f"{scheduler_log(sched, last['job_id'])})"]  # fmt: skip
+        return not current, [
+            f"the night did not start: {where}, whose launch never reported back (see "
+            f"{scheduler_log(sched, last['job_id'])})"
+        ]
     if last["rc"] != 0 or not last.get("night"):
-        return not current, [f"the night did not start: {where}: `make nightly`'s command exited {last['rc']} "
-                             f"(see {scheduler_log(sched, last['job_id'])})"]  # fmt: skip
+        return not current, [
+            f"the night did not start: {where}: `make nightly`'s command exited {last['rc']} "
+            f"(see {scheduler_log(sched, last['job_id'])})"
+        ]
     return True, [f"last {where}: night {stack.repo_relative(Path(last['night']))}"]
 
 
@@ -80,33 +84,54 @@ def _missed(sched: dict, job: dict | None, state: str) -> list[str]:
     days = round((nxt - last) / dt.timedelta(days=1)) if last and nxt else 1
     if days <= 1:
         return []
-    return [f"{days - 1} night(s) did not run between {iso(last)} and {iso(nxt)}: the scheduler started over a day "
-            "late (a full or down partition); check sacct for it"]  # fmt: skip
+    return [
+        f"{days - 1} night(s) did not run between {iso(last)} and {iso(nxt)}: the scheduler started over a day "
+        "late (a full or down partition); check sacct for it"
+    ]
 
 
-def analyse(sched: dict | None, queued: list[dict] | None, ended: str | None, now: dt.datetime,
-            cluster: str) -> ChainStatus:  # fmt: skip
+def analyse(
+    sched: dict | None, queued: list[dict] | None, ended: str | None, now: dt.datetime, cluster: str
+) -> ChainStatus:
     """The chain's health from the schedule file, this chain's jobs in squeue (None: squeue did not answer) and,
     when the job the file names is not queued, Slurm's last word on it (`ended`, from sacct)."""
     if not sched:
-        return ChainStatus("none", True, [f"no nightly schedule for {cluster}: start one with make nightly-schedule "
-                                          f"CLUSTER={cluster} AT=02:00"])  # fmt: skip
+        return ChainStatus(
+            "none",
+            True,
+            [f"no nightly schedule for {cluster}: start one with make nightly-schedule CLUSTER={cluster} AT=02:00"],
+        )
     restart = restart_command(sched)
     if not sched.get("active"):
-        return ChainStatus("off", True, [f"unscheduled at {sched.get('unscheduled_at')}: no night is queued; "
-                                         f"start again with {restart}"])  # fmt: skip
-    head = (f"schedule: AT={sched['at']} every day, RECIPES={sched['recipes'] or '(all)'} "
-            f"PREFLIGHT={sched['preflight'] or '(off)'} (scheduled {sched.get('scheduled_at')})")  # fmt: skip
+        return ChainStatus(
+            "off",
+            True,
+            [f"unscheduled at {sched.get('unscheduled_at')}: no night is queued; start again with {restart}"],
+        )
+    head = (
+        f"schedule: AT={sched['at']} every day, RECIPES={sched['recipes'] or '(all)'} "
+        f"PREFLIGHT={sched['preflight'] or '(off)'} (scheduled {sched.get('scheduled_at')})"
+    )
     if queued is None:
-        return ChainStatus("unknown", False, [head, f"squeue did not answer: cannot tell whether scheduler job "
-                                                    f"{sched['job_id']} is queued (is Slurm up? sinfo)"])  # fmt: skip
+        return ChainStatus(
+            "unknown",
+            False,
+            [
+                head,
+                f"squeue did not answer: cannot tell whether scheduler job "
+                f"{sched['job_id']} is queued (is Slurm up? sinfo)",
+            ],
+        )
     fired = {h.get("job_id") for h in sched.get("history") or []}
     firing = {j["job_id"] for j in queued if j["state"] != "PENDING" and j["job_id"] in fired}  # successor queued
     job = next((j for j in queued if j["job_id"] == sched["job_id"]), None)
     job = job or next((j for j in queued if j["job_id"] not in firing), None)
     state, lines = _chain_state(sched, job, ended, now, restart)
-    others = [f"also queued for this chain: job {j['job_id']} ({j['state']}, begins {j['begin']}); {restart} "
-              "leaves one" for j in queued if j is not job and j["job_id"] not in firing]  # fmt: skip
+    others = [
+        f"also queued for this chain: job {j['job_id']} ({j['state']}, begins {j['begin']}); {restart} leaves one"
+        for j in queued
+        if j is not job and j["job_id"] not in firing
+    ]
     fire_ok, fire_lines = _last_fire(sched, state, firing)
     missed = _missed(sched, job, state)
     ok = state in ("pending", "running") and fire_ok and not missed and not others
@@ -122,8 +147,10 @@ def night_lines(night_dir: Path, night: dict, results: list[dict] | None, report
     rid = night.get("report_job_id")
     if results is None:
         if report_state and report_state.startswith(slurm.TERMINAL):
-            return lines + [f"verdict: none: summary job {rid} ended {report_state} without writing results.json "
-                            f"(see report-{rid}.out there)"]  # fmt: skip
+            return lines + [
+                f"verdict: none: summary job {rid} ended {report_state} without writing results.json "
+                f"(see report-{rid}.out there)"
+            ]
         return lines + [f"verdict: not yet: summary job {rid} is {report_state or 'unknown to Slurm'}"]
     judged = [r for r in results if not r.get("skipped")]
     failing = [f"{r['recipe']}: {r['verdict']['status']}" for r in judged if not r["verdict"]["ok"]]

@@ -49,18 +49,34 @@ _PERF = "megatron.bridge.perf_recipes.llama.h100"
 CUTS = {
     c.key: c
     for c in (
-        Cut("llama3_8b", "llama3_8b_pretrain_8gpu_h100_bf16",
-            f"{_PERF}.llama3.llama3_8b_pretrain_8gpu_h100_bf16_config", layers=4),
-        Cut("llama3_70b", "llama3_70b_pretrain_64gpu_h100_bf16",
-            f"{_PERF}.llama3.llama3_70b_pretrain_64gpu_h100_bf16_config", layers=2),
-        Cut("gpt3_175b", "gpt3_175b_pretrain_128gpu_h100_bf16",
-            "megatron.bridge.recipes.gpt.h100.gpt3_175b.gpt3_175b_pretrain_32gpu_h100_bf16_config", layers=2,
-            note="Bridge ships no GPT3 perf recipe: the reference is Bridge's own H100 GPT3 recipe"),
-        Cut("llama31_405b", "llama31_405b_pretrain_512gpu_h100_bf16",
-            f"{_PERF}.llama31.llama31_405b_pretrain_512gpu_h100_bf16_config", layers=1,
-            note="H200 only: 110 GB of weights, grads and Adam state at one layer"),
+        Cut(
+            "llama3_8b",
+            "llama3_8b_pretrain_8gpu_h100_bf16",
+            f"{_PERF}.llama3.llama3_8b_pretrain_8gpu_h100_bf16_config",
+            layers=4,
+        ),
+        Cut(
+            "llama3_70b",
+            "llama3_70b_pretrain_64gpu_h100_bf16",
+            f"{_PERF}.llama3.llama3_70b_pretrain_64gpu_h100_bf16_config",
+            layers=2,
+        ),
+        Cut(
+            "gpt3_175b",
+            "gpt3_175b_pretrain_128gpu_h100_bf16",
+            "megatron.bridge.recipes.gpt.h100.gpt3_175b.gpt3_175b_pretrain_32gpu_h100_bf16_config",
+            layers=2,
+            note="Bridge ships no GPT3 perf recipe: the reference is Bridge's own H100 GPT3 recipe",
+        ),
+        Cut(
+            "llama31_405b",
+            "llama31_405b_pretrain_512gpu_h100_bf16",
+            f"{_PERF}.llama31.llama31_405b_pretrain_512gpu_h100_bf16_config",
+            layers=1,
+            note="H200 only: 110 GB of weights, grads and Adam state at one layer",
+        ),
     )
-}  # fmt: skip
+}
 
 
 def resolve(dotted: str):

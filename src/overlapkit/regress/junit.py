@@ -51,15 +51,25 @@ def to_xml(night: dict, results: list[dict]) -> ET.Element:
     """<testsuites><testsuite name="nightly.<cluster>">, one testcase per result, with the counts set on both."""
     classname = f"nightly.{night.get('cluster', 'unknown')}"
     root = ET.Element("testsuites", name=f"nightly regression {night.get('stamp', '')}".strip())
-    suite = ET.SubElement(root, "testsuite", name=classname, timestamp=_timestamp(night.get("stamp")),
-                          hostname=socket.gethostname(), time="0")  # fmt: skip
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=classname,
+        timestamp=_timestamp(night.get("stamp")),
+        hostname=socket.gethostname(),
+        time="0",
+    )
     props = ET.SubElement(suite, "properties")
     for key in ("stamp", "cluster", "preflight_only", "iters", "checks"):
         if key in night:
             ET.SubElement(props, "property", name=key, value=str(night[key]))
     outcomes = [_case(suite, classname, r) for r in results]
-    counts = {"tests": len(outcomes), "failures": outcomes.count("failure"), "errors": 0,
-              "skipped": outcomes.count("skipped")}  # fmt: skip
+    counts = {
+        "tests": len(outcomes),
+        "failures": outcomes.count("failure"),
+        "errors": 0,
+        "skipped": outcomes.count("skipped"),
+    }
     suite.attrib.update({k: str(v) for k, v in counts.items()})
     root.attrib.update({k: str(v) for k, v in counts.items() if k != "skipped"}, time="0")
     return root

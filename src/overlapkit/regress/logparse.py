@@ -83,8 +83,16 @@ EVENTS = {
 }
 # Lower-case words, one of which is in every line an EVENTS pattern matches (test_logparse checks each alternative
 # against them). A line with none skips the six searches, which were most of the parse time.
-_EVENT_HINTS = ("illegal memory", "watchdog", "out of memory", "outofmemory", "node fail", "node_fail", "preempt",
-                "time limit")  # fmt: skip
+_EVENT_HINTS = (
+    "illegal memory",
+    "watchdog",
+    "out of memory",
+    "outofmemory",
+    "node fail",
+    "node_fail",
+    "preempt",
+    "time limit",
+)
 # Where the launch is stated (see the module doc). A usage message names `--recipe RECIPE` too: not a launch.
 _LAUNCH = re.compile(
     r"preflight: (?:OK|FAILED) \(\d+/(?P<preflight>\d+) ranks\)"
@@ -209,8 +217,11 @@ class _Summary:
         # Bridge leaves a NaN loss out of the line and counts it in "number of nan iterations"; Megatron-LM builds
         # may print "lm loss: nan". Count both, plus a complete line with no loss at all (the NaN case in Bridge)
         # — that one only where other lines do print a loss, which is known at the end.
-        if (r.get("nan_iters", 0) > 0 or (has_loss and not math.isfinite(r["lm_loss"]))
-                or ("grad_norm" in r and not math.isfinite(r["grad_norm"]))):  # fmt: skip
+        if (
+            r.get("nan_iters", 0) > 0
+            or (has_loss and not math.isfinite(r["lm_loss"]))
+            or ("grad_norm" in r and not math.isfinite(r["grad_norm"]))
+        ):
             self.nan += 1
         elif r["complete"] and not has_loss:
             self.nan_if_losses += 1
@@ -343,8 +354,13 @@ class LogParser:
     def result(self) -> dict:
         """The whole parse as one dict (every record in memory)."""
         iters, memory = list(self.iterations()), list(self.memory())
-        return {"iterations": iters, "memory": memory, "events": dict(self.events),
-                "summary": summarize(iters, memory, self.warmup), "launch": self.launch()}  # fmt: skip
+        return {
+            "iterations": iters,
+            "memory": memory,
+            "events": dict(self.events),
+            "summary": summarize(iters, memory, self.warmup),
+            "launch": self.launch(),
+        }
 
 
 def parse_text(text: str, warmup: int = WARMUP_ITERS) -> dict:

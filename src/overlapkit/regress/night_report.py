@@ -70,8 +70,14 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     pre = _json(run_dir / "preflight.json")
     parsed = logparse.parse_files(logs) if logs else None
     golden = regress.load_golden(entry["recipe"], goldens_dir)
-    verdict = regress.classify(parsed, state, golden, preflight_only=preflight_only,
-                               preflight_ok=bool(pre and pre.get("ok")), attempt=entry.get("attempt", 0))  # fmt: skip
+    verdict = regress.classify(
+        parsed,
+        state,
+        golden,
+        preflight_only=preflight_only,
+        preflight_ok=bool(pre and pre.get("ok")),
+        attempt=entry.get("attempt", 0),
+    )
     if parsed is not None:
         (run_dir / "parsed.json").write_text(logparse.to_json(parsed) + "\n")  # what make bless reads
     return {

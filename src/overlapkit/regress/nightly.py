@@ -43,8 +43,9 @@ class NightlyRun:
         return {"recipe": self.recipe, "nodes": self.nodes, "dp": self.dp, "gbs": self.gbs, "sets": self.sets}
 
 
-def shape_for(recipe: str, layout: dict, *, iters: int = NIGHTLY_ITERS, min_dp: int = MIN_DP,
-              seed: int = NIGHTLY_SEED) -> NightlyRun:  # fmt: skip
+def shape_for(
+    recipe: str, layout: dict, *, iters: int = NIGHTLY_ITERS, min_dp: int = MIN_DP, seed: int = NIGHTLY_SEED
+) -> NightlyRun:
     """TP/PP/CP/VPP stay (same overlap paths), and so do EP and ETP: an MoE run keeps its expert all-to-all (and
     its overlap) every night. DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes on which the expert
     grid ETP·EP·PP divides too. GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline
@@ -93,10 +94,16 @@ def _layout(entry: registry.Recipe) -> dict:
     with stack.silenced():
         cfg = entry.build()
     m = cfg.model
-    return {"tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size,
-            "cp": m.context_parallel_size or 1, "mbs": cfg.train.micro_batch_size,
-            "gbs": cfg.train.global_batch_size, "nodes": entry.nodes, "ep": m.expert_model_parallel_size or 1,
-            "etp": m.expert_tensor_parallel_size or 1}  # fmt: skip
+    return {
+        "tp": m.tensor_model_parallel_size,
+        "pp": m.pipeline_model_parallel_size,
+        "cp": m.context_parallel_size or 1,
+        "mbs": cfg.train.micro_batch_size,
+        "gbs": cfg.train.global_batch_size,
+        "nodes": entry.nodes,
+        "ep": m.expert_model_parallel_size or 1,
+        "etp": m.expert_tensor_parallel_size or 1,
+    }
 
 
 def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say) -> dict:
@@ -114,14 +121,26 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
         say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"')
     else:
         try:
-            sub = submit.prepare(name, req.profile, nodes=run.nodes, sets=run.sets, preflight_only=req.preflight_only,
-                                 checks=req.checks, check_partition=True)  # fmt: skip
+            sub = submit.prepare(
+                name,
+                req.profile,
+                nodes=run.nodes,
+                sets=run.sets,
+                preflight_only=req.preflight_only,
+                checks=req.checks,
+                check_partition=True,
+            )
         except (submit.SubmitError, ValueError) as exc:
             row["skipped"] = f"not submitted: {exc}"
             say(f"skip {name}: {row['skipped']}", err=True)
             return row
-        meta = {**row, "preflight_only": req.preflight_only, "container_image": req.profile.container_image,
-                "versions": stack.versions(), "night": stamp}  # fmt: skip
+        meta = {
+            **row,
+            "preflight_only": req.preflight_only,
+            "container_image": req.profile.container_image,
+            "versions": stack.versions(),
+            "night": stamp,
+        }
         jsonio.write_json(sub.run_dir / "nightly.json", meta)
         info = submit.submit(sub)
         row.update(job_id=info["job_id"], run_dir=str(sub.run_dir))
@@ -142,9 +161,17 @@ def submit_night(req: NightRequest, say) -> Path | None:
         say("dry run: nothing submitted")
         return None
     night_dir = req.profile.job_path / "nightly" / stamp
-    night = {"stamp": stamp, "cluster": req.profile.name, "profile_path": str(req.profile.path),
-             "job_dir": req.profile.job_dir, "preflight_only": req.preflight_only, "checks": req.checks,
-             "iters": req.iters, "entries": entries, "goldens": req.goldens}  # fmt: skip
+    night = {
+        "stamp": stamp,
+        "cluster": req.profile.name,
+        "profile_path": str(req.profile.path),
+        "job_dir": req.profile.job_dir,
+        "preflight_only": req.preflight_only,
+        "checks": req.checks,
+        "iters": req.iters,
+        "entries": entries,
+        "goldens": req.goldens,
+    }
     night_dir.mkdir(parents=True, exist_ok=True)
     ids = [e["job_id"] for e in entries if e.get("job_id")]
     night["report_job_id"] = submit_report(req.profile, night_dir, ids)
@@ -155,10 +182,18 @@ def submit_night(req: NightRequest, say) -> Path | None:
 
 def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
     """A plain `sbatch --wrap` (one CPU task): it only reads files and sacct, so it needs no nemo_run packaging."""
-    cmd = (f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(submit.python_for(profile))} "
-           f"-m launch.nightly report --night {shlex.quote(str(night_dir))}")  # fmt: skip
-    return slurm.sbatch_wrap(cmd, account=profile.account, partition=profile.partition, name="nightly-report",
-                             output=f"{night_dir}/report-%j.out", after=ids)  # fmt: skip
+    cmd = (
+        f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(submit.python_for(profile))} "
+        f"-m launch.nightly report --night {shlex.quote(str(night_dir))}"
+    )
+    return slurm.sbatch_wrap(
+        cmd,
+        account=profile.account,
+        partition=profile.partition,
+        name="nightly-report",
+        output=f"{night_dir}/report-%j.out",
+        after=ids,
+    )
 
 
 # --- reporting a night ----------------------------------------------------------------------------------------
@@ -179,8 +214,11 @@ def evaluate_night(night: dict, goldens_default: Path) -> list[dict]:
             results.append({"recipe": e["recipe"], "skipped": e.get("skipped", "not submitted")})
             continue
         info = submit.load_submission(Path(e["run_dir"]))
-        results.append(night_report.evaluate(e, slurm.job_state(e["job_id"]), submit.log_files(info), goldens,
-                                             night["preflight_only"]))  # fmt: skip
+        results.append(
+            night_report.evaluate(
+                e, slurm.job_state(e["job_id"]), submit.log_files(info), goldens, night["preflight_only"]
+            )
+        )
     return results
 
 
@@ -213,8 +251,14 @@ def resubmit(night_dir: Path, night: dict, entries: list[dict], say) -> None:
     profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
     ids = []
     for e in entries:
-        sub = submit.prepare(e["recipe"], profile, nodes=e["nodes"], sets=e["sets"],
-                             preflight_only=night["preflight_only"], checks=night["checks"])  # fmt: skip
+        sub = submit.prepare(
+            e["recipe"],
+            profile,
+            nodes=e["nodes"],
+            sets=e["sets"],
+            preflight_only=night["preflight_only"],
+            checks=night["checks"],
+        )
         info = submit.submit(sub)
         e.update(attempt=e.get("attempt", 0) + 1, job_id=info["job_id"], run_dir=str(sub.run_dir))
         ids.append(info["job_id"])
@@ -232,8 +276,9 @@ def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR) -> Path:
     try:  # no submission.json: bless_checks refuses (no job); one without a job (a dry run...): said here
         info = submit.load_submission(run_dir) if (run_dir / "submission.json").is_file() else None
     except (submit.SubmitError, ValueError) as exc:  # ValueError: not JSON
-        raise regress.BlessError(f"{run_dir / 'submission.json'}: {exc}; bless a run submitted by make submit or "
-                                 "make nightly") from None  # fmt: skip
+        raise regress.BlessError(
+            f"{run_dir / 'submission.json'}: {exc}; bless a run submitted by make submit or make nightly"
+        ) from None
     logs = submit.log_files(info) if info else []
     logs += sorted(run_dir.glob("*.log"))
     parsed = logparse.parse_files(logs) if logs else logparse.parse_text("")

@@ -84,8 +84,11 @@ def compare(parsed: dict, golden: dict) -> list[dict]:
     """One check per metric: value, golden, relative delta, and 'ok' | 'worse' | 'better'."""
     s, checks = parsed["summary"], []
     # (name, run value, golden value, sign: +1 when larger is worse)
-    for name, sign, tol in (("step_time_ms", +1, PERF_TOL), ("tflops_per_gpu", -1, PERF_TOL),
-                            ("peak_mem_gb", +1, MEM_TOL)):  # fmt: skip
+    for name, sign, tol in (
+        ("step_time_ms", +1, PERF_TOL),
+        ("tflops_per_gpu", -1, PERF_TOL),
+        ("peak_mem_gb", +1, MEM_TOL),
+    ):
         value, gold = s.get(name), golden.get(name)
         if gold is None:
             continue
@@ -107,13 +110,30 @@ def compare(parsed: dict, golden: dict) -> list[dict]:
     if worst is not None:
         margin, it, rl, gl, d = worst
         verdict = "ok" if margin <= 1 else "drift"
-        checks.append({"metric": "lm_loss", "value": rl, "golden": gl, "delta": d, "tol": loss_tolerance(it),
-                       "iteration": it, "verdict": verdict, "missing_iterations": len(missing)})  # fmt: skip
+        checks.append(
+            {
+                "metric": "lm_loss",
+                "value": rl,
+                "golden": gl,
+                "delta": d,
+                "tol": loss_tolerance(it),
+                "iteration": it,
+                "verdict": verdict,
+                "missing_iterations": len(missing),
+            }
+        )
     return checks
 
 
-def classify(parsed: dict | None, slurm_state: str, golden: dict | None, *, preflight_only: bool = False,
-             preflight_ok: bool | None = None, attempt: int = 0) -> Verdict:  # fmt: skip
+def classify(
+    parsed: dict | None,
+    slurm_state: str,
+    golden: dict | None,
+    *,
+    preflight_only: bool = False,
+    preflight_ok: bool | None = None,
+    attempt: int = 0,
+) -> Verdict:
     state = (slurm_state or "UNKNOWN").split()[0].rstrip("+")
     s = parsed["summary"] if parsed else {"iterations": 0, "nan_iterations": 0}
     events = parsed.get("events", {}) if parsed else {}
@@ -188,14 +208,18 @@ def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> lis
         out.append("it is a preflight-only run (no training ran): bless a training run (PREFLIGHT unset)")
     job = meta.get("job_id")
     if not job:
-        out.append("no submission.json, so Slurm cannot say the job COMPLETED: bless a run submitted by make submit "
-                   "or make nightly")  # fmt: skip
+        out.append(
+            "no submission.json, so Slurm cannot say the job COMPLETED: bless a run submitted by make submit "
+            "or make nightly"
+        )
     elif (state or "UNKNOWN").split()[0].rstrip("+") != "COMPLETED":
         out.append(f"Slurm job {job} is {state or 'UNKNOWN'}, not COMPLETED: bless a run whose job completed")
     s, launch = parsed["summary"], parsed.get("launch") or {}
     if not s["iterations"] or s["step_time_ms"] is None:
-        return out + ["no training iterations in the log; nothing to bless: bless a run whose log has Bridge's "
-                      "`iteration N/M |` lines"]  # fmt: skip
+        return out + [
+            "no training iterations in the log; nothing to bless: bless a run whose log has Bridge's "
+            "`iteration N/M |` lines"
+        ]
     v = classify(parsed, "COMPLETED", None)
     if v.status == "hard_failure":
         out.append(f"refusing a run with a hard failure: {v.reasons[0]}; bless a clean run")
@@ -206,11 +230,15 @@ def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> lis
     out += _disagreement("world size", launch.get("world_sizes"), lay.get("gpus"))
     out += _disagreement("recipe", launch.get("recipes"), plan.get("recipe"))
     if meta.get("recipe") not in (None, plan.get("recipe")):
-        out.append(f"nightly.json's recipe {meta['recipe']} != plan.json's {plan.get('recipe')}: the run directory "
-                   "was assembled by hand; bless the directory make nightly wrote")  # fmt: skip
+        out.append(
+            f"nightly.json's recipe {meta['recipe']} != plan.json's {plan.get('recipe')}: the run directory "
+            "was assembled by hand; bless the directory make nightly wrote"
+        )
     if s["peak_mem_gb"] is None:
-        out.append("no peak memory in the log (Bridge's `[Rank N] (after K iterations) memory (GB)` report): bless a "
-                   "run whose log has it")  # fmt: skip
+        out.append(
+            "no peak memory in the log (Bridge's `[Rank N] (after K iterations) memory (GB)` report): bless a "
+            "run whose log has it"
+        )
     return out
 
 
@@ -221,8 +249,10 @@ def _disagreement(what: str, stated: list | None, planned, required: bool = Fals
     if planned is None:
         return [f"plan.json has no {what} to compare with the log's: bless a run planned by this version"]
     if any(v != planned for v in stated):
-        return [f"the log's {what} {', '.join(map(str, stated))} != the plan's {planned}: the log is not this "
-                "plan's run; bless the run directory the log came from"]  # fmt: skip
+        return [
+            f"the log's {what} {', '.join(map(str, stated))} != the plan's {planned}: the log is not this "
+            "plan's run; bless the run directory the log came from"
+        ]
     return []
 
 
@@ -247,8 +277,14 @@ def _read_json(path: Path) -> dict | None:
     return data
 
 
-def bless(run_dir: Path, parsed: dict, goldens_dir: Path = GOLDENS_DIR, *, state: str | None = None,
-          submission: dict | None = None) -> Path:  # fmt: skip
+def bless(
+    run_dir: Path,
+    parsed: dict,
+    goldens_dir: Path = GOLDENS_DIR,
+    *,
+    state: str | None = None,
+    submission: dict | None = None,
+) -> Path:
     """Write nightly/goldens/<recipe>.json from a reviewed run when bless_checks has nothing against it; else a
     one-line BlessError with every reason. state: the job's Slurm state; submission: its submission.json
     (nightly.bless_run reads both)."""
@@ -262,8 +298,8 @@ def bless(run_dir: Path, parsed: dict, goldens_dir: Path = GOLDENS_DIR, *, state
     meta["preflight_only"] = (
         bool(meta.get("preflight_only"))
         or bool((submission or {}).get("preflight_only"))
-        or launched_preflight_only(submission)
-    )  # fmt: skip  (the script: older runs)
+        or launched_preflight_only(submission)  # the task script: older runs recorded it only there
+    )
     problems = bless_checks(plan, parsed, state, meta)
     if problems:
         raise BlessError(f"{run_dir}: not blessed: " + "; ".join(problems))

@@ -81,9 +81,13 @@ def _locked(path: Path):
 def restart_command(sched: dict) -> str:
     """The make command that (re)starts this chain as it was asked for."""
     words = ["make", "nightly-schedule", f"CLUSTER={shlex.quote(sched['cluster'])}", f"AT={shlex.quote(sched['at'])}"]
-    for var, key, default in (("RECIPES", "recipes", ""), ("PREFLIGHT", "preflight", ""),
-                              ("ITERS", "iters", NIGHTLY_ITERS), ("MIN_DP", "min_dp", MIN_DP),
-                              ("JOB_DIR", "job_dir_given", "")):  # fmt: skip
+    for var, key, default in (
+        ("RECIPES", "recipes", ""),
+        ("PREFLIGHT", "preflight", ""),
+        ("ITERS", "iters", NIGHTLY_ITERS),
+        ("MIN_DP", "min_dp", MIN_DP),
+        ("JOB_DIR", "job_dir_given", ""),
+    ):
         if sched.get(key, default) not in (default, None):
             words.append(f"{var}={shlex.quote(str(sched[key]))}")
     return " ".join(words)
@@ -97,9 +101,24 @@ def _where(sched: dict) -> str:
 
 def night_argv(sched: dict) -> list[str]:
     """What the scheduler runs for the night: the command `make nightly` runs, with the same options."""
-    return [sched["python"], "-m", "launch.nightly", "submit", "--cluster", sched["profile"],
-            "--job-dir", sched["job_dir"], "--preflight", sched["preflight"], "--recipes", sched["recipes"],
-            "--iters", str(sched["iters"]), "--min-dp", str(sched["min_dp"])]  # fmt: skip
+    return [
+        sched["python"],
+        "-m",
+        "launch.nightly",
+        "submit",
+        "--cluster",
+        sched["profile"],
+        "--job-dir",
+        sched["job_dir"],
+        "--preflight",
+        sched["preflight"],
+        "--recipes",
+        sched["recipes"],
+        "--iters",
+        str(sched["iters"]),
+        "--min-dp",
+        str(sched["min_dp"]),
+    ]
 
 
 def scrontab_lines(sched: dict, begin: dt.datetime) -> list[str]:
@@ -165,23 +184,47 @@ def _queued_or_fail(path: Path, doing: str) -> list[dict]:
 def submit_scheduler(sched: dict, path: Path, begin: dt.datetime) -> str:
     """One scheduler job held until `begin`; it reruns this module's fire() from the checkout, with the python
     that scheduled it (the one `make nightly` uses: it plans with Bridge and submits with nemo_run)."""
-    cmd = (f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(sched['python'])} "
-           f"-m launch.nightly schedule-run --cluster {shlex.quote(sched['profile'])} "
-           f"--job-dir {shlex.quote(sched['job_dir'])}")  # fmt: skip
-    return slurm.sbatch_wrap(cmd, account=sched["account"], partition=sched["partition"], name=SCHEDULER_NAME,
-                             output=str(path.parent / "scheduler-%j.out"), after=[], time_limit=SCHEDULER_TIME,
-                             begin=iso(begin), comment=str(path))  # fmt: skip
+    cmd = (
+        f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(sched['python'])} "
+        f"-m launch.nightly schedule-run --cluster {shlex.quote(sched['profile'])} "
+        f"--job-dir {shlex.quote(sched['job_dir'])}"
+    )
+    return slurm.sbatch_wrap(
+        cmd,
+        account=sched["account"],
+        partition=sched["partition"],
+        name=SCHEDULER_NAME,
+        output=str(path.parent / "scheduler-%j.out"),
+        after=[],
+        time_limit=SCHEDULER_TIME,
+        begin=iso(begin),
+        comment=str(path),
+    )
 
 
 def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> dict:
     p = req.profile
     if p.path is None:
         raise ScheduleError(f"profile {p.name} has no file: the scheduler job reloads it, give CLUSTER=<name|.toml>")
-    return {"cluster": req.cluster, "profile": str(p.path), "partition": p.partition, "account": p.account,
-            "job_dir": p.job_dir, "job_dir_given": req.job_dir, "at": req.at.text, "recipes": req.recipes,
-            "preflight": req.preflight, "iters": req.iters, "min_dp": req.min_dp, "python": req.python,
-            "active": True, "scheduled_at": iso(now), "job_id": None, "begin": None,
-            "history": (old or {}).get("history", [])}  # fmt: skip
+    return {
+        "cluster": req.cluster,
+        "profile": str(p.path),
+        "partition": p.partition,
+        "account": p.account,
+        "job_dir": p.job_dir,
+        "job_dir_given": req.job_dir,
+        "at": req.at.text,
+        "recipes": req.recipes,
+        "preflight": req.preflight,
+        "iters": req.iters,
+        "min_dp": req.min_dp,
+        "python": req.python,
+        "active": True,
+        "scheduled_at": iso(now),
+        "job_id": None,
+        "begin": None,
+        "history": (old or {}).get("history", []),
+    }
 
 
 def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> tuple[dict, list[dict]]:
@@ -293,25 +336,31 @@ def fire(profile, job_id: str, say=print, now: dt.datetime | None = None) -> int
 def scheduled_lines(sched: dict, path: Path, replaced: list[dict]) -> list[str]:
     """What `make nightly-schedule` prints."""
     daily = parse_iso(sched["begin"]).strftime("%H:%M:%S")
-    lines = [f"scheduled: {SCHEDULER_NAME} job {sched['job_id']} on partition {sched['partition']} begins "
-             f"{sched['begin']} (AT={sched['at']}), then every day at {daily}",
-             f"each night: RECIPES={sched['recipes'] or '(all)'} PREFLIGHT={sched['preflight'] or '(off)'} "
-             f"ITERS={sched['iters']} MIN_DP={sched['min_dp']}, as make nightly runs it",
-             *(f"replaced: job {j['job_id']} (was to begin {j['begin']})" for j in replaced),
-             f"chain state: {stack.repo_relative(path)}; scheduler log: {stack.repo_relative(path.parent)}/"
-             "scheduler-<job>.out",
-             f"check: make nightly-status {_where(sched)}; stop: make nightly-unschedule {_where(sched)}"]  # fmt: skip
+    lines = [
+        f"scheduled: {SCHEDULER_NAME} job {sched['job_id']} on partition {sched['partition']} begins "
+        f"{sched['begin']} (AT={sched['at']}), then every day at {daily}",
+        f"each night: RECIPES={sched['recipes'] or '(all)'} PREFLIGHT={sched['preflight'] or '(off)'} "
+        f"ITERS={sched['iters']} MIN_DP={sched['min_dp']}, as make nightly runs it",
+        *(f"replaced: job {j['job_id']} (was to begin {j['begin']})" for j in replaced),
+        f"chain state: {stack.repo_relative(path)}; scheduler log: {stack.repo_relative(path.parent)}/"
+        "scheduler-<job>.out",
+        f"check: make nightly-status {_where(sched)}; stop: make nightly-unschedule {_where(sched)}",
+    ]
     if shutil.which("scrontab"):
-        lines += ["scrontab is available here: instead of this chain, `make nightly-unschedule` and put these two "
-                  "lines in `scrontab -e`:", *scrontab_lines(sched, parse_iso(sched["begin"]))]  # fmt: skip
+        lines += [
+            "scrontab is available here: instead of this chain, `make nightly-unschedule` and put these two "
+            "lines in `scrontab -e`:",
+            *scrontab_lines(sched, parse_iso(sched["begin"])),
+        ]
     return lines
 
 
 def unscheduled_lines(cluster: str, sched: dict | None, cancelled: list[dict], running: list[dict]) -> list[str]:
     """What `make nightly-unschedule` prints."""
     lines = [f"cancelled: {SCHEDULER_NAME} job {j['job_id']} (was to begin {j['begin']})" for j in cancelled]
-    lines += [f"job {j['job_id']} is {j['state']} now: tonight's night may still launch; the chain stays off"
-              for j in running]  # fmt: skip
+    lines += [
+        f"job {j['job_id']} is {j['state']} now: tonight's night may still launch; the chain stays off" for j in running
+    ]
     if not cancelled and not running:
         lines.append(f"no scheduler job was queued for {cluster}")
     lines.append(f"the nightly chain for {cluster} is off" + (" (its history stays in schedule.json)" if sched else ""))

@@ -154,19 +154,29 @@ def workload_of(cfg, target: Target) -> Workload:
     real_mp = mp is not None and not isinstance(mp, str)
     tp = m.tensor_model_parallel_size
     return Workload(
-        ModelShape.of(cfg), tp=tp, pp=m.pipeline_model_parallel_size, vpp=m.virtual_pipeline_model_parallel_size,
-        cp=m.context_parallel_size or 1, dp=data_parallel_size(cfg, target.world_size), mbs=cfg.train.micro_batch_size,
-        gbs=cfg.train.global_batch_size, sequence_parallel=bool(m.sequence_parallel or tp == 1),
+        ModelShape.of(cfg),
+        tp=tp,
+        pp=m.pipeline_model_parallel_size,
+        vpp=m.virtual_pipeline_model_parallel_size,
+        cp=m.context_parallel_size or 1,
+        dp=data_parallel_size(cfg, target.world_size),
+        mbs=cfg.train.micro_batch_size,
+        gbs=cfg.train.global_batch_size,
+        sequence_parallel=bool(m.sequence_parallel or tp == 1),
         tp_overlap=bool(comm is not None and comm.tp_comm_overlap and tp > 1 and target.te_available),  # else no UB
         fp8_param_gather=bool(real_mp and mp.fp8_param_gather),
         grad_fp32=bool(mp.grad_reduce_in_fp32 if real_mp else cfg.ddp.grad_reduce_in_fp32),  # mp overwrites ddp
-        distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer), recompute=m.recompute_granularity,
-        recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers,
-        mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None), ep=m.expert_model_parallel_size or 1,
-        etp=m.expert_tensor_parallel_size or 1, expert_dp=_expert_dp(m, target.world_size),
+        distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer),
+        recompute=m.recompute_granularity,
+        recompute_method=m.recompute_method,
+        recompute_num_layers=m.recompute_num_layers,
+        mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None),
+        ep=m.expert_model_parallel_size or 1,
+        etp=m.expert_tensor_parallel_size or 1,
+        expert_dp=_expert_dp(m, target.world_size),
         recompute_modules=tuple(m.recompute_modules or ()) if m.recompute_granularity == "selective" else (),
         first_chunks=first_stage_chunks(m),
-    )  # fmt: skip
+    )
 
 
 def first_stage_chunks(m) -> tuple[int, ...] | None:
@@ -316,11 +326,18 @@ def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = Non
     dense = params - experts
     return MemoryEstimate(
         weights_gb=((layer_params * wbytes + emb * 2) / w.tp + experts * wbytes) / GB if fp8 else params * 2 / GB,
-        grads_gb=params * gbytes / GB, optimizer_gb=(dense * 12 / shard + experts * 12 / eshard) / GB,
+        grads_gb=params * gbytes / GB,
+        optimizer_gb=(dense * 12 / shard + experts * 12 / eshard) / GB,
         activations_gb=act / GB,
-        logits_gb=logits / GB, comm_buffers_gb=ub / GB, reserve_gb=RESERVE_GB, hbm_gb=hbm_gb or HBM_GB[gpu],
-        margin_gb=MARGIN_GB, params_per_gpu=params, notes=notes, gpu=gpu,
-    )  # fmt: skip
+        logits_gb=logits / GB,
+        comm_buffers_gb=ub / GB,
+        reserve_gb=RESERVE_GB,
+        hbm_gb=hbm_gb or HBM_GB[gpu],
+        margin_gb=MARGIN_GB,
+        params_per_gpu=params,
+        notes=notes,
+        gpu=gpu,
+    )
 
 
 def estimate(cfg, target: Target) -> MemoryEstimate:

@@ -110,8 +110,9 @@ def flops_of_model(model) -> Flops:
     step = m.make_vocab_size_divisible_by * m.tensor_model_parallel_size
     wide = copy.copy(m)
     wide.vocab_size = m.vocab_size + step
-    padded = calculate_padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by,
-                                         m.tensor_model_parallel_size, logging_enabled=False)  # fmt: skip
+    padded = calculate_padded_vocab_size(
+        m.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size, logging_enabled=False
+    )
     logits = (_bridge_flops(wide) - total) / step * padded
     return Flops(total, attention, logits)
 
@@ -130,11 +131,18 @@ def flops_of_shape(shape, tp: int = 1) -> Flops:
     from megatron.bridge.models.gpt_provider import GPTModelProvider
 
     m = GPTModelProvider(
-        num_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
-        num_query_groups=shape.query_groups, ffn_hidden_size=shape.ffn, seq_length=shape.seq, vocab_size=shape.vocab,
-        kv_channels=shape.head_dim, gated_linear_unit=shape.gated, tensor_model_parallel_size=tp,
+        num_layers=shape.layers,
+        hidden_size=shape.hidden,
+        num_attention_heads=shape.heads,
+        num_query_groups=shape.query_groups,
+        ffn_hidden_size=shape.ffn,
+        seq_length=shape.seq,
+        vocab_size=shape.vocab,
+        kv_channels=shape.head_dim,
+        gated_linear_unit=shape.gated,
+        tensor_model_parallel_size=tp,
         share_embeddings_and_output_weights=shape.tied,
-    )  # fmt: skip
+    )
     if shape.experts:
         m.num_moe_experts, m.moe_router_topk, m.moe_ffn_hidden_size = shape.experts, shape.topk, shape.moe_ffn
         m.moe_shared_expert_intermediate_size = shape.shared_ffn or None
@@ -161,8 +169,13 @@ class Overlaps:
     def of_rows(cls, states: dict[str, str], ep_default: bool = False) -> Overlaps:
         on = {k: v == "on" for k, v in states.items()}
         ep = on.get("ep_a2a_overlap", ep_default)  # plan/moe.py's row
-        return cls(on.get("tp_comm_overlap", False), on.get("overlap_p2p_comm", False),
-                   on.get("overlap_grad_reduce", False), on.get("overlap_param_gather", False), ep)  # fmt: skip
+        return cls(
+            on.get("tp_comm_overlap", False),
+            on.get("overlap_p2p_comm", False),
+            on.get("overlap_grad_reduce", False),
+            on.get("overlap_param_gather", False),
+            ep,
+        )
 
 
 @dataclass(frozen=True)
@@ -193,12 +206,17 @@ class Prediction:
 
     def to_dict(self) -> dict:
         return {
-            "gpu": self.gpu, "step_time_s": round(self.step_s, 4), "tokens_per_s_per_gpu": round(self.tokens_per_gpu_s),
-            "tflops_per_gpu": round(self.tflops_per_gpu, 1), "mfu": round(self.mfu, 4),
-            "breakdown": [{"term": n, "seconds": round(s, 4), "share": round(s / self.step_s, 4), "how": h}
-                          for n, s, h in self.terms],
+            "gpu": self.gpu,
+            "step_time_s": round(self.step_s, 4),
+            "tokens_per_s_per_gpu": round(self.tokens_per_gpu_s),
+            "tflops_per_gpu": round(self.tflops_per_gpu, 1),
+            "mfu": round(self.mfu, 4),
+            "breakdown": [
+                {"term": n, "seconds": round(s, 4), "share": round(s / self.step_s, 4), "how": h}
+                for n, s, h in self.terms
+            ],
             "calibrated_on": list(CALIBRATED_ON),
-        }  # fmt: skip
+        }
 
     def summary(self) -> str:
         return (
@@ -261,19 +279,23 @@ def compute_terms(c: _Ctx) -> list:
     peak = c.rate
     rec = _recompute_fraction(w)
     attn_rec = 1 / 3 if w.recompute == "selective" else rec / 3  # a forward is a third of forward + backward
-    per_seq = (f.linear * (1 + rec / 3) / peak[w.dtype] + f.attention * (1 + attn_rec) / peak["bf16"]
-               + f.logits / peak["bf16"])  # fmt: skip
+    per_seq = (
+        f.linear * (1 + rec / 3) / peak[w.dtype] + f.attention * (1 + attn_rec) / peak["bf16"] + f.logits / peak["bf16"]
+    )
     t = per_seq * w.gbs / c.gpus
-    how = (f"{f.total * w.gbs / 1e15:.2f} PFLOP/step (Bridge's count) / {c.gpus} GPUs at {c.eff:.0%} of "
-           f"{hw.peak_tflops[w.dtype]:.0f} TFLOP/s {w.dtype}")  # fmt: skip
+    how = (
+        f"{f.total * w.gbs / 1e15:.2f} PFLOP/step (Bridge's count) / {c.gpus} GPUs at {c.eff:.0%} of "
+        f"{hw.peak_tflops[w.dtype]:.0f} TFLOP/s {w.dtype}"
+    )
     if w.dtype == "fp8":
         how += " (attention and output layer at bf16's)"
     if rec:
         how += f"; +{rec:.0%} of layers' forward recomputed"
     overhead = c.overhead_s * c.layer_passes
-    return [("compute", t, how),
-            ("per-layer non-GEMM", overhead, f"{c.layer_passes:.0f} layer×microbatch passes × "
-             f"{c.overhead_s * 1e3:.2f} ms")]  # fmt: skip
+    return [
+        ("compute", t, how),
+        ("per-layer non-GEMM", overhead, f"{c.layer_passes:.0f} layer×microbatch passes × {c.overhead_s * 1e3:.2f} ms"),
+    ]
 
 
 def tp_term(c: _Ctx, on: bool):
@@ -300,8 +322,11 @@ def cp_term(c: _Ctx):
     comm = (w.cp - 1) * 3 * chunk / c.link(w.tp * w.cp)  # forward K,V; backward K,V and dK,dV
     attn = c.flops.attention * w.mbs / (w.tp * w.cp * w.layers) / c.rate["bf16"]
     exposed = max(0.0, comm - attn) * c.layer_passes
-    return ("CP ring exchange", exposed, f"K/V ring over {w.cp} ranks, {comm * 1e3:.2f} ms/layer vs "
-            f"{attn * 1e3:.2f} ms attention to hide it")  # fmt: skip
+    return (
+        "CP ring exchange",
+        exposed,
+        f"K/V ring over {w.cp} ranks, {comm * 1e3:.2f} ms/layer vs {attn * 1e3:.2f} ms attention to hide it",
+    )
 
 
 def ep_term(c: _Ctx, on: bool, layer_s: float):
@@ -330,9 +355,13 @@ def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
     p2p = send * (filled if on else sends + filled)
     return [
         ("pipeline bubble", bubble, f"(PP−1)/(VPP·m) = {w.pp - 1}/({vpp}·{c.m}) = {(w.pp - 1) / (vpp * c.m):.1%}"),
-        ("PP p2p", p2p, f"{send * 1e3:.2f} ms/send; " + ("overlap on: fill and drain only" if on
-                                                           else f"overlap OFF: all {sends + filled} sends")),
-    ]  # fmt: skip
+        (
+            "PP p2p",
+            p2p,
+            f"{send * 1e3:.2f} ms/send; "
+            + ("overlap on: fill and drain only" if on else f"overlap OFF: all {sends + filled} sends"),
+        ),
+    ]
 
 
 def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list:
@@ -366,8 +395,16 @@ def optimizer_term(c: _Ctx):
     return ("optimizer step", t, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
 
 
-def predict(w: Workload, flops: Flops, overlaps: Overlaps, *, gpu: str = "h100", moe: Moe | None = None,
-            bucket: int | None = None, constants: tuple[float, float] | None = None) -> Prediction:  # fmt: skip
+def predict(
+    w: Workload,
+    flops: Flops,
+    overlaps: Overlaps,
+    *,
+    gpu: str = "h100",
+    moe: Moe | None = None,
+    bucket: int | None = None,
+    constants: tuple[float, float] | None = None,
+) -> Prediction:
     """Step time of workload `w` (its layout, dtype, recompute) with `overlaps` as the plan resolved them.
     `constants`: (GEMM efficiency, per-layer overhead in s) instead of the calibrated ones (for the calibration)."""
     c = _Ctx(w, HARDWARE[gpu], flops, moe or Moe(), *(constants or (GEMM_EFFICIENCY, LAYER_OVERHEAD_S)))
