@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,9 +55,15 @@ def start_session_server() -> None:
     paths = plan_server.Paths.of(environ=served_env())
     if plan_server.holder(paths) is None:
         with open(paths.log, "a") as log:
-            subprocess.Popen([sys.executable, "-m", "launch.plan_server", "--serve"], cwd=stack.REPO_ROOT,
-                             env=served_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)  # fmt: skip
+            subprocess.Popen(
+                [sys.executable, "-m", "launch.plan_server", "--serve"],
+                cwd=stack.REPO_ROOT,
+                env=served_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +86,9 @@ def start_night() -> None:
     jobs, cmd = NIGHT["dir"] / "jobs", ["make", "nightly", "CLUSTER=local", "PREFLIGHT=1"]
     script = f"{sys.executable} -c '{WAIT_READY}'; exec {' '.join(cmd)} JOB_DIR={jobs}"
     out, err = open(NIGHT["dir"] / "stdout", "w"), open(NIGHT["dir"] / "stderr", "w")
-    NIGHT["proc"] = subprocess.Popen(["bash", "-c", script], cwd=stack.REPO_ROOT, env=served_env(), stdout=out,
-                                     stderr=err, stdin=subprocess.DEVNULL)  # fmt: skip
+    NIGHT["proc"] = subprocess.Popen(
+        ["bash", "-c", script], cwd=stack.REPO_ROOT, env=served_env(), stdout=out, stderr=err, stdin=subprocess.DEVNULL
+    )
     NIGHT["jobs"] = jobs
 
 
@@ -90,8 +99,9 @@ def preflight_night(served):
         start_night()
     proc = NIGHT["proc"]
     proc.wait(timeout=900)
-    out = subprocess.CompletedProcess(proc.args, proc.returncode, *(
-        (NIGHT["dir"] / name).read_text() for name in ("stdout", "stderr")))  # fmt: skip
+    out = subprocess.CompletedProcess(
+        proc.args, proc.returncode, *((NIGHT["dir"] / name).read_text() for name in ("stdout", "stderr"))
+    )
     return out, NIGHT["jobs"]
 
 
@@ -134,3 +144,30 @@ def pytest_sessionfinish(session, exitstatus):
     if plan_server.holder(paths) is not None:
         plan_server.stop(paths)
     shutil.rmtree(SESSION_SERVER.dir, ignore_errors=True)
+
+
+def make_command(target: str, *variables: str) -> list[str]:
+    """The Python command line `make <target> <variables>` runs, as the Makefile writes it (`make -n`): from `-m`."""
+    out = subprocess.run(
+        ["make", "-n", "-s", target, *variables], cwd=stack.REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    argv = shlex.split(out.stdout.strip().splitlines()[-1])
+    return argv[argv.index("-m") + 1 :]
+
+
+@pytest.fixture
+def make_here(capsys):
+    """`make <target> <variables>` run in this process: the Makefile's own command line, the module's `main` (its
+    work, its printing, its exit status; not make's plumbing or a new process: the tests that type make keep those).
+    Returns (status, stdout, stderr)."""
+
+    def run(target: str, *variables: str) -> tuple[int, str, str]:
+        module, *argv = make_command(target, *variables)
+        capsys.readouterr()
+        try:
+            code = importlib.import_module(module).main(argv)
+        except SystemExit as exc:  # argparse's bad-argument exit (launch.args.Parser): status 2, one line
+            code = exc.code
+        return (code, *capsys.readouterr())
+
+    return run

@@ -40,8 +40,9 @@ def files(tmp_path_factory):
         "no_tokenizer": write_spec(d / "no_tokenizer.toml", d, [("good", 1)]),
     }
     cache = d / "cache.toml"
-    cache.write_text(write_spec(cache, tok, [("good", 1)]).read_text().replace('cache = "index-cache"',
-                                                                                'cache = "good.idx/c"'))  # fmt: skip
+    cache.write_text(
+        write_spec(cache, tok, [("good", 1)]).read_text().replace('cache = "index-cache"', 'cache = "good.idx/c"')
+    )
     specs["cache"] = cache
     (d / "broken.toml").write_text("tokenizer = [\n")
     specs["toml"] = d / "broken.toml"
@@ -85,15 +86,50 @@ def written(d: Path) -> set[Path]:
     return {p for r in roots if r.is_dir() for p in r.rglob("*")}
 
 
-@pytest.mark.parametrize(("target", "args", "needle"), BAD, ids=[f"{t}-{' '.join(a)}" for t, a, _ in BAD])
-def test_bad_run_input_is_one_line_and_writes_nothing(files, target, args, needle):
-    args = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
-    before = written(files["d"])
+# Typed through make in a new process: one case per target (make's `Error 2` line, no traceback in a new process).
+THROUGH_MAKE = {
+    "plan-RUN_NAME=a b",
+    "submit-RUN_NAME=../x",
+    "sbatch-RUN_NAME=x SEGMENTS=2",
+    "run-local-DATA={no_tokenizer}",
+    "prep-data-IN=/no/such.jsonl TOKENIZER={tok} OUT={d}/o1",
+}
+IDS = [f"{t}-{' '.join(a)}" for t, a, _ in BAD]
+assert THROUGH_MAKE <= set(IDS), THROUGH_MAKE - set(IDS)  # a misspelt id would move no case
+
+
+def one_line(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if not re.match(r"make(\[\d+\])?: \*\*\*", line)]
+
+
+def variables(files, target: str, args: list[str]) -> list[str]:
     recipe = [] if target == "prep-data" else [f"RECIPE={R8}"]
-    out = subprocess.run(["make", target, *recipe, *args], cwd=stack.REPO_ROOT, capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
-    ours = [line for line in out.stderr.splitlines() if not re.match(r"make(\[\d+\])?: \*\*\*", line)]
+    return recipe + [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
+
+
+@pytest.mark.parametrize(("target", "args", "needle"), [b for b, i in zip(BAD, IDS, strict=True) if i in THROUGH_MAKE])
+def test_bad_run_input_through_make_is_one_line_and_writes_nothing(files, target, args, needle):
+    before = written(files["d"])
+    out = subprocess.run(
+        ["make", target, *variables(files, target, args)],
+        cwd=stack.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    ours = one_line(out.stderr)
     assert out.returncode == 2 and "Error 2" in out.stderr, out.stderr
     assert len(ours) == 1 and ours[0].startswith("error: ") and needle in ours[0], ours
     assert "Traceback" not in out.stdout + out.stderr
+    assert written(files["d"]) == before
+
+
+@pytest.mark.parametrize(
+    ("target", "args", "needle"), [b for b, i in zip(BAD, IDS, strict=True) if i not in THROUGH_MAKE]
+)
+def test_bad_run_input_is_one_line_and_writes_nothing(files, make_here, target, args, needle):
+    before = written(files["d"])
+    code, out, err = make_here(target, *variables(files, target, args))
+    assert code == 2 and len(one_line(err)) == 1 and err.startswith("error: ") and needle in err, err
+    assert "Traceback" not in out + err
     assert written(files["d"]) == before

@@ -4,7 +4,6 @@ recipes/ and RECIPES_PATH by itself, reporting a broken module in one line while
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -26,14 +25,6 @@ def mine_8b_pretrain_16gpu_h100_bf16():
     return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=128, seq=8192))
 """
 BROKEN = "from recipes._base import register\n\nraise RuntimeError('half-written\\nfile')\n"
-PROBE = """
-import json
-from overlapkit.plan import registry
-from overlapkit.plan.build import make_plan
-p = make_plan("mine_8b_pretrain_16gpu_h100_bf16")
-print(json.dumps({"names": registry.names(), "errors": registry.load_errors(), "ok": p.report.ok,
-                  "opt_step": p.report.row("overlap_param_gather_with_optimizer_step").state}))
-"""
 
 
 def test_shipped_recipes_register_their_default_intent():
@@ -54,17 +45,25 @@ def test_registering_a_name_twice_is_refused():
         registry.register(model="x", nodes=1, source="x")(registry.get("llama3_8b_pretrain_8gpu_h100_bf16").build)
 
 
-def test_a_new_process_discovers_a_users_file_and_reports_a_broken_one(tmp_path):
+def test_a_new_process_discovers_a_users_file_and_reports_a_broken_one(tmp_path, served):
     (tmp_path / "mine.py").write_text(textwrap.dedent(GOOD))
     (tmp_path / "half.py").write_text(BROKEN)
-    env = {**os.environ, registry.PATH_VAR: str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=stack.REPO_ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "mine_8b_pretrain_16gpu_h100_bf16" in got["names"] and "llama3_70b_pretrain_64gpu_h100_bf16" in got["names"]
-    assert got["errors"] == [f"{tmp_path / 'half.py'} does not import: RuntimeError: half-written file"]
-    assert got["ok"] and got["opt_step"] == "on"  # the intent registered with the recipe reached the plan
+    env = {**served, registry.PATH_VAR: str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def plan(*args):  # `make recipes` / `make plan` in a new process (served: our code imported fresh there)
+        cmd = [sys.executable, "-m", "launch.plan", *args, "--runs", str(tmp_path / "runs")]
+        return subprocess.run(cmd, cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+    listed, mine = plan("--list"), plan("mine_8b_pretrain_16gpu_h100_bf16", "--format", "json")
+    broken = f"error: {tmp_path / 'half.py'} does not import: RuntimeError: half-written file"
+    assert listed.returncode == 1 and listed.stderr.splitlines() == [broken]  # the others still list
+    assert (
+        "mine_8b_pretrain_16gpu_h100_bf16" in listed.stdout and "llama3_70b_pretrain_64gpu_h100_bf16" in listed.stdout
+    )
+    assert mine.returncode == 0 and mine.stderr.splitlines() == [broken.replace("error:", "warning:")], mine.stderr
+    got = json.loads(mine.stdout)
+    # the intent registered with the recipe reached the plan
+    assert got["audit"]["ok"] and got["audit"]["rows"]["overlap_param_gather_with_optimizer_step"]["state"] == "on"
 
 
 def test_finds_knows_where_a_new_process_looks(tmp_path, monkeypatch):
