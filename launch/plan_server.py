@@ -1,42 +1,44 @@
-"""The plan server: `make plan` and `make recipes` in about two seconds once torch and Megatron Bridge are loaded.
+"""The plan server: `make plan`, `recipes`, `new-recipe`, `submit`, `sbatch` and `nightly` in about a second once
+torch and Megatron Bridge are loaded.
 
 Why: `import megatron.bridge` (torch, Megatron Core, every model bridge, modelopt, ...) costs about 50 s here, and
-planning after it about 1 s. A background process pays the import once; each plan forks from it.
+a command after it about 1 s. One process pays the import; each later command forks from it.
 
-When: the first `make plan` (or `make recipes`) that finds no server plans in its own process, as before, and
-starts one detached (own session, log beside its socket). With fewer than 4 CPUs the server's import waits until
-that plan is done, so the first plan is never slowed by it; from then on plans are served.
+When: a command that finds no server runs in its own process, as before, paying the import; once it has printed
+its result it forks, and the child (own session, output to the log beside the socket) becomes the server, saying
+so in one `note:` line (its pid, the idle limit, how to stop it). So a second command typed right after a cold
+first one is served, with no second import. A command that finds a server still starting waits for it.
 
-What is preloaded, in one per-user, per-checkout process (`python -m launch.plan_server --serve`): torch and
-Megatron Bridge through `stack.import_bridge()`, then the third-party modules that planning imports lazily (a
-throwaway child plans every recipe once and reports which modules it loaded; the server imports those by name and
-never runs a plan itself, so our code leaves no state behind in it). Of ours, only `overlapkit.stack`,
-`overlapkit.te_stub` and this file run in it, and an edit to any of them restarts it.
+What is loaded in the server, one per user and checkout: torch and Bridge, and whatever the command that became it
+imported (a server started by `python -m launch.plan_server --serve`, as `make bench` and the tests do, imports
+Bridge and then, by name, the third-party modules a throwaway child loads planning every recipe). Our own modules
+(overlapkit.*, recipes.*, launch.*) are never used by a worker: each drops them from sys.modules first.
 
-What is imported fresh for every plan: a request (`python -m launch.plan ...` finds the server on a Unix socket)
-forks a worker that drops OUR modules (overlapkit.*, recipes.*, launch.*) from sys.modules, takes the client's
-argv, environment, working directory and stdin/stdout/stderr (the file descriptors themselves, passed over the
-socket with SCM_RIGHTS, so rich sees the client's terminal, width and colours exactly as the plain path does; the
-stamp below guarantees the same sys.path), runs `launch.plan.main()` and reports its exit status, which the client
-exits with. Re-importing our code costs about 0.2 s, and it is why an edit to recipes/, src/ or launch/ shows in
-the very next plan. Bad input (check_request: NODES, SET, the recipe's name) is answered by the client itself,
-before any server is asked or started.
+What is imported fresh for every command: a request (`python -m launch.<cmd> ...` finds the server on a Unix
+socket) names the module, from SERVED; a forked worker drops our modules, takes the client's argv, environment,
+working directory and stdin/stdout/stderr (the file descriptors themselves, passed over the socket with
+SCM_RIGHTS, so rich sees the client's terminal, width and colours exactly as the plain path does; the stamp below
+guarantees the same sys.path), runs the module's `cli()` (what its `python -m` entry runs) and reports its exit
+status, which the client exits with. Re-importing our code costs about 0.2 s, and it is why an edit to recipes/,
+src/ or launch/ shows in the very next command. Bad input, and actions that need no Bridge (status, cancel, ...),
+are answered by the client itself (each module's `precheck`), before any server is asked or started.
 
-Restart rules (no plan ever comes from a stale stack):
+Restart rules (no command ever runs on a stale stack):
 - the server records a stamp at start (`stamp()`: the interpreter, sys.path, uv.lock's hash, the venv's
   pyvenv.cfg and site-packages directories, the content of the files of ours it runs, and the environment
-  variables that packages read at import time: HF_*, TORCH*, CUDA*, PYTHON*, LC_*, ...) and, after preloading,
-  the mtime and size of every module file it loaded;
+  variables that packages read at import time: HF_*, TORCH*, CUDA*, PYTHON*, LC_*, ...), and the mtime and size
+  of every third-party module file it loaded;
 - a request whose client computes another stamp, or that finds any of those files changed, is refused: the server
-  stops listening, finishes the plans in flight and exits, and the client starts a new server and plans in its own
-  process (so that plan costs what it costs today);
+  stops listening, finishes the commands in flight and exits, and the client runs its command itself (so it costs
+  what it costs without a server) and then becomes the next server;
 - it exits after 15 idle minutes (OVERLAPKIT_PLAN_SERVER_IDLE seconds) and checks its stamp every minute meanwhile.
 
 Never: two checkouts (the socket is named after the checkout's absolute path, and a request naming another
-checkout is refused), another user (a 0700 directory, and the peer's uid is checked), a plan from a stale stack,
-a traceback where the server cannot help (one `note:` line, and the plan is made in the client's own process), or
-a daemon when OVERLAPKIT_PLAN_SERVER=0 (the test suite sets it; its plan-server tests run their own server in a
-private directory and stop it). `make plan-server-stop` stops it.
+checkout is refused), another user (a 0700 directory, and the peer's uid is checked), a command on a stale stack,
+a submission run twice (a worker lost mid-submit is reported, not retried), a traceback where the server cannot
+help (one `note:` line, and the command runs in the client's own process), a server inside a Slurm job, or one at
+all when OVERLAPKIT_PLAN_SERVER=0 (the test suite sets it, and runs one session server in a private directory
+for the tests that ask for it). `make plan-server-stop` stops it.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ ENV_PREFIXES = (
     SALT_VAR,
 )
 HEADER = struct.Struct("!I")
+# This process's environment and sys.path as it started (before a command here sets NEMORUN_HOME, or Bridge's import
+# appends to sys.path): what a client computes its stamp from, and so what a process that becomes the server after
+# its own command (become_server) must be stamped with.
+ENV_AT_START, PATH_AT_START = dict(os.environ), list(sys.path)
 
 
 # --- where a checkout's server lives -------------------------------------------------------------------------
@@ -204,7 +210,9 @@ def _digest(path: Path) -> str | None:
 def loaded_files() -> dict[str, tuple | None]:
     """mtime and size of every file a loaded module came from (a few thousand stats, a few ms)."""
     out = {}
-    for mod in list(sys.modules.values()):
+    for name, mod in list(sys.modules.items()):
+        if name.split(".")[0] in OURS:  # imported fresh by every worker; the stamp covers the server's own files
+            continue
         origin = getattr(getattr(mod, "__spec__", None), "origin", None)
         if isinstance(origin, str) and os.path.isabs(origin):
             out[origin] = _file_id(Path(origin))
@@ -325,6 +333,8 @@ def forward(argv, module: str = "launch.plan") -> int | None:
     watch_make()
     try:
         reply = ask(paths, request, fds)
+        if "none" in reply and wait_starting(paths):
+            reply = ask(paths, request, fds)
     except KeyboardInterrupt:
         return 130  # the server sees the closed connection and stops the worker
     finally:
@@ -343,8 +353,18 @@ def forward(argv, module: str = "launch.plan") -> int | None:
     elif "refused" in reply:
         note(f"the plan server refused this command ({reply['refused']}); running in this process")
         return None
-    start(paths)
+    if may_serve(paths):
+        SUCCESSOR.append(paths)  # this process pays the import: once its command is done it serves the next
     return None
+
+
+def wait_starting(paths: Paths, timeout: float = 300) -> bool:
+    """A server that holds the lock but does not answer yet is starting (importing, or binding after the command
+    that became it): waiting for it costs less than this process's own import. True once it answers."""
+    held = holder(paths)
+    if held is None or held[1] != "starting":
+        return False
+    return wait_ready(paths, timeout) is not None
 
 
 def watch_make() -> None:
@@ -362,7 +382,12 @@ def run(module: str, argv, precheck, cli) -> int:
     if not precheck(argv):
         return cli(argv)
     code = forward(argv, module)
-    return cli(argv) if code is None else code
+    if code is not None:
+        return code
+    code = cli(argv)
+    if SUCCESSOR:
+        become_server(SUCCESSOR[0])
+    return code
 
 
 def quietly(check) -> bool:
@@ -375,22 +400,68 @@ def quietly(check) -> bool:
     return True
 
 
-def start(paths: Paths) -> bool:
-    """Start this checkout's server detached (own session, output to its log). One line when it cannot."""
+SUCCESSOR: list[Paths] = []  # set by forward(): this process becomes the server after its command (run())
+
+
+def may_serve(paths: Paths) -> bool:
+    """Should this process, once its command is done, become the server? Not when one holds the lock (starting or
+    serving: this command only missed it), nor when the last start failed for this same stack (one line)."""
     held = holder(paths)
     if held and held[1] != "stopping":
-        return True  # one is starting (importing): a second would only wait for its lock and leave
+        return False
     failed = _read_json(paths.failed)
-    if failed and failed.get("stamp") == stamp(os.environ):
+    if failed and failed.get("stamp") == stamp(ENV_AT_START, PATH_AT_START):
         note(
-            f"the plan server failed to start ({failed.get('why')}; log: {paths.log}); planning in this process "
+            f"the plan server failed to start ({failed.get('why')}; log: {paths.log}); running in this process "
             "(make plan-server-stop clears this)"
         )
         return False
+    return True
+
+
+def become_server(paths: Paths) -> None:
+    """The process that paid for the import serves the next commands: it forks, the parent returns (its command's
+    output is complete: make sees it end), and the child leaves the terminal and serves, Bridge already loaded."""
+    for s in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            s.flush()  # nothing buffered may be written twice, by parent and child
     try:
         if _file_id(paths.log) and _file_id(paths.log)[1] > 1 << 20:  # keep one older log, never a growing one
             os.replace(paths.log, paths.log.with_suffix(".log.1"))
-        cmd = [sys.executable, "-m", "launch.plan_server", "--serve", "--after", str(os.getpid())]
+        out = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        pid = os.fork()
+    except OSError as exc:
+        note(f"could not start the plan server ({exc}); the next command imports Bridge again")
+        return
+    if pid:
+        os.close(out)
+        idle = os.environ.get(IDLE_VAR) or IDLE_S
+        note(
+            f"pid {pid} keeps Megatron Bridge loaded and serves this checkout's next commands (until {idle} s idle; "
+            f"make plan-server-stop stops it, {SWITCH}=0 starts none)"
+        )
+        return
+    code = 1
+    try:
+        os.setsid()  # no terminal: make's Ctrl-C and the shell's hang-up are the client's, never the server's
+        null = os.open(os.devnull, os.O_RDONLY)
+        for fd, target in ((null, 0), (out, 1), (out, 2)):
+            os.dup2(fd, target)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)  # a command's own handlers (submit's) do not carry over
+        code = serve(environ=ENV_AT_START, path=PATH_AT_START)
+    finally:
+        os._exit(code)
+
+
+def start(paths: Paths) -> bool:
+    """Start this checkout's server as a process of its own, detached (own session, output to its log); `make bench`
+    and the tests do, where no command is to pay for the import. One line when it cannot."""
+    held = holder(paths)
+    if held and held[1] != "stopping":
+        return True  # one is starting (importing): a second would only wait for its lock and leave
+    try:
+        cmd = [sys.executable, "-m", "launch.plan_server", "--serve"]
         with open(paths.log, "a") as log:  # appended: a stale server may still be writing its last lines
             subprocess.Popen(
                 cmd,
@@ -402,7 +473,7 @@ def start(paths: Paths) -> bool:
                 close_fds=True,
             )
     except OSError as exc:
-        note(f"could not start the plan server ({exc}); planning in this process")
+        note(f"could not start the plan server ({exc})")
         return False
     return True
 
@@ -807,34 +878,23 @@ def worker(request: dict, fds: list[int]) -> int:
     return code if isinstance(code, int) else 1
 
 
-def _wait_for(pid: int, limit: float = 1800) -> None:
-    """With fewer than 4 CPUs, the import waits for the plan that started this server (a full import too), so that
-    first plan is never slowed by it; with more, both run at once and the server is ready sooner."""
-    if not pid or len(os.sched_getaffinity(0)) >= 4:
-        return
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-
-
-def serve(after: int = 0) -> int:
-    """The server's main: lock, stamp, preload, listen, loop. Exits 0 when another server already holds the lock."""
+def serve(environ: dict | None = None, path: list | None = None) -> int:
+    """The server's main: lock, stamp, preload, listen, loop. Exits 0 when another server already holds the lock.
+    `environ`/`path`: what the process started with, when it becomes the server after a command of its own."""
     paths = Paths.of().private()
     lock = _take_lock(paths)
     if lock is None:
         log("another plan server holds this checkout's lock: exiting")
         return 0
     _set_state(lock, "starting")
-    _wait_for(after)
-    env0, path0 = dict(os.environ), list(sys.path)
+    env0, path0 = dict(environ or os.environ), list(path or sys.path)
     stamp0 = stamp(env0, path0)
     log(f"starting for {ROOT}")
     try:
-        preload(lock)
+        if environ is None:
+            preload(lock)
+        else:  # it has just run a command: what planning imports is loaded; a worker imports anything else itself
+            log(f"serving from the process that imported Megatron Bridge for its own command (pid {os.getpid()})")
     except Exception as exc:  # recorded, so clients plan in their own process instead of restarting this in a loop
         why = " ".join(f"{type(exc).__name__}: {exc}".split())
         paths.failed.write_text(json.dumps({"stamp": stamp0, "why": why}))  # until the stamp changes
@@ -865,7 +925,6 @@ def main(argv=None) -> int:
     g.add_argument("--serve", action="store_true", help="run the server (the first make plan starts it)")
     g.add_argument("--stop", action="store_true", help="stop this checkout's server (make plan-server-stop)")
     g.add_argument("--status", action="store_true", help="say whether this checkout's server runs")
-    ap.add_argument("--after", type=int, default=0, help="with --serve: the pid of the plan that started it")
     args = ap.parse_args(argv)
     try:
         paths = Paths.of().private()
@@ -873,7 +932,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.serve:
-        code = serve(args.after)
+        code = serve()
         os._exit(code)  # no interpreter teardown: nothing to flush, and extensions report "leaks" of frozen objects
     if args.stop:
         print(stop(paths))

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -50,59 +51,58 @@ def served_env() -> dict:
     return env
 
 
-def start_session_server() -> None:
-    """Spawn the session's server (as a first `make plan` would, without the plan beside it) unless one holds it."""
-    paths = plan_server.Paths.of(environ=served_env())
-    if plan_server.holder(paths) is None:
-        with open(paths.log, "a") as log:
-            subprocess.Popen(
-                [sys.executable, "-m", "launch.plan_server", "--serve"],
-                cwd=stack.REPO_ROOT,
-                env=served_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+# The session's server is born as a user's is: a cold `make plan` pays the import and becomes the server, and a
+# second plan typed at once after it is served (launch/plan_server.py: become_server). Then, where a test reads it,
+# the night every such test shares (the nightly e2e, the 70B run of the Slurm e2e): `make nightly CLUSTER=local
+# PREFLIGHT=1` typed once, served. All of it in the background from the collection on, on the second core.
+SESSION = {"dir": Path(tempfile.mkdtemp(prefix="okpn-", dir="/tmp"))}  # /tmp: every fake node sees it
+R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
+STEP = 't0=$EPOCHREALTIME; {cmd} >{name}.out 2>{name}.err; echo "$? $t0 $EPOCHREALTIME" >{name}.time\n'
+
+
+def start_session(night: bool) -> None:
+    d = SESSION["dir"]
+    plan = f"{shlex.quote(sys.executable)} -m launch.plan {R8} --format json --runs {d / 'runs'}"
+    script = STEP.format(cmd=plan, name="first") + STEP.format(cmd=plan, name="second")
+    if night:
+        script += STEP.format(cmd=f"make nightly CLUSTER=local PREFLIGHT=1 JOB_DIR={d / 'jobs'}", name="night")
+    SESSION["proc"] = subprocess.Popen(
+        ["bash", "-c", script], cwd=stack.REPO_ROOT, env=served_env(), stdin=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def session_step(name: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, float]:
+    """A step of the session once it has ended: its (CompletedProcess, wall seconds)."""
+    d, deadline = SESSION["dir"], time.monotonic() + timeout
+    while not (d / f"{name}.time").is_file() and SESSION["proc"].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    rc, t0, t1 = (d / f"{name}.time").read_text().split()
+    out, err = ((d / f"{name}.{k}").read_text() for k in ("out", "err"))
+    return subprocess.CompletedProcess(name, int(rc), out, err), float(t1) - float(t0)
 
 
 @pytest.fixture(scope="session")
 def served():
     """The session's plan server, ready: the environment for processes that should use it. One Bridge import serves
     every `make` the e2e tests type and the unit tests' new processes."""
-    start_session_server()
+    if "proc" not in SESSION:
+        SESSION_SERVER.private()
+        start_session(night=False)
     paths = plan_server.Paths.of(environ=served_env())
-    assert plan_server.wait_ready(paths, timeout=600) is not None, paths.log.read_text()[-3000:]
+    assert plan_server.wait_ready(paths, timeout=900) is not None, (SESSION["dir"] / "first.err").read_text()[-3000:]
     return served_env()
 
 
-# The night every test that reads a preflight-only nightly shares (the nightly e2e, the 70B run of the Slurm e2e):
-# `make nightly CLUSTER=local PREFLIGHT=1` typed once, in the background from the collection on, served.
-NIGHT = {"dir": Path(tempfile.mkdtemp(prefix="okpn-", dir="/tmp"))}  # /tmp: every fake node sees it
-WAIT_READY = "from launch import plan_server as s; s.wait_ready(s.Paths.of(), 600)"
-
-
-def start_night() -> None:
-    jobs, cmd = NIGHT["dir"] / "jobs", ["make", "nightly", "CLUSTER=local", "PREFLIGHT=1"]
-    script = f"{sys.executable} -c '{WAIT_READY}'; exec {' '.join(cmd)} JOB_DIR={jobs}"
-    out, err = open(NIGHT["dir"] / "stdout", "w"), open(NIGHT["dir"] / "stderr", "w")
-    NIGHT["proc"] = subprocess.Popen(
-        ["bash", "-c", script], cwd=stack.REPO_ROOT, env=served_env(), stdout=out, stderr=err, stdin=subprocess.DEVNULL
-    )
-    NIGHT["jobs"] = jobs
+@pytest.fixture(scope="session")
+def first_plans(served):
+    """The session's cold `make plan` and the one typed at once after it: [(CompletedProcess, seconds)] × 2."""
+    return [session_step("first"), session_step("second")]
 
 
 @pytest.fixture(scope="session")
 def preflight_night(served):
     """The shared night once `make nightly` has returned: (CompletedProcess, JOB_DIR). Its jobs may still run."""
-    if "proc" not in NIGHT:
-        start_night()
-    proc = NIGHT["proc"]
-    proc.wait(timeout=900)
-    out = subprocess.CompletedProcess(
-        proc.args, proc.returncode, *((NIGHT["dir"] / name).read_text() for name in ("stdout", "stderr"))
-    )
-    return out, NIGHT["jobs"]
+    return session_step("night")[0], SESSION["dir"] / "jobs"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -111,9 +111,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda i: ("/e2e/" in str(i.path), "stops_server" in i.keywords))
     if any("served" in i.fixturenames for i in items):
         SESSION_SERVER.private()
-        start_session_server()
-    if any("preflight_night" in i.fixturenames for i in items) and not _slurm_running():
-        start_night()
+        start_session(night=any("preflight_night" in i.fixturenames for i in items) and not _slurm_running())
     need_gpu = [i for i in items if "gpu" in i.keywords]
     need_slurm = [i for i in items if "slurm" in i.keywords]
     if need_gpu and not _cuda_available():
@@ -137,9 +135,9 @@ def isolated_environ(monkeypatch):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if NIGHT.get("proc") is not None and NIGHT["proc"].poll() is None:
-        NIGHT["proc"].kill()  # a session cut short (-x, Ctrl-C): its jobs end on their own, preflight-only
-    shutil.rmtree(NIGHT["dir"], ignore_errors=True)
+    if SESSION.get("proc") is not None and SESSION["proc"].poll() is None:
+        os.killpg(SESSION["proc"].pid, 9)  # a session cut short (-x, Ctrl-C): its jobs end on their own
+    shutil.rmtree(SESSION["dir"], ignore_errors=True)
     paths = plan_server.Paths.of(environ=served_env())
     if plan_server.holder(paths) is not None:
         plan_server.stop(paths)
