@@ -44,6 +44,25 @@ def _slurm_running() -> str | None:
     return None
 
 
+@pytest.fixture(scope="session")
+def planned():
+    """`planned(name)`: recipe `name` as shipped, planned once per session (make_plan with no overrides and no shell
+    exports) and shared by the recipe, memory, MoE and run-plugin tests. Planning must not write the environment
+    (a pure builder): checked on the one plan each recipe gets."""
+    from overlapkit.plan.build import make_plan
+
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            before = dict(os.environ)
+            cache[name] = make_plan(name, caller_env={})
+            assert dict(os.environ) == before, f"planning {name} wrote the environment"
+        return cache[name]
+
+    return get
+
+
 def served_env() -> dict:
     """The environment of a process that uses the session's plan server."""
     env = {**os.environ, plan_server.DIR_VAR: str(SESSION_SERVER.dir)}

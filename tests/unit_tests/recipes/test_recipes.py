@@ -24,8 +24,7 @@ GOLDEN = stack.REPO_ROOT / "tests" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 
-def layout_row(name: str) -> dict:
-    p = make_plan(name)
+def layout_row(p) -> dict:
     return {**p.layout, "overlaps": {r.name: r.state for r in p.report.rows}, "audit_ok": p.report.ok}
 
 
@@ -72,10 +71,8 @@ def test_the_eighteen_shipped_recipes_cover_the_eight_models_and_both_dtypes():
 
 
 @pytest.mark.parametrize("name", registry.names())
-def test_recipe_builds_offline_passes_the_audit_and_has_no_warnings(name):
-    before = dict(os.environ)
-    p = make_plan(name)
-    assert dict(os.environ) == before  # pure builder: no environment writes
+def test_recipe_builds_offline_passes_the_audit_and_has_no_warnings(name, planned):
+    p = planned(name)  # the fixture checks the pure builder: no environment writes
     assert p.report.ok, [f.message for f in p.report.errors]
     assert p.report.warnings == []
     # Every overlap is on, n/a, or kept off by the recipe's declaration, with its reason (OverlapIntent.off).
@@ -88,15 +85,15 @@ def test_recipe_builds_offline_passes_the_audit_and_has_no_warnings(name):
     assert p.report.row("tp_comm_overlap").state == tp_state
 
 
-def test_layout_table_matches_golden():
-    table = {name: layout_row(name) for name in SHIPPED}
+def test_layout_table_matches_golden(planned):
+    table = {name: layout_row(planned(name)) for name in SHIPPED}
     check_golden(GOLDEN / "recipes_layout.json", json.dumps(table, indent=2, sort_keys=True) + "\n")
 
 
 @pytest.mark.parametrize("name", ["llama3_70b_pretrain_64gpu_h100_bf16", "llama3_8b_pretrain_8gpu_h100_fp8cs"])
-def test_plan_output_matches_golden(name):
+def test_plan_output_matches_golden(name, planned):
     buf = io.StringIO()
-    plan = make_plan(name, caller_env={})  # the submitting shell's exports are not part of the golden
+    plan = planned(name)  # no shell exports: the submitting shell's are not part of the golden
     render_plan(plan, Console(file=buf, width=120, color_system=None, highlight=False))
     check_golden(GOLDEN / f"plan_{name}.txt", buf.getvalue())
 

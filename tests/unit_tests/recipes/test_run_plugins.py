@@ -426,8 +426,8 @@ NVIDIA_CDMC = {
 
 
 @pytest.mark.parametrize("name", sorted(NVIDIA_CDMC))
-def test_cuda_max_connections_rule_reproduces_nvidias_value_with_its_reason(name):
-    p = make_plan(name, caller_env={})
+def test_cuda_max_connections_rule_reproduces_nvidias_value_with_its_reason(name, planned):
+    p = planned(name)
     entry = p.ledger.entry(PINNED)
     assert (entry.value, entry.layer) == (NVIDIA_CDMC[name], "derived") and p.report.ok
     assert "perf_recipes" in entry.reason  # the source is named in the ledger

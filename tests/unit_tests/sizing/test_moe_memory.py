@@ -101,8 +101,8 @@ def test_mla_up_projection_recompute_drops_q_k_v():
 
 
 @pytest.mark.parametrize("name", sorted(CARDS))
-def test_every_moe_recipe_fits_an_h100(name):
-    assert make_plan(name).memory.fits
+def test_every_moe_recipe_fits_an_h100(name, planned):
+    assert planned(name).memory.fits
 
 
 # --- the model Bridge's provider builds, on the meta device ---------------------------------------------------------

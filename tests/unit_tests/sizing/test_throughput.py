@@ -104,15 +104,15 @@ def test_flops_are_bridges_own_count():
         ("comm_overlap.overlap_grad_reduce=false comm_overlap.overlap_param_gather=false", "overlap_grad_reduce"),
     ],
 )
-def test_turning_an_overlap_off_lowers_the_70b_prediction(sets, row):
-    base, off = make_plan(R70), make_plan(R70, sets=sets)
+def test_turning_an_overlap_off_lowers_the_70b_prediction(sets, row, planned):
+    base, off = planned(R70), make_plan(R70, sets=sets)
     assert base.report.row(row).state == "on" and off.report.row(row).state == "off"
     assert off.throughput.tokens_per_gpu_s < base.throughput.tokens_per_gpu_s
     assert off.throughput.step_s > base.throughput.step_s
 
 
-def test_doubling_nodes_at_fixed_gbs_raises_the_bubble_share():
-    base, double = make_plan(R70), make_plan(R70, nodes=16)
+def test_doubling_nodes_at_fixed_gbs_raises_the_bubble_share(planned):
+    base, double = planned(R70), make_plan(R70, nodes=16)
     assert (base.layout["dp"], double.layout["dp"], double.layout["gbs"]) == (2, 4, 256)
     assert double.throughput.share("pipeline bubble") > 1.9 * base.throughput.share("pipeline bubble")
 
