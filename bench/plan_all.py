@@ -75,7 +75,7 @@ LABELS = {
     "import": "planning's import (unused packages deferred)",
     "first": "first `make plan` (no server: starts one)",
     "second": "second `make plan` (server warm)",
-    "recipes": "`make recipes` (server warm, 10 plans)",
+    "recipes": "`make recipes` (server warm, every recipe)",
 }
 
 

@@ -64,13 +64,15 @@ def test_every_recipes_json_plan_is_the_same_with_nothing_deferred(tmp_path):
 
 
 def test_the_real_wandb_behind_megatron_core_timers_at_first_use():
+    from accelerate.utils import is_wandb_available
     from megatron.core import timers
-    from transformers.utils import is_datasets_available
 
-    # What availability probes conclude is unchanged by the deferral: the package is there.
-    assert importlib.util.find_spec("wandb") is not None and is_datasets_available()
+    # Availability probes conclude what they would eagerly (the package is there), and do not load it.
+    was_deferred = "wandb" in lazy_imports.deferred()
+    assert importlib.util.find_spec("wandb") is not None and is_wandb_available()
     assert timers.wandb is not None and timers.wandb is sys.modules["wandb"]
-    assert timers.wandb.__version__ == importlib.metadata.version("wandb")  # a use: the real body ran
+    assert ("wandb" in lazy_imports.deferred()) is was_deferred
+    assert timers.wandb.__version__ == importlib.metadata.version("wandb")  # a use: the real body runs
     assert type(timers.wandb) is types.ModuleType and callable(timers.wandb.init)
     assert "wandb" not in lazy_imports.deferred()
 
