@@ -99,7 +99,11 @@ def reaudit(plan: dict, rebuilt) -> list[str]:
 
 def rebuild(args):
     """The recipe planned again in the job from overrides.json, then the plugins' overrides (imports Bridge: after
-    the preflight)."""
+    the preflight). A job that trains imports the whole stack first: nothing deferred (overlapkit/lazy_imports.py)
+    where it trains, as a preflight-only job plans with it deferred."""
+    from overlapkit import stack
+
+    stack.import_bridge(full=not args.preflight_only)
     from overlapkit.plan.build import OVERRIDES, make_plan
 
     rec = json.loads((args.run_dir / OVERRIDES).read_text())
@@ -222,10 +226,11 @@ def main(argv=None) -> int:
         return 1
     if args.preflight_only:
         return 0
+    cfg = (rebuilt or rebuild(args)).cfg  # first: rebuild imports Bridge in full (TE shim, offline, nothing deferred)
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    pretrain((rebuilt or rebuild(args)).cfg, forward_step)
+    pretrain(cfg, forward_step)
     return 0
 
 

@@ -13,7 +13,7 @@ import os
 import warnings
 from pathlib import Path
 
-from overlapkit import te_stub
+from overlapkit import lazy_imports, te_stub
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Hugging Face hub-cache layout with config.json only (no weights, no tokenizer): Bridge's Llama recipes call
@@ -66,8 +66,9 @@ def repo_relative(path: Path) -> str:
         return str(path)
 
 
-def import_bridge():
-    """Import `megatron.bridge` once, offline, with the Transformer Engine shim (a no-op where TE exists)."""
+def import_bridge(full: bool = False):
+    """Import `megatron.bridge` once, offline, with the Transformer Engine shim (a no-op where TE exists).
+    Planning defers what no command uses (overlapkit/lazy_imports.py); `full=True` (training) imports everything."""
     global _BRIDGE
     if _BRIDGE is None:
         offline_env()
@@ -75,11 +76,16 @@ def import_bridge():
         # Stays installed: Bridge imports gpt_full_te_layer_autocast_spec lazily too. It only ever serves the two
         # named importers, so it is invisible to megatron-core and everything else.
         te_stub.install()
+        if not full:
+            lazy_imports.install()
         with silenced():
             import megatron.bridge as bridge
 
         quiet_logs()  # some imports reset levels
         _BRIDGE = bridge
+    if full:
+        with silenced():
+            lazy_imports.finish()  # a process that planned deferred first: the rest now, before it trains
     return _BRIDGE
 
 
