@@ -84,7 +84,8 @@ def start_session(night: bool) -> None:
     plan = f"{shlex.quote(sys.executable)} -m launch.plan {R8} --format json --runs {d / 'runs'}"
     script = STEP.format(cmd=plan, name="first") + STEP.format(cmd=plan, name="second")
     if night:
-        script += STEP.format(cmd=f"make nightly CLUSTER=local PREFLIGHT=1 JOB_DIR={d / 'jobs'}", name="night")
+        night_cmd = ["make", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={d / 'jobs'}"]
+        script += STEP.format(cmd=shlex.join(night_cmd), name="night")
     SESSION["proc"] = subprocess.Popen(
         ["bash", "-c", script], cwd=stack.REPO_ROOT, env=served_env(), stdin=subprocess.DEVNULL, start_new_session=True
     )
