@@ -331,6 +331,9 @@ def test_served_commands_print_and_write_what_the_plain_path_does(server, what, 
         argv = [a.format(jobs=jobs, profile=profile) for a in template]
         if side == "plain":  # the function the worker runs, here: its signal handlers put back after it
             monkeypatch.delenv("OVERLAPKIT_MAKE_PID", raising=False)  # no watcher of make in pytest
+            # cli's own default, set here so that it leaves with the test (a stamped variable: left in this
+            # process's environment it would make every later client restart the session's server)
+            monkeypatch.setenv("NEMORUN_HOME", str(ROOT / "runs" / "nemo_run"))
             handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
             try:
                 rc = importlib.import_module(module).cli(argv)
