@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import time
 from pathlib import Path
 
@@ -105,23 +104,8 @@ def test_estimates_gate_the_card():
     assert unfused.activations_gb > 2 * flash.activations_gb
 
 
-@pytest.fixture(scope="module")
-def model_parallel():
-    """A one-rank gloo process group and megatron's model-parallel state, as Bridge's setup makes them on a GPU."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29561")
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    ps.initialize_model_parallel(1, 1)
-    yield ProcessGroupCollection.use_mpu_process_groups()
-    ps.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
-
-
 @pytest.mark.parametrize("key,side", CASES)
-def test_cut_builds_megatron_core_local_spec_model(key, side, model_parallel):
+def test_cut_builds_megatron_core_local_spec_model(key, side, one_rank):
     from megatron.bridge.training.setup import _validate_and_set_vocab_size
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
     from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -134,7 +118,7 @@ def test_cut_builds_megatron_core_local_spec_model(key, side, model_parallel):
         m.vocab_size, build_tokenizer(cfg.tokenizer).vocab_size, cfg.tokenizer.use_tokenizer_vocab_size
     )
     m.init_model_with_meta_device = m.use_cpu_initialization = True  # no GPU to allocate on (see module docstring)
-    m._pg_collection = model_parallel
+    m._pg_collection = one_rank
     model = m.provide()
     roots = {type(x).__module__.split(".")[0] for x in model.modules()}
     assert roots == {"megatron", "torch"}, roots  # nothing from transformer_engine or apex
