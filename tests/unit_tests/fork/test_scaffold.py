@@ -2,8 +2,8 @@
 requests that fail with one line and leave no file behind.
 
 Every fork writes into pytest's tmp_path (--recipes-dir) and the `clean_registry` fixture removes what it registered,
-so the real recipes/ and the ten-recipe registry stay as they were. tests/e2e/test_fork_e2e.py forks into recipes/
-itself and plans the fork from new processes, as a user does.
+so the real recipes/ and the ten-recipe registry stay as they were. tests/e2e/test_fork_e2e.py forks with `make
+new-recipe` into a temporary directory and plans the fork from new processes through RECIPES_PATH, as a user does.
 """
 
 from __future__ import annotations
