@@ -74,6 +74,19 @@ def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layou
     return apply_overlap_stack(cfg, current_intent())
 
 
+def with_shape(base: Callable[[], ConfigContainer], shape: dict) -> Callable[[], ConfigContainer]:
+    """`base` with these model fields set (`num_layers=48, ...`): a forked recipe's Bridge base function, its FROM
+    recipe's base with the new shape. Named `base` in the forked file, so the fork can be forked in turn."""
+
+    def shaped() -> ConfigContainer:
+        cfg = base()
+        for key, value in shape.items():
+            setattr(cfg.model, key, value)
+        return cfg
+
+    return shaped
+
+
 # HybridEP kernels' SM budget in NVIDIA's perf recipes (megatron/bridge/perf_recipes/_common.py `_benchmark_common`).
 HYBRIDEP_SMS = 32
 _QWEN = "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe"
@@ -127,4 +140,5 @@ __all__ = [
     "moe_pretrain",
     "precision",
     "register",
+    "with_shape",
 ]
