@@ -15,21 +15,9 @@ from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_fp8_c
 
 from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack
 from overlapkit.plan.registry import EnvVar, current_intent, register
+from overlapkit.topology import Layout
 
 DTYPES = ("bf16", "fp8cs")
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int
-    cp: int
-    vpp: int | None
-    mbs: int
-    gbs: int
-    seq: int | None = None  # None: keep the base recipe's sequence length
-    ep: int = 1  # expert parallelism (MoE models)
-    etp: int | None = None  # expert tensor parallelism; None: keep the base recipe's
 
 
 @dataclass(frozen=True)
