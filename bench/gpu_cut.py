@@ -158,7 +158,7 @@ def table(results: dict[str, dict[str, dict]], header: str) -> str:
         if status == "ok":
             status = "ok · vs golden: " + ", ".join(f"{s} {r['vs_golden']}" for s, r in sides.items())
         lines.append(
-            f"{key:<13} {cut.layers:>6} {cut.seq:>5} │ {_fmt(o.get('tflops_per_gpu'), '12.1f')} "
+            f"{key:<13} {cut.layers:>6} {cut.layout.seq:>5} │ {_fmt(o.get('tflops_per_gpu'), '12.1f')} "
             f"{_fmt(b.get('tflops_per_gpu'), '14.1f')} {_fmt(ratio, '6.2f')} │ "
             f"{_fmt(o.get('step_time_ms'), '8.1f')} {_fmt(b.get('step_time_ms'), '9.1f')} │ "
             f"{_fmt(o.get('last_loss'), '9.3f')} │ {status}"
@@ -177,7 +177,7 @@ def list_cuts() -> int:
         fits = ", ".join(
             f"{g.upper()} {e.total_gb:.1f} GB {e.verdict}" for g in ("h100", "h200") if (e := gpucut.estimate(ours, g))
         )
-        print(f"{key}: {cut.layers} layer{'s' * (cut.layers > 1)}, seq {cut.seq}, GBS {cut.gbs} — {fits}")
+        print(f"{key}: {cut.layers} layer{'s' * (cut.layers > 1)}, seq {cut.layout.seq}, GBS {cut.layout.gbs} — {fits}")
         print(f"  ours   = {cut.recipe}\n  Bridge = {cut.reference}" + (f"\n  note: {cut.note}" if cut.note else ""))
         for field, a, b in gpucut.differences(ours, bridge):
             print(f"  differs: {field}: ours {a!r}, Bridge {b!r}")
@@ -295,7 +295,13 @@ def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
                 continue
             parsed = logparse.parse_file(run_dir / res["log"], warmup=warmup_of(doc["iters"]))
             c = gpucut.CUTS[key]
-            cut = {"layers": c.layers, "seq": c.seq, "gbs": c.gbs, "iters": doc["iters"], "device": doc["device"]}
+            cut = {
+                "layers": c.layers,
+                "seq": c.layout.seq,
+                "gbs": c.layout.gbs,
+                "iters": doc["iters"],
+                "device": doc["device"],
+            }
             plan = {"recipe": f"{key}.{side}", "layout": cut}
             meta = {"run_dir": str(run_dir), "versions": doc["versions"], "container_image": None}
             out = goldens / doc["gpu"] / f"{key}.{side}.json"

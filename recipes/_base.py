@@ -15,21 +15,9 @@ from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_fp8_c
 
 from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack
 from overlapkit.plan.registry import EnvVar, current_intent, register
+from overlapkit.topology import Layout
 
 DTYPES = ("bf16", "fp8cs")
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int
-    cp: int
-    vpp: int | None
-    mbs: int
-    gbs: int
-    seq: int | None = None  # None: keep the base recipe's sequence length
-    ep: int = 1  # expert parallelism (MoE models)
-    etp: int | None = None  # expert tensor parallelism; None: keep the base recipe's
 
 
 @dataclass(frozen=True)
@@ -72,6 +60,19 @@ def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layou
         # output layer, and so step time and TFLOP/s, match the published numbers.
         cfg.tokenizer.vocab_size = m.vocab_size
     return apply_overlap_stack(cfg, current_intent())
+
+
+def with_shape(base: Callable[[], ConfigContainer], shape: dict) -> Callable[[], ConfigContainer]:
+    """`base` with these model fields set (`num_layers=48, ...`): a forked recipe's Bridge base function, its FROM
+    recipe's base with the new shape. Named `base` in the forked file, so the fork can be forked in turn."""
+
+    def shaped() -> ConfigContainer:
+        cfg = base()
+        for key, value in shape.items():
+            setattr(cfg.model, key, value)
+        return cfg
+
+    return shaped
 
 
 # HybridEP kernels' SM budget in NVIDIA's perf recipes (megatron/bridge/perf_recipes/_common.py `_benchmark_common`).
@@ -127,4 +128,5 @@ __all__ = [
     "moe_pretrain",
     "precision",
     "register",
+    "with_shape",
 ]

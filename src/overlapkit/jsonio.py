@@ -1,4 +1,5 @@
-"""The one JSON writer: indented, newline-terminated, and atomic (a reader never sees half a file)."""
+"""The one JSON writer: indented, newline-terminated, and atomic (a reader never sees half a file); and the one
+lenient reader, for files that may not be there yet."""
 
 from __future__ import annotations
 
@@ -17,3 +18,13 @@ def write_json(path: Path, data) -> Path:
     tmp.write_text(dumps(data))
     tmp.replace(path)
     return path
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in `path`, or None when there is none to read: missing, unreadable, not valid JSON (a file
+    another process is still writing without write_json), or valid JSON that is not an object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
+        return None
+    return data if isinstance(data, dict) else None

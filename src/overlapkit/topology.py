@@ -1,4 +1,5 @@
-"""Where a run executes, in numbers: GPUs per node, the planned target, and the data parallelism a layout leaves.
+"""Where a run executes, in numbers: GPUs per node, the planned target, a layout (how a model is split over the GPUs and
+batched) and the data parallelism it leaves.
 
 The one home of GPUS_PER_NODE: an H100 SXM node (DGX/HGX H100) has 8 GPUs on one NVLink switch, so tensor
 parallelism stays inside it and every node count is a multiple of 8 GPUs.
@@ -13,6 +14,22 @@ GPUS_PER_NODE = 8
 
 class LayoutError(ValueError):
     """One-line, user-facing."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The one layout type: a recipe's (recipes/_base.py), a published run's (plan/published.py), a 1-GPU cut's
+    (regress/gpucut.py)."""
+
+    tp: int
+    pp: int
+    cp: int
+    vpp: int | None  # None: no interleaving
+    mbs: int
+    gbs: int
+    seq: int | None = None  # None: keep the base recipe's sequence length
+    ep: int = 1  # expert parallelism (MoE models)
+    etp: int | None = None  # expert tensor parallelism; None: keep the base recipe's
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import re
 import shlex
@@ -157,8 +156,7 @@ def transaction(sub):
 
 
 def read_marker(run_dir: Path) -> dict:
-    f = run_dir / MARKER
-    return json.loads(f.read_text()) if f.is_file() else {}
+    return jsonio.read_json(run_dir / MARKER) or {}
 
 
 @dataclass

@@ -120,14 +120,7 @@ SHAPE = dict(hidden_size={s.hidden}, num_layers={s.layers}, ffn_hidden_size={s.f
 SHAPE.update(num_attention_heads={s.heads}, num_query_groups={s.query_groups}, kv_channels={kv})
 LAYOUT = Layout(tp={c.tp}, pp={c.pp}, cp={c.cp}, vpp={c.vpp}, mbs={c.mbs}, gbs={c.gbs}, seq={s.seq})
 INTENT = {intent}
-
-
-def base():
-    """The base recipe's Bridge config with this model's shape."""
-    cfg = _from_base()
-    for key, value in SHAPE.items():
-        setattr(cfg.model, key, value)
-    return cfg
+base = with_shape(_from_base, SHAPE)
 
 
 @register(model="{model}", nodes={nodes}, source="forked from {from_name}", intent=INTENT)
@@ -140,7 +133,7 @@ def {name}():
 MOE_TEMPLATE = '''"""{doc}
 """
 
-from recipes._base import Layout, OverlapIntent, moe_pretrain, register
+from recipes._base import Layout, OverlapIntent, moe_pretrain, register, with_shape
 from {base_module} import KNOBS
 from {base_module} import base as _from_base
 
@@ -149,14 +142,7 @@ SHAPE.update(num_query_groups={s.query_groups}, ffn_hidden_size={s.ffn})
 SHAPE.update(num_moe_experts={s.experts}, moe_router_topk={s.topk})
 LAYOUT = Layout(tp={c.tp}, pp={c.pp}, cp={c.cp}, vpp={c.vpp}, mbs={c.mbs}, gbs={c.gbs}, seq={s.seq}, ep={c.ep}, etp=1)
 INTENT = OverlapIntent({intent_args})
-
-
-def base():
-    """The base recipe's Bridge config with this model's experts and depth."""
-    cfg = _from_base()
-    for key, value in SHAPE.items():
-        setattr(cfg.model, key, value)
-    return cfg
+base = with_shape(_from_base, SHAPE)
 
 
 @register(model="{model}", nodes={nodes}, source="forked from {from_name}", intent=INTENT)
@@ -176,12 +162,12 @@ def _moe_intent(req: ForkRequest, c) -> str:
 
 
 def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_module: str) -> str:
-    imports = "Layout, h100_pretrain, register"
+    imports = "Layout, h100_pretrain, register, with_shape"
     if c.exact_preset:
         intent = "None  # userbuffers preset: " + (c.preset or "n/a (TP=1)")
     else:
         intent = 'OverlapIntent(tp_preset="default")  # no Bridge userbuffers preset fits: explicit opt-in'
-        imports = "Layout, OverlapIntent, h100_pretrain, register"
+        imports = "Layout, OverlapIntent, h100_pretrain, register, with_shape"
     nodes = gpus // GPUS_PER_NODE
     head = f"{model} on {gpus} H100s ({nodes} nodes), forked from {req.from_name} by launch/new_recipe.py."
     body = (

@@ -222,12 +222,18 @@ def divisibility(cfg, world: int) -> list[tuple[str, str]]:
     )
 
 
-def backend_problem(model, gpu_node: bool) -> tuple[str, str] | None:
+def importable(module: str) -> bool:
+    """Can this process import `module`? (find_spec: found without running it.)"""
+    return importlib.util.find_spec(module) is not None
+
+
+def backend_problem(model, gpu_node: bool, have=importable) -> tuple[str, str] | None:
     """(level, message) when the flex dispatcher's backend (DeepEP/HybridEP) is not importable here: an error on a
-    GPU node (the job would fail at its first MoE layer), a note on a CPU planning machine (the container has it)."""
+    GPU node (the job would fail at its first MoE layer), a note on a CPU planning machine (the container has it).
+    `have(module)` answers whether a package is importable; tests pass the answer, whatever this machine has."""
     backend = model.moe_flex_dispatcher_backend if model.moe_token_dispatcher_type == "flex" else None
     module = BACKEND_MODULE.get(backend or "")
-    if module is None or importlib.util.find_spec(module) is not None:
+    if module is None or have(module):
         return None
     fix = "model.moe_token_dispatcher_type=alltoall model.moe_flex_dispatcher_backend=null"
     if gpu_node:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from overlapkit import stack
 from overlapkit.sizing import throughput
+from overlapkit.topology import Layout
 
 # The project's reference file (the shared checkout beside this one), and the copy of its rows this repo commits
 # in docs/throughput.md for checkouts without it.
@@ -35,13 +36,7 @@ class Point:
     release: str
     gpus: int
     precision: str
-    gbs: int
-    mbs: int
-    seq: int
-    tp: int
-    pp: int
-    cp: int
-    vpp: int | None
+    layout: Layout  # the published GBS/MBS/seq and TP/PP/CP/VP
     tokens: float  # published tokens/s/GPU
 
     @property
@@ -63,9 +58,8 @@ def parse(text: str) -> list[Point]:
         gbs, mbs, seq = (int(x) for x in batch.split("/"))
         tp, pp, cp, vp = layout.split("/")
         vpp = int(vp) if vp.isdigit() and int(vp) > 1 else None
-        points.append(
-            Point(model, release, int(gpus), prec, gbs, mbs, seq, int(tp), int(pp), int(cp), vpp, float(tokens))
-        )
+        layout = Layout(tp=int(tp), pp=int(pp), cp=int(cp), vpp=vpp, mbs=mbs, gbs=gbs, seq=seq)
+        points.append(Point(model, release, int(gpus), prec, layout, float(tokens)))
     return points
 
 
@@ -83,14 +77,15 @@ def recipe_of(p: Point) -> tuple[str, int, str]:
     prefix = _MODELS[p.model] + "_pretrain_"
     names = [n for n in registry.names() if n.startswith(prefix) and n.endswith(f"_h100_{dtype}")]
     name = next((n for n in names if f"_{p.gpus}gpu_" in n), names[0])
+    lay = p.layout
     sets = {
-        "model.tensor_model_parallel_size": p.tp,
-        "model.pipeline_model_parallel_size": p.pp,
-        "model.context_parallel_size": p.cp,
-        "model.virtual_pipeline_model_parallel_size": p.vpp,
-        "train.micro_batch_size": p.mbs,
-        "train.global_batch_size": p.gbs,
-        "model.seq_length": p.seq,
+        "model.tensor_model_parallel_size": lay.tp,
+        "model.pipeline_model_parallel_size": lay.pp,
+        "model.context_parallel_size": lay.cp,
+        "model.virtual_pipeline_model_parallel_size": lay.vpp,
+        "train.micro_batch_size": lay.mbs,
+        "train.global_batch_size": lay.gbs,
+        "model.seq_length": lay.seq,
     }
     text = " ".join(f"{k}={'null' if v is None else v}" for k, v in sets.items())
     return name, p.gpus // 8, text
@@ -177,10 +172,11 @@ def table(table_rows: list[dict]) -> str:
     ]
     for r in table_rows:
         p = r["point"]
+        lay = p.layout
         lines.append(
-            f"| {p.model} | {p.release} | {p.gpus} | {p.precision} | {p.gbs}/{p.mbs}/{p.seq} "
-            f"| {p.tp}/{p.pp}/{p.cp}/{p.vpp or '–'} | {p.tokens:.0f} | {r['predicted']:.0f} | {r['error']:+.1%} "
-            f"| {r['tflops']:.0f} | `{r['recipe']}` | {r['role']} |"
+            f"| {p.model} | {p.release} | {p.gpus} | {p.precision} | {lay.gbs}/{lay.mbs}/{lay.seq} "
+            f"| {lay.tp}/{lay.pp}/{lay.cp}/{lay.vpp or '–'} | {p.tokens:.0f} | {r['predicted']:.0f} "
+            f"| {r['error']:+.1%} | {r['tflops']:.0f} | `{r['recipe']}` | {r['role']} |"
         )
     held = [abs(r["error"]) for r in table_rows if r["role"] == "held out"]
     lines += ["", f"Held out: {len(held)} runs, median |error| {statistics.median(held):.1%}, worst {max(held):.1%}."]

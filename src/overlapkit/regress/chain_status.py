@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm
 from overlapkit.regress.begin import iso, local_now, parse_iso
 from overlapkit.regress.nightly import latest_night
@@ -166,8 +166,7 @@ def _last_night(root: Path) -> list[str]:
     except FileNotFoundError:
         return [f"last night: none yet under {stack.repo_relative(root)}"]
     night = json.loads((night_dir / "night.json").read_text())
-    results_file = night_dir / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.is_file() else None
+    results = jsonio.read_json(night_dir / "results.json")  # None: the report job has not written it (yet)
     rid = night.get("report_job_id")
     return night_lines(night_dir, night, results, slurm.job_state(rid) if rid and results is None else None)
 

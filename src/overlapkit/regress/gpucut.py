@@ -21,11 +21,16 @@ from dataclasses import dataclass
 
 from overlapkit.plan import registry
 from overlapkit.sizing import memory
-from overlapkit.topology import Target
+from overlapkit.topology import Layout, Target
 
 ITERS = 20
 LABEL = "1 GPU · BF16 · Megatron Core local spec (no TE): unfused attention, native cross entropy"
 SIDES = ("ours", "bridge")
+
+
+# One GPU: no model parallelism, MBS 1. Sequence 2048: unfused attention stores s² scores per head, and 8192 would not
+# fit one layer of 70B. GBS 4: microbatches per step at DP=1, enough to amortise the optimizer step.
+ONE_GPU = Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=4, seq=2048)
 
 
 @dataclass(frozen=True)
@@ -36,8 +41,7 @@ class Cut:
     recipe: str
     reference: str
     layers: int
-    seq: int = 2048  # unfused attention stores s² scores per head: 8192 would not fit one layer of 70B
-    gbs: int = 4  # microbatches per step at DP=1, MBS=1: enough to amortise the optimizer step
+    layout: Layout = ONE_GPU
     note: str = ""
 
 
@@ -99,11 +103,11 @@ def apply_cut(cfg, cut: Cut, iters: int = ITERS):
     from megatron.bridge.models.gpt_provider import local_layer_spec
     from megatron.core.transformer.enums import AttnBackend
 
-    m = cfg.model
+    m, lay = cfg.model, cut.layout
     m.num_layers = cut.layers
-    m.seq_length = cfg.dataset.seq_length = cut.seq
-    m.tensor_model_parallel_size = m.pipeline_model_parallel_size = m.context_parallel_size = 1
-    m.virtual_pipeline_model_parallel_size = m.pipeline_dtype = None
+    m.seq_length = cfg.dataset.seq_length = lay.seq
+    m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size = lay.tp, lay.pp, lay.cp
+    m.virtual_pipeline_model_parallel_size, m.pipeline_dtype = lay.vpp, None
     m.sequence_parallel = False
     m.account_for_embedding_in_pipeline_split = m.account_for_loss_in_pipeline_split = False
     m.num_layers_in_first_pipeline_stage = m.num_layers_in_last_pipeline_stage = None
@@ -124,7 +128,7 @@ def apply_cut(cfg, cut: Cut, iters: int = ITERS):
     # uses without apex, rejects it. Same FLOPs and memory with plain gamma: only the parametrisation differs.
     m.layernorm_zero_centered_gamma = False
     cfg.comm_overlap = None  # one GPU: no TP/PP/DP communication to overlap
-    cfg.train.micro_batch_size, cfg.train.global_batch_size = 1, cut.gbs
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = lay.mbs, lay.gbs
     cfg.train.train_iters, cfg.train.eval_iters = iters, 0
     cfg.scheduler.lr_warmup_iters = min(cfg.scheduler.lr_warmup_iters, max(1, iters // 4))
     cfg.scheduler.lr_decay_iters = iters

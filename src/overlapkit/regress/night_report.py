@@ -12,6 +12,7 @@ import math
 import os
 from pathlib import Path
 
+from overlapkit import jsonio
 from overlapkit.regress import logparse
 from overlapkit.regress import rules as regress
 
@@ -58,16 +59,12 @@ def read_history(path: Path) -> list[dict]:
 # --- one recipe's result ----------------------------------------------------------------------------------------
 
 
-def _json(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, preflight_only: bool) -> dict:
     """One row of the report: parsed log, verdict, overlaps from plan.json's audit rows, preflight result."""
     run_dir = Path(entry["run_dir"])
-    plan = _json(run_dir / "plan.json") or {}
+    plan = jsonio.read_json(run_dir / "plan.json") or {}
     rows = (plan.get("audit") or {}).get("rows", {})
-    pre = _json(run_dir / "preflight.json")
+    pre = jsonio.read_json(run_dir / "preflight.json")
     parsed = logparse.parse_files(logs) if logs else None
     golden = regress.load_golden(entry["recipe"], goldens_dir)
     verdict = regress.classify(

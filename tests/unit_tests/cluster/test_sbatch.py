@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -158,6 +159,35 @@ def test_an_inherited_make_pid_is_watched_only_by_makes_descendants():
     out = subprocess.run([sys.executable, "-c", code], cwd=stack.REPO_ROOT, capture_output=True, text=True,
                          env={"PYTHONPATH": "src:.", "OVERLAPKIT_MAKE_PID": str(gone.pid)}, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr[-500:]
+
+
+def test_a_descendant_of_make_is_stopped_by_sigterm_once_make_is_killed():
+    """The watcher's positive side: a shell stands in for make (its pid in OVERLAPKIT_MAKE_PID, as the Makefile
+    exports it) and starts a Python child that installs the handlers; the shell is killed by SIGKILL, so only the
+    watcher can tell the child. The child reports the Interrupted its SIGTERM handler raised; a watcher that does
+    nothing leaves it sleeping, and it reports that instead."""
+    child = (
+        "import time; from overlapkit.cluster import submit; submit.install_signal_handlers(); print('watching', "
+        "flush=True)\ntry:\n    time.sleep(20)\nexcept submit.Interrupted as exc:\n    print(exc, flush=True)\n"
+        "else:\n    print('not stopped', flush=True)"
+    )
+    make = subprocess.Popen(
+        ["sh", "-c", 'OVERLAPKIT_MAKE_PID=$$ "$0" -c "$1" & wait', sys.executable, child],
+        cwd=stack.REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": "src:.", "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        assert make.stdout.readline().strip() == "watching", make.stderr.read()[-500:]
+        make.kill()  # make dies by kill -9: nothing tells its child but the watcher
+        make.wait()
+        start = time.monotonic()
+        rest, _ = make.communicate(timeout=60)  # the child holds the pipe: EOF when it has ended
+    finally:
+        make.kill()
+    assert rest.strip() == "interrupted by SIGTERM" and time.monotonic() - start < 10
 
 
 def test_pretraining_chain_sbatch_matches_golden(tmp_path):

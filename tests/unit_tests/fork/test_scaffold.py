@@ -2,8 +2,8 @@
 requests that fail with one line and leave no file behind.
 
 Every fork writes into pytest's tmp_path (--recipes-dir) and the `clean_registry` fixture removes what it registered,
-so the real recipes/ and the ten-recipe registry stay as they were. tests/e2e/test_fork_e2e.py forks into recipes/
-itself and plans the fork from new processes, as a user does.
+so the real recipes/ and the ten-recipe registry stay as they were. tests/e2e/test_fork_e2e.py forks with `make
+new-recipe` into a temporary directory and plans the fork from new processes through RECIPES_PATH, as a user does.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_p
     text = path.read_text()
     assert len(text.splitlines()) <= 40 and "forked from llama3_70b_pretrain_64gpu_h100_bf16" in text
     assert "from recipes.llama3_70b import base as _from_base" in text and 'h100_pretrain(base, "bf16"' in text
+    assert "base = with_shape(_from_base, SHAPE)" in text and "def base" not in text  # the shape loop has one home
     entry = clean_registry[NAME_34B]
     assert entry.nodes == 4 and entry.model == "Llama3 34B"
     assert f"RECIPES_PATH={tmp_path}" in out  # written outside recipes/: the next process needs the path

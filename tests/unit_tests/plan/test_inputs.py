@@ -5,6 +5,7 @@ an audit finding suggests, applied as SET, clears that finding without raising a
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -104,7 +105,17 @@ def test_a_recipe_file_that_registers_by_a_call_leaves_the_name_to_the_import(tm
     (tmp_path / "dyn.py").write_text("from recipes._base import register\nfor n in ('a', 'b'):\n    register(model=n, "
                                      "nodes=1, source='x')(lambda: None)\n")  # fmt: skip
     monkeypatch.setenv(registry.PATH_VAR, str(tmp_path))
-    registry.check_declared("made_at_import_time")  # unknowable from the files: no early error
+    assert registry._declared_in(ast.parse((tmp_path / "dyn.py").read_text())) is None
+    assert registry.check_declared("made_at_import_time") is None  # unknowable from the files: no early error
+    # The same directory with the name declared by a decorator: now the files know every name, and an unknown one
+    # is an early error, so the pass above is the call-registering file's doing.
+    (tmp_path / "dyn.py").write_text(
+        "from recipes._base import register\n\n\n@register(model='a', nodes=1, source='x')\ndef declared_here():\n"
+        "    return None\n"
+    )
+    assert registry.check_declared("declared_here") is None
+    with pytest.raises(registry.UnknownRecipe):
+        registry.check_declared("made_at_import_time")
 
 
 def test_recorded_schema_matches_the_installed_bridge():

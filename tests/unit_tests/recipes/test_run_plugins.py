@@ -10,8 +10,11 @@ import copy
 import dataclasses
 import io
 import json
+import re
 from functools import cache
+from pathlib import Path
 
+import megatron
 import nemo_run as run
 import pytest
 
@@ -125,10 +128,35 @@ def test_fsdp_reason_cites_bridges_assert():
     assert "Megatron-FSDP asserts it is not 1" in reason and "training/config.py" in reason
 
 
-def test_every_derived_reason_cites_a_megatron_bridge_source():
-    for p in (plan(B70), plan(F8)):
+# A reason cites its source as a module path (megatron.bridge.perf_recipes.llama.h100.llama3, or a module's attribute:
+# ...environment_utils.COMMON_RECIPE_ENV_VARS) or as a file path (megatron/bridge/training/config.py).
+CITATION = re.compile(r"megatron[./][\w./]*\w")
+
+
+def _installed_source(cite: str) -> bool:
+    """Does `cite` name a file of the installed Megatron Bridge / Core (a dotted name: a module, or a module and one
+    of its top-level names)? Resolved under the installed `megatron` package directories, without importing."""
+    roots = [Path(d).parent for d in megatron.__path__]
+    if "/" in cite:
+        return any((root / cite).is_file() for root in roots)
+    parts = cite.split(".")
+    for root in roots:
+        for cut in (len(parts), len(parts) - 1):
+            base = root.joinpath(*parts[:cut])
+            for file in (base.with_suffix(".py"), base / "__init__.py"):
+                if file.is_file():
+                    rest = parts[cut:]
+                    return not rest or re.search(rf"^{rest[0]}\b", file.read_text(), re.M) is not None
+    return False
+
+
+def test_every_derived_reason_cites_a_megatron_source_that_is_installed():
+    for p in (plan(B70), plan(F8), plan(F8, "ddp.use_megatron_fsdp=true")):
         for name, entry in derived_env(p).items():
-            assert "megatron" in entry.reason and entry.reason.strip(), name
+            cites = CITATION.findall(entry.reason)
+            assert cites, f"{name}: no Megatron source cited in {entry.reason!r}"
+            for cite in cites:
+                assert _installed_source(cite), f"{name} cites {cite}: not in the installed Megatron packages"
 
 
 # --- the ledger: layers, provenance, conflicts ---------------------------------------------------------------------

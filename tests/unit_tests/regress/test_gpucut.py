@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import time
 from pathlib import Path
 
@@ -45,7 +44,7 @@ def bench():
 def test_cut_is_one_gpu_no_te_and_bridge_validates_it(key, side):
     cut, cfg = gpucut.CUTS[key], gpucut.build(key, side)
     m = cfg.model
-    assert (m.num_layers, m.seq_length, cfg.dataset.seq_length) == (cut.layers, cut.seq, cut.seq)
+    assert (m.num_layers, m.seq_length, cfg.dataset.seq_length) == (cut.layers, cut.layout.seq, cut.layout.seq)
     layout = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size)
     assert layout == (1, 1, 1) and m.virtual_pipeline_model_parallel_size is None and not m.sequence_parallel
     from megatron.bridge.models.gpt_provider import local_layer_spec
@@ -54,7 +53,7 @@ def test_cut_is_one_gpu_no_te_and_bridge_validates_it(key, side):
     te_only = (m.apply_rope_fusion, m.gradient_accumulation_fusion, m.cross_entropy_loss_fusion, m.tp_comm_overlap)
     assert not any(te_only) and m.cross_entropy_fusion_impl == "native" and m.fp8 is None
     assert cfg.comm_overlap is None and dtype_of(cfg) == "bf16"
-    assert (cfg.train.train_iters, cfg.train.micro_batch_size, cfg.train.global_batch_size) == (20, 1, cut.gbs)
+    assert (cfg.train.train_iters, cfg.train.micro_batch_size, cfg.train.global_batch_size) == (20, 1, cut.layout.gbs)
     assert cfg.logger.log_interval == 1 and cfg.logger.log_throughput and cfg.checkpoint.save is None
     assert cfg.rng.seed == 1234
     cfg.validate()  # Bridge's own cross-field checks (scheduler vs iterations, parallel sizes, precision)
@@ -105,23 +104,8 @@ def test_estimates_gate_the_card():
     assert unfused.activations_gb > 2 * flash.activations_gb
 
 
-@pytest.fixture(scope="module")
-def model_parallel():
-    """A one-rank gloo process group and megatron's model-parallel state, as Bridge's setup makes them on a GPU."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29561")
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    ps.initialize_model_parallel(1, 1)
-    yield ProcessGroupCollection.use_mpu_process_groups()
-    ps.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
-
-
 @pytest.mark.parametrize("key,side", CASES)
-def test_cut_builds_megatron_core_local_spec_model(key, side, model_parallel):
+def test_cut_builds_megatron_core_local_spec_model(key, side, one_rank):
     from megatron.bridge.training.setup import _validate_and_set_vocab_size
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
     from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -134,7 +118,7 @@ def test_cut_builds_megatron_core_local_spec_model(key, side, model_parallel):
         m.vocab_size, build_tokenizer(cfg.tokenizer).vocab_size, cfg.tokenizer.use_tokenizer_vocab_size
     )
     m.init_model_with_meta_device = m.use_cpu_initialization = True  # no GPU to allocate on (see module docstring)
-    m._pg_collection = model_parallel
+    m._pg_collection = one_rank
     model = m.provide()
     roots = {type(x).__module__.split(".")[0] for x in model.modules()}
     assert roots == {"megatron", "torch"}, roots  # nothing from transformer_engine or apex
@@ -185,7 +169,11 @@ def test_list_prints_every_cut_with_estimate_and_differences(bench, capsys):
     assert bench.main(["--list"]) == 0
     out = capsys.readouterr().out
     for key, cut in gpucut.CUTS.items():
-        assert f"{key}: {cut.layers} layer" in out and f"seq {cut.seq}, GBS {cut.gbs}" in out and cut.reference in out
+        assert (
+            f"{key}: {cut.layers} layer" in out
+            and f"seq {cut.layout.seq}, GBS {cut.layout.gbs}" in out
+            and cut.reference in out
+        )
     assert "H100 121.2 GB does NOT fit, H200 121.2 GB fits" in out and "differs: ddp.check_for_nan_in_grad" in out
 
 

@@ -108,27 +108,6 @@ def test_every_moe_recipe_fits_an_h100(name, planned):
 # --- the model Bridge's provider builds, on the meta device ---------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def one_rank():
-    """A one-rank gloo group and Megatron's model-parallel state, as Bridge's setup makes them on a GPU."""
-    import os
-
-    import torch
-    from megatron.core import parallel_state as ps
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29573")
-    fresh = not torch.distributed.is_initialized()
-    if fresh:
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    ps.initialize_model_parallel(1, 1)
-    yield ProcessGroupCollection.use_mpu_process_groups()
-    ps.destroy_model_parallel()
-    if fresh:
-        torch.distributed.destroy_process_group()
-
-
 def _no_param_core_attention(orig):
     """MLA's layer specs with a parameter-free core attention: Megatron Core's local DotProductAttention rejects MLA's
     k_channels and TE is absent here; softmax(QKᵀ)V has no parameters either way."""

@@ -14,7 +14,7 @@ from overlapkit.plan import published
 from overlapkit.plan.build import make_plan, predict_throughput
 from overlapkit.plan.registry import get
 from overlapkit.sizing import memory, throughput
-from overlapkit.topology import Target
+from overlapkit.topology import Layout, Target
 
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"
 
@@ -32,8 +32,9 @@ def test_every_published_run_is_predicted_within_the_bar(runs):
     assert len(points) == 9 and len({p.key for p in points}) == 9
     for p in points:
         lay = plans[p.key].layout
-        assert (lay["gpus"], lay["tp"], lay["pp"], lay["cp"], lay["gbs"], lay["mbs"]) == (
-            p.gpus, p.tp, p.pp, p.cp, p.gbs, p.mbs), p.key  # fmt: skip
+        pub = p.layout
+        got = (lay["gpus"], lay["tp"], lay["pp"], lay["cp"], lay["gbs"], lay["mbs"])
+        assert got == (p.gpus, pub.tp, pub.pp, pub.cp, pub.gbs, pub.mbs), p.key
         assert lay["dtype"] == "fp8"  # every published run in the reference is FP8
     rows = published.rows(points, plans)
     assert {r["point"].key for r in rows if r["role"] == "calibration"} == set(throughput.CALIBRATED_ON)
@@ -46,7 +47,7 @@ def test_every_published_run_is_predicted_within_the_bar(runs):
 
 
 def test_verdict_fails_a_run_that_drifts_out():
-    p = published.Point("M", "R", 8, "FP8", 1, 1, 1, 1, 1, 1, None, 100.0)
+    p = published.Point("M", "R", 8, "FP8", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=1, seq=1), 100.0)
     rows = [{"point": p, "error": e, "role": "held out"} for e in (0.01, -0.16, 0.02)]
     assert published.verdict(rows) == ["M / R: -16.0%"]
     rows = [{"point": p, "error": e, "role": "held out"} for e in (0.09, -0.1, 0.02)]
@@ -75,8 +76,9 @@ def test_parse_reads_the_reference_rows():
         "| Llama3 70B | Megatron-Bridge 25.11 (x.md) | 64 | FP8-CS | 128/1/8192 | 4/8/1/5 | 1602 | 719 |\n"
     )
     a, b = published.parse(text)
-    assert (a.cp, a.vpp, a.tokens, a.key) == (2, None, 12273.0, "Llama3 8B / NeMo 24.07")
-    assert (b.pp, b.vpp, b.key) == (8, 5, "Llama3 70B / Megatron-Bridge 25.11")
+    assert a.layout == Layout(tp=1, pp=1, cp=2, vpp=None, mbs=1, gbs=128, seq=8192)
+    assert (a.tokens, a.key) == (12273.0, "Llama3 8B / NeMo 24.07")
+    assert (b.layout.pp, b.layout.vpp, b.key) == (8, 5, "Llama3 70B / Megatron-Bridge 25.11")
 
 
 def test_flops_are_bridges_own_count():

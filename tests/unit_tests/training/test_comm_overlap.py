@@ -433,13 +433,21 @@ def test_dispatcher_backend_missing_is_an_error_on_a_gpu_node_and_a_note_on_a_cp
 
     model = moe_cfg("deepseek_v3_pretrain_1024gpu_h100_bf16").model  # flex / hybridep
     assert model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend == "hybridep"
-    have = moe.importlib.util.find_spec("deep_ep") is not None
-    if have:
-        pytest.skip("deep_ep is importable here: nothing is missing")
-    level, msg = moe.backend_problem(model, gpu_node=True)
-    assert level == "error" and "model.moe_token_dispatcher_type=alltoall" in msg
-    assert moe.backend_problem(model, gpu_node=False)[0] == "note"
-    assert moe.backend_problem(moe_cfg().model, gpu_node=True) is None  # alltoall needs no backend
+    asked = []
+
+    def missing(module):
+        asked.append(module)
+        return False
+
+    level, msg = moe.backend_problem(model, gpu_node=True, have=missing)
+    assert level == "error" and "model.moe_token_dispatcher_type=alltoall" in msg and asked == ["deep_ep"]
+    assert moe.backend_problem(model, gpu_node=False, have=missing)[0] == "note"
+    # deep_ep present: nothing is missing on either kind of node.
+    assert moe.backend_problem(model, gpu_node=True, have=lambda module: True) is None
+    assert moe.backend_problem(model, gpu_node=False, have=lambda module: True) is None
+    assert moe.backend_problem(moe_cfg().model, gpu_node=True, have=missing) is None  # alltoall needs no backend
+    # The default answer is this machine's own.
+    assert moe.importable("json") and not moe.importable("no_such_module_here")
 
 
 def test_dense_models_get_no_moe_rows():

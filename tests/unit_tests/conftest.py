@@ -1,0 +1,27 @@
+"""Fixtures more than one unit-test file builds on."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """A one-rank gloo process group and Megatron's model-parallel state, as Bridge's setup makes them on a GPU.
+
+    The group meets in a file, not on a TCP port: test runs in other checkouts on this machine would collide on any
+    fixed port. A group that already exists (made earlier in this process and kept) is used and left in place:
+    init_process_group would refuse a second, and destroying another's group would break it."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    fresh = not torch.distributed.is_initialized()
+    if fresh:
+        store = torch.distributed.FileStore(str(tmp_path_factory.mktemp("gloo") / "store"), 1)
+        torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    ps.initialize_model_parallel(1, 1)
+    yield ProcessGroupCollection.use_mpu_process_groups()
+    ps.destroy_model_parallel()
+    if fresh:
+        torch.distributed.destroy_process_group()
