@@ -65,7 +65,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.plan.env import is_secret
 
 ROOT = stack.REPO_ROOT
@@ -409,7 +409,7 @@ def may_serve(paths: Paths) -> bool:
     held = holder(paths)
     if held and held[1] != "stopping":
         return False
-    failed = _read_json(paths.failed)
+    failed = jsonio.read_json(paths.failed)
     if failed and failed.get("stamp") == stamp(ENV_AT_START, PATH_AT_START):
         note(
             f"the plan server failed to start ({failed.get('why')}; log: {paths.log}); running in this process "
@@ -476,13 +476,6 @@ def start(paths: Paths) -> bool:
         note(f"could not start the plan server ({exc})")
         return False
     return True
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def holder(paths: Paths) -> tuple[int, str] | None:
