@@ -61,8 +61,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio, stack
@@ -425,6 +426,14 @@ def become_server(paths: Paths) -> None:
     for s in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             s.flush()  # nothing buffered may be written twice, by parent and child
+    from overlapkit.cluster import submit
+
+    submit.stop_watching()  # make's watcher: the command is done, and the server outlives make
+    if (threads := threading.active_count()) > 1:
+        note(
+            f"not serving: this process runs {threads} threads, and a fork copies only one (and any lock another held)"
+        )
+        return
     try:
         if _file_id(paths.log) and _file_id(paths.log)[1] > 1 << 20:  # keep one older log, never a growing one
             os.replace(paths.log, paths.log.with_suffix(".log.1"))
@@ -638,6 +647,7 @@ class Server:
     served: int = 0
     wake: tuple[int, int] | None = None
     workers: dict | None = None  # worker pid → client connection
+    pending: dict = field(default_factory=dict)  # connection → Pending: a request still arriving
     stale: str = ""
     last: float = 0.0
 
@@ -686,7 +696,8 @@ class Server:
         checked = time.monotonic()
         while self.listener is not None or self.workers:
             conns = list(self.workers.values())
-            ready = select.select([*filter(None, [self.listener]), self.wake[0], *conns], [], [], 5.0)[0]
+            waiting = [*filter(None, [self.listener]), self.wake[0], *conns, *self.pending]
+            ready = select.select(waiting, [], [], 1.0 if self.pending else 5.0)[0]
             if self.wake[0] in ready:
                 os.read(self.wake[0], 4096)
             self.reap()
@@ -694,6 +705,9 @@ class Server:
                 self.stop_listening("stopped (SIGTERM)")
             for conn in [c for c in ready if c in conns]:
                 self.client_gone(conn)
+            for conn in [c for c in ready if c in self.pending]:
+                self.read(conn)
+            self.expire()
             if self.listener is not None and self.listener in ready:
                 self.accept()
             now = time.monotonic()
@@ -731,29 +745,60 @@ class Server:
                     os.kill(pid, signal.SIGTERM)
 
     def accept(self) -> None:
+        """A new connection: the caller's uid is checked before a byte of it is read; its request is then read as it
+        arrives (read()), so a client that sends nothing stalls nobody."""
         try:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        conn.setblocking(True)
-        conn.settimeout(10)  # a client sends its request at once
-        try:
-            request, fds = _receive(conn)
-        except (OSError, ValueError) as exc:
-            log(f"bad request: {exc}")
-            conn.close()
-            return
-        try:
-            self.handle(conn, request, fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-    def handle(self, conn: socket.socket, request: dict, fds: list[int]) -> None:
-        self.last = time.monotonic()
         uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
         if uid != os.getuid():
             return self._refuse(conn, f"uid {uid} is not the server's owner")
+        conn.setblocking(False)
+        self.pending[conn] = Pending(deadline=time.monotonic() + READ_S)
+
+    def read(self, conn: socket.socket) -> None:
+        """More of a pending request; once whole, it is handled. A request cut short, too large or bad is dropped."""
+        p = self.pending[conn]
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            data, fds = b"", []
+            log(f"bad request: {exc}")
+        p.fds += fds
+        p.data += data
+        bad = not data  # the client closed (or failed) before its request was whole
+        try:
+            request = p.request()
+        except ValueError as exc:
+            request, bad = None, True
+            log(f"bad request: {exc}")
+        if request is None and not bad:
+            return  # not all here yet (expire() drops it at its deadline)
+        del self.pending[conn]
+        try:
+            if request is not None:
+                conn.setblocking(True)
+                self.handle(conn, request, p.fds)
+            else:
+                conn.close()
+        finally:
+            for fd in p.fds:
+                os.close(fd)
+
+    def expire(self) -> None:
+        for conn, p in list(self.pending.items()):
+            if time.monotonic() > p.deadline:
+                log(f"dropped a client that sent no whole request in {READ_S:.0f} s")
+                del self.pending[conn]
+                for fd in p.fds:
+                    os.close(fd)
+                conn.close()
+
+    def handle(self, conn: socket.socket, request: dict, fds: list[int]) -> None:
+        self.last = time.monotonic()
         if request.get("op") == "ping":
             self.reply(conn, pong=os.getpid(), served=self.served)
             return conn.close()
@@ -769,6 +814,9 @@ class Server:
             return self._refuse(conn, f"expected 3 file descriptors, got {len(fds)}")
         for s in (sys.stdout, sys.stderr):
             s.flush()  # nothing of the server's log may reach the client's terminal through the worker
+        if (threads := threading.active_count()) > 1:  # a fork copies one thread, and any lock another holds
+            self.stop_listening(f"{threads} threads in the server: it forks workers only when it has one")
+            return self._refuse(conn, "the server is not single-threaded")
         pid = os.fork()
         if pid == 0:
             self.run_worker(conn, request, fds)  # never returns
@@ -805,18 +853,28 @@ class Server:
             os._exit(code)
 
 
-def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-    if len(data) < HEADER.size:
-        raise ValueError("short request")
-    (size,) = HEADER.unpack_from(data)
-    body = data[HEADER.size :]
-    while len(body) < size:
-        chunk = conn.recv(size - len(body))
-        if not chunk:
-            raise ValueError("request cut short")
-        body += chunk
-    return json.loads(body), fds
+READ_S = 10.0  # a client sends its request at once: one that has not in this long is dropped
+MAX_REQUEST = 64 << 20  # argv and environment: a megabyte is a lot; more is not a client of ours
+
+
+@dataclass
+class Pending:
+    """A request as it arrives: HEADER (the body's length), the JSON body, and the client's three descriptors."""
+
+    deadline: float
+    data: bytearray = field(default_factory=bytearray)
+    fds: list = field(default_factory=list)
+
+    def request(self) -> dict | None:
+        """The request once it is all here, else None; ValueError when it cannot be one."""
+        if len(self.data) < HEADER.size:
+            return None
+        (size,) = HEADER.unpack_from(self.data)
+        if size > MAX_REQUEST:
+            raise ValueError(f"a request of {size} bytes")
+        if len(self.data) < HEADER.size + size:
+            return None
+        return json.loads(self.data[HEADER.size : HEADER.size + size])
 
 
 def _stream(fd: int, spec, write: bool):

@@ -76,16 +76,16 @@ def served_env() -> dict:
 # PREFLIGHT=1` typed once, served. All of it in the background from the collection on, on the second core.
 SESSION = {"dir": Path(tempfile.mkdtemp(prefix="okpn-", dir="/tmp"))}  # /tmp: every fake node sees it
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
-STEP = 't0=$EPOCHREALTIME; {cmd} >{name}.out 2>{name}.err; echo "$? $t0 $EPOCHREALTIME" >{name}.time\n'
+STEP = 't0=$EPOCHREALTIME; {cmd} >{d}/{name}.out 2>{d}/{name}.err; echo "$? $t0 $EPOCHREALTIME" >{d}/{name}.time\n'
 
 
 def start_session(night: bool) -> None:
     d = SESSION["dir"]
     plan = f"{shlex.quote(sys.executable)} -m launch.plan {R8} --format json --runs {d / 'runs'}"
-    script = STEP.format(cmd=plan, name="first") + STEP.format(cmd=plan, name="second")
+    script = STEP.format(cmd=plan, d=d, name="first") + STEP.format(cmd=plan, d=d, name="second")
     if night:
         night_cmd = ["make", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={d / 'jobs'}"]
-        script += STEP.format(cmd=shlex.join(night_cmd), name="night")
+        script += STEP.format(cmd=shlex.join(night_cmd), d=d, name="night")
     SESSION["proc"] = subprocess.Popen(
         ["bash", "-c", script], cwd=stack.REPO_ROOT, env=served_env(), stdin=subprocess.DEVNULL, start_new_session=True
     )
@@ -96,6 +96,8 @@ def session_step(name: str, timeout: float = 900) -> tuple[subprocess.CompletedP
     d, deadline = SESSION["dir"], time.monotonic() + timeout
     while not (d / f"{name}.time").is_file() and SESSION["proc"].poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
+    if not (d / f"{name}.time").is_file():
+        pytest.fail(f"the session's {name} step did not end in {timeout:.0f} s (tests/conftest.py: start_session)")
     rc, t0, t1 = (d / f"{name}.time").read_text().split()
     out, err = ((d / f"{name}.{k}").read_text() for k in ("out", "err"))
     return subprocess.CompletedProcess(name, int(rc), out, err), float(t1) - float(t0)
@@ -111,6 +113,14 @@ def served():
     paths = plan_server.Paths.of(environ=served_env())
     assert plan_server.wait_ready(paths, timeout=900) is not None, (SESSION["dir"] / "first.err").read_text()[-3000:]
     return served_env()
+
+
+@pytest.fixture(scope="session")
+def served_alone(served):
+    """The session's server once the session's own commands (its first plans, the night's `make nightly`) are done:
+    for tests that count what it served."""
+    SESSION["proc"].wait(timeout=900)
+    return served
 
 
 @pytest.fixture(scope="session")

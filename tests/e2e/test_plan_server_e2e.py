@@ -18,6 +18,7 @@ import pty
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -139,8 +140,8 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(served):
-    return Server(served)
+def server(served_alone):
+    return Server(served_alone)
 
 
 def plain_text_on_a_terminal(argv: list[str]) -> tuple[int, str]:
@@ -249,6 +250,34 @@ def test_a_server_of_another_checkout_is_never_used(server, tmp_path):
     assert reply == {"refused": f"this server plans {ROOT}, not {other}"}
     after = server.ready()
     assert after == before  # still up, and nothing was planned
+
+
+def test_a_silent_or_half_sent_client_stalls_no_other(server):
+    before = server.ready()
+    silent, half = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2))
+    try:
+        silent.connect(str(server.paths.sock))
+        half.connect(str(server.paths.sock))
+        half.sendall(plan_server.HEADER.pack(1000) + b'{"op": "pi')  # promises 1000 bytes, sends 10
+        t0 = time.monotonic()
+        reply = plan_server.ask(server.paths, {"op": "ping"})
+        assert "pong" in reply and time.monotonic() - t0 < plan_server.READ_S / 2  # not after their 10 s
+    finally:
+        silent.close()
+        half.close()
+    assert server.ready()["pong"] == before["pong"]
+
+
+def test_a_process_with_a_second_thread_does_not_become_the_server(tmp_path):
+    code = (
+        "import threading, time, sys; from launch import plan_server as s\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "s.become_server(s.Paths.of().private())\n"
+    )
+    env = {**os.environ, plan_server.DIR_VAR: str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr.startswith("note: not serving: this process runs 2 threads"), out
+    assert plan_server.holder(plan_server.Paths.of(environ=env)) is None  # nothing forked, nothing listening
 
 
 def test_bad_input_is_answered_without_a_server(tmp_path):

@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,11 +77,21 @@ def watch_make(parent_var: str = "OVERLAPKIT_MAKE_PID") -> None:
     environment), and the plan server's workers, where that pid means nothing (their client watches instead)."""
     pid = os.environ.get(parent_var, "")
     if pid.isdigit() and _is_ancestor(int(pid)) and not _WATCHING:
-        _WATCHING.append(int(pid))  # one watcher a process (a served client that then runs the command here)
-        threading.Thread(target=_watch_parent, args=(int(pid),), daemon=True).start()
+        # one watcher a process (a served client that then runs the command here)
+        _WATCHING.append(threading.Thread(target=_watch_parent, args=(int(pid),), daemon=True))
+        _WATCHING[0].start()
 
 
-_WATCHING: list[int] = []
+def stop_watching() -> None:
+    """End the watcher: a process about to fork into the plan server must have no other thread (a fork copies
+    only the calling thread, and with it any lock another thread held)."""
+    _STOP.set()
+    for thread in _WATCHING:
+        thread.join()
+
+
+_WATCHING: list[threading.Thread] = []
+_STOP = threading.Event()
 
 
 def _is_ancestor(pid: int) -> bool:
@@ -102,7 +111,8 @@ def _is_ancestor(pid: int) -> bool:
 
 def _watch_parent(pid: int, poll: float = 0.5) -> None:
     while _alive(pid):
-        time.sleep(poll)
+        if _STOP.wait(poll):
+            return
     os.kill(os.getpid(), signal.SIGTERM)
 
 
