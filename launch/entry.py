@@ -100,11 +100,11 @@ def reaudit(plan: dict, rebuilt) -> list[str]:
 def rebuild(args):
     """The recipe planned again in the job from overrides.json, then the plugins' overrides (imports Bridge: after
     the preflight)."""
-    from overlapkit.plan.build import OVERRIDES, make_plan
+    from overlapkit.plan import request
+    from overlapkit.plan.build import OVERRIDES, plan_for
 
     rec = json.loads((args.run_dir / OVERRIDES).read_text())
-    sets = [f"{k}={v}" for k, v in rec["set"]] + args.plugin_sets
-    return make_plan(args.recipe, nodes=args.nodes, sets=sets, run=runopts.RunOptions.from_dict(rec["run"]))
+    return plan_for(request.from_record(rec, args.recipe, args.nodes, args.plugin_sets))  # bound at submit
 
 
 def resume_guard(args, plan: dict) -> int | None:
