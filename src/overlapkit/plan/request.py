@@ -3,7 +3,7 @@
 `parse` checks everything that can be checked before the Bridge import (NODES, the recipe's name, SET's syntax, keys,
 types and sizes, RUN_NAME, SEGMENTS, NSYS, DATA): one line per bad value. Binding the request to where it runs (a
 cluster profile's job directory, its time limit, its W&B project) is the cluster stage's (overlapkit.cluster.submit
-`bind`): this stage never reads a profile's file, it receives the values in `run`. The plan (plan/build.py `plan`),
+`bind`): this stage never reads a profile's file, it receives the values in `run`. The plan (plan/build.py `plan_for`),
 its run directory's overrides.json and the job's rebuild (`from_record`) all carry the same request.
 
 Standard library only at import: the pre-import checks must answer in well under a second.

@@ -13,8 +13,8 @@ from launch import entry
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.plan import runopts
-from overlapkit.plan.request import PlanRequest
 from overlapkit.plan.build import make_plan
+from overlapkit.plan.request import PlanRequest
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
