@@ -21,3 +21,19 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
     p.add_argument("--nsys-ranks", default="", help="ranks Nsight profiles (default 0)")
     p.add_argument("--data", default="", help="a data.toml (make prep-data); default: mock data")
+
+
+RUN_OPTIONS = ("run_name", "segments", "nsys", "nsys_ranks", "data")  # add_run_options' destinations
+
+
+def run_text(args) -> dict:
+    """The run options as typed, by overlapkit.plan.runopts.parse's keywords."""
+    return {k: getattr(args, k) for k in RUN_OPTIONS}
+
+
+def request_of(args, *, listing: bool = False, action: str = "plan"):
+    """The request (overlapkit.plan.request.PlanRequest) from an entry's arguments (--recipe or the positional
+    recipe, --nodes, --set and the run options), every check made before the Bridge import; not yet bound."""
+    from overlapkit.plan import request
+
+    return request.parse(args.recipe, args.nodes, args.set, run_text(args), listing=listing, action=action)

@@ -104,11 +104,11 @@ def rebuild(args):
     from overlapkit import stack
 
     stack.import_bridge(full=not args.preflight_only)
-    from overlapkit.plan.build import OVERRIDES, make_plan
+    from overlapkit.plan import request
+    from overlapkit.plan.build import OVERRIDES, plan_for
 
     rec = json.loads((args.run_dir / OVERRIDES).read_text())
-    sets = [f"{k}={v}" for k, v in rec["set"]] + args.plugin_sets
-    return make_plan(args.recipe, nodes=args.nodes, sets=sets, run=runopts.RunOptions.from_dict(rec["run"]))
+    return plan_for(request.from_record(rec, args.recipe, args.nodes, args.plugin_sets))  # bound at submit
 
 
 def resume_guard(args, plan: dict) -> int | None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from launch import plan_server
-from launch.args import Parser, add_run_options
+from launch.args import Parser, add_run_options, request_of, run_text
 from overlapkit import stack
 
 ROOT = stack.REPO_ROOT
@@ -81,30 +81,25 @@ def _load_errors() -> int:
 def check_request(recipe: str, nodes: str, sets: str, *, listing: bool = False, action: str = "plan") -> int | None:
     """Everything about the request that can be checked before the Bridge import (under a second, not a minute):
     NODES, the recipe's name, SET's syntax, keys, types and sizes. Returns NODES as a number (None: the recipe's)."""
-    from overlapkit.plan import inputs, registry
+    from overlapkit.plan import request
 
-    count = inputs.parse_nodes(nodes)
-    if not listing:
-        if not recipe:
-            raise ValueError(f"no recipe given: make {action} RECIPE=<name> (make recipes lists them)")
-        registry.check_declared(recipe)
-    inputs.check_sets(sets)
-    return count
+    return request.parse(recipe, nodes, sets, listing=listing, action=action).nodes
 
 
 def run_options(args):
     """RUN_NAME, SEGMENTS, NSYS, DATA checked before the Bridge import (one line each, exit 2)."""
     from overlapkit.plan import runopts
 
-    return runopts.parse(args.run_name, args.segments, args.nsys, args.nsys_ranks, args.data)
+    return runopts.parse(**run_text(args))
 
 
-def bound_options(args):
-    """The run options on CLUSTER's profile (its job_dir holds the checkpoints; its time limit sets the guards)."""
+def bound_options(args, req):
+    """The request on CLUSTER's profile (its job_dir holds the checkpoints; its time limit sets the guards). The plan
+    itself is not laid out for that profile (`make submit` does that)."""
     from overlapkit.cluster import submit
     from overlapkit.cluster.profiles import load_profile
 
-    return submit.bind(run_options(args), load_profile(args.cluster), submit.registry_time_limit(args.recipe))
+    return submit.bind(req, load_profile(args.cluster))
 
 
 def main(argv=None) -> int:
@@ -113,16 +108,15 @@ def main(argv=None) -> int:
 
     out = console()
     try:
-        nodes = check_request(args.recipe, args.nodes, args.set, listing=args.list)
-        run_options(args)
+        req = request_of(args, listing=args.list)  # parsed once: every check before the Bridge import
         stack.import_bridge()
         if args.list:
             return list_recipes(console(width=max(out.width, 172)))  # one row per recipe, never wrapped
         from overlapkit.plan import registry
-        from overlapkit.plan.build import make_plan, write_run_dir
+        from overlapkit.plan.build import plan_for, write_run_dir
         from overlapkit.plan.report import render_plan
 
-        plan = make_plan(args.recipe, nodes=nodes, sets=args.set, run=bound_options(args))
+        plan = plan_for(bound_options(args, req))
     except (KeyError, ValueError) as exc:  # UnknownRecipe, OverrideError, PresetError, LayoutError, PlanError
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,17 +7,14 @@ when the audit has errors or the partition can never run the request. Exit statu
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
 from launch import plan_server
-from launch.args import Parser, add_run_options
-from launch.plan import check_request
+from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
 from overlapkit.cluster import chain, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
-from overlapkit.plan import runopts
 
 
 def _args(argv):
@@ -35,21 +32,13 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def do_submit(args, out, nodes, profile) -> int:
+def do_submit(args, out, req, profile) -> int:
     from overlapkit.plan.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
     real = args.action == "submit" and not args.dryrun
-    sub = submit.prepare(
-        args.recipe,
-        profile,
-        nodes=nodes,
-        sets=args.set,
-        preflight_only=preflight_only,
-        checks=checks,
-        check_partition=real,
-        run=args.opts,
-    )
+    bound = submit.bind(req, profile)
+    sub = submit.submission(bound, profile, preflight_only=preflight_only, checks=checks, check_partition=real)
     with submit.transaction(sub):
         render_plan(sub.plan, out)
         if not real:
@@ -89,13 +78,12 @@ def _submitted(args, sub) -> int:
     return 0 if state == "COMPLETED" else 1
 
 
-def do_run_local(args, out) -> int:
-    from overlapkit.plan.build import make_plan
+def do_run_local(args, out, req) -> int:
+    from overlapkit.plan.build import plan_for
     from overlapkit.plan.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
-    opts = dataclasses.replace(args.opts, job_dir=str(stack.REPO_ROOT / "runs" / "local"))
-    plan = make_plan(args.recipe, nodes=1, sets=args.set, run=opts)
+    plan = plan_for(submit.bind_local(req))
     render_plan(plan, out)
     if not plan.report.ok:
         return 1
@@ -133,17 +121,17 @@ def do_run_dir_action(args) -> int:
 
 def checked(args):
     """Everything about a submit/sbatch/run-local request that needs no Bridge (under a second, not a minute): NODES,
-    the recipe's name, SET, the run options, PREFLIGHT, the profile and what its partition can never run."""
-    nodes = check_request(args.recipe, args.nodes, args.set, action=args.action)
-    args.opts = runopts.parse(args.run_name, args.segments, args.nsys, args.nsys_ranks, args.data)
-    if args.action != "submit" and args.opts.segments > 1:
-        raise ValueError(f"SEGMENTS={args.opts.segments} is for make submit (a chain of Slurm jobs)")
+    the recipe's name, SET, the run options, PREFLIGHT, the profile and what its partition can never run. Returns
+    (the request, not yet bound; the profile, None for run-local)."""
+    req = request_of(args, action=args.action)
+    if args.action != "submit" and req.run.segments > 1:
+        raise ValueError(f"SEGMENTS={req.run.segments} is for make submit (a chain of Slurm jobs)")
     submit.preflight_mode(args.preflight)
     profile = None if args.action == "run-local" else load_profile(args.cluster)
     if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
-        if bad := slurm.request_problems(profile, nodes or 1, profile.time_limit):
+        if bad := slurm.request_problems(profile, req.nodes or 1, profile.time_limit):
             raise ValueError(f"{bad[0]}; nothing submitted")
-    return nodes, profile
+    return req, profile
 
 
 def main(argv=None) -> int:
@@ -155,9 +143,9 @@ def main(argv=None) -> int:
     try:
         if args.action in ("status", "logs", "cancel"):
             return do_run_dir_action(args)
-        nodes, profile = checked(args)
+        req, profile = checked(args)
         stack.import_bridge()
-        return do_run_local(args, out) if args.action == "run-local" else do_submit(args, out, nodes, profile)
+        return do_run_local(args, out, req) if args.action == "run-local" else do_submit(args, out, req, profile)
     except submit.AuditFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

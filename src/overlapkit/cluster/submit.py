@@ -14,6 +14,7 @@ orphan, and `make status` says so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import re
@@ -29,8 +30,9 @@ from pathlib import Path
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
-from overlapkit.plan import runopts
-from overlapkit.plan.build import Plan, make_plan, write_run_dir
+from overlapkit.plan import request, runopts
+from overlapkit.plan.build import Plan, plan_for, write_run_dir
+from overlapkit.plan.request import PlanRequest
 from overlapkit.topology import GPUS_PER_NODE
 
 TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
@@ -220,12 +222,32 @@ def prepare(
     check_partition=False,
     run: runopts.RunOptions | None = None,
 ):
-    """Plan for `cluster` (a profile name, path or ClusterProfile) and the run options (RUN_NAME, SEGMENTS, NSYS,
-    DATA), refuse on audit errors and (`check_partition`, for a real submission) on a request the partition can never
-    run, then write the run directory."""
+    """`submission` for a request made of loose values (the nightly, tests): `cluster` a profile name, path or
+    ClusterProfile; `run` the unbound run options (RUN_NAME, SEGMENTS, NSYS, DATA)."""
     profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
-    opts = bind(run or runopts.RunOptions(), profile, registry_time_limit(recipe))
-    plan = make_plan(recipe, nodes=nodes, sets=sets, profile=profile, caller_env=caller_env, run=opts)
+    req = bind(request.loose(recipe, nodes, sets, run), profile)
+    return submission(
+        req,
+        profile,
+        preflight_only=preflight_only,
+        checks=checks,
+        caller_env=caller_env,
+        check_partition=check_partition,
+    )
+
+
+def submission(
+    req: PlanRequest,
+    profile: ClusterProfile,
+    *,
+    preflight_only=False,
+    checks="full",
+    caller_env=None,
+    check_partition=False,
+) -> Submission:
+    """Plan the request (bound to `profile` by `bind`) for `profile`, refuse on audit errors and (`check_partition`,
+    for a real submission) on a request the partition can never run, then write the run directory."""
+    plan = plan_for(req, profile=profile, caller_env=caller_env)
     if not plan.report.ok:
         first = plan.report.errors[0]
         raise AuditFailed(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
@@ -244,9 +266,25 @@ def registry_time_limit(recipe: str) -> str | None:
     return registry.get(recipe).time_limit
 
 
-def bind(opts: runopts.RunOptions, profile: ClusterProfile, recipe_limit: str | None) -> runopts.RunOptions:
-    """The run options on this cluster: its job directory, the per-segment time limit (profile, else recipe)."""
-    return runopts.for_profile(opts, profile, slurm.minutes(profile.time_limit or recipe_limit or "") or None)
+# The one home of binding a request to where it runs: make plan (CLUSTER's profile), make submit/sbatch (the
+# profile), make run-local (this node) and the nightly bind here; the job rebuilds the bound request from
+# overrides.json (request.from_record) and never binds again.
+
+
+def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
+    """The request on this cluster: its job directory, the per-segment time limit (profile, else recipe), its W&B
+    project. The recipe's limit is looked up even when the profile has one: an unknown recipe is that error first."""
+    recipe_limit = registry_time_limit(req.recipe)
+    minutes = slurm.minutes(profile.time_limit or recipe_limit or "") or None
+    return req.with_run(runopts.for_profile(req.run, profile, minutes))
+
+
+LOCAL_RUNS = stack.REPO_ROOT / "runs" / "local"  # run-local's job directory: its checkpoints and run directories
+
+
+def bind_local(req: PlanRequest) -> PlanRequest:
+    """The request on this node (make run-local): one 8-GPU node, checkpoints under runs/local, no time limit."""
+    return dataclasses.replace(req, nodes=1, run=dataclasses.replace(req.run, job_dir=str(LOCAL_RUNS)))
 
 
 def slurm_executor(sub: Submission):
@@ -405,7 +443,7 @@ def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full",
     """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm); returns the run directory."""
     import nemo_run as run
 
-    run_dir = write_run_dir(plan, stack.REPO_ROOT / "runs" / "local")
+    run_dir = write_run_dir(plan, LOCAL_RUNS)
     executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun")
     # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
     script = str(stack.REPO_ROOT / ENTRY)

@@ -14,6 +14,7 @@ from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_override
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
 from overlapkit.plan.moe import expert_dp
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
+from overlapkit.plan.request import PlanRequest, loose
 from overlapkit.shape import ModelShape, dtype_of
 from overlapkit.sizing import memory, throughput
 from overlapkit.topology import Target
@@ -39,8 +40,17 @@ class Plan:
     profile: object = None  # cluster.profiles.ClusterProfile, when planned for a cluster
     run_dir: Path | None = None
     throughput: throughput.Prediction | None = None  # step time, tokens/s, TFLOP/s on the target GPU
-    run: runopts.RunOptions = runopts.RunOptions()  # RUN_NAME, SEGMENTS, NSYS, DATA (plan/runopts.py)
-    sets: list = dataclasses.field(default_factory=list)  # the SET pairs as typed: (key, raw text)
+    request: PlanRequest | None = None  # what was asked for, its run options bound (plan/request.py)
+
+    @property
+    def run(self) -> runopts.RunOptions:
+        """RUN_NAME, SEGMENTS, NSYS, DATA, bound to where the run goes (plan/runopts.py)."""
+        return self.request.run
+
+    @property
+    def sets(self) -> list:
+        """The SET pairs as typed: (key, raw text)."""
+        return list(self.request.sets)
 
     @property
     def layout(self) -> dict:
@@ -110,17 +120,23 @@ def make_plan(
     caller_env=None,
     run: runopts.RunOptions | None = None,
 ) -> Plan:
-    """Build recipe `name`, bind it to `run` (checkpoints, data, segments, Nsight; a benchmark by default), apply
-    `sets` (dotted overrides), resolve for `nodes` (default: the recipe's), lay out the launch environment (with
-    `profile`'s layer when given) and audit the whole stack, env rules included."""
-    entry = registry.get(name)
-    if nodes is not None and nodes < 1:
-        raise PlanError(f"NODES={nodes}: must be a positive number of 8-GPU nodes")
+    """`plan_for` a request made of loose values (tests, listings, forks, published runs): recipe `name`, `nodes`
+    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default)."""
+    req = loose(name, nodes, sets, run)
+    return plan_for(req, te_available=te_available, profile=profile, caller_env=caller_env)
+
+
+def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, caller_env=None) -> Plan:
+    """Build the requested recipe, bind it to the request's run options (checkpoints, data, segments, Nsight), apply
+    its SET pairs, resolve for its nodes, lay out the launch environment (with `profile`'s layer when given) and
+    audit the whole stack, env rules included."""
+    entry = registry.get(req.recipe)
+    if req.nodes is not None and req.nodes < 1:
+        raise PlanError(f"NODES={req.nodes}: must be a positive number of 8-GPU nodes")
     with stack.silenced():
         cfg = entry.build()
-    run = run or runopts.RunOptions()
-    runopts.apply(cfg, run)  # before SET: an explicit override still wins, and is audited
-    typed = overrides.parse(sets)
+    runopts.apply(cfg, req.run)  # before SET: an explicit override still wins, and is audited
+    typed = list(req.sets)
     intent_changes, pairs = overrides.split_intent(typed)
     intent = dataclasses.replace(entry.intent, **intent_changes)
     if intent_changes:  # re-apply the stack with the new intent first, so later config keys still win
@@ -129,15 +145,13 @@ def make_plan(
     changes += overrides.apply(cfg, pairs)
     if bad := inputs.size_problems(cfg):  # before anything divides by them
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
-    target = Target(nodes=nodes or entry.nodes, te_available=te_available)
+    target = Target(nodes=req.nodes or entry.nodes, te_available=te_available)
     res = resolve(cfg, target)
-    partial = Plan(
-        entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, run=run, sets=typed
-    )
+    partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, request=req)
     ledger = build_ledger(partial, profile, caller_env)
     report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
     report.extend(audit_rows(partial, ledger))
-    report.findings += [Finding(*f) for f in runopts.findings(cfg, run, profile)]
+    report.findings += [Finding(*f) for f in runopts.findings(cfg, req.run, profile)]
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=memory.estimate(cfg, target))
     plan.throughput = predict_throughput(plan)
     return plan
@@ -188,7 +202,8 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
 
 
 # What the job rebuilds the recipe from: the SET pairs exactly as typed (JSON keeps spaces, lists and dicts intact;
-# a command line would split them) and the run options. launch/entry.py reads it; plugins add to its command line.
+# a command line would split them) and the bound run options. launch/entry.py reads it (request.from_record);
+# plugins add to its command line.
 OVERRIDES = "overrides.json"
 
 
@@ -196,6 +211,6 @@ def overrides_record(plan: Plan) -> dict:
     return {
         "recipe": plan.recipe.name,
         "nodes": plan.target.nodes,
-        "set": [list(p) for p in plan.sets],
-        "run": plan.run.to_dict(),
+        "set": [list(p) for p in plan.request.sets],
+        "run": plan.request.run.to_dict(),
     }

@@ -14,13 +14,14 @@ from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.plan import runopts
 from overlapkit.plan.build import make_plan
+from overlapkit.plan.request import PlanRequest
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
 
 def bound(tmp_path, profile=None, **kw):
     profile = profile or dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
-    return submit.bind(runopts.RunOptions(**kw), profile, "04:00:00"), profile
+    return submit.bind(PlanRequest(R8, run=runopts.RunOptions(**kw)), profile).run, profile
 
 
 def test_run_name_puts_checkpoints_and_tensorboard_under_the_shared_job_dir(tmp_path):
@@ -108,7 +109,7 @@ def test_bad_run_options_are_one_line(args, message):
 def test_a_time_limit_too_short_for_the_save_window_is_refused(tmp_path):
     profile = dataclasses.replace(load_profile("local"), time_limit="00:15:00", job_dir=str(tmp_path))
     with pytest.raises(ValueError, match="SEGMENTS needs a time limit above 20 minutes"):
-        submit.bind(runopts.RunOptions(run_name="x", segments=2), profile, None)
+        submit.bind(PlanRequest(R8, run=runopts.RunOptions(run_name="x", segments=2)), profile)
 
 
 def _checkpoint(d: Path, step: int, tracker: bool = True) -> None:

@@ -1,0 +1,68 @@
+"""The request a plan is made from: what the user typed, parsed once and bound once, then passed down as plain data.
+
+`parse` checks everything that can be checked before the Bridge import (NODES, the recipe's name, SET's syntax, keys,
+types and sizes, RUN_NAME, SEGMENTS, NSYS, DATA): one line per bad value. Binding the request to where it runs (a
+cluster profile's job directory, its time limit, its W&B project) is the cluster stage's (overlapkit.cluster.submit
+`bind`): this stage never reads a profile's file, it receives the values in `run`. The plan (plan/build.py `plan_for`),
+its run directory's overrides.json and the job's rebuild (`from_record`) all carry the same request.
+
+Standard library only at import: the pre-import checks must answer in well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from overlapkit.plan import runopts
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    recipe: str
+    nodes: int | None = None  # None: the recipe's
+    sets: tuple[tuple[str, str], ...] = ()  # the SET pairs as typed: (key, raw text)
+    run: runopts.RunOptions = runopts.RunOptions()  # bound: job_dir, time_limit_min, wandb filled in by the binder
+
+    def with_run(self, run: runopts.RunOptions) -> PlanRequest:
+        return dataclasses.replace(self, run=run)
+
+
+def parse(
+    recipe: str,
+    nodes: str = "",
+    sets: str = "",
+    run: dict | None = None,
+    *,
+    listing: bool = False,
+    action: str = "plan",
+) -> PlanRequest:
+    """The typed request, every pre-import check made (in this order: NODES, the recipe's name, SET, the run
+    options). `run`: the run options' text by runopts.parse's keywords (run_name, segments, nsys, nsys_ranks, data);
+    None leaves them out of the check (a benchmark), as launch.plan.check_request asks. `listing`: `make recipes`,
+    which names no recipe."""
+    from overlapkit.plan import inputs, registry
+
+    count = inputs.parse_nodes(nodes)
+    if not listing:
+        if not recipe:
+            raise ValueError(f"no recipe given: make {action} RECIPE=<name> (make recipes lists them)")
+        registry.check_declared(recipe)
+    pairs = inputs.check_sets(sets)
+    opts = runopts.RunOptions() if run is None else runopts.parse(**run)  # None: not even DATA's module is imported
+    return PlanRequest(recipe, count, tuple(pairs), opts)
+
+
+def loose(name: str, nodes: int | None = None, sets=None, run: runopts.RunOptions | None = None) -> PlanRequest:
+    """A request from values a caller already holds (tests, listings, forks): SET as text or KEY=VALUE tokens."""
+    from overlapkit.plan import overrides
+
+    return PlanRequest(name, nodes, tuple(overrides.parse(sets)), run or runopts.RunOptions())
+
+
+def from_record(rec: dict, recipe: str, nodes: int | None, extra_sets=()) -> PlanRequest:
+    """The request again in the job, from the run directory's overrides.json (its run options already bound) and the
+    run plugins' KEY=VALUE overrides after the typed ones."""
+    return loose(
+        recipe, nodes, [f"{k}={v}" for k, v in rec["set"]] + list(extra_sets), runopts.RunOptions.from_dict(rec["run"])
+    )
