@@ -82,8 +82,11 @@ def _run_body(module) -> None:
         except BaseException as exc:
             if sys.modules.get(name) is module:
                 del sys.modules[name]  # as a failed eager import leaves it
-            raise ImportError(f"{name} failed to import at its first use (deferred by overlapkit.lazy_imports; "
-                              f"{SWITCH}=0 imports it eagerly): {exc!r}", name=name) from exc  # fmt: skip
+            raise ImportError(
+                f"{name} failed to import at its first use (deferred by overlapkit.lazy_imports; "
+                f"{SWITCH}=0 imports it eagerly): {exc!r}",
+                name=name,
+            ) from exc
         finally:
             object.__setattr__(module, "__class__", types.ModuleType)
 

@@ -48,7 +48,7 @@ def test_registering_a_name_twice_is_refused():
 def test_a_new_process_discovers_a_users_file_and_reports_a_broken_one(tmp_path, served):
     (tmp_path / "mine.py").write_text(textwrap.dedent(GOOD))
     (tmp_path / "half.py").write_text(BROKEN)
-    env = {**served, registry.PATH_VAR: str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**served, registry.PATH_VAR: str(tmp_path)}
 
     def plan(*args):  # `make recipes` / `make plan` in a new process (served: our code imported fresh there)
         cmd = [sys.executable, "-m", "launch.plan", *args, "--runs", str(tmp_path / "runs")]
