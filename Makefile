@@ -27,7 +27,7 @@ FORK_FLAGS = $(if $(HIDDEN),--hidden "$(HIDDEN)") $(if $(LAYERS),--layers "$(LAY
   $(if $(GPUS),--gpus "$(GPUS)") $(if $(DTYPE),--dtype "$(DTYPE)") $(if $(EXPERTS),--experts "$(EXPERTS)") \
   $(if $(TOPK),--topk "$(TOPK)") $(if $(EP),--ep "$(EP)")
 CUTS    ?=
-# Pretraining runs (README "Pretrain on your data"): the data spec, the run's identity, chained segments, Nsight.
+# Pretraining runs (docs/pretraining.md): the data spec, the run's identity, chained segments, Nsight.
 DATA    ?=
 RUN_NAME ?=
 SEGMENTS ?=
@@ -108,7 +108,7 @@ slurm-up: ## install and start the local multi-node dev Slurm (root; idempotent)
 slurm-down: ## stop the local dev Slurm
 	bash slurm/local/stop.sh
 
-# Nightly regression (launch/nightly.py, README "Nightly regression").
+# Nightly regression (launch/nightly.py, docs/nightly.md).
 RECIPES ?=
 NIGHT   ?=
 LOG     ?=

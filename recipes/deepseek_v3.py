@@ -3,10 +3,11 @@
 Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3`
 (`deepseek_v3_pretrain_1024gpu_h100_{bf16,fp8cs}_config`), on Bridge's
 `megatron.bridge.recipes.deepseek.h100.deepseek_v3.deepseek_v3_pretrain_1024gpu_h100_bf16_config`: TP2 PP8 VP4 EP64
-(DP 64, expert-DP 2), MBS1 GBS16384, seq 4096, HybridEP flex dispatcher, selective recompute of the MLA
-up-projections and the dense MLPs, and the explicit pipeline layout `Et|(tt|)*30mL` (embedding + 1 layer, then
-2 layers per stage, MTP + loss last: 32 stages). NVIDIA keeps TP overlap, EP all-to-all overlap and DP grad-reduce
-overlap off; CUDA_DEVICE_MAX_CONNECTIONS is 1. Published H100 throughput: not published (README).
+(DP 64, expert-DP 2), MBS1 GBS16384, seq 4096, HybridEP flex dispatcher, selective recompute of the MLA up-
+projections and the dense MLPs, and the explicit pipeline layout `Et|(tt|)*30mL` (embedding + 1 layer, then 2 layers
+per stage, MTP + loss last: 32 stages). NVIDIA keeps TP overlap, EP all-to-all overlap and DP grad-reduce overlap
+off; CUDA_DEVICE_MAX_CONNECTIONS is 1. Published H100 throughput: NVIDIA lists an FP8 run (docs/throughput.md, not
+yet compared by the model).
 """
 
 from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import (

@@ -6,7 +6,7 @@ Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.
 expert-DP 2), MBS1 GBS1280, seq 4096, alltoall dispatcher, selective recompute of LayerNorm and the expert
 activation. PP4 without a virtual pipeline: p2p overlap is off, as in NVIDIA's recipe, and Bridge allows EP
 all-to-all overlap only with one (it asserts VPP when PP>1). CUDA_DEVICE_MAX_CONNECTIONS is 32 (TP=CP=1).
-Published H100 throughput: not published (README).
+Published H100 throughput: none listed (docs/throughput.md).
 """
 
 from megatron.bridge.recipes.gpt_oss.h100.gpt_oss import gpt_oss_120b_pretrain_64gpu_h100_bf16_config as base
