@@ -24,8 +24,9 @@ import sys
 import tempfile
 import time
 
-from launch import plan_server
 from overlapkit import lazy_imports, stack
+from overlapkit.serve import client as serve_client
+from overlapkit.serve import paths as serve_paths
 
 IMPORT = "from overlapkit import stack; stack.import_bridge()"
 BARE = "from overlapkit import stack; stack.import_bridge(full=True)"
@@ -55,14 +56,14 @@ def timed(cmd: list[str], env: dict, row: str = "") -> float:
 def cold_round(env: dict, times: dict) -> None:
     """The cold start: the bare import, a first `make plan` in a fresh process (no server), planning's import."""
     times["bare"].append(timed([sys.executable, "-c", BARE], env, "bare"))
-    times["plain"].append(timed(["make", "-s", "plan", f"RECIPE={RECIPE}"], {**env, plan_server.SWITCH: "0"}, "plain"))
+    times["plain"].append(timed(["make", "-s", "plan", f"RECIPE={RECIPE}"], {**env, serve_paths.SWITCH: "0"}, "plain"))
     times["import"].append(timed([sys.executable, "-c", IMPORT], env, "import"))
 
 
-def one_round(env: dict, paths: plan_server.Paths, times: dict) -> None:
+def one_round(env: dict, paths: serve_paths.Paths, times: dict) -> None:
     make_plan = ["make", "-s", "plan", f"RECIPE={RECIPE}"]
     cold_round(env, times)
-    plan_server.stop(paths)
+    serve_client.stop(paths)
     times["first"].append(timed(make_plan, env))
     times["second"].append(timed(make_plan, env))  # typed at once: the first plan's process serves it
     times["recipes"].append(timed(["make", "-s", "recipes"], env))
@@ -110,17 +111,17 @@ def main() -> None:
         ap.error(f"--reps {opts.reps}: give at least 1")
     reps = opts.reps
     sockets = tempfile.mkdtemp(prefix="okps-bench-")
-    env = {**os.environ, plan_server.DIR_VAR: sockets}
-    env.pop(plan_server.SWITCH, None)
+    env = {**os.environ, serve_paths.DIR_VAR: sockets}
+    env.pop(serve_paths.SWITCH, None)
     env.pop(lazy_imports.SWITCH, None)  # planning defers as it does for users; the bare row asks for full
-    paths = plan_server.Paths.of(environ=env)
+    paths = serve_paths.Paths.of(environ=env)
     before = set(RUNS.glob(f"{RECIPE}-*")) if RUNS.is_dir() else set()
     times = {k: [] for k in LABELS}
     try:
         for _ in range(reps):
             cold_round(env, times) if opts.cold else one_round(env, paths, times)
     finally:
-        plan_server.stop(paths)
+        serve_client.stop(paths)
         shutil.rmtree(sockets, ignore_errors=True)
         for run_dir in set(RUNS.glob(f"{RECIPE}-*")) - before:
             shutil.rmtree(run_dir, ignore_errors=True)

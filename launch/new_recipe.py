@@ -15,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from launch import plan_server
 from launch.args import Parser
 from overlapkit import stack
 from overlapkit.plan.inputs import positive_int
+from overlapkit.serve import client as serve_client
 
 
 def _args(argv):
@@ -81,8 +81,8 @@ cli = main  # what the plan server's worker runs: the plain path, unchanged
 
 def precheck(argv) -> bool:
     """Served once the flags parse (the fork's own checks need the FROM recipe, so Bridge)."""
-    return plan_server.quietly(lambda: _args(argv))
+    return serve_client.quietly(lambda: _args(argv))
 
 
 if __name__ == "__main__":
-    sys.exit(plan_server.run("launch.new_recipe", sys.argv[1:], precheck, main))
+    sys.exit(serve_client.run("launch.new_recipe", sys.argv[1:], precheck, main))

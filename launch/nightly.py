@@ -17,13 +17,13 @@ import os
 import sys
 from pathlib import Path
 
-from launch import plan_server
 from launch.args import Parser
 from overlapkit import stack
 from overlapkit.cluster.submit import Interrupted
 from overlapkit.plan.inputs import positive_int
 from overlapkit.regress import begin, chain_status, nightly, schedule
 from overlapkit.regress import rules as regress
+from overlapkit.serve import client as serve_client
 
 
 def _args(argv):
@@ -185,8 +185,8 @@ def precheck(argv) -> bool:
         elif args.action != "submit":
             raise ValueError(args.action)
 
-    return plan_server.quietly(check)
+    return serve_client.quietly(check)
 
 
 if __name__ == "__main__":
-    sys.exit(plan_server.run("launch.nightly", sys.argv[1:], precheck, cli))
+    sys.exit(serve_client.run("launch.nightly", sys.argv[1:], precheck, cli))

@@ -9,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from launch import plan_server
 from launch.args import Parser, add_run_options, request_of, run_text
 from overlapkit import stack
+from overlapkit.serve import client as serve_client
 
 ROOT = stack.REPO_ROOT
 
@@ -141,7 +141,7 @@ def precheck(argv) -> bool:
         check_request(args.recipe, args.nodes, args.set, listing=args.list)
         run_options(args)
 
-    return plan_server.quietly(check)
+    return serve_client.quietly(check)
 
 
 cli = main  # what the plan server's worker runs: the plain path, unchanged
@@ -151,4 +151,4 @@ if __name__ == "__main__":
     # A good request is planned by this checkout's plan server when one answers (launch/plan_server.py: torch and
     # Bridge stay loaded there, our code is imported fresh for every plan); otherwise here, as always, while a
     # server starts for the next one. Bad input is answered here, before any import, server or no server.
-    sys.exit(plan_server.run("launch.plan", sys.argv[1:], precheck, main))
+    sys.exit(serve_client.run("launch.plan", sys.argv[1:], precheck, main))

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import sys
 
-from launch import plan_server
 from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
 from overlapkit.cluster import chain, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.serve import client as serve_client
 
 
 def _args(argv):
@@ -174,8 +174,8 @@ def precheck(argv) -> bool:
             raise ValueError(args.action)
         checked(args)
 
-    return plan_server.quietly(check)
+    return serve_client.quietly(check)
 
 
 if __name__ == "__main__":
-    sys.exit(plan_server.run("launch.submit", sys.argv[1:], precheck, cli))
+    sys.exit(serve_client.run("launch.submit", sys.argv[1:], precheck, cli))

@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from launch import plan_server
 from overlapkit import stack
+from overlapkit.serve import client as serve_client
+from overlapkit.serve import paths as serve_paths
 
 # No test leaves a plan server behind, and none uses yours: a process a test starts plans by itself unless the test
 # asks for the session's server (the `served` fixture: one server in a private directory, started as soon as the
-# collection shows a test that needs it, stopped at the end; launch/plan_server.py).
-os.environ[plan_server.SWITCH] = "0"
+# collection shows a test that needs it, stopped at the end; src/overlapkit/serve/).
+os.environ[serve_paths.SWITCH] = "0"
 stack.import_bridge()
-SESSION_SERVER = plan_server.Paths(Path(tempfile.mkdtemp(prefix="okps-", dir="/tmp")), "")  # short: socket paths
+SESSION_SERVER = serve_paths.Paths(Path(tempfile.mkdtemp(prefix="okps-", dir="/tmp")), "")  # short: socket paths
 
 
 def _cuda_available() -> bool:
@@ -65,13 +66,13 @@ def planned():
 
 def served_env() -> dict:
     """The environment of a process that uses the session's plan server."""
-    env = {**os.environ, plan_server.DIR_VAR: str(SESSION_SERVER.dir)}
-    env.pop(plan_server.SWITCH, None)
+    env = {**os.environ, serve_paths.DIR_VAR: str(SESSION_SERVER.dir)}
+    env.pop(serve_paths.SWITCH, None)
     return env
 
 
 # The session's server is born as a user's is: a cold `make plan` pays the import and becomes the server, and a
-# second plan typed at once after it is served (launch/plan_server.py: become_server). Then, where a test reads it,
+# second plan typed at once after it is served (overlapkit/serve/client.py: become_server). Then, where a test reads it,
 # the night every such test shares (the nightly e2e, the 70B run of the Slurm e2e): `make nightly CLUSTER=local
 # PREFLIGHT=1` typed once, served. All of it in the background from the collection on, on the second core.
 SESSION = {"dir": Path(tempfile.mkdtemp(prefix="okpn-", dir="/tmp"))}  # /tmp: every fake node sees it
@@ -110,8 +111,8 @@ def served():
     if "proc" not in SESSION:
         SESSION_SERVER.private()
         start_session(night=False)
-    paths = plan_server.Paths.of(environ=served_env())
-    assert plan_server.wait_ready(paths, timeout=900) is not None, (SESSION["dir"] / "first.err").read_text()[-3000:]
+    paths = serve_paths.Paths.of(environ=served_env())
+    assert serve_client.wait_ready(paths, timeout=900) is not None, (SESSION["dir"] / "first.err").read_text()[-3000:]
     return served_env()
 
 
@@ -168,9 +169,9 @@ def pytest_sessionfinish(session, exitstatus):
     if SESSION.get("proc") is not None and SESSION["proc"].poll() is None:
         os.killpg(SESSION["proc"].pid, 9)  # a session cut short (-x, Ctrl-C): its jobs end on their own
     shutil.rmtree(SESSION["dir"], ignore_errors=True)
-    paths = plan_server.Paths.of(environ=served_env())
-    if plan_server.holder(paths) is not None:
-        plan_server.stop(paths)
+    paths = serve_paths.Paths.of(environ=served_env())
+    if serve_paths.holder(paths) is not None:
+        serve_client.stop(paths)
     shutil.rmtree(SESSION_SERVER.dir, ignore_errors=True)
 
 

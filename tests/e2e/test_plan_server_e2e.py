@@ -1,4 +1,4 @@
-"""The plan server (launch/plan_server.py) as `make` uses it, in new processes: every shipped recipe plans the same
+"""The plan server (src/overlapkit/serve/) as `make` uses it, in new processes: every shipped recipe plans the same
 through it as on the plain path (JSON, and the text on a terminal), and so do served sbatch, submit DRYRUN, nightly
 DRYRUN and new-recipe; an edited recipe shows in the next plan, a changed stack stamp makes the client restart it,
 another checkout's request is refused, bad input never reaches it, and `make plan-server-stop` stops it.
@@ -30,9 +30,11 @@ from pathlib import Path
 
 import pytest
 
-from launch import plan_server
 from overlapkit import stack
 from overlapkit.plan import registry
+from overlapkit.serve import client as serve_client
+from overlapkit.serve import paths as serve_paths
+from overlapkit.serve import server as serve_server
 
 ROOT = stack.REPO_ROOT
 
@@ -102,7 +104,7 @@ class Server:
 
     def __init__(self, env: dict):
         self.env = env
-        self.paths = plan_server.Paths.of(environ=self.env)
+        self.paths = serve_paths.Paths.of(environ=self.env)
 
     def spawn(self) -> None:
         """Start it as a first `make plan` does (same command, own session), without the plain plan beside it."""
@@ -119,9 +121,9 @@ class Server:
             )
 
     def ready(self) -> dict:
-        if plan_server.holder(self.paths) is None:
+        if serve_paths.holder(self.paths) is None:
             self.spawn()
-        reply = plan_server.wait_ready(self.paths, timeout=600)
+        reply = serve_client.wait_ready(self.paths, timeout=600)
         assert reply is not None, self.paths.log.read_text()
         return reply
 
@@ -157,7 +159,7 @@ def plain_text_on_a_terminal(argv: list[str]) -> tuple[int, str]:
             os.close(master)
             for fd in (0, 1, 2):
                 os.dup2(slave, fd)
-            os.environ.update({"TERM": "xterm-256color", plan_server.SWITCH: "0"})
+            os.environ.update({"TERM": "xterm-256color", serve_paths.SWITCH: "0"})
             for name in ("COLUMNS", "NO_COLOR"):
                 os.environ.pop(name, None)
             sys.stdin, sys.stdout, sys.stderr = (open(fd, mode, closefd=False) for fd, mode in enumerate("rww"))
@@ -238,12 +240,12 @@ def test_an_edited_recipe_shows_in_the_next_fast_plan(server, tmp_path):
 
 def test_a_server_of_another_checkout_is_never_used(server, tmp_path):
     other = tmp_path / "other-checkout"
-    assert plan_server.Paths.of(other, environ=server.env).sock != server.paths.sock
+    assert serve_paths.Paths.of(other, environ=server.env).sock != server.paths.sock
     before = server.ready()
-    request = plan_server._request(["llama3_8b_pretrain_8gpu_h100_bf16"], root=other)
+    request = serve_client._request(["llama3_8b_pretrain_8gpu_h100_bf16"], root=other)
     fds = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
     try:
-        reply = plan_server.ask(server.paths, request, fds)
+        reply = serve_client.ask(server.paths, request, fds)
     finally:
         for fd in fds:
             os.close(fd)
@@ -258,10 +260,10 @@ def test_a_silent_or_half_sent_client_stalls_no_other(server):
     try:
         silent.connect(str(server.paths.sock))
         half.connect(str(server.paths.sock))
-        half.sendall(plan_server.HEADER.pack(1000) + b'{"op": "pi')  # promises 1000 bytes, sends 10
+        half.sendall(serve_paths.HEADER.pack(1000) + b'{"op": "pi')  # promises 1000 bytes, sends 10
         t0 = time.monotonic()
-        reply = plan_server.ask(server.paths, {"op": "ping"})
-        assert "pong" in reply and time.monotonic() - t0 < plan_server.READ_S / 2  # not after their 10 s
+        reply = serve_client.ask(server.paths, {"op": "ping"})
+        assert "pong" in reply and time.monotonic() - t0 < serve_server.READ_S / 2  # not after their 10 s
     finally:
         silent.close()
         half.close()
@@ -270,21 +272,21 @@ def test_a_silent_or_half_sent_client_stalls_no_other(server):
 
 def test_a_process_with_a_second_thread_does_not_become_the_server(tmp_path):
     code = (
-        "import threading, time, sys; from launch import plan_server as s\n"
+        "import threading, time; from overlapkit.serve import client, paths\n"
         "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
-        "s.become_server(s.Paths.of().private())\n"
+        "client.become_server(paths.Paths.of().private())\n"
     )
-    env = {**os.environ, plan_server.DIR_VAR: str(tmp_path)}
+    env = {**os.environ, serve_paths.DIR_VAR: str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stderr.startswith("note: not serving: this process runs 2 threads"), out
-    assert plan_server.holder(plan_server.Paths.of(environ=env)) is None  # nothing forked, nothing listening
+    assert serve_paths.holder(serve_paths.Paths.of(environ=env)) is None  # nothing forked, nothing listening
 
 
 def test_bad_input_is_answered_without_a_server(tmp_path):
     sockets = tempfile.mkdtemp(prefix="okps-", dir="/tmp")
     try:
-        env = {**os.environ, plan_server.DIR_VAR: sockets}
-        env.pop(plan_server.SWITCH, None)
+        env = {**os.environ, serve_paths.DIR_VAR: sockets}
+        env.pop(serve_paths.SWITCH, None)
         t0 = time.monotonic()
         cmd = [sys.executable, "-m", "launch.plan", "llama3_8b_pretrain_8gpu_h100_bf16", "--nodes", "0"]
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
@@ -296,11 +298,11 @@ def test_bad_input_is_answered_without_a_server(tmp_path):
 
 def test_the_stamp_reads_the_real_lock_file(tmp_path):
     (tmp_path / "uv.lock").write_text("version = 1\n")
-    a = plan_server.stamp(os.environ, root=tmp_path)
+    a = serve_paths.stamp(os.environ, root=tmp_path)
     (tmp_path / "uv.lock").write_text("version = 2\n")
-    b = plan_server.stamp(os.environ, root=tmp_path)
-    assert plan_server.differences(a, b) == "uv.lock"
-    assert plan_server.differences(a, plan_server.stamp({**os.environ, "HF_HOME": "/elsewhere"}, root=tmp_path)) in (
+    b = serve_paths.stamp(os.environ, root=tmp_path)
+    assert serve_paths.differences(a, b) == "uv.lock"
+    assert serve_paths.differences(a, serve_paths.stamp({**os.environ, "HF_HOME": "/elsewhere"}, root=tmp_path)) in (
         "$HF_HOME, uv.lock",
         "uv.lock, $HF_HOME",
     )
@@ -392,7 +394,7 @@ def test_the_cold_plan_becomes_the_server_and_the_plan_typed_at_once_after_it_is
     (note,) = first.stderr.splitlines()  # one line: who serves now, until when, how to stop it
     pid = int(re.match(r"note: pid (\d+) keeps Megatron Bridge loaded and serves", note).group(1))
     assert "make plan-server-stop stops it" in note and second.stderr == ""  # served: no note, no import
-    assert plan_server.holder(server.paths)[0] == pid
+    assert serve_paths.holder(server.paths)[0] == pid
     log = server.paths.log.read_text()
     assert f"[{pid}] serving from the process that imported Megatron Bridge for its own command" in log
     assert "imported Megatron Bridge in" not in log  # no second import in this session: the first plan's serves
@@ -403,16 +405,16 @@ def test_the_cold_plan_becomes_the_server_and_the_plan_typed_at_once_after_it_is
 def test_a_changed_stamp_makes_the_client_plan_itself_and_become_the_next_server(server, tmp_path):
     old = server.ready()["pong"]
     cmd = [sys.executable, "-m", "launch.plan", "llama3_8b_pretrain_8gpu_h100_bf16", "--runs", str(tmp_path)]
-    env = {**server.env, plan_server.SALT_VAR: "another venv"}
+    env = {**server.env, serve_paths.SALT_VAR: "another venv"}
     client = subprocess.run(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900
     )
     assert client.returncode == 0, client.stderr
     assert not _alive(old)  # the stale server is gone: it refused the plan and exited
-    new = plan_server.holder(server.paths)
+    new = serve_paths.holder(server.paths)
     assert new is not None and new[0] != old, server.paths.log.read_text()
     log = server.paths.log.read_text()
-    assert f"[{old}] stopping: the client differs in ${plan_server.SALT_VAR}" in log
+    assert f"[{old}] stopping: the client differs in ${serve_paths.SALT_VAR}" in log
     # the restart says only that the client now serves: its own plan paid the import (one note, no other line)
     (line,) = client.stderr.splitlines()
     assert line.startswith(f"note: pid {new[0]} keeps Megatron Bridge loaded and serves this checkout's next")
@@ -420,15 +422,15 @@ def test_a_changed_stamp_makes_the_client_plan_itself_and_become_the_next_server
 
 @pytest.mark.stops_server
 def test_make_plan_server_stop_stops_it(server):
-    if plan_server.holder(server.paths) is None:
+    if serve_paths.holder(server.paths) is None:
         server.spawn()
         time.sleep(1)
-    held = plan_server.holder(server.paths)
+    held = serve_paths.holder(server.paths)
     assert held is not None
     stop = ["make", "-s", "plan-server-stop"]
     first = subprocess.run(stop, cwd=ROOT, env=server.env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0 and first.stdout.startswith(f"stopped the plan server (pid {held[0]}, was "), first
-    assert plan_server.holder(server.paths) is None and not _alive(held[0])
+    assert serve_paths.holder(server.paths) is None and not _alive(held[0])
     again = subprocess.run(stop, cwd=ROOT, env=server.env, capture_output=True, text=True, timeout=120)
     assert again.stdout == "no plan server was running for this checkout\n"
 

@@ -37,7 +37,8 @@ UNTESTED = {
 # Absolute paths an excerpt may show because the product itself uses them, with the file that uses each.
 ALLOWED_PATHS = {
     "/tmp/overlapkit-slurm": "slurm/local/start.sh",  # the local dev Slurm's default LOCAL_SLURM_DIR
-    "/tmp/overlapkit-<uid>": "launch/plan_server.py",  # the plan server's socket directory without XDG_RUNTIME_DIR
+    # the plan server's socket directory without XDG_RUNTIME_DIR
+    "/tmp/overlapkit-<uid>": "src/overlapkit/serve/paths.py",
     "/tmp/site": "tools/gpu_check_on_device.sh",  # where the lent GPU machine's carried wheels are installed
 }
 # Directories that only exist on the machine a doc was written on: a home, a workspace, pytest's or any temp dir.
