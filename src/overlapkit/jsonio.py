@@ -20,11 +20,12 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
-def read_json(path: Path) -> dict | None:
-    """The JSON object in `path`, or None when there is none to read: missing, unreadable, not valid JSON (a file
-    another process is still writing without write_json), or valid JSON that is not an object."""
+def read_json(path: Path, kind: type = dict):
+    """The JSON value of type `kind` (an object by default; a list for results.json) in `path`, or None when there
+    is none to read: missing, unreadable, not valid JSON (a file another process is still writing without
+    write_json), or valid JSON of another type."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
         return None
-    return data if isinstance(data, dict) else None
+    return data if isinstance(data, kind) else None

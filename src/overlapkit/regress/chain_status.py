@@ -166,7 +166,8 @@ def _last_night(root: Path) -> list[str]:
     except FileNotFoundError:
         return [f"last night: none yet under {stack.repo_relative(root)}"]
     night = json.loads((night_dir / "night.json").read_text())
-    results = jsonio.read_json(night_dir / "results.json")  # None: the report job has not written it (yet)
+    # a list, one verdict per recipe; None: the report job has not written it (yet)
+    results = jsonio.read_json(night_dir / "results.json", kind=list)
     rid = night.get("report_job_id")
     return night_lines(night_dir, night, results, slurm.job_state(rid) if rid and results is None else None)
 

@@ -14,7 +14,7 @@ import pytest
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.regress import begin as begin_time
-from overlapkit.regress import chain_status, schedule
+from overlapkit.regress import chain_status, logparse, schedule
 
 T = dt.datetime
 NOW = T(2026, 12, 1, 1, 30, 0)
@@ -195,6 +195,17 @@ def test_last_night_lines(tmp_path):
     assert chain_status.night_lines(tmp_path, night, None, "FAILED")[1].startswith(
         "verdict: none: summary job 3 ended FAILED without writing results.json"
     )
+
+
+def test_last_night_reads_the_results_the_summary_job_writes(tmp_path):
+    night_dir = tmp_path / "20261202-020000"
+    night_dir.mkdir()
+    night = {"entries": [{"recipe": "a", "job_id": "1"}], "report_job_id": "3", "preflight_only": True}
+    (night_dir / "night.json").write_text(json.dumps(night))
+    # as night_report writes it: a JSON list, one verdict per recipe
+    (night_dir / "results.json").write_text(logparse.to_json([_result("a", "pass", True)]) + "\n")
+    lines = chain_status._last_night(tmp_path)
+    assert lines[1] == "verdict: no failures; 1 pass; report.md there", lines
 
 
 # --- the scheduler's bookkeeping, Slurm replaced ------------------------------------------------------------------
