@@ -156,9 +156,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture
-def isolated_environ(monkeypatch):
-    """Bridge's runtime_config_update writes to os.environ; give each test its own copy."""
+@pytest.fixture(autouse=True)
+def isolated_environ():
+    """Every test gets its own copy of the environment: Bridge's code writes to os.environ (NVTE_* among others),
+    and a variable left behind would reach every later new process, where the plan server's stamp reads it as
+    another shell and restarts (and a plain-path comparison would print it as a shell export)."""
     saved = dict(os.environ)
     yield os.environ
     os.environ.clear()
