@@ -180,37 +180,23 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         + "\n\n"
         + "\n".join(textwrap.wrap(body, 116, break_on_hyphens=False))
     )
-    if s.is_moe:
-        return MOE_TEMPLATE.format(
-            doc=doc,
-            model=model,
-            nodes=nodes,
-            from_name=req.from_name,
-            s=s,
-            base_module=base_module,
-            c=c,
-            intent_args=_moe_intent(req, c),
-            name=req.name,
-            dtype=dtype,
-            layout=c.describe(),
-            dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
-        )
-    return TEMPLATE.format(
+    # the fields both templates fill alike
+    common = dict(
         doc=doc,
         model=model,
         nodes=nodes,
         from_name=req.from_name,
         s=s,
-        base_module=base_module,
-        imports=imports,
-        layout=c.describe(),
-        kv=s.kv_channels or s.hidden // s.heads,
         c=c,
-        intent=intent,
+        base_module=base_module,
         name=req.name,
         dtype=dtype,
+        layout=c.describe(),
         dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
     )
+    if s.is_moe:
+        return MOE_TEMPLATE.format(**common, intent_args=_moe_intent(req, c))
+    return TEMPLATE.format(**common, imports=imports, kv=s.kv_channels or s.hidden // s.heads, intent=intent)
 
 
 def fork(req: ForkRequest) -> ForkResult:
