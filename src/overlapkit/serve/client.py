@@ -126,7 +126,7 @@ REPEATABLE = ("launch.plan",)
 
 def forward(argv, module: str = "launch.plan") -> int | None:
     """Run `module`'s command in the server: its exit status, or None when this process must run it (no server yet,
-    a stale one, or none possible). Starts one in the background when none answers, so the next command is fast."""
+    a stale one, or none possible; run() then lets this process become the server once its command is done)."""
     if disabled():
         return None
     try:
@@ -140,7 +140,11 @@ def forward(argv, module: str = "launch.plan") -> int | None:
         note(f"plan server not asked ({exc}); running in this process")
         return None
     fds, opened = _std_fds()
-    watch_make()
+    # make's child: when make dies (even by kill -9) this client ends too (the default SIGTERM), the server sees the
+    # connection close and stops the worker, whose handlers mark a submission failed
+    from overlapkit.cluster import submit  # here: bad input, answered before forward(), never loads it
+
+    submit.watch_make()
     try:
         reply = ask(paths, request, fds)
         if "none" in reply and wait_starting(paths):
@@ -162,9 +166,6 @@ def forward(argv, module: str = "launch.plan") -> int | None:
         note(f"the plan server stopped during this plan ({reply['lost']}; log: {paths.log}); planning here")
     elif "refused" in reply:
         note(f"the plan server refused this command ({reply['refused']}); running in this process")
-        return None
-    if may_serve(paths):
-        SUCCESSOR.append(paths)  # this process pays the import: once its command is done it serves the next
     return None
 
 
@@ -177,14 +178,6 @@ def wait_starting(paths: Paths, timeout: float = 300) -> bool:
     return wait_ready(paths, timeout) is not None
 
 
-def watch_make() -> None:
-    """A client is make's child: when make dies (even by kill -9) the client ends too (the default SIGTERM), the
-    server sees its connection close and stops the worker, whose handlers mark a submission failed."""
-    from overlapkit.cluster import submit
-
-    submit.watch_make()
-
-
 def run(module: str, argv, precheck, cli) -> int:
     """A command line served where it can be: `precheck(argv)` is everything checked before the Bridge import (True:
     the request is good and needs Bridge); bad input and commands that need no Bridge are answered by `cli` here."""
@@ -194,10 +187,22 @@ def run(module: str, argv, precheck, cli) -> int:
     code = forward(argv, module)
     if code is not None:
         return code
-    code = cli(argv)
-    if SUCCESSOR:
-        become_server(SUCCESSOR[0])
+    code = cli(argv)  # this process paid the import: once its command is done it may serve the next ones
+    if (paths := successor_paths()) is not None:
+        become_server(paths)
     return code
+
+
+def successor_paths() -> Paths | None:
+    """Where this process should serve from after its own command: None when no server is wanted here (switched off,
+    in a Slurm job, no private directory) or one already holds the lock (may_serve)."""
+    if disabled():
+        return None
+    try:
+        paths = Paths.of().private()
+    except (OSError, ValueError):  # forward() said why, in one line
+        return None
+    return paths if may_serve(paths) else None
 
 
 def quietly(check) -> bool:
@@ -208,9 +213,6 @@ def quietly(check) -> bool:
     except (SystemExit, KeyError, ValueError, OSError, RuntimeError):
         return False
     return True
-
-
-SUCCESSOR: list[Paths] = []  # set by forward(): this process becomes the server after its command (run())
 
 
 def may_serve(paths: Paths) -> bool:
