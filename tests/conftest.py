@@ -23,7 +23,6 @@ from overlapkit.serve import paths as serve_paths
 # collection shows a test that needs it, stopped at the end; src/overlapkit/serve/).
 os.environ[serve_paths.SWITCH] = "0"
 stack.import_bridge()
-SESSION_SERVER = serve_paths.Paths(Path(tempfile.mkdtemp(prefix="okps-", dir="/tmp")), "")  # short: socket paths
 
 
 def _cuda_available() -> bool:
@@ -64,24 +63,29 @@ def planned():
     return get
 
 
+# The session's server is born as a user's is: a cold plan (the command `make plan` runs) pays the import and
+# becomes the server, and a second plan typed at once after it is served (overlapkit/serve/client.py:
+# become_server). Then, where a test reads it, the night every such test shares (the nightly e2e, the 70B run of
+# the Slurm e2e): `make nightly CLUSTER=local PREFLIGHT=1` typed once, served. All of it in the background from the
+# collection on, on the second core. One directory holds it all: short (a socket path has 107 bytes at most), in
+# /tmp (every fake node sees it), the server's socket in server/.
+SESSION = {"dir": Path(tempfile.mkdtemp(prefix="okpn-", dir="/tmp"))}
+
+
 def served_env() -> dict:
     """The environment of a process that uses the session's plan server."""
-    env = {**os.environ, serve_paths.DIR_VAR: str(SESSION_SERVER.dir)}
+    env = {**os.environ, serve_paths.DIR_VAR: str(SESSION["dir"] / "server")}
     env.pop(serve_paths.SWITCH, None)
     return env
 
 
-# The session's server is born as a user's is: a cold `make plan` pays the import and becomes the server, and a
-# second plan typed at once after it is served (overlapkit/serve/client.py: become_server). Then, where a test reads it,
-# the night every such test shares (the nightly e2e, the 70B run of the Slurm e2e): `make nightly CLUSTER=local
-# PREFLIGHT=1` typed once, served. All of it in the background from the collection on, on the second core.
-SESSION = {"dir": Path(tempfile.mkdtemp(prefix="okpn-", dir="/tmp"))}  # /tmp: every fake node sees it
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 STEP = 't0=$EPOCHREALTIME; {cmd} >{d}/{name}.out 2>{d}/{name}.err; echo "$? $t0 $EPOCHREALTIME" >{d}/{name}.time\n'
 
 
 def start_session(night: bool) -> None:
     d = SESSION["dir"]
+    serve_paths.Paths.of(environ=served_env()).private()
     plan = f"{shlex.quote(sys.executable)} -m launch.plan {R8} --format json --runs {d / 'runs'}"
     script = STEP.format(cmd=plan, d=d, name="first") + STEP.format(cmd=plan, d=d, name="second")
     if night:
@@ -109,7 +113,6 @@ def served():
     """The session's plan server, ready: the environment for processes that should use it. One Bridge import serves
     every `make` the e2e tests type and the unit tests' new processes."""
     if "proc" not in SESSION:
-        SESSION_SERVER.private()
         start_session(night=False)
     paths = serve_paths.Paths.of(environ=served_env())
     assert serve_client.wait_ready(paths, timeout=900) is not None, (SESSION["dir"] / "first.err").read_text()[-3000:]
@@ -141,7 +144,6 @@ def pytest_collection_modifyitems(config, items):
     # tests start early (the server, the nightly) runs on the second core while the unit tests run on the first.
     items.sort(key=lambda i: ("/e2e/" in str(i.path), "stops_server" in i.keywords))
     if any("served" in i.fixturenames for i in items):
-        SESSION_SERVER.private()
         start_session(night=any("preflight_night" in i.fixturenames for i in items) and not _slurm_running())
     need_gpu = [i for i in items if "gpu" in i.keywords]
     need_slurm = [i for i in items if "slurm" in i.keywords]
@@ -170,11 +172,10 @@ def isolated_environ():
 def pytest_sessionfinish(session, exitstatus):
     if SESSION.get("proc") is not None and SESSION["proc"].poll() is None:
         os.killpg(SESSION["proc"].pid, 9)  # a session cut short (-x, Ctrl-C): its jobs end on their own
-    shutil.rmtree(SESSION["dir"], ignore_errors=True)
     paths = serve_paths.Paths.of(environ=served_env())
     if serve_paths.holder(paths) is not None:
         serve_client.stop(paths)
-    shutil.rmtree(SESSION_SERVER.dir, ignore_errors=True)
+    shutil.rmtree(SESSION["dir"], ignore_errors=True)
 
 
 def make_command(target: str, *variables: str) -> list[str]:
