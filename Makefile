@@ -22,10 +22,10 @@ DTYPE   ?=
 EXPERTS ?=
 TOPK    ?=
 EP      ?=
-FORK_FLAGS = $(if $(HIDDEN),--hidden "$(HIDDEN)") $(if $(LAYERS),--layers "$(LAYERS)") $(if $(HEADS),--heads "$(HEADS)") \
-  $(if $(QUERY_GROUPS),--query-groups "$(QUERY_GROUPS)") $(if $(FFN),--ffn "$(FFN)") $(if $(SEQ),--seq "$(SEQ)") \
-  $(if $(GPUS),--gpus "$(GPUS)") $(if $(DTYPE),--dtype "$(DTYPE)") $(if $(EXPERTS),--experts "$(EXPERTS)") \
-  $(if $(TOPK),--topk "$(TOPK)") $(if $(EP),--ep "$(EP)")
+FORK_FLAGS = $(if $(HIDDEN),--hidden="$$HIDDEN") $(if $(LAYERS),--layers="$$LAYERS") $(if $(HEADS),--heads="$$HEADS") \
+  $(if $(QUERY_GROUPS),--query-groups="$$QUERY_GROUPS") $(if $(FFN),--ffn="$$FFN") $(if $(SEQ),--seq="$$SEQ") \
+  $(if $(GPUS),--gpus="$$GPUS") $(if $(DTYPE),--dtype="$$DTYPE") $(if $(EXPERTS),--experts="$$EXPERTS") \
+  $(if $(TOPK),--topk="$$TOPK") $(if $(EP),--ep="$$EP")
 CUTS    ?=
 # Pretraining runs (docs/pretraining.md): the data spec, the run's identity, chained segments, Nsight.
 DATA    ?=
@@ -33,7 +33,7 @@ RUN_NAME ?=
 SEGMENTS ?=
 NSYS    ?=
 NSYS_RANKS ?=
-RUN_FLAGS = --data "$(DATA)" --run-name "$(RUN_NAME)" --segments "$(SEGMENTS)" --nsys "$(NSYS)" --nsys-ranks "$(NSYS_RANKS)"
+RUN_FLAGS = --data="$$DATA" --run-name="$$RUN_NAME" --segments="$$SEGMENTS" --nsys="$$NSYS" --nsys-ranks="$$NSYS_RANKS"
 # make prep-data: JSONL file or directory → Megatron .bin/.idx + OUT/data.toml
 IN      ?=
 TOKENIZER ?=
@@ -41,12 +41,28 @@ OUT     ?=
 KEY     ?= text
 WORKERS ?= 1
 FORCE   ?=
+# make nightly / nightly-report / nightly-schedule / parse-log (launch/nightly.py, docs/nightly.md)
+RECIPES ?=
+NIGHT   ?=
+LOG     ?=
+ITERS   ?= 60
+MIN_DP  ?= 2
+JOB_DIR ?=
+AT      ?=
+PYTEST_ARGS ?=
+# Every variable above is data, never make or shell syntax: taken as typed (make expands nothing in it: $(shell ...),
+# $HOME stay text), exported, and named by the commands below as "$$VAR" (the shell hands its bytes over as one
+# argument, --flag=value, so even "--help" is a value). Our checks then answer whatever it holds (launch/args.py).
+DATA_VARS := RECIPE NODES SET FORMAT CLUSTER DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
+  FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
+  RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS
+$(foreach v,$(DATA_VARS),$(eval override $(v) := $$(value $(v))))
+export $(DATA_VARS)
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
 # make's own pid: if make dies (even by kill -9), its Python child is not told; it watches this pid and stops
 # (a submission in progress is marked failed, never left half-done). See overlapkit/cluster/submit.py.
 export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)
-PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test lint recipes plan plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
@@ -58,7 +74,7 @@ setup: ## install the pinned stack into .venv (uv sync --frozen)
 	@$(UV) sync --frozen
 
 test: ## run the test suite (one pytest process; Bridge is imported once)
-	@$(PY) -m pytest tests $(PYTEST_ARGS)
+	@PYTEST_ADDOPTS="$${PYTEST_ADDOPTS:-} $$PYTEST_ARGS" $(PY) -m pytest tests
 
 lint: ## ruff check + format check
 	@$(UV) run --frozen --quiet ruff check . && $(UV) run --frozen --quiet ruff format --check .
@@ -67,40 +83,40 @@ recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
 	@$(PY) -m launch.plan --list
 
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
-	@$(PY) -m launch.plan $(RECIPE) --nodes "$(NODES)" --set "$(SET)" --format $(FORMAT) --cluster "$(CLUSTER)" $(RUN_FLAGS)
+	@$(PY) -m launch.plan --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --cluster="$$CLUSTER" $(RUN_FLAGS) -- "$$RECIPE"
 
 plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for plan/recipes; OVERLAPKIT_PLAN_SERVER=0: none)
 	@$(PY) -m launch.plan_server --stop
 
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
-	@$(PY) -m launch.new_recipe --from "$(FROM)" --name "$(NAME)" $(FORK_FLAGS) $(ARGS)
+	@$(PY) -m launch.new_recipe --from="$$FROM" --name="$$NAME" $(FORK_FLAGS) --args="$$ARGS"
 
 bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side
 	@$(PY) bench/plan_all.py
 
 gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by side (CUDA; CUTS="llama3_8b", ARGS=--list on CPU)
-	@$(PY) bench/gpu_cut.py $(foreach c,$(CUTS),--only $(c)) $(ARGS)
+	@$(PY) bench/gpu_cut.py --cuts="$$CUTS" --args="$$ARGS"
 
 submit: ## submit RECIPE to CLUSTER via nemo_run (NODES=, SET=, DRYRUN=1 prints the sbatch, PREFLIGHT=1 checks only)
-	@$(PY) -m launch.submit submit --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" $(RUN_FLAGS)
+	@$(PY) -m launch.submit submit --recipe="$$RECIPE" --cluster="$$CLUSTER" --nodes="$$NODES" --set="$$SET" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
 
 status: ## state and preflight result of RUN= (default: the latest run on CLUSTER)
-	@$(PY) -m launch.submit status --cluster "$(CLUSTER)" --run "$(RUN)"
+	@$(PY) -m launch.submit status --cluster="$$CLUSTER" --run="$$RUN"
 
 logs: ## print the job logs of RUN= (default: the latest run on CLUSTER)
-	@$(PY) -m launch.submit logs --cluster "$(CLUSTER)" --run "$(RUN)"
+	@$(PY) -m launch.submit logs --cluster="$$CLUSTER" --run="$$RUN"
 
 cancel: ## cancel RUN= (default: the latest run on CLUSTER)
-	@$(PY) -m launch.submit cancel --cluster "$(CLUSTER)" --run "$(RUN)"
+	@$(PY) -m launch.submit cancel --cluster="$$CLUSTER" --run="$$RUN"
 
 sbatch: ## write a standalone sbatch script for RECIPE on CLUSTER (plain-sbatch path, no nemo_run)
-	@$(PY) -m launch.submit sbatch --recipe "$(RECIPE)" --cluster "$(CLUSTER)" --nodes "$(NODES)" --set "$(SET)" --preflight "$(PREFLIGHT)" $(RUN_FLAGS)
+	@$(PY) -m launch.submit sbatch --recipe="$$RECIPE" --cluster="$$CLUSTER" --nodes="$$NODES" --set="$$SET" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
 
 run-local: ## run RECIPE on this 8-GPU node with torchrun (nemo_run LocalExecutor; NODES is 1)
-	@$(PY) -m launch.submit run-local --recipe "$(RECIPE)" --set "$(SET)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" $(RUN_FLAGS)
+	@$(PY) -m launch.submit run-local --recipe="$$RECIPE" --set="$$SET" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
 
 prep-data: ## tokenize IN (JSONL file or dir) with TOKENIZER (local HF dir) into OUT/*.bin/.idx + OUT/data.toml (KEY=, WORKERS=, FORCE=1)
-	@$(PY) -m launch.prep_data --in "$(IN)" --tokenizer "$(TOKENIZER)" --out "$(OUT)" --key "$(KEY)" --workers "$(WORKERS)" --force "$(FORCE)"
+	@$(PY) -m launch.prep_data --in="$$IN" --tokenizer="$$TOKENIZER" --out="$$OUT" --key="$$KEY" --workers="$$WORKERS" --force="$$FORCE"
 
 slurm-up: ## install and start the local multi-node dev Slurm (root; idempotent)
 	bash slurm/local/start.sh
@@ -109,32 +125,25 @@ slurm-down: ## stop the local dev Slurm
 	bash slurm/local/stop.sh
 
 # Nightly regression (launch/nightly.py, docs/nightly.md).
-RECIPES ?=
-NIGHT   ?=
-LOG     ?=
-ITERS   ?= 60
-MIN_DP  ?= 2
-JOB_DIR ?=
-AT      ?=
 .PHONY: nightly nightly-report bless parse-log nightly-schedule nightly-status nightly-unschedule
 
 nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
-	@$(PY) -m launch.nightly submit --cluster "$(CLUSTER)" --dryrun "$(DRYRUN)" --preflight "$(PREFLIGHT)" --recipes "$(RECIPES)" --iters "$(ITERS)" --min-dp "$(MIN_DP)" --job-dir "$(JOB_DIR)"
+	@$(PY) -m launch.nightly submit --cluster="$$CLUSTER" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" --recipes="$$RECIPES" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR"
 
 nightly-report: ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
-	@$(PY) -m launch.nightly report --cluster "$(CLUSTER)" --night "$(NIGHT)" --job-dir "$(JOB_DIR)"
+	@$(PY) -m launch.nightly report --cluster="$$CLUSTER" --night="$$NIGHT" --job-dir="$$JOB_DIR"
 
 bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<recipe>.json
-	@$(PY) -m launch.nightly bless --run "$(RUN)"
+	@$(PY) -m launch.nightly bless --run="$$RUN"
 
 parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
-	@$(PY) -m overlapkit.regress.logparse "$(LOG)"
+	@$(PY) -m overlapkit.regress.logparse -- "$$LOG"
 
 nightly-schedule: ## run the nightly every day at AT (02:00, now+90, ISO date) through sbatch --begin (RECIPES=, PREFLIGHT=)
-	@$(PY) -m launch.nightly schedule --cluster "$(CLUSTER)" --at "$(AT)" --recipes "$(RECIPES)" --preflight "$(PREFLIGHT)" --iters "$(ITERS)" --min-dp "$(MIN_DP)" --job-dir "$(JOB_DIR)"
+	@$(PY) -m launch.nightly schedule --cluster="$$CLUSTER" --at="$$AT" --recipes="$$RECIPES" --preflight="$$PREFLIGHT" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR"
 
 nightly-status: ## the scheduled chain (next begin, late or broken?) and the last night's verdict
-	@$(PY) -m launch.nightly schedule-status --cluster "$(CLUSTER)" --job-dir "$(JOB_DIR)"
+	@$(PY) -m launch.nightly schedule-status --cluster="$$CLUSTER" --job-dir="$$JOB_DIR"
 
 nightly-unschedule: ## cancel the scheduled nightly chain of CLUSTER
-	@$(PY) -m launch.nightly unschedule --cluster "$(CLUSTER)" --job-dir "$(JOB_DIR)"
+	@$(PY) -m launch.nightly unschedule --cluster="$$CLUSTER" --job-dir="$$JOB_DIR"

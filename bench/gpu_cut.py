@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from launch.args import Parser
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDENS = REPO / "nightly" / "goldens" / "gpu_cut"  # <gpu>/<cut>.<side>.json, written only by --bless
 SKIP_RC = 3  # the child's exit status for "does not fit this GPU": a verdict, not a failure
@@ -187,15 +189,21 @@ def list_cuts() -> int:
 def _args(argv):
     from overlapkit.regress import gpucut
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, rest=True)
     ap.add_argument("--only", action="append", choices=list(gpucut.CUTS), help="a cut (repeatable; default: all)")
+    ap.add_argument("--cuts", default="", help="make's CUTS=: cuts separated by spaces (each one as --only)")
     ap.add_argument("--iters", type=int, default=gpucut.ITERS)
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_cut" / time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sides past this wall time")
     ap.add_argument("--list", action="store_true", help="print the cuts and their estimates (no GPU needed)")
     ap.add_argument("--bless", type=Path, metavar="RUN_DIR", help="a reviewed run's ok sides -> goldens")
     ap.add_argument("--child", nargs=2, metavar=("CUT", "SIDE"), help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for cut in args.cuts.replace(",", " ").split():
+        if cut not in gpucut.CUTS:
+            ap.error(f"CUTS={cut!r} is not a cut: one of {', '.join(gpucut.CUTS)}")
+        args.only = [*(args.only or []), cut]
+    return args
 
 
 def main(argv=None) -> int:

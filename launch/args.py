@@ -1,16 +1,96 @@
 """The one argument parser of the entry points: a bad argument is one line on stderr and exit 2 (bad input), like
-every other bad request, instead of argparse's usage block."""
+every other bad request, instead of argparse's usage block.
+
+What a value may hold: anything. The Makefile hands each variable over as typed (never pasted into a command line,
+never expanded by make: the comment above its DATA_VARS), so a value reaches these checks byte for byte, and
+nothing here expands or runs what it holds either. One rule follows, for every option of every entry: a value that
+names a variable or a command (`$HOME`, `${HOME}`, `$(...)`) is refused in one line, since it would otherwise be
+taken as literal text (a directory named `$HOME`, say), which is never what was meant; the line says to double-quote
+it so the shell expands it first. A `$` followed by anything else (`$1`, a trailing `$`) is plain text.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import sys
+
+# What a shell or make would expand: $NAME, ${...}, $(...) (POSIX sh "Parameter Expansion", "Command Substitution";
+# GNU make manual "Reference to Variables", "Functions")
+EXPANSION = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{|\()")
+REST = "--args"  # make's ARGS=: more flags in one string
 
 
 class Parser(argparse.ArgumentParser):
+    """`rest=True`: --args=<text> (make's ARGS=) carries more flags in one string, split as a POSIX shell splits
+    words (shlex.split: quotes and backslashes group; nothing is expanded or run) and put where it stood, so
+    `ARGS="--model 'Llama3 34B' --tp 4"` is three flags, and a later flag wins over an earlier one as usual."""
+
+    def __init__(self, *args, rest: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rest = rest
+        if rest:
+            self.add_argument(REST, default="", metavar="FLAGS", help="more flags in one string (make's ARGS=)")
+
     def error(self, message):
-        print(f"error: {message} (--help lists the options)", file=sys.stderr)
-        sys.exit(2)
+        fail(f"{message} (--help lists the options)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        ns, extra = super().parse_known_args(self._split_rest(argv) if self.rest else argv, namespace)
+        self._refuse_expansions(ns)
+        return ns, extra
+
+    def _split_rest(self, argv: list[str]) -> list[str]:
+        out, i = [], 0
+        while i < len(argv):
+            token = argv[i]
+            if token == "--":
+                return out + argv[i:]
+            if token.startswith(f"{REST}="):
+                text = token[len(REST) + 1 :]
+            elif token == REST and i + 1 < len(argv):
+                text, i = argv[i + 1], i + 1
+            else:
+                out.append(token)
+                i += 1
+                continue
+            try:
+                out += shlex.split(text)
+            except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+                fail(f"ARGS={text!r}: {str(exc).lower()} (it is split as a shell splits words: close each quote)")
+            i += 1
+        return out
+
+    def _refuse_expansions(self, ns) -> None:
+        for action in self._actions:
+            value = getattr(ns, action.dest, None)
+            if not isinstance(value, str) or value == action.default or not (m := EXPANSION.search(value)):
+                continue
+            fail(expansion_error(make_name(action), value, m.group(0)))
+
+
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def expansion_error(name: str, value: str, found: str) -> str:
+    typed = f"{name}={value!r}: {found!r} is passed as typed, never"
+    if found == "$(":  # a command (shell) or a function (make): run by neither
+        return f"{typed} run (make hands its variables over as text): write the value itself"
+    quoted = f'{name}="{value}"' if '"' not in value and "\n" not in value else f'{name}="..."'
+    return (
+        f"{typed} expanded (make hands its variables over as text): write it out, or let your shell expand it: {quoted}"
+    )
+
+
+def make_name(action: argparse.Action) -> str:
+    """The make variable an option stands for (the Makefile names each flag after its variable: --run-name is
+    RUN_NAME=, the positional recipe RECIPE=)."""
+    flag = max(action.option_strings, key=len, default=action.dest)
+    return flag.lstrip("-").replace("-", "_").upper()
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,9 @@ from overlapkit.serve import client as serve_client
 
 
 def _args(argv):
-    p = Parser(prog="make new-recipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="make new-recipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, rest=True
+    )
     p.add_argument("--from", dest="from_name", required=True, help="recipe to fork (make recipes lists them)")
     p.add_argument("--name", required=True, help="new recipe: <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
     for flag in ("hidden", "layers", "heads", "query-groups", "ffn", "seq", "experts", "topk"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shlex
 import shutil
@@ -178,13 +179,28 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SESSION["dir"], ignore_errors=True)
 
 
+# Stands in for the Makefile's PY (uv's python): prints the arguments make's shell gave it, one JSON line.
+ARGV_PROBE = f"{shlex.quote(sys.executable)} -c 'import json, sys; print(json.dumps(sys.argv[1:]))'"
+
+
 def make_command(target: str, *variables: str) -> list[str]:
-    """The Python command line `make <target> <variables>` runs, as the Makefile writes it (`make -n`): from `-m`."""
+    """The Python command line `make <target> <variables>` runs, from `-m`: make runs its own recipe line, variables
+    exported and named by its shell as the Makefile does it, with PY= a probe that prints the arguments it got."""
     out = subprocess.run(
-        ["make", "-n", "-s", target, *variables], cwd=stack.REPO_ROOT, capture_output=True, text=True, check=True
+        ["make", "-s", target, *variables, f"PY={ARGV_PROBE}"],
+        cwd=stack.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    argv = shlex.split(out.stdout.strip().splitlines()[-1])
+    argv = json.loads(out.stdout.strip().splitlines()[-1])
     return argv[argv.index("-m") + 1 :]
+
+
+@pytest.fixture
+def make_argv():
+    """`make_argv(target, *variables)`: [module, *argv] as `make <target> <variables>` runs it (make_command)."""
+    return make_command
 
 
 @pytest.fixture
