@@ -1,12 +1,13 @@
 """The one argument parser of the entry points: a bad argument is one line on stderr and exit 2 (bad input), like
 every other bad request, instead of argparse's usage block.
 
-What a value may hold: anything. The Makefile hands each variable over as typed (never pasted into a command line,
-never expanded by make: the comment above its DATA_VARS), so a value reaches these checks byte for byte, and
-nothing here expands or runs what it holds either. One rule follows, for every option of every entry: a value that
-names a variable or a command (`$HOME`, `${HOME}`, `$(...)`) is refused in one line, since it would otherwise be
-taken as literal text (a directory named `$HOME`, say), which is never what was meant; the line says to double-quote
-it so the shell expands it first. A `$` followed by anything else (`$1`, a trailing `$`) is plain text.
+What a value may hold: anything but a credential (overlapkit/secrets.py says which shapes count; refused in one
+line naming the variable, never its value). The Makefile hands each variable over as typed (never pasted into a
+command line, never expanded by make: the comment above its DATA_VARS), so a value reaches these checks byte for
+byte, and nothing here expands or runs what it holds either. One rule follows, for every option of every entry: a
+value that names a variable or a command (`$HOME`, `${HOME}`, `$(...)`) is refused in one line, since it would
+otherwise be taken as literal text (a directory named `$HOME`, say), which is never what was meant; the line says to
+double-quote it so the shell expands it first. A `$` followed by anything else (`$1`, a trailing `$`) is plain text.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import argparse
 import re
 import shlex
 import sys
+
+from overlapkit.secrets import FIX, credential_kind
 
 # What a shell or make would expand: $NAME, ${...}, $(...) (POSIX sh "Parameter Expansion", "Command Substitution";
 # GNU make manual "Reference to Variables", "Functions")
@@ -38,9 +41,28 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         argv = sys.argv[1:] if args is None else list(args)
+        self._refuse_credentials(argv)
         ns, extra = super().parse_known_args(self._split_rest(argv) if self.rest else argv, namespace)
         self._refuse_expansions(ns)
         return ns, extra
+
+    def _refuse_credentials(self, argv: list[str]) -> None:
+        """A credential-shaped value (overlapkit/secrets.py) in any argument, before argparse could echo it: one line
+        naming the variable, never the value."""
+        positional = next((a.dest for a in self._actions if not a.option_strings), "an argument")
+        for i, token in enumerate(argv):
+            if not (kind := credential_kind(token)):
+                continue
+            if token.startswith("--") and "=" in token:
+                flag = token.partition("=")[0]
+            elif i and argv[i - 1].startswith("-") and argv[i - 1] != "--" and "=" not in argv[i - 1]:
+                flag = argv[i - 1]
+            else:
+                flag = positional
+            fail(
+                f"{flag_name(flag)} holds what looks like {kind}: a value here is written to the run's files and "
+                f"printed, so a credential never goes in a variable ({FIX})"
+            )
 
     def _split_rest(self, argv: list[str]) -> list[str]:
         out, i = [], 0
@@ -89,7 +111,10 @@ def expansion_error(name: str, value: str, found: str) -> str:
 def make_name(action: argparse.Action) -> str:
     """The make variable an option stands for (the Makefile names each flag after its variable: --run-name is
     RUN_NAME=, the positional recipe RECIPE=)."""
-    flag = max(action.option_strings, key=len, default=action.dest)
+    return flag_name(max(action.option_strings, key=len, default=action.dest))
+
+
+def flag_name(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_").upper()
 
 

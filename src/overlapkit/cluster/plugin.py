@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import nemo_run as run
 
-from overlapkit.plan.env import Ledger, is_secret
+from overlapkit.plan.env import Ledger
+from overlapkit.secrets import FIX, secret_problem
 
 
 @dataclass(kw_only=True)
@@ -21,8 +22,8 @@ class EnvVarPlugin(run.Plugin):
     def __post_init__(self):
         self.env = dict(self.env)  # our own copy: later edits to the ledger's dict do not leak into a submitted job
         for name, value in self.env.items():
-            if is_secret(name):
-                raise ValueError(f"{name} looks like a secret: list it in the profile's secrets = [...], not in env")
+            if why := secret_problem(name, value):
+                raise ValueError(f"{why}: {FIX}, not in env")
             if not isinstance(value, str):
                 raise TypeError(f"{name}={value!r}: env values must be strings (executor.env_vars are exported)")
 

@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from overlapkit.plan.env import credential_kind, secret_problem
+from overlapkit.secrets import FIX, credential_kind, secret_problem
 from overlapkit.stack import REPO_ROOT, repo_relative
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
@@ -174,9 +174,7 @@ def _env(table, fail) -> dict[str, str]:
     env = {}
     for key, value in table.items():
         if why := secret_problem(key, value):
-            fail(
-                f"env.{key} has a literal value and {why}: put its name in secrets = [...] and export it in your shell"
-            )
+            fail(f"env.{key} has a literal value and {why}: {FIX}")
         if not _ENV_NAME.match(key):
             fail(f"env key {key!r} is not an environment variable name (letters, digits, _)")
         if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -200,8 +198,8 @@ def _refuse_literal_secrets(out: dict, fail) -> None:
         for part in arg.removeprefix("--export=").split(",") if arg.startswith("--export=") else [arg]:
             m = _ASSIGNMENT.match(part)
             if m and (why := secret_problem(m.group(1), m.group(2))):
-                fail(f"srun_args {m.group(1)}=...: {why}; put its name in secrets = [...] and export it in your shell")
-    for key in ("account", "partition", "container_image", "job_dir", "python", "container_mounts", "srun_args"):
+                fail(f"srun_args {m.group(1)}=...: {why}; {FIX}")
+    for key in (*_STRINGS, "container_mounts", "srun_args"):
         for value in out.get(key) if isinstance(out.get(key), tuple) else [out.get(key)]:
             if value and (kind := credential_kind(value)):
-                fail(f"{key} holds what looks like {kind}: keep credentials out of profiles (secrets = [names])")
+                fail(f"{key} holds what looks like {kind}: keep credentials out of profiles ({FIX})")

@@ -15,9 +15,10 @@ derived one (it is why the recipe layer exists; the ledger still shows what it r
 CUDA_DEVICE_MAX_CONNECTIONS: its value is the
 overlap's correctness (kernel order), which only the topology decides. This module is its one home: `connections`
 derives the value the layout needs, and `audit_rows` turns a final value that differs (whichever layer set it) into
-the audit's one `cuda_max_connections` error. Secrets (`is_secret`) never get a value here: a profile lists them by
-name, the ledger shows "<from caller env>", and `passthrough_secrets` is only for the submitting process's own
-environment.
+the audit's one `cuda_max_connections` error. Secrets (overlapkit/secrets.py: the one rule, by name and by value)
+never get a value here: a profile lists them by name, the ledger shows "<from caller env>", `passthrough_secrets` is
+only for the submitting process's own environment, a literal one in a layer is an audit error with its value
+dropped, and a credential-shaped value in a shell variable the ledger would record is refused (one line).
 
 The submitting shell's environment reaches the job too (sbatch's default `--export=ALL`; nemo_run's local executor
 copies os.environ). For a name the plan sets, the plan's value wins (nemo_run writes `export NAME=value` into the
@@ -28,27 +29,12 @@ reaches the job unrecorded. Both are reported as `shell_overrides`.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass, field
 
 from overlapkit.plan.audit import OFF, ON, AuditReport, Finding, Row
+from overlapkit.secrets import FIX, credential_kind, is_secret, secret_problem
 
 LAYERS = ("derived", "bridge", "recipe", "cluster")
-# Anywhere in the name: WANDB_APIKEY, MY_TOKEN_FILE and DB_PASSWD are as secret as WANDB_API_KEY or HF_TOKEN.
-# TOKENS (a count, e.g. HybridEP's NUM_OF_TOKENS_PER_CHUNK_COMBINE_API) is not a credential.
-_SECRET = re.compile(r"KEY|TOKEN(?!S)|SECRET|PASS|CREDENTIAL", re.IGNORECASE)
-# Values that are credentials whatever their name, by the issuers' documented prefixes and shapes.
-CREDENTIAL_FORMATS = {
-    "a Hugging Face token": r"\bhf_[A-Za-z0-9]{30,}",  # huggingface.co/docs/hub/security-tokens
-    "a W&B API key": r"(?<![0-9a-f])[0-9a-f]{40}(?![0-9a-f])",  # wandb.ai/authorize: 40 hex characters
-    "a GitHub token": r"\b(gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})",  # GitHub token formats
-    "an AWS access key": r"\b(AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS IAM identifiers
-    "a Google Cloud API key": r"\bAIza[0-9A-Za-z_\-]{35}",
-    "an NVIDIA NGC key": r"\bnvapi-[A-Za-z0-9_\-]{20,}",
-    "an OpenAI-style key": r"\bsk-[A-Za-z0-9_\-]{20,}",
-    "a private key": r"-----BEGIN [A-Z ]*PRIVATE KEY",
-}
-_CREDENTIAL = {kind: re.compile(rx) for kind, rx in CREDENTIAL_FORMATS.items()}
 PINNED = "CUDA_DEVICE_MAX_CONNECTIONS"
 SECRET_VALUE = "<from caller env>"
 HOPPER = ("h100", "h200", "h800", "gh200")
@@ -99,26 +85,6 @@ class ShellOverride:
     shell_value: str
     plan_value: str | None  # None: the plan does not set it, so the shell's value reaches the job unrecorded
     message: str
-
-
-def is_secret(name: str) -> bool:
-    """A name whose value must never be written anywhere (profiles refuse it in `env`, the plugin refuses it)."""
-    return bool(_SECRET.search(name))
-
-
-def credential_kind(value) -> str | None:
-    """What credential `value` looks like ("a Hugging Face token"), or None."""
-    text = str(value)
-    return next((kind for kind, rx in _CREDENTIAL.items() if rx.search(text)), None)
-
-
-def secret_problem(name: str, value) -> str | None:
-    """Why `name=value` must not be written into a plan, a ledger or a job script, or None."""
-    if is_secret(name):
-        return f"{name} looks like a secret by its name"
-    if kind := credential_kind(value):
-        return f"the value of {name} looks like {kind}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -248,9 +214,8 @@ def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
     led, merged = Ledger(), {}
     for layer, values in layers:
         for name, (value, reason) in values.items():
-            if is_secret(name):  # the value is never kept, not even in a conflict
-                fix = f"put {name} in secrets = [...] and export it in your shell"
-                msg = f"{name} has a literal value in the {layer} layer: {fix}"
+            if why := secret_problem(name, value):  # the value is never kept, not even in a conflict
+                msg = f"{name} has a literal value in the {layer} layer and {why}: {FIX}"
                 led.conflicts.append(Conflict(name, (layer,), ("<redacted>",), "error", msg))
                 continue
             prev = merged.get(name)
@@ -277,6 +242,12 @@ def _shell_overrides(led: Ledger, caller_env: dict, secrets: set[str]) -> list[S
     for name, shell in sorted(caller_env.items()):
         if name in secrets or is_secret(name):
             continue
+        recorded = name in plan or name.startswith(TUNING_PREFIXES)
+        if recorded and (kind := credential_kind(shell)):  # the job gets it all the same (sbatch --export=ALL)
+            raise ValueError(
+                f"{name} in your shell holds what looks like {kind}: it would reach the job and its records; unset it "
+                f"(a secret goes by name: {FIX})"
+            )
         if name in plan and plan[name] != shell:
             layer = led.entry(name).layer
             msg = (

@@ -22,7 +22,7 @@ import typing
 
 from overlapkit import stack
 from overlapkit.plan import overrides
-from overlapkit.plan.env import credential_kind
+from overlapkit.secrets import credential_kind
 
 # key: (smallest allowed value, whether null is allowed). Null means "off" or "Bridge's default" where allowed.
 SIZES: dict[str, tuple[int, bool]] = {

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import stack
-from overlapkit.plan.env import is_secret
+from overlapkit.secrets import is_secret
 
 ROOT = stack.REPO_ROOT
 SWITCH = "OVERLAPKIT_PLAN_SERVER"  # 0/off/false/no: plan in this process, start nothing
@@ -32,7 +32,7 @@ SUBMITTING = ("nemo_run", "megatron.bridge.recipes.run_plugins", "launch.submit"
 SERVER_SOURCES = [
     *(ROOT / "src/overlapkit" / f for f in ("__init__.py", "stack.py", "te_stub.py", "lazy_imports.py")),
     *(ROOT / "src/overlapkit/serve" / f for f in ("__init__.py", "paths.py", "client.py", "server.py")),
-    ROOT / "src/overlapkit/plan/env.py",  # is_secret, which the stamp reads
+    ROOT / "src/overlapkit/secrets.py",  # is_secret, which the stamp reads
     ROOT / "launch/__init__.py",
     ROOT / "launch/plan_server.py",
 ]

@@ -50,6 +50,9 @@ COMMON = {
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
 REAL_SECRET = "sk-real-wandb-0123456789"
+# Made-up credentials of the shapes overlapkit/secrets.py lists, under innocuous names in profiles, layers and shells.
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+SLACK = "xoxb-1234567890-0987654321-AbCdEfGhIjKl"
 
 
 @cache
@@ -299,13 +302,32 @@ def test_a_literal_secret_in_a_layer_is_an_error_and_is_dropped():
     assert [(c.name, c.layers, c.values, c.level) for c in led.errors] == [
         ("HF_TOKEN", ("recipe",), ("<redacted>",), "error")
     ]
-    assert "put HF_TOKEN in secrets = [...]" in led.errors[0].message
+    assert "put its name in secrets = [...]" in led.errors[0].message
     assert "hf_literal_abc" not in json.dumps(led.to_dict()) + rendered(led)
+
+
+def test_a_credential_shaped_value_in_a_layer_is_an_error_and_is_dropped():
+    led = build_ledger(layered(B8, recipe={"NCCL_HINT": EnvVar(SLACK, "pasted")}), caller_env={})
+    assert [(c.name, c.values, c.level) for c in led.errors] == [("NCCL_HINT", ("<redacted>",), "error")]
+    assert "looks like a Slack token" in led.errors[0].message and SLACK not in json.dumps(led.to_dict())
+
+
+@pytest.mark.parametrize("value", ["hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", JWT, SLACK])
+def test_a_credential_in_a_recorded_shell_variable_is_refused_unechoed(value):
+    """The ledger records the caller's NCCL_* (and every name the plan sets) with its value: a credential-shaped one
+    is refused, in one line naming the variable and the fix, never the value."""
+    with pytest.raises(ValueError) as exc:
+        build_ledger(plan(F8), caller_env={"NCCL_COLLNET_HINT": value})
+    assert str(exc.value).startswith("NCCL_COLLNET_HINT in your shell holds what looks like a")
+    assert "put its name in secrets = [...]" in str(exc.value) and value not in str(exc.value)
+    assert build_ledger(plan(F8), caller_env={"UNRELATED": value}).shell_overrides == []  # not recorded: not ours
 
 
 def test_plugin_refuses_a_secret_name():
     with pytest.raises(ValueError, match="WANDB_API_KEY looks like a secret"):
         EnvVarPlugin(env={"WANDB_API_KEY": "abc"})
+    with pytest.raises(ValueError, match="the value of NCCL_HINT looks like a JSON Web Token"):
+        EnvVarPlugin(env={"NCCL_HINT": JWT})
 
 
 # --- the nemo_run plugin -------------------------------------------------------------------------------------------
@@ -391,6 +413,19 @@ BAD_PROFILES = [
         '[env]\nREPO = "ghp_abcdefghijklmnopqrstuvwxyz0123456789"\n', "looks like a GitHub token", id="github-format"
     ),
     pytest.param('[env]\nS3 = "AKIAABCDEFGHIJKLMNOP"\n', "looks like an AWS access key", id="aws-format"),
+    pytest.param(
+        f'[env]\nNCCL_HINT = "{JWT}"\n', "the value of NCCL_HINT looks like a JSON Web Token", id="jwt-format"
+    ),
+    pytest.param(f'[env]\nNOTIFY = "{SLACK}"\n', "the value of NOTIFY looks like a Slack token", id="slack-format"),
+    pytest.param(
+        f'srun_args = ["--export=ALL,NCCL_HINT={JWT}"]\n',
+        "srun_args NCCL_HINT=...: the value of NCCL_HINT looks like a JSON Web Token; put its name in secrets",
+        id="srun-jwt",
+    ),
+    pytest.param(
+        f'srun_args = ["--comment={SLACK}"]\n', "srun_args holds what looks like a Slack token", id="srun-slack"
+    ),
+    pytest.param(f'wandb_entity = "{SLACK}"\n', "wandb_entity holds what looks like a Slack token", id="entity-slack"),
     # srun's --export or a bare NAME=value would put the value on the srun line of the sbatch script.
     pytest.param(
         'srun_args = ["--mpi=pmix", "--export=ALL,WANDB_API_KEY=abc"]\n',
