@@ -4,6 +4,7 @@ processes as a user types it: nothing it names is run, and the answer is one lin
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -96,3 +97,45 @@ def test_args_is_split_as_a_shell_splits_words(make_argv):
     assert (args.model, args.tp, args.layers, args.name) == ("Llama3 34B", 4, 40, NEW)  # a later flag wins
     line = answered(make("new-recipe", f"NAME={NEW}", "ARGS=--model 'Llama3"), "error: ARGS=")
     assert "no closing quotation" in line
+
+
+# --- credentials (src/overlapkit/secrets.py: one rule for every way a value arrives) -----------------------------
+
+HF = "hf_" + "Ab1" * 12  # made-up tokens of documented shapes
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+SLACK = "xoxb-1234567890-0987654321-AbCdEfGhIjKl"
+
+
+def run_dirs() -> set:
+    runs = stack.REPO_ROOT / "runs"
+    return set(runs.iterdir()) if runs.is_dir() else set()
+
+
+@pytest.mark.parametrize(
+    ("variables", "start"),
+    [
+        ([f"SET=checkpoint.save={SLACK}"], "error: SET holds what looks like a Slack token"),
+        ([f"RUN_NAME={HF}"], "error: RUN_NAME holds what looks like a Hugging Face token"),
+        ([f"DATA=/data/{JWT}/data.toml"], "error: DATA holds what looks like a JSON Web Token"),
+    ],
+    ids=["SET-slack", "RUN_NAME-hf", "DATA-jwt"],
+)
+def test_a_credential_in_a_variable_is_refused_unechoed(variables, start):
+    before = run_dirs()
+    out = make("plan", f"RECIPE={R8}", *variables)
+    line = answered(out, start)
+    assert "put its name in secrets = [...]" in line and all(t not in out.stdout + out.stderr for t in (HF, JWT, SLACK))
+    assert run_dirs() == before
+
+
+def test_a_credential_in_a_recorded_shell_variable_never_reaches_a_file():
+    """`NCCL_COLLNET_HINT=hf_<token> make plan`: the ledger records the caller's NCCL_* with values; this one is
+    refused in one line naming it (never its value), and no plan.json or ledger.json is written."""
+    before = run_dirs()
+    env = {**os.environ, "NCCL_COLLNET_HINT": HF}
+    out = subprocess.run(
+        ["make", "plan", f"RECIPE={R8}"], cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    line = answered(out, "error: NCCL_COLLNET_HINT in your shell holds what looks like a Hugging Face token")
+    assert "unset it" in line and HF not in out.stdout + out.stderr
+    assert run_dirs() == before

@@ -26,6 +26,8 @@ from overlapkit.serve.paths import (
     Paths,
     _file_id,
     holder,
+    peer_problem,
+    socket_problem,
     stamp,
 )
 
@@ -94,12 +96,17 @@ def _lines(sock: socket.socket):
 
 def ask(paths: Paths, request: dict, fds=()) -> dict:
     """Send one request; returns the final reply ({"rc"}, {"pong"}, {"stale"}, {"refused"}), {"none": why} when no
-    server answers, or {"lost": why} when it stopped after accepting a plan."""
+    server answers, {"unsafe": why} when what is at the socket path is not this checkout's server (nothing sent), or
+    {"lost": why} when it stopped after accepting a plan."""
+    if problem := socket_problem(paths):
+        return {"unsafe": problem}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     accepted = None
     try:
         sock.settimeout(30)  # the server answers a request within milliseconds; a plan may then take long
         sock.connect(str(paths.sock))
+        if problem := peer_problem(paths, sock):
+            return {"unsafe": f"{problem}: nothing sent"}
         body = json.dumps(request).encode()
         data = HEADER.pack(len(body)) + body
         sent = socket.send_fds(sock, [data], list(fds)) if fds else sock.send(data)
@@ -156,7 +163,9 @@ def forward(argv, module: str = "launch.plan") -> int | None:
             os.close(fd)
     if "rc" in reply:
         return reply["rc"]
-    if "lost" in reply:
+    if "unsafe" in reply:  # the fast path is not taken: said once, here (may_serve does not say it again)
+        note(f"plan server not used: {reply['unsafe']}; running in this process")
+    elif "lost" in reply:
         if module not in REPEATABLE:
             note(
                 f"the plan server stopped during this command ({reply['lost']}; log: {paths.log}); not run again "
@@ -219,7 +228,7 @@ def may_serve(paths: Paths) -> bool:
     """Should this process, once its command is done, become the server? Not when one holds the lock (starting or
     serving: this command only missed it), nor when the last start failed for this same stack (one line)."""
     held = holder(paths)
-    if held and held[1] != "stopping":
+    if (held and held[1] != "stopping") or socket_problem(paths):  # forward() said what is at the socket path
         return False
     failed = jsonio.read_json(paths.failed)
     if failed and failed.get("stamp") == stamp(ENV_AT_START, PATH_AT_START):

@@ -7,6 +7,8 @@ import fcntl
 import hashlib
 import os
 import site
+import socket
+import stat
 import struct
 import sys
 from dataclasses import dataclass
@@ -166,6 +168,41 @@ def loaded_files() -> dict[str, tuple | None]:
         if isinstance(origin, str) and os.path.isabs(origin):
             out[origin] = _file_id(Path(origin))
     return out
+
+
+# What lstat says is at the socket path, for the one line that says why it is not connected to.
+_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}
+
+
+def socket_problem(paths: Paths) -> str | None:
+    """Why the socket path is not one to connect to or replace: None when a socket is there (or nothing yet). Seen
+    with lstat, so a symbolic link is never followed; whatever else is there is left as it is (a server replaces only
+    a socket, a dead server's: it is not ours to remove a file someone put there)."""
+    try:
+        mode = os.lstat(paths.sock).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{paths.sock}: {exc.strerror}"
+    if stat.S_ISSOCK(mode):
+        return None
+    what = "a symbolic link (never followed)" if stat.S_ISLNK(mode) else _KINDS.get(stat.S_IFMT(mode), "a file")
+    return f"{paths.sock} is {what}, not the server's socket; left as it is: remove it, and a server starts again"
+
+
+def peer_problem(paths: Paths, sock: socket.socket) -> str | None:
+    """Why the listener a connected `sock` reached is not this checkout's server, or None: its uid must be ours and
+    its pid the one the server wrote into its lock (SO_PEERCRED: the process that called listen(), unix(7)). Checked
+    before a byte is sent: a request carries the whole environment, tokens included."""
+    cred = struct.Struct("3i")  # struct ucred: pid, uid, gid
+    pid, uid, _ = cred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, cred.size))
+    if uid != os.getuid():
+        return f"the listener on {paths.sock} runs as uid {uid}, not as you"
+    held = holder(paths)
+    if held is None or held[0] != pid:
+        whose = f"the server holding {paths.lock} is pid {held[0]}" if held else f"no server holds {paths.lock}"
+        return f"the listener on {paths.sock} is pid {pid}, and {whose}"
+    return None
 
 
 def holder(paths: Paths) -> tuple[int, str] | None:

@@ -37,6 +37,7 @@ from overlapkit.serve.paths import (
     differences,
     holder,
     loaded_files,
+    socket_problem,
     stamp,
 )
 
@@ -163,6 +164,8 @@ class Server:
             return f"the client differs in {diff}"
         if diff := differences(stamp(self.env0, self.path0), self.stamp0):
             return f"changed since the server started: {diff}"
+        if self.listener is not None and _inode(self.paths.sock) != self.sock_ino:  # no client can reach it now
+            return f"its socket {self.paths.sock} was removed or replaced"
         changed = next((f for f, fid in self.files.items() if _file_id(Path(f)) != fid), None)
         return f"{changed} changed since it was loaded" if changed else ""
 
@@ -179,19 +182,21 @@ class Server:
 
     def close_listener(self) -> None:
         if self.listener is not None:
-            with contextlib.suppress(OSError):
-                if os.stat(self.paths.sock).st_ino == self.sock_ino:
+            if _inode(self.paths.sock) == self.sock_ino:  # ours still: never what replaced it
+                with contextlib.suppress(OSError):
                     os.unlink(self.paths.sock)
             self.listener.close()
             self.listener = None
 
     def bind(self) -> None:
+        if problem := socket_problem(self.paths):  # a file, a link: not ours to remove
+            raise OSError(problem)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.paths.sock)  # a dead server's socket: we hold the lock, so no live one owns it
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(self.paths.sock))
         os.chmod(self.paths.sock, 0o600)
-        self.sock_ino = os.stat(self.paths.sock).st_ino
+        self.sock_ino = _inode(self.paths.sock)
         self.listener.listen(64)
         self.listener.setblocking(False)
 
@@ -359,6 +364,14 @@ class Server:
             os._exit(code)
 
 
+def _inode(path: Path) -> int | None:
+    """The inode at `path` itself (lstat: a link put there is not its target), None when nothing is there."""
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
+
+
 READ_S = 10.0  # a client sends its request at once: one that has not in this long is dropped
 MAX_REQUEST = 64 << 20  # argv and environment: a megabyte is a lot; more is not a client of ours
 
@@ -465,7 +478,11 @@ def serve(environ: dict | None = None, path: list | None = None) -> int:
     signal.set_wakeup_fd(server.wake[1], warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() through the pipe the moment a worker ends
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "terminated", True))  # acted on in the loop
-    server.bind()
+    try:
+        server.bind()
+    except OSError as exc:  # the socket path holds something else (clients say so in a note), or no room to bind
+        log(f"not serving: {exc}")
+        return 1
     gc.freeze()  # the preloaded objects are never collected: workers do not touch (copy) their pages in a GC pass
     _set_state(lock, "ready")
     log(f"ready: {len(server.files)} module files watched, {paths.sock}")
