@@ -165,7 +165,7 @@ def _prefixes(entries, base: Path, where: str, vocab: int) -> tuple[Prefix, ...]
             _fail(where, f'blend entry {e!r}: use prefix = "<path without .bin/.idx>" and weight = <number>')
         w = e.get("weight", 1.0)
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
-            _fail(where, f"weight {w!r} of {e['prefix']}: weights must be positive finite numbers")
+            _fail(where, f"weight {w!r} of {e['prefix']}: weights must be positive numbers below infinity")
         prefix = str((base / e["prefix"]).resolve()).removesuffix(".bin").removesuffix(".idx")
         if prefix in [p.path for p in out]:
             _fail(

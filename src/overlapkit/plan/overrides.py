@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import shlex
 from functools import cache
 from pathlib import Path
@@ -112,6 +113,8 @@ def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
         raise OverrideError(f"{key}={raw!r}: not a valid value ({exc.problem})") from None
+    if isinstance(value, str) and "float" in kinds and _EXPONENT.fullmatch(raw):
+        value = float(raw)  # 3e-4: YAML 1.1 reads an exponent without a dot as a string; YAML 1.2 and Python do not
     out = _as_kind(value, kinds)
     if out is _REFUSED and "str" in kinds and not isinstance(value, (list, dict)):
         out = raw  # a path, time or name that YAML read as a number or date: keep what was typed
@@ -139,6 +142,7 @@ def number_problem(value) -> str | None:
 
 
 _REFUSED = object()
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", re.ASCII)
 
 
 def _as_kind(value, kinds: set[str]):
