@@ -117,6 +117,12 @@ def test_audit_errors_and_bad_input_differ_for_a_script():
     assert direct.returncode == 2 and direct.stderr.startswith("error: NODES='0'")
 
 
+def test_a_plan_that_does_not_fit_the_gpu_never_ends_audit_ok(make_here):
+    code, out, err = make_here("plan", f"RECIPE={R8}", "SET=model.seq_length=1048576 dataset.sequence_length=1048576")
+    assert code == 1 and "does NOT fit" in out and "audit: OK" not in out and "audit: 1 error(s)" in out
+    assert err.startswith("error: [memory_does_not_fit] memory (first pipeline stage, per GPU)"), err
+
+
 # Answered before the Bridge import (in a process that never imports torch): what the in-process cases above cannot
 # show, since this test process has Bridge loaded. One new process for all of them.
 EARLY = [

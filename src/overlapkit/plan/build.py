@@ -156,14 +156,23 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     report.extend(audit_rows(partial, ledger))
     report.findings += [Finding(*f) for f in runopts.findings(cfg, req.run, profile)]
     est = memory.estimate(cfg, target)
-    if not est.fits:  # the fork keeps no recipe that does not fit (fork/scaffold.py); a plan is no better
-        report.findings.append(Finding("error", "memory_does_not_fit", f"{est.summary()}: {MEMORY_FIX}"))
+    report.findings += memory_findings(est)
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
     plan.throughput = predict_throughput(plan)
     return plan
 
 
 MEMORY_FIX = "more NODES, larger TP/PP/CP, a smaller train.micro_batch_size or model.seq_length, or recompute"
+
+
+def memory_findings(est: memory.MemoryEstimate) -> list[Finding]:
+    """Beyond the GPU's memory: an error (the job would stop at its first step). Inside the fragmentation margin
+    only: a warning (the margin is the estimate's error bar; `make new-recipe` keeps no layout there)."""
+    if est.fits:
+        return []
+    if est.over_hbm:
+        return [Finding("error", "memory_does_not_fit", f"{est.summary()}: {MEMORY_FIX}")]
+    return [Finding("warning", "memory_tight", f"{est.summary()}: one allocator spike from an OOM; {MEMORY_FIX}")]
 
 
 def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:

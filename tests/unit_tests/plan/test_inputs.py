@@ -6,6 +6,7 @@ an audit finding suggests, applied as SET, clears that finding without raising a
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import subprocess
@@ -15,11 +16,12 @@ import textwrap
 import pytest
 
 from overlapkit import stack
-from overlapkit.plan import inputs, overrides, registry
+from overlapkit.plan import build, inputs, overrides, registry
 from overlapkit.plan.build import make_plan
 from overlapkit.plan.overrides import OverrideError
 
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"
+R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 Q30 = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16"  # 128 experts, top-8, head dim 128 on hidden 2048 / 32 heads
 # The numeric fields a user is likely to touch: parallel sizes, batch sizes, sequence length, shape, bucket, iterations.
 TOUCHED = [
@@ -254,3 +256,14 @@ def test_every_recipe_declares_its_nodes_in_its_file():
     """What make submit's partition check reads before the import is what the registry holds after it."""
     declared = registry.declared_nodes()
     assert {n: declared[n] for n in registry.names()} == {n: registry.get(n).nodes for n in registry.names()}
+
+
+def test_a_plan_beyond_the_gpus_memory_is_an_audit_error_and_one_inside_the_margin_a_warning(planned):
+    over = make_plan(R8, sets="model.seq_length=1048576 dataset.sequence_length=1048576")
+    assert over.memory.over_hbm and "memory_does_not_fit" in over.report.codes("error") and not over.report.ok
+    assert "does NOT fit" in over.memory.summary()
+    est = planned(R8).memory
+    assert est.fits and build.memory_findings(est) == []
+    tight = dataclasses.replace(est, reserve_gb=est.reserve_gb + est.headroom_gb + est.margin_gb / 2)
+    assert not tight.fits and not tight.over_hbm and "fits only inside the 4 GB margin" in tight.summary()
+    assert [(f.level, f.code) for f in build.memory_findings(tight)] == [("warning", "memory_tight")]

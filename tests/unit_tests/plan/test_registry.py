@@ -14,7 +14,6 @@ from overlapkit import stack
 from overlapkit.plan import registry
 from overlapkit.plan.overlap import OverlapIntent
 
-# A user's recipe that fits the memory estimate (at seq 8192 and TP1 it needs 76.6 GB of 75.6: an audit error)
 GOOD = """
 from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
 
@@ -23,7 +22,7 @@ from recipes._base import Layout, OverlapIntent, h100_pretrain, register
 
 @register(model="Llama3 8B", nodes=2, source="mine", intent=OverlapIntent(param_gather_with_optimizer_step=True))
 def mine_8b_pretrain_16gpu_h100_bf16():
-    return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=128, seq=4096))
+    return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=128, seq=8192))
 """
 BROKEN = "from recipes._base import register\n\nraise RuntimeError('half-written\\nfile')\n"
 
