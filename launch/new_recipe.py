@@ -39,14 +39,11 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = _args(argv)
-    stack.import_bridge()
-    from overlapkit.fork.scaffold import LAYOUT_FIELDS, SHAPE_FIELDS, ForkError, ForkRequest, fork
-    from overlapkit.plan import registry
-    from overlapkit.plan.report import console, render_plan
+def request(args):
+    """The fork request from the flags (overlapkit.fork.scaffold, which imports no Bridge)."""
+    from overlapkit.fork.scaffold import LAYOUT_FIELDS, SHAPE_FIELDS, ForkRequest
 
-    req = ForkRequest(
+    return ForkRequest(
         from_name=args.from_name,
         name=args.name,
         gpus=args.gpus,
@@ -57,11 +54,23 @@ def main(argv=None) -> int:
         layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
         recipes_dir=Path(args.recipes_dir),
     )
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    from overlapkit.fork.scaffold import ForkError, check_request, fork
+
+    req = request(args)
     try:
+        check_request(req)  # NAME and FROM before the Bridge import (a minute here)
+        stack.import_bridge()
         res = fork(req)
     except ForkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    from overlapkit.plan import registry
+    from overlapkit.plan.report import console, render_plan
+
     out = console()
     line = lambda text: out.print(text, markup=False, soft_wrap=True)  # noqa: E731  (one line, never re-wrapped)
     line(f"wrote {res.path} (forked from {args.from_name})")
@@ -82,8 +91,11 @@ cli = main  # what the plan server's worker runs: the plain path, unchanged
 
 
 def precheck(argv) -> bool:
-    """Served once the flags parse (the fork's own checks need the FROM recipe, so Bridge)."""
-    return serve_client.quietly(lambda: _args(argv))
+    """Served once the flags, NAME and FROM pass the checks made before the import (the shape and layout need the
+    FROM recipe built, so Bridge)."""
+    from overlapkit.fork.scaffold import check_request
+
+    return serve_client.quietly(lambda: check_request(request(_args(argv))))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
 from overlapkit.cluster import chain, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.plan import registry
 from overlapkit.serve import client as serve_client
 
 
@@ -129,7 +130,8 @@ def checked(args):
     submit.preflight_mode(args.preflight)
     profile = None if args.action == "run-local" else load_profile(args.cluster)
     if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
-        if bad := slurm.request_problems(profile, req.nodes or 1, profile.time_limit):
+        nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
+        if bad := slurm.request_problems(profile, nodes, profile.time_limit):
             raise ValueError(f"{bad[0]}; nothing submitted")
     return req, profile
 

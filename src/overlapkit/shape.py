@@ -16,6 +16,22 @@ def dtype_of(cfg) -> str:
     return "fp8" if mp is not None and not isinstance(mp, str) and mp.fp8 else "bf16"
 
 
+def head_dim_follows(hidden: int, heads: int, kv_channels: int | None) -> bool:
+    """Is the head dim hidden / heads (kv_channels unset, or set to exactly that), so that a new hidden size or head
+    count must carry it along? Not for a model whose head dim is its own (Qwen3: 128 on hidden 2048 / 32 heads;
+    GPT-OSS: 64 on hidden 2880 / 64 heads)."""
+    return not kv_channels or heads * kv_channels == hidden
+
+
+def head_dim_problem(hidden: int, heads: int, kv_channels: int | None) -> str | None:
+    """The one rule of the head dim (the fork and SET both apply it): where kv_channels is unset, Megatron derives it
+    as hidden // heads (megatron/core/transformer/transformer_config.py, __post_init__: a floor, so hidden 4100 on 32
+    heads silently trains 128-wide heads projecting 4096 of the 4100 features); such a hidden must divide by heads."""
+    if not kv_channels and heads and hidden % heads:
+        return f"hidden {hidden} is not divisible by heads {heads} (head dim)"
+    return None
+
+
 @dataclass(frozen=True)
 class ModelShape:
     hidden: int

@@ -39,6 +39,19 @@ def files(tmp_path_factory):
         "both": write_spec(d / "both.toml", tok, [("good", 1)], '[blend_per_split]\ntrain = [{prefix = "good"}]'),
         "no_tokenizer": write_spec(d / "no_tokenizer.toml", d, [("good", 1)]),
     }
+    build_dataset(d / "badptr", [[5, 6, 7, 1]] * 10)  # lengths and .bin size agree; the 10th pointer is 1e12
+    raw = bytearray((d / "badptr.idx").read_bytes())
+    raw[34 + 4 * 10 + 8 * 9 : 34 + 4 * 10 + 8 * 10] = (10**12).to_bytes(8, "little")
+    (d / "badptr.idx").write_bytes(bytes(raw))
+    specs |= {
+        "inf_weight": write_spec(d / "inf_weight.toml", tok, [("good", "inf")]),
+        "twice": write_spec(d / "twice.toml", tok, [("good", 1), ("good", 1e308)]),
+        "pointers": write_spec(d / "pointers.toml", tok, [("badptr", 1)]),
+    }
+    for name, split in (("zero_train", "0,50,50"), ("superscript", "9²,1,1")):
+        text = write_spec(d / f"{name}.toml", tok, [("good", 1)]).read_text()
+        (d / f"{name}.toml").write_text(text.replace('split = "90,5,5"', f'split = "{split}"'))
+        specs[name] = d / f"{name}.toml"
     cache = d / "cache.toml"
     cache.write_text(
         write_spec(cache, tok, [("good", 1)]).read_text().replace('cache = "index-cache"', 'cache = "good.idx/c"')
@@ -73,6 +86,14 @@ BAD = [
     ("plan", ["DATA={cache}"], "is not writable (Megatron writes its sample indices there)"),
     ("run-local", ["DATA={no_tokenizer}"], "has no tokenizer.json"),
     ("plan", ["DATA={toml}"], "invalid TOML"),
+    ("plan", ["DATA={inf_weight}"], "weight inf of good: weights must be positive numbers"),
+    ("plan", ["DATA={twice}"], "good is listed twice in one blend: list each dataset once"),
+    ("plan", ["DATA={pointers}"], "badptr.idx's sequence pointers do not match its lengths (a corrupt index)"),
+    ("plan", ["DATA={zero_train}"], "split = '0,50,50': the train share is 0"),
+    ("plan", ["DATA={superscript}"], "superscript.toml: split = '9²,1,1': three non-negative numbers"),
+    ("plan", ["NSYS=1:99999999999999999999"], "NSYS='1:99999999999999999999': iterations are at most"),
+    ("plan", ["NSYS=10:20", "NSYS_RANKS=99999"], "NSYS_RANKS=99999: rank 99999 is beyond the run's 8 ranks"),
+    ("submit", ["NSYS=1:5", "NSYS_RANKS=0,8"], "rank 8 is beyond the run's 8 ranks: use ranks 0..7"),
     ("prep-data", ["IN=/no/such.jsonl", "TOKENIZER={tok}", "OUT={d}/o1"], "IN=/no/such.jsonl: not a .jsonl"),
     ("prep-data", ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/o2", "KEY=body"], "no key 'body' in line 1"),
     ("prep-data", ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/out"], "data.toml exists: FORCE=1 overwrites it"),
@@ -103,7 +124,7 @@ def one_line(stderr: str) -> list[str]:
 
 
 def variables(files, target: str, args: list[str]) -> list[str]:
-    recipe = [] if target == "prep-data" else [f"RECIPE={R8}"]
+    recipe = [] if target == "prep-data" or any(a.startswith("RECIPE=") for a in args) else [f"RECIPE={R8}"]
     return recipe + [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
 
 

@@ -25,7 +25,7 @@ from overlapkit import stack
 from overlapkit.plan import presets
 from overlapkit.plan.audit import split_violations
 from overlapkit.plan.moe import expert_split_violations
-from overlapkit.shape import ModelShape
+from overlapkit.shape import ModelShape, head_dim_problem
 from overlapkit.sizing import throughput
 from overlapkit.sizing.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
 from overlapkit.topology import GPUS_PER_NODE
@@ -75,9 +75,7 @@ class Candidate:
 
 
 def shape_errors(s: ModelShape) -> list[str]:
-    errs = []
-    if s.hidden % s.heads and not s.kv_channels:
-        errs.append(f"hidden {s.hidden} is not divisible by heads {s.heads} (head dim)")
+    errs = [msg] if (msg := head_dim_problem(s.hidden, s.heads, s.kv_channels)) else []
     if s.heads % s.query_groups:
         errs.append(f"heads {s.heads} are not divisible by query groups {s.query_groups} (GQA)")
     return errs

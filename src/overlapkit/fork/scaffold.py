@@ -21,12 +21,13 @@ from overlapkit import stack
 from overlapkit.fork import layout_search
 from overlapkit.plan import registry
 from overlapkit.plan.build import make_plan
-from overlapkit.shape import ModelShape
+from overlapkit.shape import ModelShape, head_dim_follows
 from overlapkit.sizing import memory
 from overlapkit.topology import GPUS_PER_NODE
 
 NAME_RE = re.compile(
-    r"^(?P<model>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<dtype>bf16|fp8cs)$"
+    r"^(?P<model>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<dtype>bf16|fp8cs)$",
+    re.ASCII,  # \d is 0-9 only: a full-width ８ is no digit of a recipe name (nor of a Python module's)
 )
 SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq", "experts", "topk")
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "mbs", "ep")
@@ -69,8 +70,12 @@ def model_label(prefix: str) -> str:
     return " ".join(t.upper() if re.fullmatch(r"a?\d+(\.\d+)?[bm]", t) else t.capitalize() for t in prefix.split("_"))
 
 
-def _check_name(req: ForkRequest) -> tuple[str, int, str]:
-    m = NAME_RE.match(req.name)
+def check_request(req: ForkRequest) -> tuple[str, int, str]:
+    """NAME and FROM, before the Bridge import (the recipe files are read, not imported): the name's pattern and
+    what it implies (GPUs, dtype), the directory, a name already taken, a FROM no file declares. Returns (model
+    prefix, GPUs, dtype); ForkError (one line) otherwise. A name registered some other way (a call) is refused
+    after the import (fork)."""
+    m = NAME_RE.fullmatch(req.name)
     if not m:
         raise ForkError(f"recipe name {req.name!r} must be <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
     gpus, dtype = int(m["gpus"]), m["dtype"]
@@ -85,8 +90,12 @@ def _check_name(req: ForkRequest) -> tuple[str, int, str]:
     for where in {Path(req.recipes_dir), RECIPES_DIR}:
         if (where / f"{req.name}.py").exists():
             raise ForkError(f"recipe {req.name} already exists ({where / f'{req.name}.py'}): pick another name")
-    if req.name in registry.names():
+    if req.name in (registry.declared_nodes() or {}):
         raise ForkError(f"recipe {req.name} is already registered: pick another name")
+    try:
+        registry.check_declared(req.from_name)
+    except registry.UnknownRecipe as exc:
+        raise ForkError(f"FROM={req.from_name}: {exc}") from None
     return m["model"], gpus, dtype
 
 
@@ -107,6 +116,8 @@ def _base_shape(cfg, req: ForkRequest, dtype: str) -> ModelShape:
         if shape.moe_layers != shape.layers:  # DeepSeek-V3: moe_layer_freq names each layer
             raise ForkError(f"--layers on {req.from_name}: its dense/MoE layer pattern is per layer; keep its depth")
         new["moe_layers"] = new["layers"]  # every layer is MoE (Qwen3, GPT-OSS)
+    if {"hidden", "heads"} & set(new) and head_dim_follows(shape.hidden, shape.heads, shape.kv_channels):
+        new["kv_channels"] = None  # hidden / heads again for the new shape (shape.head_dim_problem: it must divide)
     return dataclasses.replace(shape, **new, dtype="fp8" if dtype == "fp8cs" else "bf16")
 
 
@@ -201,11 +212,13 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
 
 def fork(req: ForkRequest) -> ForkResult:
     """Write, register and audit `recipes/<name>.py`; ForkError (one line) and no file on any failure."""
-    prefix, gpus, dtype = _check_name(req)
+    prefix, gpus, dtype = check_request(req)
+    if req.name in registry.names():
+        raise ForkError(f"recipe {req.name} is already registered: pick another name")
     try:
         entry = registry.get(req.from_name)
     except registry.UnknownRecipe as exc:
-        raise ForkError(str(exc)) from None
+        raise ForkError(f"FROM={req.from_name}: {exc}") from None
     base_module = entry.build.__module__
     if not callable(getattr(sys.modules[base_module], "base", None)):
         raise ForkError(f"{base_module} has no Bridge base function `base` to fork from")

@@ -136,6 +136,7 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     with stack.silenced():
         cfg = entry.build()
     runopts.apply(cfg, req.run)  # before SET: an explicit override still wins, and is audited
+    facts = inputs.recipe_facts(cfg)
     typed = list(req.sets)
     intent_changes, pairs = overrides.split_intent(typed)
     intent = dataclasses.replace(entry.intent, **intent_changes)
@@ -143,18 +144,35 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
         apply_overlap_stack(cfg, intent)
     changes = [(f"{overrides.INTENT_PREFIX}{k}", None, v) for k, v in intent_changes.items()]
     changes += overrides.apply(cfg, pairs)
-    if bad := inputs.size_problems(cfg):  # before anything divides by them
+    if bad := inputs.config_problems(cfg, facts, [k for k, _ in pairs]):  # before anything divides by them
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
     target = Target(nodes=req.nodes or entry.nodes, te_available=te_available)
+    if msg := runopts.nsys_problem(req.run, cfg.train.train_iters, target.world_size):
+        raise PlanError(msg)
     res = resolve(cfg, target)
     partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, request=req)
     ledger = build_ledger(partial, profile, caller_env)
     report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
     report.extend(audit_rows(partial, ledger))
     report.findings += [Finding(*f) for f in runopts.findings(cfg, req.run, profile)]
-    plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=memory.estimate(cfg, target))
+    est = memory.estimate(cfg, target)
+    report.findings += memory_findings(est)
+    plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
     plan.throughput = predict_throughput(plan)
     return plan
+
+
+MEMORY_FIX = "more NODES, larger TP/PP/CP, a smaller train.micro_batch_size or model.seq_length, or recompute"
+
+
+def memory_findings(est: memory.MemoryEstimate) -> list[Finding]:
+    """Beyond the GPU's memory: an error (the job would stop at its first step). Inside the fragmentation margin
+    only: a warning (the margin is the estimate's error bar; `make new-recipe` keeps no layout there)."""
+    if est.fits:
+        return []
+    if est.over_hbm:
+        return [Finding("error", "memory_does_not_fit", f"{est.summary()}: {MEMORY_FIX}")]
+    return [Finding("warning", "memory_tight", f"{est.summary()}: one allocator spike from an OOM; {MEMORY_FIX}")]
 
 
 def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:

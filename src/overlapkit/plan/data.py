@@ -18,7 +18,9 @@ preprocessor (Megatron Core's IndexedDatasetBuilder); this module only reads the
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import struct
 import tomllib
 from dataclasses import dataclass
@@ -26,8 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-# Megatron Core's .idx layout (megatron/core/datasets/indexed_dataset.py, _IndexReader): magic, <Q version 1,
-# <B dtype code, <Q sequence count, <Q document count, then int32 sequence lengths. Read, never written here.
+# Megatron Core's .idx layout (megatron-core 0.19.2, megatron/core/datasets/indexed_dataset.py, _IndexWriter.write
+# and _IndexReader): magic, <Q version 1, <B dtype code, <Q sequence count, <Q document count, then int32 sequence
+# lengths, int64 sequence pointers (the byte offset of each sequence in the .bin: _IndexWriter._sequence_pointers,
+# the running sum of length × itemsize from 0) and int64 document indices. Read, never written here.
 IDX_MAGIC = b"MMIDIDX\x00\x00"
 # DType codes of that file (indexed_dataset.DType) → (name, largest token id it can hold).
 DTYPES = {
@@ -115,12 +119,29 @@ def read_idx(prefix: str, where: str) -> tuple[int, int, str, int]:
         _fail(where, f"{idx}: index version {version}, dtype code {code} unknown: rebuild it with make prep-data")
     if idx.stat().st_size < 34 + 4 * seqs + 8 * seqs + 8 * docs:
         _fail(where, f"{idx} is truncated (an interrupted write?): rebuild it with make prep-data FORCE=1")
-    lengths = np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(seqs,)) if seqs else np.zeros(0)
+    lengths = np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(seqs,)) if seqs else np.zeros(0, np.int32)
     name, largest = DTYPES[code]
     tokens = int(lengths.sum(dtype=np.int64))
     if binf.stat().st_size != tokens * np.dtype(name).itemsize:
         _fail(where, f"{binf} holds {binf.stat().st_size} bytes, its index says {tokens} {name} tokens: rebuild it")
+    if seqs and not _pointers_match(idx, lengths, np.dtype(name).itemsize):
+        _fail(
+            where,
+            f"{idx}'s sequence pointers do not match its lengths (a corrupt index): rebuild it with make "
+            "prep-data FORCE=1",
+        )
     return tokens, max(docs - 1, 0), name, largest
+
+
+def _pointers_match(idx: Path, lengths, itemsize: int) -> bool:
+    """Are the index's sequence pointers the ones Megatron writes for these lengths (each sequence starts where the
+    one before ends, the first at byte 0), so every read stays inside the .bin? One pass over two arrays."""
+    if (lengths < 0).any():
+        return False
+    pointers = np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 4 * len(lengths), shape=(len(lengths),))
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], dtype=np.int64, out=starts[1:])
+    return bool(np.array_equal(pointers, starts * itemsize))
 
 
 def tokenizer_vocab(path: Path, where: str) -> int:
@@ -143,9 +164,13 @@ def _prefixes(entries, base: Path, where: str, vocab: int) -> tuple[Prefix, ...]
         if not isinstance(e, dict) or set(e) - {"prefix", "weight"} or not isinstance(e.get("prefix"), str):
             _fail(where, f'blend entry {e!r}: use prefix = "<path without .bin/.idx>" and weight = <number>')
         w = e.get("weight", 1.0)
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
-            _fail(where, f"weight {w!r} of {e['prefix']}: weights must be positive numbers")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
+            _fail(where, f"weight {w!r} of {e['prefix']}: weights must be positive numbers below infinity")
         prefix = str((base / e["prefix"]).resolve()).removesuffix(".bin").removesuffix(".idx")
+        if prefix in [p.path for p in out]:
+            _fail(
+                where, f"{e['prefix']} is listed twice in one blend: list each dataset once (its weight sets its share)"
+            )
         tokens, docs, dtype, largest = read_idx(prefix, where)
         if vocab - 1 > largest:
             _fail(
@@ -165,6 +190,19 @@ def _cache(value, base: Path, where: str) -> str:
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         _fail(where, f"index cache {path} is not writable (Megatron writes its sample indices there): set cache")
     return str(path)
+
+
+_SHARE = re.compile(r"\s*\d+(\.\d*)?\s*", re.ASCII)  # a non-negative number in ASCII digits ('9²' is not one)
+
+
+def check_split(split: str, where: str) -> None:
+    """train,valid,test shares of one blend: three non-negative numbers, the train share above 0 (a run with no
+    training data would read nothing; Megatron would build its train split empty)."""
+    parts = split.split(",")
+    if len(parts) != 3 or not all(_SHARE.fullmatch(p) for p in parts):
+        _fail(where, f'split = {split!r}: three non-negative numbers (train,valid,test), e.g. "98,1,1"')
+    if not float(parts[0]) > 0:
+        _fail(where, f'split = {split!r}: the train share is 0, so the run has no training data; e.g. "98,1,1"')
 
 
 def load(path: str | Path) -> DataSpec:
@@ -188,15 +226,9 @@ def load(path: str | Path) -> DataSpec:
     vocab = tokenizer_vocab(tok, where)
     cache = _cache(raw.get("cache", "index-cache"), base, where)
     if "blend" in raw:
-        split = raw.get("split", "98,1,1")
-        parts = str(split).split(",")
-        if (
-            len(parts) != 3
-            or not all(p.strip().replace(".", "", 1).isdigit() for p in parts)
-            or not sum(float(p) for p in parts)
-        ):
-            _fail(where, f'split = {split!r}: three non-negative numbers, e.g. "98,1,1"')
-        return DataSpec(str(src), str(tok), vocab, cache, str(split), blend=_prefixes(raw["blend"], base, where, vocab))
+        split = str(raw.get("split", "98,1,1"))
+        check_split(split, where)
+        return DataSpec(str(src), str(tok), vocab, cache, split, blend=_prefixes(raw["blend"], base, where, vocab))
     if "split" in raw:
         _fail(where, "split applies to [[blend]] only; [blend_per_split] names each split's prefixes itself")
     table = raw["blend_per_split"]

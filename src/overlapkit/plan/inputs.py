@@ -21,8 +21,9 @@ import types
 import typing
 
 from overlapkit import stack
-from overlapkit.plan import overrides
+from overlapkit.plan import overrides, runopts
 from overlapkit.secrets import credential_kind
+from overlapkit.shape import head_dim_follows, head_dim_problem
 
 # key: (smallest allowed value, whether null is allowed). Null means "off" or "Bridge's default" where allowed.
 SIZES: dict[str, tuple[int, bool]] = {
@@ -52,11 +53,28 @@ SIZES: dict[str, tuple[int, bool]] = {
     "checkpoint.save_interval": (1, True),
     "validation.eval_iters": (0, True),
     "validation.eval_interval": (1, True),
+    "model.moe_router_topk": (1, False),  # experts each token is routed to (≤ the experts: config_problems)
 }
+# The float settings with a sign, each with why: key: (lowest, whether the lowest itself is allowed, why). Null stays
+# allowed where the field's type allows it. Every float is finite whatever its field (overrides.number_problem).
+SIGNED: dict[str, tuple[float, bool, str]] = {
+    "optimizer.lr": (0.0, False, "the step size: 0 trains nothing, a negative one climbs the loss"),
+    "optimizer.min_lr": (0.0, True, "the learning rate the schedule decays to"),
+    "scheduler.lr_warmup_init": (0.0, True, "the learning rate warmup starts from"),
+    "optimizer.adam_eps": (0.0, False, "Adam divides by sqrt(v) + eps"),
+    "optimizer.weight_decay": (0.0, True, "a negative decay grows the weights"),
+    "optimizer.clip_grad": (0.0, True, "a bound on the gradient norm (0: no clipping)"),
+    "model.init_method_std": (0.0, False, "a standard deviation"),
+}
+# NODES beyond this is a typing error, not a cluster: 8× the 16,384 H100s (2,048 nodes) that trained Llama 3 405B,
+# the largest published H100 run ("The Llama 3 Herd of Models", Meta 2024, section 3.3.1).
+MAX_NODES = 16384
 
 
 def size_problem(key: str, value) -> str | None:
-    """One line when `value` breaks `key`'s size rule, else None."""
+    """One line when `value` breaks `key`'s size or sign rule, else None."""
+    if key in SIGNED:
+        return _sign_problem(key, value)
     if key not in SIZES:
         return None
     low, none_ok = SIZES[key]
@@ -68,20 +86,76 @@ def size_problem(key: str, value) -> str | None:
     return f"{key}={value!r}: must be {allowed}"
 
 
-def size_problems(cfg) -> list[str]:
-    """Every size rule the built config breaks (sections the recipe does not have are skipped)."""
-    out = []
-    for key in SIZES:
+def _sign_problem(key: str, value) -> str | None:
+    low, inclusive, why = SIGNED[key]
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None  # the field's type decides (overrides.convert)
+    if value > low or (inclusive and value == low):
+        return None
+    return f"{key}={value!r}: must be {'≥' if inclusive else '>'} {low:g} ({why})"
+
+
+def _fields(cfg, keys):
+    """(key, value) of each `section.field` the built config has (sections the recipe does not have are skipped)."""
+    for key in keys:
         section, leaf = key.split(".")
         obj = getattr(cfg, section, None)
-        if obj is not None and hasattr(obj, leaf) and (msg := size_problem(key, getattr(obj, leaf))):
-            out.append(msg)
+        if obj is not None and hasattr(obj, leaf):
+            yield key, getattr(obj, leaf)
+
+
+def size_problems(cfg) -> list[str]:
+    """Every size and sign rule the built config breaks."""
+    return [msg for key, value in _fields(cfg, [*SIZES, *SIGNED]) if (msg := size_problem(key, value))]
+
+
+def recipe_facts(cfg) -> dict:
+    """What config_problems compares a SET with: the recipe's own head-dim rule and whether it has experts."""
+    m = cfg.model
+    return {
+        "head_dim_follows": head_dim_follows(m.hidden_size, m.num_attention_heads, m.kv_channels),
+        "experts": m.num_moe_experts,
+    }
+
+
+def config_problems(cfg, facts: dict, sets) -> list[str]:
+    """The rules across fields, on the built config once SET is applied (`facts`: recipe_facts before it; `sets`: the
+    SET keys): sizes and signs, a training length, the head dim, the experts."""
+    m, t, keys = cfg.model, cfg.train, set(sets)
+    out = size_problems(cfg)
+    if t.train_iters is None and t.train_samples is None and getattr(t, "num_epochs", None) is None:
+        # Bridge asserts it when the job starts (megatron/bridge/training/config.py, TrainingConfig.finalize)
+        out.append(
+            "train.train_iters=None: one of train.train_iters, train.train_samples, train.num_epochs must be set"
+        )
+    if (
+        facts["head_dim_follows"]
+        and "model.kv_channels" not in keys
+        and {"model.hidden_size", "model.num_attention_heads"} & keys
+    ):
+        if msg := head_dim_problem(m.hidden_size, m.num_attention_heads, None):
+            out.append(
+                f"model.hidden_size={m.hidden_size}, model.num_attention_heads={m.num_attention_heads}: {msg}; "
+                "use a hidden size that divides by the heads, or SET model.kv_channels too"
+            )
+    if facts["experts"] and m.num_moe_experts is None:
+        out.append(
+            f"model.num_moe_experts=None: this recipe is a mixture of {facts['experts']} experts (its router, "
+            "expert parallelism and overlaps need them); plan a dense recipe instead (make recipes)"
+        )
+    elif m.num_moe_experts and m.moe_router_topk > m.num_moe_experts:
+        # the router takes torch.topk(scores, k=topk) over the experts (megatron/core/transformer/moe/moe_utils.py)
+        out.append(
+            f"model.moe_router_topk={m.moe_router_topk}: more than the {m.num_moe_experts} experts; "
+            f"use 1..{m.num_moe_experts}"
+        )
     return out
 
 
 def _whole(text: str) -> int | None:
     """`text` as a whole number ≥ 1, else None."""
-    return int(text) if text.strip().isdigit() and int(text) >= 1 else None
+    n = runopts.whole(text)
+    return n if n is not None and n >= 1 else None
 
 
 def parse_nodes(text: str) -> int | None:
@@ -90,6 +164,8 @@ def parse_nodes(text: str) -> int | None:
         return None
     if (n := _whole(text)) is None:
         raise ValueError(f"NODES={text!r}: must be a whole number ≥ 1 of 8-GPU nodes")
+    if n > MAX_NODES:
+        raise ValueError(f"NODES={text!r}: at most {MAX_NODES} 8-GPU nodes (NODES is a node count, not GPUs)")
     return n
 
 
@@ -107,6 +183,9 @@ def check_sets(text) -> list[tuple[str, str]]:
     """SET= before the import: syntax, overlap.* keys, then each recorded key's type and size, and no credentials.
     Returns the parsed pairs; raises OverrideError (one line)."""
     pairs = overrides.parse(text)
+    seen = [k for k, _ in pairs]
+    if twice := next((k for i, k in enumerate(seen) if k in seen[:i]), None):
+        raise overrides.OverrideError(f"{twice} is set twice in SET: keep one {twice}=<value>")
     _, config_pairs = overrides.split_intent(pairs)
     keys = overrides.schema()
     sections = {k.split(".")[0] for k in keys}
@@ -121,10 +200,23 @@ def check_sets(text) -> list[tuple[str, str]]:
             value = overrides.convert(key, raw)
             if msg := size_problem(key, value):
                 raise overrides.OverrideError(msg)
-        elif key.split(".")[0] in sections and key.count(".") == 1:
-            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
-            raise overrides.OverrideError(f"unknown key {key!r}" + (f"; did you mean {close[0]}?" if close else ""))
+        elif key.split(".")[0] in sections:
+            _check_deep_key(key, keys)
     return pairs
+
+
+def _check_deep_key(key: str, keys: dict) -> None:
+    """A key of a recorded section the schema has not recorded: unknown when its `section.field` is (no such field,
+    or a field that holds a plain value and so has no fields of its own); left to the full check when that field
+    holds an object (comm_overlap.tp_comm_overlap_cfg.<field>) or anything."""
+    field = ".".join(key.split(".")[:2])
+    if key.count(".") > 1 and field in keys:
+        kinds = set(keys[field]["kinds"])
+        if kinds & {"object", "any", "dict"}:
+            return
+        raise overrides.OverrideError(f"unknown key {key!r}: {field} holds a value, not fields")
+    close = difflib.get_close_matches(key if key.count(".") == 1 else field, keys, n=1, cutoff=0.5)
+    raise overrides.OverrideError(f"unknown key {key!r}" + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def _kinds(tp) -> tuple[list[str], list]:

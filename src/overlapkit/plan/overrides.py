@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
+import re
 import shlex
 from functools import cache
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from overlapkit import stack
+from overlapkit.plan import runopts
 
 INTENT_PREFIX = "overlap."  # keys that change the overlap intent, not a config field (see OverlapIntent)
 # The recorded schema: every `section.field` of the shipped recipes' ConfigContainers with the kinds its annotation
@@ -110,6 +113,8 @@ def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
         raise OverrideError(f"{key}={raw!r}: not a valid value ({exc.problem})") from None
+    if isinstance(value, str) and "float" in kinds and _EXPONENT.fullmatch(raw):
+        value = float(raw)  # 3e-4: YAML 1.1 reads an exponent without a dot as a string; YAML 1.2 and Python do not
     out = _as_kind(value, kinds)
     if out is _REFUSED and "str" in kinds and not isinstance(value, (list, dict)):
         out = raw  # a path, time or name that YAML read as a number or date: keep what was typed
@@ -118,10 +123,26 @@ def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
         raise OverrideError(f"{key}={raw!r}: expected {wanted}")
     if choices and out not in choices:
         raise OverrideError(f"{key}={raw!r}: expected one of {', '.join(map(str, choices))}")
+    if msg := number_problem(out):
+        raise OverrideError(f"{key}={raw!r}: {msg}")
     return out
 
 
+def number_problem(value) -> str | None:
+    """Why `value` (a converted SET value) is no number a config field can hold, else None. The rule follows from
+    the kind, whatever the field: integers within int64 (runopts.INT64_MAX), and floats finite (no setting means
+    anything as inf or nan; nan is not even equal to itself, so no later comparison could catch it)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) > runopts.INT64_MAX:
+        return f"beyond the 64-bit integers Megatron stores (at most {runopts.INT64_MAX:,})"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not a finite number (inf and nan are never a setting)"
+    return None
+
+
 _REFUSED = object()
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", re.ASCII)
 
 
 def _as_kind(value, kinds: set[str]):
@@ -132,7 +153,7 @@ def _as_kind(value, kinds: set[str]):
     if isinstance(value, bool):
         return value if "bool" in kinds else _REFUSED
     if isinstance(value, int):
-        return value if "int" in kinds else float(value) if "float" in kinds else _REFUSED
+        return value if "int" in kinds else _as_float(value) if "float" in kinds else _REFUSED
     if isinstance(value, float):
         return value if "float" in kinds else _REFUSED
     if isinstance(value, str):
@@ -140,6 +161,13 @@ def _as_kind(value, kinds: set[str]):
     if isinstance(value, (list, tuple)):
         return value if "list" in kinds else _REFUSED
     return value if isinstance(value, dict) and "dict" in kinds else _REFUSED
+
+
+def _as_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any float: number_problem names it
+        return math.inf
 
 
 def convert(key: str, raw: str, current=None):

@@ -189,29 +189,48 @@ def check_declared(name: str) -> None:
     """Before the Bridge import: raise UnknownRecipe when no recipe file declares `name` by a decorator (register or
     a module-level helper that returns register(...)). A file that registers any other way (a call, a loop) makes
     the answer unknown, and the full check after the import decides."""
-    declared: set[str] = set()
+    declared = declared_nodes()
+    if declared and name not in declared:
+        raise UnknownRecipe(_unknown(name, declared))
+
+
+def declared_nodes() -> dict[str, int | None] | None:
+    """Before the Bridge import: every recipe name the files declare by a decorator, with the `nodes=` it declares
+    (None where that is not a literal); None when some file leaves a name to its import (see check_declared)."""
+    declared: dict[str, int | None] = {}
     for directory in [RECIPES_DIR, *map(Path, _extra_dirs())]:
         for path in sorted(Path(directory).glob("[!_]*.py")):
             try:
                 names = _declared_in(ast.parse(path.read_text()))
             except (OSError, SyntaxError, ValueError):
-                return  # discover() reports the broken file
+                return None  # discover() reports the broken file
             if names is None:
-                return
+                return None
             declared |= names
-    if declared and name not in declared:
-        raise UnknownRecipe(_unknown(name, declared))
+    return declared
 
 
-def _declared_in(tree: ast.Module) -> set[str] | None:
-    """Recipe names a module declares, or None when it calls register some other way."""
+def _nodes_of(decorator, params: dict[str, list[str]]) -> int | None:
+    """The literal node count a decorator passes: `nodes=N`, or N in the place of a helper's `nodes` parameter
+    (`params`: each helper's parameter names); None for a computed value."""
+    values = [kw.value for kw in getattr(decorator, "keywords", ()) if kw.arg == "nodes"]
+    names = params.get(getattr(decorator.func, "id", None), []) if isinstance(decorator, ast.Call) else []
+    if "nodes" in names and names.index("nodes") < len(decorator.args):
+        values.append(decorator.args[names.index("nodes")])
+    ints = [v.value for v in values if isinstance(v, ast.Constant) and type(v.value) is int]
+    return ints[0] if ints else None
+
+
+def _declared_in(tree: ast.Module) -> dict[str, int | None] | None:
+    """Recipe names a module declares (with their literal nodes), or None when it calls register some other way."""
     funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
     helpers = {f.name for f in funcs if any(_calls(n, {"register"}) for n in ast.walk(f))}
-    decorators, declared = set(), set()
+    params = {f.name: [a.arg for a in f.args.args] for f in funcs if f.name in helpers}
+    decorators, declared = set(), {}
     for f in funcs:
         for d in f.decorator_list:
             if _calls(d, {"register"} | helpers) or (isinstance(d, ast.Name) and d.id == "register"):
-                declared.add(f.name)
+                declared[f.name] = _nodes_of(d, params)
                 decorators.add(id(d))
     inside_helpers = {id(n) for f in funcs if f.name in helpers for n in ast.walk(f)}
     for node in ast.walk(tree):

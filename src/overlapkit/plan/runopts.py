@@ -20,8 +20,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", re.ASCII)
 MAX_SEGMENTS = 100
+# The largest integer a config field or an iteration count can hold: Megatron and torch keep them as int64 (a value
+# beyond it overflows in the first tensor or numpy array made from it). Here, standard library only, for both users:
+# the NSYS window below and every SET value (overrides.number_problem).
+INT64_MAX = 2**63 - 1
 # Seconds before the time limit at which Slurm sends SIGTERM: Bridge's handler saves a checkpoint at the end of the
 # current iteration and exits. Five minutes covers one step plus a distributed save of a 405B model on a parallel
 # filesystem; Bridge's own default (60 s) is too short for that.
@@ -58,6 +62,13 @@ class RunOptions:
         return cls(**d)
 
 
+def whole(text: str) -> int | None:
+    """`text` as a whole number written in ASCII digits, else None (str.isdigit also takes '²', which int() refuses
+    with a traceback, and the full-width '８', which int() reads as 8: neither is something a user meant to type)."""
+    t = (text or "").strip()
+    return int(t) if t.isascii() and t.isdigit() else None
+
+
 def parse_run_name(text: str) -> str:
     name = (text or "").strip()
     if name and not _NAME.match(name):
@@ -72,11 +83,11 @@ def parse_segments(text: str, run_name: str) -> int:
     t = (text or "").strip()
     if not t:
         return 1
-    if not t.isdigit() or not 1 <= int(t) <= MAX_SEGMENTS:
+    if (n := whole(t)) is None or not 1 <= n <= MAX_SEGMENTS:
         raise ValueError(f"SEGMENTS={text!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
-    if int(t) > 1 and not run_name:
+    if n > 1 and not run_name:
         raise ValueError(f"SEGMENTS={t} needs RUN_NAME=<name>: later segments resume from its checkpoints")
-    return int(t)
+    return n
 
 
 def parse_nsys(text: str, ranks: str) -> tuple[tuple[int, int] | None, tuple[int, ...]]:
@@ -85,13 +96,31 @@ def parse_nsys(text: str, ranks: str) -> tuple[tuple[int, int] | None, tuple[int
         if (ranks or "").strip():
             raise ValueError("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
         return None, (0,)
-    m = re.fullmatch(r"(\d+):(\d+)", t)
+    m = re.fullmatch(r"(\d+):(\d+)", t, re.ASCII)
     if not m or int(m.group(1)) >= int(m.group(2)):
         raise ValueError(f"NSYS={text!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
-    parts = [p.strip() for p in (ranks or "0").split(",")]
-    if not all(p.isdigit() for p in parts):
+    if int(m.group(2)) > INT64_MAX:
+        raise ValueError(f"NSYS={text!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
+    parts = [whole(p) for p in (ranks or "0").split(",")]
+    if None in parts:
         raise ValueError(f"NSYS_RANKS={ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
-    return (int(m.group(1)), int(m.group(2))), tuple(sorted({int(p) for p in parts}))
+    return (int(m.group(1)), int(m.group(2))), tuple(sorted(set(parts)))
+
+
+def nsys_problem(opts: RunOptions, train_iters: int | None, world: int) -> str | None:
+    """The Nsight window against the built run: its steps within train.train_iters (Bridge's profiler never starts
+    past the last step, so the job would end with no profile), its ranks within the world size."""
+    if not opts.nsys:
+        return None
+    if train_iters is not None and opts.nsys[1] > train_iters:
+        return (
+            f"NSYS={opts.nsys[0]}:{opts.nsys[1]}: the run ends at iteration {train_iters} (train.train_iters): "
+            f"use an end ≤ {train_iters}"
+        )
+    if beyond := [r for r in opts.nsys_ranks if r >= world]:
+        ranks = ",".join(map(str, opts.nsys_ranks))
+        return f"NSYS_RANKS={ranks}: rank {beyond[0]} is beyond the run's {world} ranks: use ranks 0..{world - 1}"
+    return None
 
 
 def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptions:

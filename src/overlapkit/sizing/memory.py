@@ -138,8 +138,15 @@ class MemoryEstimate:
         return out + [("total", round(self.total_gb, 2), f"{self.verdict}: budget {self.budget_gb:.1f} GB")]
 
     @property
+    def over_hbm(self) -> bool:
+        """More than the GPU holds at all: not the margin's question (the plan's audit makes it an error)."""
+        return self.total_gb > self.hbm_gb
+
+    @property
     def verdict(self) -> str:
-        return "fits" if self.fits else "does NOT fit"
+        if self.fits:
+            return "fits"
+        return "does NOT fit" if self.over_hbm else f"fits only inside the {self.margin_gb:.0f} GB margin"
 
     def summary(self) -> str:
         return (

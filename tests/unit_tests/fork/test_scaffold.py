@@ -119,6 +119,8 @@ def test_fork_without_a_preset_writes_the_explicit_default_opt_in(capsys, tmp_pa
         ([*ARGS_34B, "--tp", "4", "--pp", "1", "--cp", "1", "--gbs", "100"], "GBS 100 is not divisible by DP·MBS=8"),
         ([*ARGS_34B, "--hidden", "abc"], "'abc' is not a whole number ≥ 1"),
         ([*ARGS_34B, "--layers", "0"], "'0' is not a whole number ≥ 1"),
+        (["--from", R70, "--name", "advfw_pretrain_８gpu_h100_bf16"], "must be <model>_pretrain_<N>gpu_h100_"),
+        ([*ARGS_34B, "--hidden", "4100", "--heads", "32"], "hidden 4100 is not divisible by heads 32 (head dim)"),
     ],
 )
 def test_bad_request_fails_with_one_line_and_writes_nothing(capsys, tmp_path, clean_registry, argv, needle):

@@ -6,7 +6,9 @@ an audit finding suggests, applied as SET, clears that finding without raising a
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,11 +16,13 @@ import textwrap
 import pytest
 
 from overlapkit import stack
-from overlapkit.plan import inputs, overrides, registry
+from overlapkit.plan import build, inputs, overrides, registry
 from overlapkit.plan.build import make_plan
 from overlapkit.plan.overrides import OverrideError
 
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"
+R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
+Q30 = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16"  # 128 experts, top-8, head dim 128 on hidden 2048 / 32 heads
 # The numeric fields a user is likely to touch: parallel sizes, batch sizes, sequence length, shape, bucket, iterations.
 TOUCHED = [
     "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size", "model.context_parallel_size",
@@ -166,3 +170,100 @@ def test_every_suggested_fix_passes_when_applied(recipe, sets):
         after = make_plan(recipe, sets=f"{sets} {f.fix}").report
         assert f.code not in after.codes("error"), f"{f.fix} did not clear {f.code}"
         assert after.codes("error") <= {g.code for g in broken} - {f.code}, f"{f.fix} raised {after.codes('error')}"
+
+
+# --- round three: numbers whatever the field, signs, keys, rules across fields ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        ("optimizer.lr=1.0e+400", "not a finite number"),  # YAML reads it as inf
+        ("optimizer.lr=1e400", "not a finite number"),  # and this as a string, read as Python would: inf
+        ("optimizer.lr=.inf", "not a finite number"),
+        ("optimizer.lr=-.inf", "not a finite number"),
+        ("model.init_method_std=.nan", "not a finite number"),
+        ("optimizer.lr=1" + "0" * 400, "not a finite number"),  # an integer beyond any float, in a float field
+        ("train.train_iters=9223372036854775808", "beyond the 64-bit integers"),
+        ("optimizer.lr=0", "optimizer.lr=0.0: must be > 0"),
+        ("optimizer.lr=-1.0", "must be > 0 (the step size"),
+        ("optimizer.min_lr=-1.0e-5", "optimizer.min_lr=-1e-05: must be ≥ 0"),
+        ("optimizer.weight_decay=-0.1", "must be ≥ 0 (a negative decay grows the weights)"),
+        ("optimizer.adam_eps=0", "must be > 0 (Adam divides"),
+        ("model.moe_router_topk=0", "model.moe_router_topk=0: must be a whole number ≥ 1"),
+        ("train.train_iters=5 train.train_iters=6", "train.train_iters is set twice in SET"),
+        ("overlap.tp_preset=a overlap.tp_preset=b", "overlap.tp_preset is set twice in SET"),
+        ("model.foo.bar=1", "unknown key 'model.foo.bar'"),
+        ("model.hidden_size.x=1", "unknown key 'model.hidden_size.x': model.hidden_size holds a value, not fields"),
+    ],
+)
+def test_numbers_signs_and_keys_are_refused_before_the_import(sets, needle):
+    with pytest.raises(OverrideError, match=re.escape(needle)) as exc:
+        inputs.check_sets(sets)
+    assert "\n" not in str(exc.value)
+
+
+def test_values_each_rule_allows_pass():
+    ok = "optimizer.lr=3e-4 optimizer.min_lr=0 optimizer.clip_grad=0 model.moe_router_topk=8 "
+    assert inputs.check_sets(ok + "train.train_iters=9223372036854775807 comm_overlap.tp_comm_overlap_cfg.x=1")
+    assert overrides.number_problem(float(2**63)) is None and overrides.number_problem(True) is None
+
+
+def test_nodes_beyond_any_cluster_and_non_ascii_digits_are_refused():
+    assert inputs.parse_nodes(str(inputs.MAX_NODES)) == inputs.MAX_NODES
+    for text in (str(inputs.MAX_NODES + 1), "99999999999999999999", "８", "²"):
+        with pytest.raises(ValueError, match="NODES="):
+            inputs.parse_nodes(text)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "sets", "needle"),
+    [
+        (R70, "train.train_iters=null", "one of train.train_iters, train.train_samples, train.num_epochs"),
+        (R70, "model.hidden_size=8200", "hidden 8200 is not divisible by heads 64 (head dim)"),
+        (R70, "model.num_attention_heads=60", "hidden 8192 is not divisible by heads 60"),
+        (Q30, "model.num_moe_experts=null", "this recipe is a mixture of 128 experts"),
+        (Q30, "model.moe_router_topk=129", "model.moe_router_topk=129: more than the 128 experts; use 1..128"),
+        (Q30, "model.num_moe_experts=4", "model.moe_router_topk=8: more than the 4 experts"),
+    ],
+)
+def test_rules_across_fields_are_checked_on_the_built_config(recipe, sets, needle):
+    cfg = registry.get(recipe).build()
+    facts = inputs.recipe_facts(cfg)
+    pairs = overrides.parse(sets)
+    overrides.apply(cfg, pairs)
+    assert any(needle in p for p in inputs.config_problems(cfg, facts, [k for k, _ in pairs]))
+
+
+@pytest.mark.parametrize(
+    ("recipe", "sets"),
+    [
+        (R70, "model.hidden_size=8192 model.num_attention_heads=32"),  # divides: 256-wide heads
+        (R70, "model.hidden_size=8200 model.kv_channels=128"),  # a head dim of its own, said explicitly
+        (Q30, "model.hidden_size=2050"),  # Qwen3's head dim is its own (128 on 2048 / 32): no division
+        (Q30, "model.moe_router_topk=128"),
+    ],
+)
+def test_what_the_rules_across_fields_allow(recipe, sets):
+    cfg = registry.get(recipe).build()
+    facts = inputs.recipe_facts(cfg)
+    pairs = overrides.parse(sets)
+    overrides.apply(cfg, pairs)
+    assert inputs.config_problems(cfg, facts, [k for k, _ in pairs]) == []
+
+
+def test_every_recipe_declares_its_nodes_in_its_file():
+    """What make submit's partition check reads before the import is what the registry holds after it."""
+    declared = registry.declared_nodes()
+    assert {n: declared[n] for n in registry.names()} == {n: registry.get(n).nodes for n in registry.names()}
+
+
+def test_a_plan_beyond_the_gpus_memory_is_an_audit_error_and_one_inside_the_margin_a_warning(planned):
+    over = make_plan(R8, sets="model.seq_length=1048576 dataset.sequence_length=1048576")
+    assert over.memory.over_hbm and "memory_does_not_fit" in over.report.codes("error") and not over.report.ok
+    assert "does NOT fit" in over.memory.summary()
+    est = planned(R8).memory
+    assert est.fits and build.memory_findings(est) == []
+    tight = dataclasses.replace(est, reserve_gb=est.reserve_gb + est.headroom_gb + est.margin_gb / 2)
+    assert not tight.fits and not tight.over_hbm and "fits only inside the 4 GB margin" in tight.summary()
+    assert [(f.level, f.code) for f in build.memory_findings(tight)] == [("warning", "memory_tight")]

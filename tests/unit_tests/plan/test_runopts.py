@@ -98,6 +98,13 @@ def test_nsys_sets_bridges_profiling_window_and_ranks():
         (("x", "1", "12:10"), "start < end"),
         (("x", "1", "10:12", "a"), "NSYS_RANKS='a'"),
         (("x", "1", "", "0"), "NSYS_RANKS= without NSYS"),
+        (("x", "²"), "SEGMENTS='²'"),  # str.isdigit takes it, int() does not: a traceback before
+        (("x", "２"), "SEGMENTS='２'"),  # a full-width digit int() would read as 2
+        (("x", "1", "1:99999999999999999999"), "iterations are at most 9,223,372,036,854,775,807"),
+        (("x", "1", "１:５"), "NSYS='１:５'"),
+        (("x", "1", "-1:5"), "NSYS='-1:5': use <start>:<end>"),
+        (("x", "1", "10:12", "0,８"), "NSYS_RANKS='0,８'"),
+        (("ｘ",), "RUN_NAME='ｘ'"),
     ],
 )
 def test_bad_run_options_are_one_line(args, message):
@@ -140,3 +147,12 @@ def test_a_later_segment_resumes_and_one_after_the_end_exits_zero(tmp_path, caps
     _checkpoint(tmp_path / "ck", 100)
     assert _guard(tmp_path, 3) == 0 and "training finished at iteration 100" in capsys.readouterr().out
     assert runopts.checkpoint_state(str(tmp_path / "ck")) == (True, 100)
+
+
+def test_the_nsys_window_is_checked_against_the_run_it_profiles():
+    opts = runopts.parse(nsys="10:12", nsys_ranks="0,7")
+    assert runopts.nsys_problem(opts, train_iters=12, world=8) is None
+    assert "the run ends at iteration 11 (train.train_iters): use an end ≤ 11" in runopts.nsys_problem(opts, 11, 8)
+    assert runopts.nsys_problem(opts, 100, 4) == ("NSYS_RANKS=0,7: rank 7 is beyond the run's 4 ranks: use ranks 0..3")
+    with pytest.raises(ValueError, match="NSYS=10:20: the run ends at iteration 15"):
+        make_plan(R8, sets="train.train_iters=15", run=runopts.parse(nsys="10:20"))
