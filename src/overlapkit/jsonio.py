@@ -41,8 +41,13 @@ def read_json(path: Path, kind: type = dict, *, role: str = "", fix: str = "", k
     except FileNotFoundError:
         data, problem = None, None if missing_ok else "no such file"
     if problem and role:
-        raise FileProblem(f"{path}: {problem}; it should be {role}" + (f": {fix}" if fix else ""))
+        raise file_problem(path, problem, role, fix)
     return None if problem else data
+
+
+def file_problem(path: Path, what: str, role: str, fix: str = "") -> FileProblem:
+    """The one shape of the message: the file, what is wrong, what it should be, what to do."""
+    return FileProblem(f"{path}: {what}; it should be {role}" + (f": {fix}" if fix else ""))
 
 
 def _read(path: Path, kind: type, keys) -> tuple[object, str | None]:

@@ -101,8 +101,14 @@ def transaction(sub):
         raise
 
 
-def read_marker(run_dir: Path) -> dict:
-    return jsonio.read_json(run_dir / MARKER) or {}
+def read_marker(run_dir: Path, strict: bool = False) -> dict:
+    """The run's submission.json; {} when there is none to read, or with `strict` (a RUN= the user gave) one line
+    saying what is wrong with it."""
+    if not strict:
+        return jsonio.read_json(run_dir / MARKER) or {}
+    role = "the run's submission record that make submit writes"
+    fix = "give RUN=<a run directory under <job_dir>/runs> (none: the latest run)"
+    return jsonio.read_json(run_dir / MARKER, role=role, fix=fix, keys=("state",))
 
 
 @dataclass
