@@ -54,7 +54,7 @@ def test_kill_9_of_makes_shell_child_stops_prep_data_without_publishing(tmp_path
     below: list[int] = []
     try:
         # the work directory exists once the preprocessor runs: the moment a kill leaves the most behind
-        assert wait_for(lambda: any(out.glob(".prep-*")), timeout=300), make.stderr.read()[-2000:]
+        assert wait_for(lambda: any(out.glob(".prep-*")), timeout=600), make.stderr.read()[-2000:]
         below[:] = descendants(make.pid)
         shell = [p for p in below if (makewatch.proc_stat(p) or ["", ""])[1] == str(make.pid)]
         assert shell and len(below) >= 2, below  # make's child, and uv/Python under it

@@ -176,6 +176,7 @@ def test_the_spec_counts_exactly_the_documents_the_index_holds(prepared):
 
 def test_an_index_whose_count_differs_from_its_input_is_not_published(prepared, tmp_path):
     work, out = tmp_path / ".prep-x", tmp_path / "out"
+    work.mkdir()
     out.mkdir()
     prefix = build_dataset(work / "c_text", [[5, 6, 1], [7, 1]])
     with pytest.raises(dataprep.PrepError, match=r"c_text.idx holds 2 documents, its input 3: not published"):
@@ -210,4 +211,4 @@ def test_a_newline_free_input_is_read_in_bounded_memory(tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 2 * dataprep.LINE_LIMIT, peak
+    assert peak < 3 * dataprep.LINE_LIMIT, peak  # a line bound, its read buffer: never the 40 MB
