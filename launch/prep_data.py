@@ -1,15 +1,40 @@
 """`make prep-data IN= TOKENIZER= OUT= [KEY=text] [WORKERS=1] [FORCE=1]`: JSONL → Megatron .bin/.idx + OUT/data.toml.
 
 Argument parsing and printing only; the work is overlapkit.plan.dataprep (nvidia-modelopt's preprocessor). Exit
-status: 0 written, 2 bad input (nothing written), 130 interrupted (nothing that looks complete is left).
+status: 0 written, 2 bad input (nothing written), 128+signal when interrupted (Ctrl-C, SIGTERM, SIGHUP, or make
+killed: overlapkit.makewatch): no data.toml, and the work directory is removed.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from launch.args import Parser
+from overlapkit import makewatch
 from overlapkit.plan import dataprep
+
+
+class Stopped(BaseException):  # not an Exception: no `except Exception` on the way may swallow it
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+def _stop_handlers() -> None:
+    """SIGTERM (the make watcher's too) and SIGHUP unwind like Ctrl-C, so the work directory is removed on the way
+    out. A forked tokenizing worker (WORKERS>1) that receives one exits at once: the pool's owner cleans up."""
+    owner = os.getpid()
+
+    def stop(signum, _frame):
+        if os.getpid() != owner:
+            os._exit(128 + signum)
+        raise Stopped(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+    makewatch.watch_make()
 
 
 def _args(argv):
@@ -31,9 +56,10 @@ def main(argv=None) -> int:
         spec = dataprep.prep(
             args.in_path, args.tokenizer, args.out, args.key, args.workers, force, log=lambda m: print(m, flush=True)
         )
-    except KeyboardInterrupt:
-        print("error: interrupted: no data.toml written; the partial output was removed", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Stopped) as exc:
+        why = f"stopped by {exc}" if isinstance(exc, Stopped) else "interrupted"
+        print(f"error: {why}: no data.toml written; the partial output was removed", file=sys.stderr)
+        return 128 + exc.signum if isinstance(exc, Stopped) else 130
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -41,5 +67,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def cli(argv=None) -> int:
+    """The command line (`python -m launch.prep_data`): the handlers, then main; an in-process caller keeps its own.
+    Stopped by a signal, the work directory already removed, it exits at once: the interpreter's teardown of torch
+    and Megatron Core (imported by the preprocessor) took 12 s on a loaded machine, an orphan all that time."""
+    _stop_handlers()
+    code = main(argv)
+    if code > 128:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -97,7 +97,7 @@ def do_run_dir_action(args) -> int:
     run_dir = submit.run_dir_of(load_profile(args.cluster), args.run, submitted=args.action != "status")
     if not run_dir.is_dir():
         raise ValueError(f"RUN={args.run!r} is not a directory: give RUN=<run directory> (make status: the latest)")
-    info = submit.read_marker(run_dir)
+    info = submit.read_marker(run_dir, strict=True)
     if args.action == "status" and not info.get("job_id"):
         print(f"{run_dir.name}: {submit.describe(info)}")
         return 1 if info.get("state") in ("failed", "submitting") else 0

@@ -1,5 +1,6 @@
 """The one JSON writer: indented, newline-terminated, and atomic (a reader never sees half a file); and the one
-lenient reader, for files that may not be there yet."""
+reader: lenient for files that may not be there yet, strict (one line naming the file's role and the fix) for a
+file a command needs."""
 
 from __future__ import annotations
 
@@ -20,12 +21,51 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
-def read_json(path: Path, kind: type = dict):
-    """The JSON value of type `kind` (an object by default; a list for results.json) in `path`, or None when there
-    is none to read: missing, unreadable, not valid JSON (a file another process is still writing without
-    write_json), or valid JSON of another type."""
+class FileProblem(ValueError):
+    """A JSON file a command needs is missing or not what it should be: one line naming the file, what it is (its
+    role), what is wrong with it, and what to do."""
+
+
+_TYPES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}
+
+
+def read_json(path: Path, kind: type = dict, *, role: str = "", fix: str = "", keys=(), missing_ok: bool = False):
+    """The JSON value of type `kind` (an object by default; a list for results.json) in `path`.
+
+    Without `role`: None when there is none to read (missing, unreadable, not valid JSON: a file another process is
+    still writing without write_json, or valid JSON of another type). With `role` (what the file is, for the
+    message: "the night's record that make nightly writes") it is required and must hold `keys`: anything else is
+    one FileProblem saying what is wrong, then `fix`; `missing_ok`: a missing file is None, a broken one an error."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
-        return None
-    return data if isinstance(data, kind) else None
+        data, problem = _read(Path(path), kind, keys)
+    except FileNotFoundError:
+        data, problem = None, None if missing_ok else "no such file"
+    if problem and role:
+        raise file_problem(path, problem, role, fix)
+    return None if problem else data
+
+
+def file_problem(path: Path, what: str, role: str, fix: str = "") -> FileProblem:
+    """The one shape of the message: the file, what is wrong, what it should be, what to do."""
+    return FileProblem(f"{path}: {what}; it should be {role}" + (f": {fix}" if fix else ""))
+
+
+def _read(path: Path, kind: type, keys) -> tuple[object, str | None]:
+    """(value, None) or (None, what is wrong); FileNotFoundError passes."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"is not text (byte {exc.start + 1} is not UTF-8)"
+    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
+        return None, "is empty" if not raw.strip() else f"is not JSON ({getattr(exc, 'msg', exc)})"
+    if not isinstance(data, kind):
+        return None, f"holds {_TYPES.get(type(data), 'null')}, not {_TYPES.get(kind, kind.__name__)}"
+    if missing := [k for k in keys if k not in data]:
+        return None, f"lacks {', '.join(map(repr, missing))}"
+    return data, None

@@ -1,10 +1,14 @@
-"""Bad DATA, RUN_NAME, SEGMENTS, NSYS and prep-data input as a user types it, through `make` in new processes: one
-line each naming the fix, no traceback, exit 2 (make's `Error 2`), answered before the Bridge import, and nothing
-written (no run directory, no prep-data output)."""
+"""Bad DATA, RUN_NAME, SEGMENTS, NSYS and prep-data input, and files that are not what a command reads (night.json,
+submission.json, a log), as a user types it, through `make` in new processes: one line each naming the fix, no
+traceback, exit 2 (make's `Error 2`), answered before the Bridge import, and nothing written (no run directory, no
+prep-data output)."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +18,7 @@ import pytest
 
 from overlapkit import stack
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.plan import dataprep
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "plan"))
 from data_fixtures import build_dataset, corpus_docs, make_tokenizer, write_corpus, write_spec  # noqa: E402
@@ -60,10 +65,44 @@ def files(tmp_path_factory):
     (d / "broken.toml").write_text("tokenizer = [\n")
     specs["toml"] = d / "broken.toml"
     corpus = write_corpus(d / "in" / "c.jsonl", corpus_docs(5))
+    hostile_inputs(d, tok)
     (d / "out").mkdir()
     (d / "out" / "data.toml").write_text("# an earlier prep-data\n")
     return {"d": d, "tok": tok, "corpus": corpus, **specs}
 
+
+def hostile_inputs(d: Path, tok: Path) -> None:
+    """JSONL whose later line is bad, a tokenizer without its EOS token, and JSON files that are not what they should
+    be: each case of issue 26, on a real file."""
+    good = [json.dumps({"text": t}) for t in corpus_docs(6)]
+    lines = {
+        "nokey": [*good[:4], '{"body": "x"}', *good[4:]],
+        "null": [*good[:4], '{"text": null}', *good[4:]],
+        "middle": [*good[:4], '{"text": "cut', *good[4:]],
+        "blank": [*good[:4], "", *good[4:]],
+        "number": [*good[:4], '{"text": 7}', *good[4:]],
+    }
+    for name, body in lines.items():
+        (d / "in" / f"{name}.jsonl").write_text("\n".join(body) + "\n")
+    (d / "in" / "binary.jsonl").write_bytes(("\n".join(good[:3]) + "\n").encode() + bytes(range(128, 256)) * 30)
+    (d / "in" / "long.jsonl").write_bytes(b'{"text": "' + b"a" * (dataprep.LINE_LIMIT + 1) + b'"}\n')
+    (d / "in" / "cut.jsonl.gz").write_bytes(gzip.compress("\n".join(good).encode())[:-12])
+    (d / "tokonly").mkdir()
+    shutil.copy(tok / "tokenizer.json", d / "tokonly")
+    (d / "nonight").mkdir()
+    for name, text in {"notjson": "not json", "nokeys": '{"stamp": "x"}', "badentries": NIGHT_BAD_ENTRIES}.items():
+        (d / name).mkdir()
+        (d / name / "night.json").write_text(text)
+    (d / "binrun").mkdir()
+    (d / "binrun" / "submission.json").write_bytes(bytes(range(128, 256)))
+    (d / "emptyrun").mkdir()
+    (d / "random.log").write_bytes(bytes(range(256)) * 40)
+
+
+NIGHT_BAD_ENTRIES = '{"job_dir": "j", "preflight_only": true, "entries": [{"job_id": "5"}]}'
+NOT_NIGHT = "it should be the night's record that make nightly writes: give NIGHT=<a night directory"
+NOT_RUN = "it should be the run's submission record that make submit writes: give RUN=<a run directory"
+PREP = ["TOKENIZER={tok}", "OUT={d}/p"]
 
 BAD = [
     ("plan", ["RUN_NAME=a b"], "RUN_NAME='a b': letters, digits"),
@@ -95,10 +134,31 @@ BAD = [
     ("plan", ["NSYS=10:20", "NSYS_RANKS=99999"], "NSYS_RANKS=99999: rank 99999 is beyond the run's 8 ranks"),
     ("submit", ["NSYS=1:5", "NSYS_RANKS=0,8"], "rank 8 is beyond the run's 8 ranks: use ranks 0..7"),
     ("prep-data", ["IN=/no/such.jsonl", "TOKENIZER={tok}", "OUT={d}/o1"], "IN=/no/such.jsonl: not a .jsonl"),
-    ("prep-data", ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/o2", "KEY=body"], "no key 'body' in line 1"),
+    (
+        "prep-data",
+        ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/o2", "KEY=body"],
+        "c.jsonl:1: no key 'body' (its keys: text, id): set KEY=",
+    ),
     ("prep-data", ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/out"], "data.toml exists: FORCE=1 overwrites it"),
     ("prep-data", ["IN={corpus}", "TOKENIZER={d}", "OUT={d}/o3"], "has no tokenizer.json"),
     ("prep-data", ["IN={corpus}", "TOKENIZER={tok}", "OUT={d}/o4", "WORKERS=0"], "WORKERS='0'"),
+    ("prep-data", ["IN={d}/in/nokey.jsonl", *PREP], "nokey.jsonl:5: no key 'text' (its keys: body): give every line"),
+    ("prep-data", ["IN={d}/in/null.jsonl", *PREP], "null.jsonl:5: 'text' is null, not a string"),
+    ("prep-data", ["IN={d}/in/number.jsonl", *PREP], "number.jsonl:5: 'text' is a JSON int, not a string"),
+    ("prep-data", ["IN={d}/in/middle.jsonl", *PREP], "middle.jsonl:5: not JSON (Unterminated string"),
+    ("prep-data", ["IN={d}/in/blank.jsonl", *PREP], "blank.jsonl:5: an empty line: remove it"),
+    ("prep-data", ["IN={d}/in/binary.jsonl", *PREP], "binary.jsonl:4: byte 1 of the line is not UTF-8"),
+    ("prep-data", ["IN={d}/in/long.jsonl", *PREP], "long.jsonl:1: a line over 4 MiB"),
+    ("prep-data", ["IN={d}/in/cut.jsonl.gz", *PREP], "cut.jsonl.gz: cannot be read"),
+    ("prep-data", ["IN={corpus}", "TOKENIZER={d}/tokonly", "OUT={d}/p"], "no end-of-document token (eos_token in"),
+    ("nightly-report", ["NIGHT={d}/nonight"], f"nonight/night.json: no such file; {NOT_NIGHT}"),
+    ("nightly-report", ["NIGHT={d}/notjson"], f"night.json: is not JSON (Expecting value); {NOT_NIGHT}"),
+    ("nightly-report", ["NIGHT={d}/nokeys"], f"night.json: lacks 'job_dir', 'preflight_only', 'entries'; {NOT_NIGHT}"),
+    ("nightly-report", ["NIGHT={d}/badentries"], "night.json: its entries are not runs"),
+    ("status", ["RUN={d}/binrun"], f"submission.json: is not text (byte 1 is not UTF-8); {NOT_RUN}"),
+    ("cancel", ["RUN={d}/binrun"], f"submission.json: is not text (byte 1 is not UTF-8); {NOT_RUN}"),
+    ("status", ["RUN={d}/emptyrun"], f"emptyrun/submission.json: no such file; {NOT_RUN}"),
+    ("parse-log", ["LOG={d}/random.log"], "random.log: binary (NUL bytes), not a training log"),
 ]
 
 
@@ -114,6 +174,9 @@ THROUGH_MAKE = {
     "sbatch-RUN_NAME=x SEGMENTS=2",
     "run-local-DATA={no_tokenizer}",
     "prep-data-IN=/no/such.jsonl TOKENIZER={tok} OUT={d}/o1",
+    "prep-data-IN={d}/in/middle.jsonl TOKENIZER={tok} OUT={d}/p",
+    "nightly-report-NIGHT={d}/nonight",
+    "status-RUN={d}/emptyrun",
 }
 IDS = [f"{t}-{' '.join(a)}" for t, a, _ in BAD]
 assert THROUGH_MAKE <= set(IDS), THROUGH_MAKE - set(IDS)  # a misspelt id would move no case
@@ -124,7 +187,8 @@ def one_line(stderr: str) -> list[str]:
 
 
 def variables(files, target: str, args: list[str]) -> list[str]:
-    recipe = [] if target == "prep-data" or any(a.startswith("RECIPE=") for a in args) else [f"RECIPE={R8}"]
+    planned = target in ("plan", "submit", "sbatch", "run-local") and not any(a.startswith("RECIPE=") for a in args)
+    recipe = [f"RECIPE={R8}"] if planned else []
     return recipe + [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
 
 

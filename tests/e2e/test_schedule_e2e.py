@@ -59,6 +59,8 @@ def test_bad_input_is_one_line_answered_before_bridge_and_submits_nothing(tmp_pa
         (["CLUSTER=local", "AT=25:00"], "error: AT='25:00' is not a start time; use HH:MM[:SS]"),
         (["CLUSTER=local", "AT=now+1h"], "error: AT='now+1h' is not a start time"),
         (["CLUSTER=local", "AT="], "error: AT='': give the time the nightly starts every day"),
+        (["CLUSTER=local", "AT=now+99999999999weeks"], "error: AT='now+99999999999weeks' is more than 366 days ahead"),
+        (["CLUSTER=local", "AT=now+500000weeks"], "error: AT='now+500000weeks' is more than 366 days ahead"),
         (["CLUSTER=nope", "AT=02:00"], "error: unknown cluster profile 'nope'"),
         ([f"CLUSTER={tmp_path / 'nosuch.toml'}", "AT=now+60"], "error: partition 'nosuch'"),
     ]:

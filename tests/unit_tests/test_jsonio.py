@@ -1,5 +1,5 @@
 """The one JSON writer: what it writes reads back, it replaces an old file whole, and it leaves no temp file; the
-lenient reader: the object, or None for anything else."""
+reader: lenient, the object or None for anything else; strict (a role given), one line for each way a file is wrong."""
 
 from __future__ import annotations
 
@@ -38,3 +38,30 @@ def test_read_json_is_the_object_or_none(tmp_path):
     path.write_text("[1, 2]")  # JSON, but no object to read fields from
     assert jsonio.read_json(path) is None
     assert jsonio.read_json(tmp_path) is None  # a directory: unreadable
+
+
+def test_read_json_with_a_role_says_what_the_file_is_whats_wrong_and_the_fix(tmp_path):
+    path, role, fix = tmp_path / "night.json", "the night's record", "give NIGHT=<dir>"
+
+    def said(**kw) -> str:
+        with pytest.raises(jsonio.FileProblem) as exc:
+            jsonio.read_json(path, role=role, fix=fix, **kw)
+        assert "\n" not in str(exc.value) and str(exc.value).endswith(f"; it should be {role}: {fix}")
+        return str(exc.value).removesuffix(f"; it should be {role}: {fix}")
+
+    assert said() == f"{path}: no such file"
+    assert jsonio.read_json(path, role=role, missing_ok=True) is None
+    for raw, what in [
+        (b"", "is empty"),
+        (b"Expecting", "is not JSON (Expecting value)"),
+        (b"\x80\x00binary", "is not text (byte 1 is not UTF-8)"),
+        (b"[1]", "holds a list, not an object"),
+        (b"null", "holds null, not an object"),
+    ]:
+        path.write_bytes(raw)
+        assert said(missing_ok=True) == f"{path}: {what}"  # missing_ok: only a missing file is None
+    path.write_text('{"stamp": 1}')
+    assert said(keys=("entries", "stamp", "job_dir")) == f"{path}: lacks 'entries', 'job_dir'"
+    assert jsonio.read_json(path, role=role, keys=("stamp",)) == {"stamp": 1}
+    with pytest.raises(jsonio.FileProblem, match=r": cannot be read \(Is a directory\); it should be"):
+        jsonio.read_json(tmp_path, role=role)

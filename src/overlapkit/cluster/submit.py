@@ -23,11 +23,10 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from overlapkit import jsonio, stack
+from overlapkit import jsonio, makewatch, stack
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
 from overlapkit.plan import request, runopts
@@ -65,77 +64,12 @@ def _on_signal(signum, _frame):
     raise Interrupted(signum)
 
 
-def install_signal_handlers(parent_var: str = "OVERLAPKIT_MAKE_PID") -> None:
+def install_signal_handlers(parent_var: str = makewatch.MAKE_PID) -> None:
     """SIGINT/SIGTERM/SIGHUP raise Interrupted (never mid-sbatch). When `make` dies (even by kill -9), its Python
     child is not told: the Makefile passes make's pid in `parent_var` and a watcher sends us SIGTERM when it is gone."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
-    watch_make(parent_var)
-
-
-def watch_make(parent_var: str = "OVERLAPKIT_MAKE_PID") -> None:
-    """SIGTERM to this process once `make` (its pid in `parent_var`) is gone. Only make's own descendants watch it:
-    the variable is inherited by everything make starts, Slurm jobs included (sbatch exports the caller's
-    environment), and the plan server's workers, where that pid means nothing (their client watches instead)."""
-    pid = os.environ.get(parent_var, "")
-    if pid.isdigit() and _is_ancestor(int(pid)) and not _WATCHING:
-        # one watcher a process (a served client that then runs the command here)
-        _WATCHING.append(threading.Thread(target=_watch_parent, args=(int(pid),), daemon=True))
-        _WATCHING[0].start()
-
-
-def stop_watching() -> None:
-    """End the watcher: a process about to fork into the plan server must have no other thread (a fork copies
-    only the calling thread, and with it any lock another thread held)."""
-    _STOP.set()
-    for thread in _WATCHING:
-        thread.join()
-
-
-_WATCHING: list[threading.Thread] = []
-_STOP = threading.Event()
-
-
-def _is_ancestor(pid: int) -> bool:
-    """Is `pid` this process's parent, grandparent, ...? (Linux /proc; elsewhere: no.)"""
-    current = os.getppid()
-    for _ in range(64):
-        if current == pid:
-            return True
-        if current <= 1:
-            return False
-        stat = _proc_stat(current)
-        if stat is None or not stat[1].isdigit():
-            return False
-        current = int(stat[1])
-    return False
-
-
-def _watch_parent(pid: int, poll: float = 0.5) -> None:
-    while _alive(pid):
-        if _STOP.wait(poll):
-            return
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:  # os.kill(0 or -1, ...) would address a whole process group or every process
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = _proc_stat(pid)  # a zombie (killed, not yet reaped) is dead for our purpose
-    return stat is None or stat[0] != "Z"
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat after the command name: [state, ppid, ...]; None where it cannot be read (not Linux)."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return None
+    makewatch.watch_make(parent_var)
 
 
 @contextlib.contextmanager
@@ -167,8 +101,14 @@ def transaction(sub):
         raise
 
 
-def read_marker(run_dir: Path) -> dict:
-    return jsonio.read_json(run_dir / MARKER) or {}
+def read_marker(run_dir: Path, strict: bool = False) -> dict:
+    """The run's submission.json; {} when there is none to read, or with `strict` (a RUN= the user gave) one line
+    saying what is wrong with it."""
+    if not strict:
+        return jsonio.read_json(run_dir / MARKER) or {}
+    role = "the run's submission record that make submit writes"
+    fix = "give RUN=<a run directory under <job_dir>/runs> (none: the latest run)"
+    return jsonio.read_json(run_dir / MARKER, role=role, fix=fix, keys=("state",))
 
 
 @dataclass
@@ -479,7 +419,7 @@ def describe(info: dict) -> str:
     if state == "sbatch-script":
         return f"a plain sbatch script, not submitted by make: sbatch {info.get('script')}"
     if state == "submitting":
-        if info.get("host") == socket.gethostname() and not _alive(int(info.get("pid", 0)) or -1):
+        if info.get("host") == socket.gethostname() and not makewatch.alive(int(info.get("pid", 0)) or -1):
             return (
                 f"orphan: its submitting process (pid {info.get('pid')}) died at an unknown point before "
                 "recording a job id; resubmit with make submit"

@@ -14,13 +14,15 @@ import gzip
 import json
 import os
 import shutil
+import socket
+import zlib
 from pathlib import Path
 
-from overlapkit import stack
+from overlapkit import jsonio, makewatch, stack
 from overlapkit.plan import data
 
 SPEC = "data.toml"
-WORK_PREFIX = ".prep-"  # OUT/.prep-<pid>/: the preprocessor's output until it is checked
+WORK_PREFIX = ".prep-"  # OUT/.prep-<host>-<pid>/: the preprocessor's output until it is checked
 
 
 class PrepError(ValueError):
@@ -41,27 +43,97 @@ def inputs(path: str) -> list[Path]:
     return [p]
 
 
-def _open(f: Path):
-    return gzip.open(f, "rt", encoding="utf-8") if f.suffix == ".gz" else f.open(encoding="utf-8")
+# A document is one JSONL line, and the tokenizer holds the whole of it at once: transformers 5.12.1's fast tokenizer
+# took ~170 bytes per input byte here (byte-level BPE: a 4 MiB line 0.69 GB, 16 MiB 2.5 GB; a 50 MB line 9 GB), per
+# tokenizing worker. 4 MiB (~1.5M tokens, hundreds of 8K-token sequences) keeps a worker under ~0.7 GB and is far
+# beyond any real document; the check reads a line at most this long, so a newline-free file costs no more.
+LINE_LIMIT = 4 << 20  # bytes
+
+
+def _lines(f: Path):
+    """(line number, raw bytes with the newline stripped) of `f`, each read with a bound (LINE_LIMIT)."""
+    opener = gzip.open if f.name.endswith(".gz") else open
+    try:
+        with opener(f, "rb") as fh:
+            for n, raw in enumerate(iter(lambda: fh.readline(LINE_LIMIT + 2), b""), 1):
+                body = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
+                if len(body) > LINE_LIMIT:
+                    raise PrepError(
+                        f"{f}:{n}: a line over {LINE_LIMIT >> 20} MiB (one document is tokenized whole, ~170 bytes of "
+                        "memory a byte): split the document into several lines"
+                    )
+                yield n, body
+    except (OSError, EOFError, zlib.error) as exc:  # gzip: BadGzipFile is an OSError, a cut stream an EOFError
+        raise PrepError(f"{f}: cannot be read ({exc}): give a readable .jsonl or a whole .jsonl.gz") from None
+
+
+def _document(f: Path, n: int, body: bytes, key: str) -> None:
+    """One line as modelopt's reader (text mode, universal newlines) and encoder take it, or PrepError."""
+    where = f"{f}:{n}"
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PrepError(
+            f"{where}: byte {exc.start + 1} of the line is not UTF-8 (a binary file, or another encoding): "
+            "IN= takes UTF-8 JSON Lines; convert it (iconv -t UTF-8)"
+        ) from None
+    if "\r" in text:  # the preprocessor's reader ends a line there too: one line here would be two there
+        raise PrepError(f"{where}: a carriage return inside the line: end lines with \\n only (dos2unix)")
+    if text.startswith("\ufeff"):
+        raise PrepError(f"{where}: starts with a UTF-8 byte-order mark: save the file as UTF-8 without BOM")
+    if not text.strip():
+        raise PrepError(f"{where}: an empty line: remove it (each line is one document)")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PrepError(f"{where}: not JSON ({exc.msg}, column {exc.colno}): fix or remove the line") from None
+    except RecursionError:
+        raise PrepError(f"{where}: JSON nested too deep to read: fix or remove the line") from None
+    if not isinstance(doc, dict) or key not in doc:
+        keys = ", ".join(map(str, doc))[:200] if isinstance(doc, dict) else f"a JSON {type(doc).__name__}, no keys"
+        fix = "set KEY=" if n == 1 else "give every line the key, or remove the line"
+        raise PrepError(f"{where}: no key {key!r} (its keys: {keys or 'none'}): {fix}")
+    if not isinstance(doc[key], str):
+        what = "null" if doc[key] is None else f"a JSON {type(doc[key]).__name__}"
+        raise PrepError(f"{where}: {key!r} is {what}, not a string: each document's text is a string")
 
 
 def count_docs(f: Path, key: str) -> int:
-    """Documents in `f`; the first must be a JSON object with `key` (a wrong KEY= is the common mistake)."""
+    """Documents in `f`, every line checked (file:line in the error): UTF-8, at most LINE_LIMIT bytes, a JSON object
+    whose `key` is a string. The preprocessor skips a malformed line with a warning and fails on a missing key deep
+    in its pool; here nothing is tokenized until the whole input is known good, so data.toml counts what the index
+    holds."""
     n = 0
-    with _open(f) as fh:
-        for line in fh:
-            if n == 0:
-                try:
-                    first = json.loads(line)
-                except json.JSONDecodeError:
-                    raise PrepError(f"{f}: line 1 is not JSON: IN= takes JSON Lines, one document per line") from None
-                if not isinstance(first, dict) or key not in first:
-                    keys = ", ".join(first) if isinstance(first, dict) else "none"
-                    raise PrepError(f"{f}: no key {key!r} in line 1 (its keys: {keys}): set KEY=")
-            n += 1
+    for n, body in _lines(f):
+        _document(f, n, body, key)
     if not n:
-        raise PrepError(f"{f} is empty")
+        raise PrepError(f"{f} is empty: give a JSONL file with one document per line")
     return n
+
+
+def eod_token(tok: Path, where: str) -> str:
+    """The end-of-document token prep-data appends after every document (modelopt's append_eod uses the tokenizer's
+    eos_token_id): named by tokenizer_config.json's eos_token, or special_tokens_map.json's as transformers also
+    reads it, and in tokenizer.json's vocabulary (transformers would add an unknown one as a new id, past the
+    vocabulary data.toml records)."""
+    from tokenizers import Tokenizer
+
+    name = None
+    for file in ("tokenizer_config.json", "special_tokens_map.json"):
+        cfg = jsonio.read_json(tok / file, role=f"the tokenizer's {file}", fix="re-save the tokenizer", missing_ok=True)
+        value = (cfg or {}).get("eos_token")
+        name = value.get("content") if isinstance(value, dict) else value
+        if name is not None:
+            break
+    if not isinstance(name, str) or not name:
+        raise PrepError(
+            f"{where}: no end-of-document token (eos_token in tokenizer_config.json): prep-data appends one after "
+            "each document; save the tokenizer with save_pretrained(..., eos_token=...) or add "
+            '"eos_token": "<its EOS token>" to tokenizer_config.json'
+        )
+    if Tokenizer.from_file(str(tok / "tokenizer.json")).token_to_id(name) is None:
+        raise PrepError(f"{where}: eos_token {name!r} is not in tokenizer.json's vocabulary: name its EOS token")
+    return name
 
 
 def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force: bool) -> tuple[list[Path], Path]:
@@ -70,6 +142,7 @@ def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force:
     if not tokenizer:
         raise PrepError("TOKENIZER= is required: a local Hugging Face tokenizer directory (tokenizer.json)")
     data.tokenizer_vocab(Path(tokenizer).expanduser(), f"TOKENIZER={tokenizer}")
+    eod_token(Path(tokenizer).expanduser(), f"TOKENIZER={tokenizer}")
     if not out:
         raise PrepError("OUT= is required: the directory for the .bin/.idx files and data.toml")
     if not (workers or "1").isdigit() or int(workers or 1) < 1:
@@ -90,12 +163,21 @@ def _stem(f: Path) -> str:
     return f.name.removesuffix(".gz").removesuffix(".jsonl")
 
 
-def _clear_stale(out: Path) -> None:
-    """Work directories of earlier runs that died (kill -9): their pid is gone."""
+def work_dir(out: Path) -> Path:
+    """OUT/.prep-<host>-<pid>/: this run's. The host too: OUT may be on a filesystem other machines write."""
+    return out / f"{WORK_PREFIX}{socket.gethostname()}-{os.getpid()}"
+
+
+def clear_stale(out: Path) -> list[Path]:
+    """Remove the work directories of earlier runs on this host that died (kill -9 leaves one): their pid is gone.
+    A live run's, or another host's (its pid means nothing here), is kept. Returns those removed."""
+    gone = []
     for d in out.glob(f"{WORK_PREFIX}*"):
-        pid = d.name[len(WORK_PREFIX) :]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        host, _, pid = d.name[len(WORK_PREFIX) :].rpartition("-")
+        if host == socket.gethostname() and pid.isdigit() and not makewatch.alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
 
 
 def spec_text(tokenizer: Path, prefixes: list[tuple[str, int]], docs: int) -> str:
@@ -120,8 +202,9 @@ def prep(in_path, tokenizer, out, key="text", workers="1", force=False, log=prin
     docs = {f: count_docs(f, key) for f in files}
     tok = Path(tokenizer).expanduser().resolve()
     target.mkdir(parents=True, exist_ok=True)
-    _clear_stale(target)
-    work = target / f"{WORK_PREFIX}{os.getpid()}"
+    for d in clear_stale(target):
+        log(f"removed {d.name}: the work directory of an earlier run that was killed")
+    work = work_dir(target)
     stack.offline_env()
     stack.quiet_logs()  # the preprocessor imports Megatron Core: its CPU-only notices are not news here
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -141,25 +224,27 @@ def prep(in_path, tokenizer, out, key="text", workers="1", force=False, log=prin
                     workers=int(workers or 1),
                     log_interval=max(1, docs[f] // 20),
                 )
-        return _publish(made, work, target, tok, sum(docs.values()), log)
+        return _publish(made, work, target, tok, [docs[f] for f in files], log)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _publish(made: list[str], work: Path, target: Path, tok: Path, docs: int, log) -> Path:
+def _publish(made: list[str], work: Path, target: Path, tok: Path, docs: list[int], log) -> Path:
     vocab = data.tokenizer_vocab(tok, f"TOKENIZER={tok}")
     checked = []
-    for prefix in made:
-        tokens, _, dtype, largest = data.read_idx(prefix, "prep-data")
+    for prefix, want in zip(made, docs, strict=True):  # one prefix per input file, in order (one key)
+        tokens, held, dtype, largest = data.read_idx(prefix, "prep-data")
         if vocab - 1 > largest:
             raise PrepError(f"{prefix}: {dtype} tokens cannot hold ids up to {vocab - 1}; not published")
+        if held != want:  # every line was checked first: a difference is the preprocessor's, never published
+            raise PrepError(f"{prefix}.idx holds {held} documents, its input {want}: not published")
         checked.append((Path(prefix).name, tokens))
     for name, _ in checked:  # .bin first: an .idx in OUT always has its .bin
         for ext in ("bin", "idx"):
             os.replace(work / f"{name}.{ext}", target / f"{name}.{ext}")
     spec = target / SPEC
     tmp = target / f"{SPEC}.tmp"
-    tmp.write_text(spec_text(tok, checked, docs))
+    tmp.write_text(spec_text(tok, checked, sum(docs)))
     tmp.replace(spec)
     log(f"wrote {len(checked)} dataset(s), {sum(t for _, t in checked):,} tokens, and {spec}")
     return spec

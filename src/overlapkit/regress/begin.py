@@ -20,6 +20,9 @@ FORMS = (
     "HH:MM[:SS] (02:00, 2:30PM), midnight|noon|elevenses|fika|teatime, now+N[seconds|minutes|hours|days|weeks] "
     "(now+90 is 90 seconds, now+2hours), or YYYY-MM-DD[THH:MM[:SS]] (2026-12-02T02:00)"
 )
+# Our bound, not Slurm's: a first night more than a year ahead is a typo (and now+99999999999weeks is past what a
+# datetime holds, year 9999). A year and a day, so "the same date next year" is still accepted.
+MAX_AHEAD = dt.timedelta(days=366)
 _CLOCK = re.compile(r"(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?\s*(?P<half>[ap]m)?", re.IGNORECASE)
 _NOW = re.compile(r"now\+(?P<n>\d+)(?P<unit>[a-z]*)", re.IGNORECASE)
 _ISO = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?")
@@ -42,6 +45,14 @@ class At:
 
 def _bad_at(text: str) -> ScheduleError:
     return ScheduleError(f"AT={text!r} is not a start time; use {FORMS}")
+
+
+def _too_far(text: str) -> ScheduleError:
+    days, shown = MAX_AHEAD.days, text if len(text) <= 60 else text[:40] + "…"
+    return ScheduleError(
+        f"AT={shown!r} is more than {days} days ahead: the first night starts within {days} days "
+        f"(at most now+{int(MAX_AHEAD.total_seconds())}, i.e. now+{days}days, or a date before then)"
+    )
 
 
 def _clock(m: re.Match, text: str) -> tuple[int, int, int]:
@@ -69,6 +80,9 @@ def parse_at(text: str) -> At:
         unit = m["unit"].lower().removesuffix("s")
         if m["unit"] and unit not in UNITS:
             raise _bad_at(t)
+        # a count of more than 12 digits is past the bound in any unit (and int() refuses 4300 digits)
+        if len(m["n"].lstrip("0")) > 12 or int(m["n"]) * UNITS.get(unit, 1) > MAX_AHEAD.total_seconds():
+            raise _too_far(t)
         return At(t, offset_s=int(m["n"]) * UNITS.get(unit, 1))
     if _ISO.fullmatch(t):
         try:
@@ -97,6 +111,8 @@ def first_begin(at: At, now: dt.datetime) -> dt.datetime:
                 f"AT={at.text!r} is in the past (now {iso(now)}): give a later date and time, or a "
                 "time of day such as 02:00"
             )
+        if at.when - now > MAX_AHEAD:
+            raise _too_far(at.text)
         return at.when
     h, m, s = at.clock
     today = now.replace(hour=h, minute=m, second=s)

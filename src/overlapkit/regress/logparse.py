@@ -345,9 +345,13 @@ class LogParser:
     def launch(self) -> dict:
         return {k: sorted(v) for k, v in self.facts.items()}
 
-    def summary_builder(self) -> _Summary:
+    def count(self) -> int:
+        """Distinct iterations so far."""
         self._flush()
-        (count,) = self._db.execute("SELECT COUNT(*) FROM it").fetchone()
+        return self._db.execute("SELECT COUNT(*) FROM it").fetchone()[0]
+
+    def summary_builder(self) -> _Summary:
+        count = self.count()
         at = "SELECT iteration FROM it ORDER BY iteration LIMIT 1 OFFSET ?"
         return _Summary(count, self.warmup, lambda k: self._db.execute(at, (k,)).fetchone()[0])
 
@@ -449,18 +453,56 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="overlapkit.regress.logparse", description="Bridge training log → JSON")
-    ap.add_argument("log", type=Path)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, as every bad input (argparse prints its usage block first)
+        print(f"error: {message} (give LOG=<path to a training log>)", file=sys.stderr)
+        sys.exit(2)
+
+
+_SNIFF = 64 << 10  # bytes read to tell a binary file (a NUL byte: no training log prints one) from a log
+
+
+def _args(argv):
+    ap = _Parser(prog="make parse-log", description="Bridge training log → JSON")
+    ap.add_argument("log", nargs="?", default=None, help="the log (or --log=PATH, for a path starting with -)")
+    ap.add_argument("--log", dest="log_option", default=None)
     ap.add_argument("--warmup", type=_count, default=WARMUP_ITERS)
     args = ap.parse_args(argv)
-    if not args.log.is_file():
-        what = "not a file" if args.log.exists() else "no such file"
-        print(f"error: LOG={args.log}: {what} (give LOG=<path to a training log>)", file=sys.stderr)
-        return 2
+    given = args.log_option if args.log_option is not None else args.log
+    if not given:
+        ap.error("LOG= is empty")
+    return Path(given), args.warmup
+
+
+def _not_a_log(log: Path) -> str | None:
+    """Why `log` cannot be a training log before it is read through (missing, a directory, binary), or None."""
+    if not log.is_file():
+        return "not a file" if log.exists() else "no such file"
+    with log.open("rb") as f:
+        if b"\0" in f.read(_SNIFF):
+            return "binary (NUL bytes), not a training log"
+    return None
+
+
+def _no_iterations(log: Path, p: LogParser) -> str:
+    said = f"; it reports {', '.join(sorted(p.events))} before any iteration" if p.events else ""
+    return (
+        f"error: LOG={log}: no training iterations found (Megatron Bridge/Megatron-LM print one line per log interval"
+        f", ' iteration   10/  100 | consumed samples: ... |'){said}: give a training job's log (make logs RUN=...)"
+    )
+
+
+def main(argv=None) -> int:
+    log, warmup = _args(argv)
     try:
-        with LogParser(args.warmup) as p:
-            p.feed_files([args.log])
+        if why := _not_a_log(log):
+            print(f"error: LOG={log}: {why} (give LOG=<path to a training log>)", file=sys.stderr)
+            return 2
+        with LogParser(warmup) as p:
+            p.feed_files([log])
+            if not p.count():
+                print(_no_iterations(log, p), file=sys.stderr)
+                return 1
             write_json(p, sys.stdout)
             sys.stdout.write("\n")
             sys.stdout.flush()
@@ -468,7 +510,7 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as exc:
-        print(f"error: LOG={args.log}: {exc.strerror or exc} (give LOG=<a readable training log>)", file=sys.stderr)
+        print(f"error: LOG={log}: {exc.strerror or exc} (give LOG=<a readable training log>)", file=sys.stderr)
         return 2
     except sqlite3.Error as exc:
         print(f"error: parse-log's temporary store: {exc} (free space in $TMPDIR, or set TMPDIR)", file=sys.stderr)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import math
 import shlex
 from dataclasses import dataclass
@@ -206,6 +205,28 @@ def latest_night(root: Path) -> Path:
     return nights[-1].parent
 
 
+NIGHT_KEYS = ("job_dir", "preflight_only", "entries")  # what the report reads from night.json
+
+
+def read_night(night_dir: Path) -> dict:
+    """night.json, or one line saying what is wrong with it (missing, not JSON, lacking its keys)."""
+    fix = "give NIGHT=<a night directory that make nightly wrote> (leave NIGHT= empty for the latest)"
+    role = "the night's record that make nightly writes"
+    night = jsonio.read_json(night_dir / "night.json", role=role, fix=fix, keys=NIGHT_KEYS)
+    if not isinstance(night["entries"], list) or not all(map(_entry_ok, night["entries"])):
+        what = "its entries are not runs (each a recipe, and a run_dir where it has a job_id)"
+        raise jsonio.file_problem(night_dir / "night.json", what, role, fix)
+    return night
+
+
+def _entry_ok(e) -> bool:
+    return (
+        isinstance(e, dict)
+        and isinstance(e.get("recipe"), str)
+        and (not e.get("job_id") or isinstance(e.get("run_dir"), str))
+    )
+
+
 def evaluate_night(night: dict, goldens_default: Path) -> list[dict]:
     """One result per entry: skipped as submitted, else judged from Slurm's state and the job's logs."""
     goldens, results = Path(night.get("goldens") or goldens_default), []
@@ -231,7 +252,7 @@ def to_retry(night: dict, results: list[dict]) -> list[dict]:
 def report_night(night_dir: Path, *, goldens: Path = regress.GOLDENS_DIR, retry: bool = True, say=print) -> bool:
     """Write the night's report, junit.xml (and history); resubmit infrastructure failures once. True when nothing
     failed: `launch.nightly report` exits 1 otherwise, so the summary job's Slurm state is FAILED on a bad night."""
-    night = json.loads((night_dir / "night.json").read_text())
+    night = read_night(night_dir)
     results = evaluate_night(night, goldens)
     job_dir = Path(night["job_dir"])
     job_root = job_dir if job_dir.is_absolute() else stack.REPO_ROOT / job_dir

@@ -264,17 +264,13 @@ def launched_preflight_only(submission: dict | None) -> bool:
     return any("--preflight-only" in p.read_text(errors="replace") for p in scripts)
 
 
-def _read_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
+def _read_json(path: Path, role: str) -> dict | None:
+    """A run directory's JSON file, None when it is not there; one that is there must be an object (jsonio's rule)."""
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        data = f"not valid JSON ({exc.msg}, line {exc.lineno})"
-    if not isinstance(data, dict):
-        why = data if isinstance(data, str) else "not a JSON object"
-        raise BlessError(f"{path}: {why}: give RUN=<a run directory written by make nightly or make submit>")
-    return data
+        fix = "give RUN=<a run directory written by make nightly or make submit>"
+        return jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
+    except jsonio.FileProblem as exc:
+        raise BlessError(str(exc)) from None
 
 
 def bless(
@@ -289,10 +285,10 @@ def bless(
     one-line BlessError with every reason. state: the job's Slurm state; submission: its submission.json
     (nightly.bless_run reads both)."""
     run_dir = Path(run_dir)
-    plan = _read_json(run_dir / "plan.json")
+    plan = _read_json(run_dir / "plan.json", "the run's plan that make plan/submit writes")
     if plan is None:
         raise BlessError(f"{run_dir}: no plan.json — give RUN=<a run directory from make nightly>")
-    meta = _read_json(run_dir / "nightly.json") or {}
+    meta = _read_json(run_dir / "nightly.json", "the run's nightly record that make nightly writes") or {}
     meta["run_dir"] = str(run_dir)
     meta["job_id"] = (submission or {}).get("job_id")
     meta["preflight_only"] = (

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from overlapkit import jsonio
+from overlapkit import jsonio, makewatch
 from overlapkit.serve.paths import (
     ENV_AT_START,
     HEADER,
@@ -149,9 +149,7 @@ def forward(argv, module: str = "launch.plan") -> int | None:
     fds, opened = _std_fds()
     # make's child: when make dies (even by kill -9) this client ends too (the default SIGTERM), the server sees the
     # connection close and stops the worker, whose handlers mark a submission failed
-    from overlapkit.cluster import submit  # here: bad input, answered before forward(), never loads it
-
-    submit.watch_make()
+    makewatch.watch_make()
     try:
         reply = ask(paths, request, fds)
         if "none" in reply and wait_starting(paths):
@@ -246,9 +244,7 @@ def become_server(paths: Paths) -> None:
     for s in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             s.flush()  # nothing buffered may be written twice, by parent and child
-    from overlapkit.cluster import submit
-
-    submit.stop_watching()  # make's watcher: the command is done, and the server outlives make
+    makewatch.stop_watching()  # make's watcher: the command is done, and the server outlives make
     if (threads := threading.active_count()) > 1:
         note(
             f"not serving: this process runs {threads} threads, and a fork copies only one (and any lock another held)"

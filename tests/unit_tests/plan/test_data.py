@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+import socket
 import subprocess
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -162,3 +165,50 @@ def test_a_tokenizer_larger_than_the_model_is_refused_and_few_tokens_warn_with_e
 def test_mock_stays_the_default_and_the_plan_says_so():
     d = make_plan(R8).to_dict()
     assert d["data"]["mock"] is True and "data: mock (benchmark)" in runopts.lines(d)
+
+
+def test_the_spec_counts_exactly_the_documents_the_index_holds(prepared):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    header = (prepared["out"] / "data.toml").read_text().splitlines()[0]
+    assert f": {len(IndexedDataset(str(prepared['out'] / 'corpus_text')))} documents," in header, header
+
+
+def test_an_index_whose_count_differs_from_its_input_is_not_published(prepared, tmp_path):
+    work, out = tmp_path / ".prep-x", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    prefix = build_dataset(work / "c_text", [[5, 6, 1], [7, 1]])
+    with pytest.raises(dataprep.PrepError, match=r"c_text.idx holds 2 documents, its input 3: not published"):
+        dataprep._publish([str(prefix)], work, out, prepared["tok"], [3], log=print)
+    assert list(out.iterdir()) == []
+
+
+def test_a_dead_runs_work_directory_is_removed_a_live_or_foreign_one_kept(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = socket.gethostname()
+    dead = tmp_path / f".prep-{host}-{gone.pid}"
+    live = tmp_path / f".prep-{host}-{os.getpid()}"
+    foreign = tmp_path / f".prep-elsewhere-{gone.pid}"
+    for d in (dead, live, foreign):
+        (d / "x").mkdir(parents=True)
+    assert dataprep.clear_stale(tmp_path) == [dead]
+    assert sorted(tmp_path.iterdir()) == sorted([live, foreign])
+    assert dataprep.work_dir(tmp_path) == live  # this run's own name
+
+
+def test_a_newline_free_input_is_read_in_bounded_memory(tmp_path):
+    big = tmp_path / "one.jsonl"
+    with big.open("wb") as f:  # 40 MB without a newline: read whole, the check would hold all of it
+        f.write(b'{"text": "')
+        for _ in range(40):
+            f.write(b"a" * (1 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(dataprep.PrepError, match=r"one.jsonl:1: a line over 4 MiB"):
+            dataprep.count_docs(big, "text")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * dataprep.LINE_LIMIT, peak  # a line bound, its read buffer: never the 40 MB

@@ -220,3 +220,47 @@ def test_parse_log_bad_input_is_one_line(tmp_path):
         out = subprocess.run([sys.executable, "-m", "overlapkit.regress.logparse", *args], capture_output=True,
                              text=True, env=env, timeout=60)  # fmt: skip
         assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.count("error:") == 1, out.stderr
+
+
+def test_parse_log_that_finds_no_iteration_says_so_in_one_line_and_fails(tmp_path):
+    """A newline-free file (the issue's was 190 MB; 3 line bounds here) is read in LINE_LIMIT pieces, not whole; a log
+    with no iteration line prints no JSON, names the format it expected, and what the log does report."""
+    flat, crashed = tmp_path / "flat.log", tmp_path / "crashed.log"
+    with flat.open("w") as f:
+        for _ in range(3):
+            f.write("x" * logparse.LINE_LIMIT)
+    crashed.write_text("setting up\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
+    run = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(flat), str(tmp_path / "out.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    rc, maxrss_kb = map(int, run.stdout.split())
+    assert rc == 1 and maxrss_kb / 1024 < 100 and (tmp_path / "out.json").read_text() == ""
+    for log, also in [(flat, "): give"), (crashed, "; it reports cuda_oom before any iteration: give")]:
+        out = subprocess.run(
+            [sys.executable, "-m", "overlapkit.regress.logparse", f"--log={log}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert out.returncode == 1 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+        assert out.stderr.startswith(f"error: LOG={log}: no training iterations found") and also in out.stderr
+
+
+def test_a_log_path_starting_with_a_dash_is_a_path(tmp_path):
+    (tmp_path / "--help").write_text(" iteration        1/       2 | consumed samples:           8 |\n")
+    env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
+    out = subprocess.run(
+        [sys.executable, "-m", "overlapkit.regress.logparse", "--log=--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0 and json.loads(out.stdout)["summary"]["iterations"] == 1, out.stderr

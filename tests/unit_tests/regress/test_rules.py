@@ -231,7 +231,7 @@ def test_bless_bad_submission_json_is_one_line(tmp_path):
 def test_bless_bad_plan_json_is_one_line(tmp_path):
     d = _run_dir(tmp_path, "bad", "")
     (d / "plan.json").write_text("{not json")
-    with pytest.raises(regress.BlessError, match="plan.json: not valid JSON .*: give RUN="):
+    with pytest.raises(regress.BlessError, match="plan.json: is not JSON .*: give RUN="):
         regress.bless(d, logparse.parse_text(""), tmp_path / "goldens", state="COMPLETED", submission={"job_id": "1"})
 
 

@@ -299,3 +299,18 @@ def test_scheduled_lines_offer_scrontab_only_where_it_exists(tmp_path, monkeypat
     monkeypatch.setattr(schedule.shutil, "which", lambda name: f"/usr/bin/{name}")
     more = schedule.scheduled_lines(SCHED, path, [])
     assert more[-3].startswith("scrontab is available here") and more[-1].startswith("0 2 * * * cd ")
+
+
+@pytest.mark.parametrize("text", ["now+99999999999weeks", "now+500000weeks", "now+367days", "now+9" + "9" * 5000])
+def test_an_offset_past_a_year_is_one_line_with_the_allowed_range(text):
+    with pytest.raises(begin_time.ScheduleError) as exc:
+        begin_time.parse_at(text)
+    msg = str(exc.value)
+    assert "\n" not in msg and len(msg) < 300 and "more than 366 days ahead" in msg and "now+31622400" in msg, msg
+
+
+def test_a_date_past_a_year_is_refused_and_one_within_it_kept():
+    assert begin_time.parse_at("now+366days").offset_s == 366 * 86400
+    with pytest.raises(begin_time.ScheduleError, match="AT='9999-12-31' is more than 366 days ahead"):
+        begin_time.first_begin(begin_time.parse_at("9999-12-31"), NOW)
+    assert begin_time.first_begin(begin_time.parse_at("2027-12-01T02:00"), NOW) == T(2027, 12, 1, 2)

@@ -1,0 +1,86 @@
+"""Stop when `make` dies: a Python child of make is not told when make is killed (kill -9 of make, or of the shell
+make started), so it would finish its work unseen (a submission, a data.toml) minutes later. The Makefile exports
+make's pid as OVERLAPKIT_MAKE_PID; `watch_make` starts a thread that sends this process SIGTERM once that pid is
+gone. What the SIGTERM does is the caller's (cluster/submit.py marks a submission failed; plan/dataprep.py removes
+its work directory): one watcher for every command.
+
+Linux /proc is how a pid's ancestry and state are read; elsewhere the watcher does not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from pathlib import Path
+
+MAKE_PID = "OVERLAPKIT_MAKE_PID"
+POLL_S = 0.5  # how soon after make's death its child hears of it
+
+_WATCHING: list[threading.Thread] = []
+_STOP = threading.Event()
+
+
+def watch_make(parent_var: str = MAKE_PID) -> None:
+    """SIGTERM to this process once `make` (its pid in `parent_var`) is gone. Only make's own descendants watch it:
+    the variable is inherited by everything make starts, Slurm jobs included (sbatch exports the caller's
+    environment), and the plan server's workers, where that pid means nothing (their client watches instead)."""
+    pid = os.environ.get(parent_var, "")
+    if pid.isdigit() and is_ancestor(int(pid)) and not _WATCHING:
+        # one watcher a process (a served client that then runs the command here)
+        _WATCHING.append(threading.Thread(target=_watch_parent, args=(int(pid),), daemon=True))
+        _WATCHING[0].start()
+
+
+def stop_watching() -> None:
+    """End the watcher: a process about to fork into the plan server must have no other thread (a fork copies
+    only the calling thread, and with it any lock another thread held)."""
+    _STOP.set()
+    for thread in _WATCHING:
+        thread.join()
+
+
+def is_ancestor(pid: int) -> bool:
+    """Is `pid` this process's parent, grandparent, ...? (Linux /proc; elsewhere: no.)"""
+    current = os.getppid()
+    for _ in range(64):
+        if current == pid:
+            return True
+        if current <= 1:
+            return False
+        stat = proc_stat(current)
+        if stat is None or not stat[1].isdigit():
+            return False
+        current = int(stat[1])
+    return False
+
+
+def _watch_parent(pid: int, poll: float = POLL_S) -> None:
+    while alive(pid):
+        if _STOP.wait(poll):
+            return
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def alive(pid: int) -> bool:
+    """Is `pid` a live process here (a zombie, killed but not yet reaped, is not)?"""
+    if pid <= 0:  # os.kill(0 or -1, ...) would address a whole process group or every process
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OverflowError:  # a pid past the C int: no such process
+        return False
+    stat = proc_stat(pid)
+    return stat is None or stat[0] != "Z"
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...]; None where it cannot be read (not Linux)."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return None
