@@ -36,7 +36,9 @@ def status_lines(run_dir: Path, info: dict) -> list[str]:
         step = st.named
         last = f"iteration {step}" + (f" of {iters}" if iters else "") if step is not None else "none yet"
         if step is not None and st.lacks(step):
-            last += f" (incomplete: missing {', '.join(st.lacks(step))}; a resume falls back to {st.fallback(step)})"
+            back = st.fallback(step)
+            then = f"a resume falls back to {back}" if back is not None else "no complete iteration before it"
+            last += f" (incomplete: missing {', '.join(st.lacks(step))}; {then})"
         out.append(
             f"checkpoints: {ckdir}; last checkpointed {last}"
             + ("" if st.tracker or step is None else " (tracker missing)")

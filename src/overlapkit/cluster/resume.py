@@ -199,5 +199,8 @@ def record_layout(directory: str, layout: dict, from_iteration: int | None, job_
         "slurm_job_id": job_id,
         "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+    earlier = layouts(directory)
+    if earlier and earlier[-1].get("layout") == entry["layout"]:
+        return  # the next segment of the same run: the layout of its iterations is already on record
     Path(directory).mkdir(parents=True, exist_ok=True)
-    jsonio.write_json(Path(directory) / LAYOUTS, [*layouts(directory), entry])
+    jsonio.write_json(Path(directory) / LAYOUTS, [*earlier, entry])

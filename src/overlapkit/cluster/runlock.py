@@ -151,6 +151,7 @@ def submissions(directory: Path) -> list[dict]:
 def record(directory: Path, run_dir: Path, job_ids: list[str]) -> None:
     """Append a submission (call while holding the lock: the record is read, extended and replaced)."""
     entry = {"run_dir": str(run_dir), "job_ids": list(job_ids), "at": _now(), "host": socket.gethostname()}
+    Path(directory).mkdir(parents=True, exist_ok=True)
     jsonio.write_json(Path(directory) / RECORD, [*submissions(directory), entry])
 
 

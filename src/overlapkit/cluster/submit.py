@@ -266,7 +266,7 @@ def _sole_live_run(sub: Submission):
         return
     with runlock.held(Path(where)):
         if problem := runlock.live_problem(Path(where), sub.plan.run.run_name):
-            raise runlock.LiveRun(problem)
+            raise runlock.LiveRun(f"{problem}; nothing submitted")
         yield lambda ids: runlock.record(Path(where), sub.run_dir, ids)
 
 

@@ -89,6 +89,7 @@ def test_a_changed_layout_is_refused_unless_only_the_weights_are_loaded(tmp_path
     assert _guard(tmp_path, 2, layout={**LAYOUT, "tp": 2}, finetune=True)[0] is None
     # the wider run started at 40 and saved 50: 50 is its layout's, 40 still the first's
     resume.record_layout(str(ck), wider, 40, "12")
+    resume.record_layout(str(ck), wider, 45, "13")  # its next segment: the same layout, nothing new to record
     save_iteration(ck, 50)
     assert resume.layout_at(str(ck), 50)["nodes"] == 2 and resume.layout_at(str(ck), 40)["nodes"] == 1
     assert [e["slurm_job_id"] for e in json.loads((ck / resume.LAYOUTS).read_text())] == ["11", "12"]
