@@ -8,10 +8,12 @@
    Each rank writes `preflight/rank-NNNNN.json` into the run directory.
 2. Rank 0 (with `--checks full`) also rebuilds the recipe by name with the same overrides, re-audits it, checks the
    audit still matches the submitted plan, and writes `preflight.json` with every rank's result.
-3. Every rank of a segment after the first (SEGMENTS=N) checks the run's checkpoint tracker: none is an error (exit 1,
-   never a silent start from iteration 0: Bridge's `exit_on_missing_checkpoint` ends with status 0), and a run
-   already at train_iters exits 0 without training.
-4. Unless `--preflight-only`: Bridge's `pretrain(cfg, forward_step)` with the GPT forward step.
+3. First of all, every rank runs the resume guard (cluster/resume.py) on the run's checkpoints: a later segment
+   without a tracker exits 1 (never a silent start from iteration 0: Bridge's `exit_on_missing_checkpoint` ends with
+   status 0), an incomplete tracked iteration falls back to the last complete one (or exits 1), a changed layout
+   exits 1, and a run already at train_iters exits 0, rank 0 cancelling the later segments.
+4. Unless `--preflight-only`: rank 0 records the layout beside the checkpoints, then Bridge's
+   `pretrain(cfg, forward_step)` with the GPT forward step; a run that reached train_iters cancels the later segments.
 
 It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin, NsysPlugin)
 work unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
@@ -32,6 +34,7 @@ from pathlib import Path
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path]
 
+from overlapkit.cluster import chain, resume  # noqa: E402  (standard library only)
 from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
 from overlapkit.plan import runopts  # noqa: E402  (standard library only at import)
 
@@ -112,25 +115,19 @@ def rebuild(args):
 
 
 def resume_guard(args, plan: dict) -> int | None:
-    """A later segment must resume: no checkpoint tracker → 1 with the reason; training already finished → 0."""
-    run = plan.get("run") or {}
-    found, step = runopts.checkpoint_state(run.get("checkpoint_dir"))
+    """What this segment does with the run's checkpoints (cluster/resume.py): exit now with a status (no checkpoint
+    for a later segment, an incomplete one with nothing before it, a changed layout, training over), or go on
+    (args.ckpt_step: the iteration to load when the tracker's is incomplete). Rank 0 speaks for all, and cancels
+    the later segments of a run that is over."""
+    rank0 = not _env_int("SLURM_PROCID", "RANK")
     where = f"segment {args.segment}/{args.segments}"
-    say = print if not _env_int("SLURM_PROCID", "RANK") else (lambda *a, **k: None)  # rank 0 speaks for all
-    if args.segment > 1 and not found:
-        say(
-            f"error: {where}: no checkpoint to resume from in {run.get('checkpoint_dir')} (no "
-            f"{' or '.join(runopts.TRACKERS)}): the previous segment saved none; refusing to start from iteration "
-            "0 (make status shows what each segment did)",
-            file=sys.stderr,
-        )
-        return 1
-    if step is not None and run.get("train_iters") and step >= run["train_iters"]:
-        say(f"{where}: training finished at iteration {step} (train_iters {run['train_iters']}): nothing to run")
-        return 0
-    if found:
-        say(f"{where}: resuming from iteration {step} in {run['checkpoint_dir']}")
-    return None
+    verdict = resume.guard(plan.get("run") or {}, plan["layout"], where, later_segment=args.segment > 1)
+    for line, error in verdict.lines if rank0 else ():
+        print(line, file=sys.stderr if error else sys.stdout)
+    for line in chain.cancel_after(args.run_dir, args.segment) if verdict.finished and rank0 else ():
+        print(line)
+    args.ckpt_step, args.resume = verdict.ckpt_step, verdict.resume
+    return verdict.code
 
 
 def checkpoint_dir(run_dir: Path) -> str | None:
@@ -230,7 +227,16 @@ def main(argv=None) -> int:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
+    if args.ckpt_step is not None:  # the tracker's iteration is incomplete: the guard's fallback
+        cfg.checkpoint.ckpt_step = args.ckpt_step
+    if rec["rank"] == 0 and cfg.checkpoint.save:  # the layout this run saves with, beside its checkpoints
+        resume.record_layout(cfg.checkpoint.save, plan["layout"], args.resume, os.environ.get("SLURM_JOB_ID"))
     pretrain(cfg, forward_step)
+    run = plan.get("run") or {}
+    done = resume.state(cfg.checkpoint.save, cfg.checkpoint.ckpt_format).named or 0
+    over = rec["rank"] == 0 and run.get("train_iters") and done >= run["train_iters"]
+    for line in chain.cancel_after(args.run_dir, args.segment) if over else ():  # the later segments: nothing to do
+        print(line)
     return 0
 
 

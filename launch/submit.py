@@ -7,12 +7,14 @@ when the audit has errors or the partition can never run the request. Exit statu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from pathlib import Path
 
 from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
-from overlapkit.cluster import chain, sbatch, slurm, submit
+from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.plan import registry
 from overlapkit.serve import client as serve_client
@@ -133,6 +135,10 @@ def checked(args):
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
         if bad := slurm.request_problems(profile, nodes, profile.time_limit):
             raise ValueError(f"{bad[0]}; nothing submitted")
+        # a live run on the checkpoint directory, before the import too (submit asks again under the lock)
+        where = dataclasses.replace(req.run, job_dir=str(profile.job_path)).checkpoint_dir
+        if where and (live := runlock.live_problem(Path(where), req.run.run_name)):
+            raise ValueError(f"{live}; nothing submitted")
     return req, profile
 
 

@@ -1,7 +1,9 @@
 """SEGMENTS on the real local Slurm: `make submit ... RUN_NAME= SEGMENTS=3 PREFLIGHT=1 DATA=` queues three real jobs
 chained with afterany (as Slurm itself shows), each script carries Bridge's PreemptionPlugin `--signal`, every rank
-of a segment plans the same checkpoint directory, a later segment without a checkpoint fails with its message, one
-that finds training finished exits 0, and `make cancel` ends the whole chain. Preflight-only: no GPUs here."""
+of a segment plans the same checkpoint directory, a later segment without a checkpoint fails with its message, two
+submissions of one RUN_NAME typed at once leave one live run (and the name is free again once it ends), a segment
+that finds training finished exits 0 and cancels the rest, and `make cancel` ends the whole chain. Preflight-only:
+no GPUs here."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from overlapkit import stack
-from overlapkit.cluster import chain, slurm
+from overlapkit.cluster import chain, runlock, slurm
 from overlapkit.cluster.profiles import load_profile
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "plan"))
+sys.path[:0] = [str(Path(__file__).parents[1] / "unit_tests" / d) for d in ("plan", "cluster")]
+from ckpt_fixtures import save_iteration  # noqa: E402
 from data_fixtures import build_dataset, corpus_docs, make_tokenizer, write_spec  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -34,10 +37,14 @@ def spec(tmp_path_factory):
     return write_spec(d / "data.toml", tok, [("corpus", 1.0)])
 
 
+def submit_argv(spec, name: str, segments: int) -> list[str]:
+    variables = [f"RECIPE={R8}", "CLUSTER=local", f"DATA={spec}", f"RUN_NAME={name}", f"SEGMENTS={segments}"]
+    return ["make", "-s", "submit", *variables, "PREFLIGHT=1"]
+
+
 def submit(spec, name: str, segments: int = 3) -> tuple[Path, list[str]]:
-    out = subprocess.run(["make", "-s", "submit", f"RECIPE={R8}", "CLUSTER=local", f"DATA={spec}", f"RUN_NAME={name}",
-                          f"SEGMENTS={segments}", "PREFLIGHT=1"], cwd=stack.REPO_ROOT, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+    argv = submit_argv(spec, name, segments)
+    out = subprocess.run(argv, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     m = re.search(
         r"submitted jobs ([\d, ]+) \(each afterany the one before\) to local; run directory: (\S+)", out.stdout
@@ -78,17 +85,31 @@ def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkp
     assert f"segment 2/3: job {ids[1]} FAILED" in status and "last checkpointed none yet" in status
 
 
-def test_segments_that_find_training_finished_exit_zero(spec):
+def test_one_live_run_per_run_name_and_a_finished_run_cancels_its_later_segments(spec):
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     ck = JOBS / "checkpoints" / name
-    (ck / "iter_1168251").mkdir(parents=True)  # the recipe's train_iters, saved: the run is over
-    (ck / "iter_1168251" / "train_state.pt").write_bytes(b"saved")
-    (ck / "latest_train_state.pt").write_bytes(b"tracker")
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    pair = [subprocess.Popen(submit_argv(spec, name, 1), cwd=stack.REPO_ROOT, **pipes) for _ in range(2)]
+    outs = [(p.communicate(timeout=600), p.returncode) for p in pair]  # typed twice at once
+    assert sorted(code for _, code in outs) == [0, 2], outs
+    (won, _), (lost, _) = sorted(outs, key=lambda o: o[1])
+    job, run_dir = re.search(r"submitted job (\d+) to local; run directory: (\S+)", won[0]).groups()
+    [refusal] = [line for line in lost[1].splitlines() if line.startswith("error:")]  # one line (then make's own)
+    assert refusal.startswith(f"error: RUN_NAME={name} is live in {ck} (job {job} "), refusal
+    assert refusal.endswith(f"`make cancel RUN={run_dir}` first, or use another RUN_NAME; nothing submitted")
+    mine = [p for p in (JOBS / "runs").glob("*/plan.json") if json.loads(p.read_text())["run"]["run_name"] == name]
+    assert [p.parent for p in mine] == [Path(run_dir)]  # the refused one left no run directory
+    assert [s["job_ids"] for s in runlock.submissions(ck)] == [[job]]
+    assert slurm.wait_for(job, timeout=600).split()[0] == "COMPLETED"
+    # The run has ended: its RUN_NAME is accepted again (a continuation). Its checkpoint is at train_iters (the
+    # recipe's 1168251, laid out as Megatron writes it): segment 1 exits 0 and cancels segment 2.
+    save_iteration(ck, 1168251)
     run_dir, ids = submit(spec, name, segments=2)
-    assert [slurm.wait_for(j, timeout=600).split()[0] for j in ids] == ["COMPLETED", "COMPLETED"]
+    assert [slurm.wait_for(j, timeout=600).split()[0] for j in ids] == ["COMPLETED", "CANCELLED"]
     exp = Path(json.loads((run_dir / "submission.json").read_text())["experiment_dir"])
-    assert "segment 2/2: training finished at iteration 1168251" in "".join(
-        f.read_text() for f in (exp / "train-seg2").glob("log-*.out"))  # fmt: skip
+    log = "".join(f.read_text() for f in (exp / "train-seg1").glob("log-*.out"))
+    assert "segment 1/2: training finished at iteration 1168251" in log
+    assert f"segment 2 (job {ids[1]}): cancelled: training is over" in log
     assert "last checkpointed iteration 1168251 of 1168251" in make("status", f"RUN={run_dir}").stdout
 
 

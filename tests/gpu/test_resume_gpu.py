@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "plan"))
 from data_fixtures import corpus_docs, make_tokenizer, write_corpus  # noqa: E402
 
-from overlapkit.plan import runopts  # noqa: E402
+from overlapkit.cluster import resume  # noqa: E402
 from overlapkit.regress import logparse  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -68,8 +68,10 @@ def test_sigterm_checkpoint_resume_matches_an_uninterrupted_run(spec, tmp_path):
         time.sleep(1)
     os.killpg(b.pid, signal.SIGTERM)  # the whole torchrun group, as Slurm signals every task of the step
     b.wait(timeout=900)
-    found, step = runopts.checkpoint_state(str(tmp_path / "b"))
-    assert found and step is not None and STOP_AFTER <= step < ITERS, (found, step, b_log.read_text()[-3000:])
+    st = resume.state(str(tmp_path / "b"))  # a real Bridge save: the tracker names a complete iteration
+    step = st.named
+    assert st.tracker and step is not None and not st.lacks(step), (st, b_log.read_text()[-3000:])
+    assert STOP_AFTER <= step < ITERS, (step, b_log.read_text()[-3000:])
     c_log = LOGS / "c_resumed.log"
     c = _torchrun([str(spec), str(tmp_path / "b"), str(ITERS), str(SAVE_INTERVAL)], c_log)
     assert c.wait(timeout=1800) == 0

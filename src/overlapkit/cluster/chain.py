@@ -1,13 +1,16 @@
 """A submitted run's jobs, one per segment (SEGMENTS=N: afterany chain): their states, the last checkpointed
-iteration, and cancelling what has not ended. `make status` and `make cancel` read a run directory through here."""
+iteration, and cancelling what has not ended. `make status` and `make cancel` read a run directory through here, and
+a segment that finds training over cancels the segments after it (they would only start to exit)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from overlapkit.cluster import slurm
-from overlapkit.plan import runopts
+from overlapkit import jsonio
+from overlapkit.cluster import resume, slurm
+
+MARKER = "submission.json"  # a run directory's record of its submission (cluster/submit.py writes it)
 
 
 def job_ids(info: dict) -> list[str]:
@@ -28,11 +31,17 @@ def status_lines(run_dir: Path, info: dict) -> list[str]:
         out.append(label)
     ckdir = info.get("checkpoint_dir")
     if ckdir:
-        found, step = runopts.checkpoint_state(ckdir)
-        iters = (json.loads((run_dir / "plan.json").read_text()).get("run") or {}).get("train_iters")
+        run = json.loads((run_dir / "plan.json").read_text()).get("run") or {}
+        st, iters = resume.state(ckdir, run.get("ckpt_format") or "torch_dist"), run.get("train_iters")
+        step = st.named
         last = f"iteration {step}" + (f" of {iters}" if iters else "") if step is not None else "none yet"
+        if step is not None and st.lacks(step):
+            back = st.fallback(step)
+            then = f"a resume falls back to {back}" if back is not None else "no complete iteration before it"
+            last += f" (incomplete: missing {', '.join(st.lacks(step))}; {then})"
         out.append(
-            f"checkpoints: {ckdir}; last checkpointed {last}" + ("" if found or step is None else " (tracker missing)")
+            f"checkpoints: {ckdir}; last checkpointed {last}"
+            + ("" if st.tracker or step is None else " (tracker missing)")
         )
     return out
 
@@ -43,4 +52,18 @@ def cancel(info: dict) -> list[str]:
     for job in job_ids(info):
         ended = slurm.cancel(job)
         out.append(f"job {job}: already {ended}: nothing to cancel" if ended else f"job {job}: cancelled")
+    return out
+
+
+def cancel_after(run_dir: Path, segment: int) -> list[str]:
+    """Training is over: cancel the chain's segments after `segment` that have not ended; one line each."""
+    info = jsonio.read_json(run_dir / MARKER) or {}
+    out = []
+    for i, job in enumerate(job_ids(info)[segment:] if info.get("job_id") else [], segment + 1):
+        try:
+            ended = slurm.cancel(job)
+        except RuntimeError as exc:  # scancel missing inside a container, the controller away: say so, go on
+            out.append(f"segment {i} (job {job}): not cancelled: {exc}; make cancel RUN={run_dir}")
+            continue
+        out.append(f"segment {i} (job {job}): " + (f"already {ended}" if ended else "cancelled: training is over"))
     return out

@@ -27,6 +27,19 @@ def job_state(job_id: str) -> str:
     return state or "UNKNOWN"
 
 
+def live_jobs(job_ids: list[str]) -> list[tuple[str, str]] | None:
+    """(job id, state) of each of `job_ids` Slurm has not ended (squeue lists every pending or running job), or None
+    when squeue does not answer. A job squeue no longer knows has ended: squeue refuses a list made only of such
+    ids ("Invalid job id specified"), which is an answer too."""
+    if not job_ids:
+        return []
+    out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    if out is None or out.returncode != 0:
+        return [] if out is not None and "Invalid job id" in out.stderr else None
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 1]
+    return [(job, state) for job, state in rows if job in job_ids and not state.startswith(TERMINAL)]
+
+
 def wait_for(job_id: str, timeout: float = 900, poll: float = 2) -> str:
     """The job's terminal state, or TIMEOUT_WAITING after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -19,6 +19,7 @@ import datetime as dt
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, makewatch, stack
-from overlapkit.cluster import slurm
+from overlapkit.cluster import resume, runlock, slurm
+from overlapkit.cluster.chain import MARKER
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
 from overlapkit.plan import request, runopts
 from overlapkit.plan.build import Plan, plan_for, write_run_dir
@@ -35,9 +37,6 @@ from overlapkit.plan.request import PlanRequest
 from overlapkit.topology import GPUS_PER_NODE
 
 TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
-
-
-MARKER = "submission.json"
 
 
 class SubmitError(RuntimeError):
@@ -95,6 +94,9 @@ def transaction(sub):
     """Whatever ends the block (an error, a signal, make's death), a run still `submitting` is marked failed."""
     try:
         yield sub
+    except runlock.LiveRun:  # refused, not failed: the run directory never held a submission
+        shutil.rmtree(sub.run_dir, ignore_errors=True)
+        raise
     except BaseException as exc:
         if read_marker(sub.run_dir).get("state") == "submitting":
             mark(sub.run_dir, "failed", reason=str(exc) or type(exc).__name__)
@@ -194,10 +196,38 @@ def submission(
     limit = profile.time_limit or plan.recipe.time_limit
     if check_partition and (bad := slurm.request_problems(profile, plan.target.nodes, limit)):
         raise SubmitError(f"{bad[0]}; nothing submitted")
+    if check_partition:  # what the job's resume guard would stop on, said before anything is queued
+        for line in resume_lines(plan):
+            print(line, file=sys.stderr)
     run_dir = write_run_dir(plan, profile.job_path / "runs")
     mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
     command = entry_command(plan, profile, run_dir, preflight_only, checks)
     return Submission(plan, profile, run_dir, command, preflight_only, checks)
+
+
+def resume_lines(plan: Plan) -> list[str]:
+    """The resume guard on the checkpoint this plan would load (launch/entry.py runs it again in every segment):
+    its notes, or a SubmitError where the job would stop (an incomplete checkpoint, a changed layout)."""
+    if not plan.run.checkpoint_dir:
+        return []
+    verdict = resume.guard(runopts.summary(plan, plan.run), plan.layout, f"RUN_NAME={plan.run.run_name}")
+    if verdict.code == 1:
+        raise SubmitError(f"{verdict.lines[-1][0].removeprefix('error: ')}; nothing submitted")
+    return [line for line, _ in verdict.lines]
+
+
+@contextlib.contextmanager
+def _sole_live_run(sub: Submission):
+    """The checkpoint directory's lock across "is a run live on it → sbatch → record the job ids" (cluster/runlock.py);
+    yields the recorder of the job ids. A benchmark (no RUN_NAME) saves nothing and needs none."""
+    where = sub.plan.run.checkpoint_dir
+    if not where:
+        yield lambda ids: None
+        return
+    with runlock.held(Path(where)):
+        if problem := runlock.live_problem(Path(where), sub.plan.run.run_name):
+            raise runlock.LiveRun(f"{problem}; nothing submitted")
+        yield lambda ids: runlock.record(Path(where), sub.run_dir, ids)
 
 
 def registry_time_limit(recipe: str) -> str | None:
@@ -356,7 +386,7 @@ def _run_chain(exp) -> None:
 
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
-    with transaction(sub), _no_stdin(), experiment(sub) as exp:
+    with transaction(sub), _sole_live_run(sub) as record_jobs, _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         with _critical():  # a signal now waits until the job id is on disk
             _run_chain(exp)
@@ -376,6 +406,7 @@ def submit(sub: Submission) -> dict:
                 "checkpoint_dir": sub.plan.run.checkpoint_dir,
             }
             mark(sub.run_dir, "submitted", **info)
+            record_jobs(ids)
     return info
 
 

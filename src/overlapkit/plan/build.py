@@ -205,10 +205,14 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     """runs/<recipe>-<UTC time>/{plan.json,config.yaml}; never overwrites an earlier run."""
     stamp = stamp or dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     base = root / f"{plan.recipe.name}-{stamp}"
+    root.mkdir(parents=True, exist_ok=True)
     run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = Path(f"{base}.{i}"), i + 1
-    run_dir.mkdir(parents=True)
+    while True:  # mkdir is the test: two plans typed in the same second each get their own directory
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            run_dir, i = Path(f"{base}.{i}"), i + 1
     plan.run_dir = run_dir
     resolved_config(plan).to_yaml(str(run_dir / "config.yaml"))
     jsonio.write_json(run_dir / "plan.json", plan.to_dict())

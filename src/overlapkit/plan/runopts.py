@@ -291,6 +291,11 @@ def summary(plan, opts: RunOptions) -> dict:
         "signal": f"TERM@{PREEMPT_S}" if opts.run_name else None,
         "exit_duration_in_mins": cfg.train.exit_duration_in_mins,
         "exit_signal_handler": cfg.train.exit_signal_handler,
+        # what a resume reads (cluster/resume.py): the format's complete files, a chosen iteration, the opt-in
+        "ckpt_format": ck.ckpt_format,
+        "ckpt_step": ck.ckpt_step,
+        "load_optim": ck.load_optim,
+        "finetune": ck.finetune,
         "nsys": {"steps": list(opts.nsys), "ranks": list(opts.nsys_ranks)} if opts.nsys else None,
     }
 
@@ -336,23 +341,3 @@ def lines(d: dict) -> list[str]:
             f"({run['signal']}), exit_duration_in_mins {run['exit_duration_in_mins']}"
         )
     return out
-
-
-# Bridge's checkpoint tracker (megatron/bridge/training/checkpointing.py: TRACKER_PREFIX + train_state.pt), and the
-# Megatron-LM one it falls back to. Standard library only: launch/entry.py checks it before torch is imported.
-TRACKERS = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
-
-
-def checkpoint_state(directory: str | None) -> tuple[bool, int | None]:
-    """(a tracker exists, the last saved iteration): the highest iter_NNNNNNN directory whose train_state.pt is
-    written (Bridge writes it once the save is complete), else the legacy tracker's number."""
-    if not directory or not Path(directory).is_dir():
-        return False, None
-    d = Path(directory)
-    tracker = any((d / t).is_file() for t in TRACKERS)
-    done = [int(p.name[5:]) for p in d.glob("iter_*") if p.name[5:].isdigit() and (p / "train_state.pt").is_file()]
-    if done:
-        return tracker, max(done)
-    legacy = d / TRACKERS[1]
-    text = legacy.read_text().strip() if legacy.is_file() else ""
-    return tracker, int(text) if text.isdigit() else None

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 
+from ckpt_fixtures import save_iteration
+
 from overlapkit.cluster import chain
 
 
 def test_status_lists_every_segment_and_the_last_checkpointed_iteration(tmp_path):
     ck = tmp_path / "ck"
     for step in (100, 200):
-        (ck / f"iter_{step:07d}").mkdir(parents=True)
-        (ck / f"iter_{step:07d}" / "train_state.pt").write_bytes(b"x")
+        save_iteration(ck, step)
     (ck / "iter_0000300").mkdir()  # a save cut short: no train_state.pt, not counted
-    (ck / "latest_train_state.pt").write_bytes(b"x")
     (tmp_path / "plan.json").write_text(json.dumps({"run": {"train_iters": 1000}}))
     (tmp_path / "segment-1").mkdir()
     (tmp_path / "segment-1" / "preflight.json").write_text(json.dumps({"ok": True}))
@@ -24,3 +24,14 @@ def test_status_lists_every_segment_and_the_last_checkpointed_iteration(tmp_path
     assert lines[2].startswith("segment 3/3: job 999992 ")
     assert lines[3] == f"checkpoints: {ck}; last checkpointed iteration 200 of 1000"
     assert chain.job_ids({"job_id": "7"}) == ["7"]  # a run submitted before chains
+    save_iteration(ck, 300, lacking=(".metadata",))  # the tracker names 300, whose save never finished
+    last = chain.status_lines(tmp_path, info)[3]
+    assert last.endswith("iteration 300 of 1000 (incomplete: missing .metadata; a resume falls back to 200)")
+
+
+def test_a_finished_run_cancels_only_the_segments_after_it(tmp_path):
+    assert chain.cancel_after(tmp_path, 1) == []  # no submission recorded: nothing to cancel
+    (tmp_path / chain.MARKER).write_text(json.dumps({"job_id": "999990", "job_ids": ["999990", "999991"]}))
+    # a job id Slurm never issued: scancel refuses it, which is said (with the fix), not raised
+    [line] = chain.cancel_after(tmp_path, 1)
+    assert line.startswith("segment 2 (job 999991): ") and "999990" not in line

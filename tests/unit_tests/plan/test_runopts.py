@@ -1,15 +1,13 @@
 """RUN_NAME, SEGMENTS and NSYS on real plans: where checkpoints and logs go, the guards a chained run gets, what the
-audit refuses, and the resume guard every later segment runs (launch/entry.py) on real checkpoint directories."""
+audit refuses (the resume guard on checkpoint directories: cluster/test_resume.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
-from launch import entry
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.plan import runopts
@@ -117,36 +115,6 @@ def test_a_time_limit_too_short_for_the_save_window_is_refused(tmp_path):
     profile = dataclasses.replace(load_profile("local"), time_limit="00:15:00", job_dir=str(tmp_path))
     with pytest.raises(ValueError, match="SEGMENTS needs a time limit above 20 minutes"):
         submit.bind(PlanRequest(R8, run=runopts.RunOptions(run_name="x", segments=2)), profile)
-
-
-def _checkpoint(d: Path, step: int, tracker: bool = True) -> None:
-    (d / f"iter_{step:07d}").mkdir(parents=True)
-    (d / f"iter_{step:07d}" / "train_state.pt").write_bytes(b"written by Bridge on save")
-    if tracker:
-        (d / "latest_train_state.pt").write_bytes(b"tracker")
-
-
-def _guard(tmp_path, segment, train_iters=100):
-    plan = {"run": {"checkpoint_dir": str(tmp_path / "ck"), "train_iters": train_iters}}
-    args = entry._args(["--recipe", R8, "--run-dir", str(tmp_path), "--segment", str(segment), "--segments", "3"])
-    return entry.resume_guard(args, plan)
-
-
-def test_a_later_segment_without_a_checkpoint_fails_loudly(tmp_path, capsys):
-    assert _guard(tmp_path, 1) is None  # the first segment may start fresh
-    assert _guard(tmp_path, 2) == 1
-    err = capsys.readouterr().err
-    assert "segment 2/3: no checkpoint to resume from" in err and "refusing to start from iteration 0" in err
-    _checkpoint(tmp_path / "ck", 40, tracker=False)  # an iteration directory without a tracker is not a checkpoint
-    assert _guard(tmp_path, 2) == 1
-
-
-def test_a_later_segment_resumes_and_one_after_the_end_exits_zero(tmp_path, capsys):
-    _checkpoint(tmp_path / "ck", 40)
-    assert _guard(tmp_path, 2) is None and "resuming from iteration 40" in capsys.readouterr().out
-    _checkpoint(tmp_path / "ck", 100)
-    assert _guard(tmp_path, 3) == 0 and "training finished at iteration 100" in capsys.readouterr().out
-    assert runopts.checkpoint_state(str(tmp_path / "ck")) == (True, 100)
 
 
 def test_the_nsys_window_is_checked_against_the_run_it_profiles():

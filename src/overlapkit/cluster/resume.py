@@ -1,0 +1,206 @@
+"""What a run resumes from: the checkpoint directory's tracker, which iterations in it are complete, and the layout
+each was saved with. Standard library only: launch/entry.py asks before anything imports torch.
+
+- The tracker (Bridge's latest_train_state.pt; the Megatron-LM latest_checkpointed_iteration.txt it also writes,
+  which holds the iteration as text) names the iteration Bridge loads. One whose directory is incomplete (a partial
+  write after a kill, files lost) is never resumed silently: the run falls back to the last complete iteration
+  before it, said in one line and realised with `checkpoint.ckpt_step` (Bridge loads that iteration instead of the
+  tracker's: training/checkpointing.py, _resolve_checkpoint_iteration), or stops with the reason when there is none.
+- The layout (nodes, parallel sizes, global batch, sequence) each run trained with is recorded beside the
+  checkpoints when it starts (LAYOUTS, from the plan), with the iteration it started from. A resume under another
+  layout is refused unless the run says it loads only the weights (see `layout_problem`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overlapkit import jsonio
+
+# Bridge's checkpoint tracker (megatron/bridge/training/checkpointing.py: TRACKER_PREFIX + train_state.pt), and the
+# Megatron-LM one Bridge writes beside it (save_checkpoint's train_state_finalize_fn: "Write Megatron-LM tracker file
+# for compatibility"), the iteration as text.
+TRACKERS = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
+# A complete iteration directory as Megatron Core 0.19.2 and Bridge 0.6.2 write it in torch_dist: DCP's `.metadata`
+# (torch.distributed.checkpoint FileSystemWriter.finish, once every rank's shards are written), Core's
+# `metadata.json` (dist_checkpointing/serialization.py, save's metadata_finalize_fn: "written only if the checkpoint
+# is complete"), then Bridge's train_state.pt, the trackers and run_config.yaml last (checkpointing.py,
+# train_state_finalize_fn). `common.pt` is Core's legacy layout only: 0.19.2 keeps the common state inside the
+# torch_dist checkpoint (serialization.py, load_common_state_dict), so it is not required.
+COMPLETE = {"torch_dist": (".metadata", "metadata.json", "train_state.pt", "run_config.yaml")}
+COMPLETE_OTHER = ("train_state.pt", "run_config.yaml")  # other formats: what Bridge itself writes last
+LAYOUTS = "overlapkit-layouts.json"
+# What a resume must keep: the world and its split (nodes, GPUs, TP/PP/VPP/CP/EP/ETP, DP) and what decides the data
+# order (global batch, sequence length). Micro-batch size is not among them: the global batch's samples do not change.
+LAYOUT_KEYS = ("nodes", "gpus", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "gbs", "seq")
+
+
+def _iteration(name: str) -> int | None:
+    return int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else None
+
+
+@dataclass(frozen=True)
+class State:
+    """A checkpoint directory: is there a tracker, which iteration it names, and what each iteration lacks."""
+
+    directory: str | None = None
+    tracker: bool = False
+    named: int | None = None  # the tracker's iteration
+    missing: dict[int, tuple[str, ...]] = field(default_factory=dict)  # iteration → files it lacks (none: complete)
+
+    @property
+    def complete(self) -> list[int]:
+        return sorted(i for i, lack in self.missing.items() if not lack)
+
+    def lacks(self, iteration: int) -> tuple[str, ...]:
+        return self.missing.get(iteration, (f"iter_{iteration:07d}",))
+
+    def fallback(self, iteration: int) -> int | None:
+        """`iteration` if complete, else the last complete one before it."""
+        if not self.lacks(iteration):
+            return iteration
+        return max((i for i in self.complete if i < iteration), default=None)
+
+
+def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
+    if not directory or not Path(directory).is_dir():
+        return State(directory)
+    d, need = Path(directory), COMPLETE.get(ckpt_format, COMPLETE_OTHER)
+    missing = {}
+    for p in d.glob("iter_*"):
+        if (it := _iteration(p.name)) is not None and p.is_dir():
+            missing[it] = tuple(f for f in need if not (p / f).is_file() or not (p / f).stat().st_size)
+    legacy = d / TRACKERS[1]
+    text = legacy.read_text().strip() if legacy.is_file() else ""
+    # Without the text tracker (an older Bridge): the last iteration whose train_state.pt is written, which Bridge
+    # writes just before the trackers.
+    written = [i for i in missing if "train_state.pt" not in missing[i]]
+    named = int(text) if text.isdigit() else max(written, default=None)
+    return State(directory, any((d / t).is_file() for t in TRACKERS), named, missing)
+
+
+@dataclass
+class Verdict:
+    """What a run about to start does with its checkpoint directory."""
+
+    code: int | None = None  # exit now with this status; None: go on
+    lines: list[tuple[str, bool]] = field(default_factory=list)  # (line, is an error)
+    ckpt_step: int | None = None  # load this iteration, not the tracker's (checkpoint.ckpt_step)
+    resume: int | None = None  # the iteration it resumes from; None: a fresh start
+    finished: bool = False
+
+
+def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> Verdict:
+    """`run` is the plan's run summary (plan/runopts.py: summary), `layout` the plan's layout. A later segment must
+    resume (no tracker: exit 1, never a silent start from iteration 0); a tracker naming an incomplete iteration
+    falls back or stops; a finished run exits 0; a changed layout stops unless opted in."""
+    d, v = run.get("checkpoint_dir"), Verdict()
+    st = state(d, run.get("ckpt_format") or "torch_dist")
+    if not st.tracker:
+        if later_segment:
+            v.code = 1
+            v.lines.append(
+                (
+                    f"error: {where}: no checkpoint to resume from in {d} (no {' or '.join(TRACKERS)}): the "
+                    "previous segment saved none; refusing to start from iteration 0 (make status shows what each "
+                    "segment did)",
+                    True,
+                )
+            )
+        return v
+    asked = run.get("ckpt_step")
+    want = asked if asked is not None else st.named
+    at = st.fallback(want) if want is not None else None
+    if at is None or (asked is not None and at != asked):
+        named = f"iteration {want}" if want is not None else "no iteration"
+        lack = f" (missing {', '.join(st.lacks(want))})" if want is not None else ""
+        v.code = 1
+        v.lines.append(
+            (
+                f"error: {where}: {'checkpoint.ckpt_step' if asked is not None else 'the tracker'} names {named} in "
+                f"{d}, which is incomplete{lack}, and no complete iteration precedes it: refusing to resume a "
+                "partial checkpoint; restore it, or use another RUN_NAME to start over",
+                True,
+            )
+        )
+        return v
+    if at != want:
+        v.ckpt_step = at
+        v.lines.append(
+            (
+                f"warning: {where}: iteration {want} in {d} is incomplete (missing {', '.join(st.lacks(want))}): "
+                f"resuming from iteration {at}, the last complete one (checkpoint.ckpt_step={at})",
+                False,
+            )
+        )
+    v.resume = at
+    return _resumable(v, st, run, layout, where)
+
+
+def _resumable(v: Verdict, st: State, run: dict, layout: dict, where: str) -> Verdict:
+    d, at, iters = st.directory, v.resume, run.get("train_iters")
+    for it in sorted(i for i in st.missing if i > at and st.missing[i]):
+        lack = ", ".join(st.missing[it])
+        v.lines.append((f"note: {where}: iter_{it:07d} is a save cut short (missing {lack}): not resumed", False))
+    if iters and at >= iters and not run.get("finetune"):
+        v.code, v.finished = 0, True
+        v.lines.append((f"{where}: training finished at iteration {at} (train_iters {iters}): nothing to run", False))
+        return v
+    if problem := layout_problem(d, at, layout, run):
+        v.code = 1
+        v.lines.append((f"error: {where}: {problem}", True))
+        return v
+    v.lines.append((f"{where}: resuming from iteration {at} in {d}", False))
+    return v
+
+
+def layouts(directory: str | None) -> list[dict]:
+    return (jsonio.read_json(Path(directory) / LAYOUTS, list) or []) if directory else []
+
+
+def layout_at(directory: str | None, iteration: int) -> dict | None:
+    """The layout iteration `iteration` was saved with: that of the last run recorded as starting before it."""
+    before = [e for e in layouts(directory) if e.get("from_iteration", 0) < iteration]
+    return before[-1].get("layout") if before else None
+
+
+def opted_in(run: dict) -> bool:
+    """The run loads only the checkpoint's weights, which Core's torch_dist reshards to any layout: no optimizer or
+    LR-scheduler state (checkpoint.load_optim=false: Bridge's checkpointing.py loads neither then), or it starts
+    over at iteration 0 from them (checkpoint.finetune=true: no optimizer, no RNG, iteration 0)."""
+    return run.get("load_optim") is False or bool(run.get("finetune"))
+
+
+def layout_problem(directory: str | None, iteration: int, layout: dict, run: dict) -> str | None:
+    """Why resuming `iteration` under `layout` is refused (one line naming the fix), or None."""
+    saved = layout_at(directory, iteration)
+    if saved is None or opted_in(run):
+        return None
+    changed = [f"{k} {saved.get(k)}→{layout.get(k)}" for k in LAYOUT_KEYS if saved.get(k) != layout.get(k)]
+    if not changed:
+        return None
+    # Bridge compares only (TP, PP) on load (checkpointing.py: tp_pp_match) and refuses a changed data-parallel size
+    # only for its Energon loader (Megatron-Bridge PR #5637); anything else resumes with another data order, or fails
+    # inside the load (a non-reshardable optimizer).
+    return (
+        f"iteration {iteration} in {directory} was saved with another layout ({', '.join(changed)}): resuming it "
+        "would read the data in another order or fail inside the load; keep the layout, use another RUN_NAME, or "
+        f"SET='checkpoint.load_optim=false' to load only its weights and go on from iteration {iteration}"
+    )
+
+
+def record_layout(directory: str, layout: dict, from_iteration: int | None, job_id: str | None) -> None:
+    """Append the layout a run trains with from `from_iteration` (None: a fresh start), before it trains."""
+    entry = {
+        "from_iteration": from_iteration or 0,
+        "layout": {k: layout.get(k) for k in LAYOUT_KEYS},
+        "slurm_job_id": job_id,
+        "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    earlier = layouts(directory)
+    if earlier and earlier[-1].get("layout") == entry["layout"]:
+        return  # the next segment of the same run: the layout of its iterations is already on record
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    jsonio.write_json(Path(directory) / LAYOUTS, [*earlier, entry])

@@ -1,0 +1,152 @@
+"""One live run per checkpoint directory: a RUN_NAME may be reused to continue a run that has ended (the feature),
+never by a second run while the first is queued or running (two trainings saving into one directory overwrite
+each other's iterations and tracker, and the next segment resumes from whichever wrote last).
+
+A submission holds the directory's lock file across "is a run live? → sbatch → record the job ids", so two
+submitters typed at once are serialised: the second finds the first's jobs recorded and live, and is refused.
+"Live" is Slurm's word (squeue: any recorded job not in a terminal state), so nothing stale on disk decides it.
+
+The lock is a file created with O_CREAT|O_EXCL, holding its holder's host, pid and time, not flock/fcntl: the job
+directory is on the cluster's shared filesystem, where flock is emulated by fcntl byte-range locks on NFS (flock(2):
+"Since Linux 2.6.12, NFS clients support flock() locks by emulating them as fcntl(2) byte-range locks") and needs a
+working lockd, and on Lustre is coherent across clients only when mounted with `-o flock` (mount.lustre(8);
+`localflock` gives node-local locks, and neither is the default). O_EXCL creation is atomic on NFSv3 and later
+(open(2), "O_EXCL") and on Lustre (a metadata server operation). A lock whose holder died (kill -9, a lost node) is
+stale: its pid is gone (same host), or it is older than STALE_S (another host, where the pid cannot be asked); a
+stale lock is removed under a second O_EXCL lock, so two submitters that both find it stale cannot both take it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from overlapkit import jsonio, makewatch
+from overlapkit.cluster import slurm
+
+LOCK = "overlapkit-submit.lock"
+RECORD = "overlapkit-runs.json"  # every submission onto this directory: run directory, job ids, time
+# A submission holds the lock for sbatch of every segment (nemo_run, one sbatch each, 30 s timeout apiece in a slow
+# controller's worst case) and the record write: ten minutes is far beyond that, short enough to recover unattended.
+STALE_S = 600
+BREAK_STALE_S = 30  # the breaker's own lock is held for one read and one unlink
+WAIT_S = 300  # how long a second submitter waits for the first to record its jobs
+
+
+class LiveRun(RuntimeError):
+    """One line: another run is live on this checkpoint directory (or the lock cannot be had)."""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def _create(path: Path, record: dict) -> bool:
+    """Create `path` holding `record` if it does not exist (atomically); False if it does."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(jsonio.dumps(record))
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def stale(path: Path, holder: dict | None, stale_s: float = STALE_S) -> bool:
+    """Is the lock at `path` (its content `holder`; None while its creator is still writing it) left by a dead
+    submitter? Same host: its pid is gone. Another host, or no readable holder: older than `stale_s`."""
+    if holder and holder.get("host") == socket.gethostname() and str(holder.get("pid", "")).isdigit():
+        return not makewatch.alive(int(holder["pid"]))
+    return _age(path) > (stale_s if holder else max(stale_s / 60, 5.0))
+
+
+def _break(path: Path, holder: dict | None) -> None:
+    """Remove the stale lock `path` if it still holds `holder`, under a breaker's lock (see the module docstring)."""
+    breaker = path.with_name(path.name + ".break")
+    if breaker.exists() and _age(breaker) > BREAK_STALE_S:
+        with contextlib.suppress(FileNotFoundError):
+            breaker.unlink()
+    if not _create(breaker, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}):
+        return
+    try:
+        if jsonio.read_json(path) == holder:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    finally:
+        breaker.unlink()
+
+
+def describe_holder(holder: dict | None) -> str:
+    if not holder:
+        return "a submitter still writing it"
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('at')}"
+
+
+@contextlib.contextmanager
+def held(directory: Path, wait_s: float = WAIT_S, poll: float = 0.5):
+    """The checkpoint directory's lock, for the block (created with the directory); waits `wait_s` for a live
+    holder, takes over a stale one, and is released only if it is still ours."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path, me = directory / LOCK, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}
+    me["token"] = uuid.uuid4().hex
+    deadline = time.monotonic() + wait_s
+    while not _create(path, me):
+        holder = jsonio.read_json(path)
+        if stale(path, holder):
+            _break(path, holder)
+            continue
+        if time.monotonic() > deadline:
+            raise LiveRun(
+                f"another submission onto {directory} holds {path} ({describe_holder(holder)}): wait for it to "
+                f"end; if that process is gone (another host's lock counts as stale after {STALE_S} s), remove the file"
+            )
+        time.sleep(poll)
+    try:
+        yield path
+    finally:
+        if (jsonio.read_json(path) or {}).get("token") == me["token"]:
+            path.unlink()
+
+
+def submissions(directory: Path) -> list[dict]:
+    """The recorded submissions onto `directory`, oldest first."""
+    return jsonio.read_json(Path(directory) / RECORD, list) or []
+
+
+def record(directory: Path, run_dir: Path, job_ids: list[str]) -> None:
+    """Append a submission (call while holding the lock: the record is read, extended and replaced)."""
+    entry = {"run_dir": str(run_dir), "job_ids": list(job_ids), "at": _now(), "host": socket.gethostname()}
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    jsonio.write_json(Path(directory) / RECORD, [*submissions(directory), entry])
+
+
+def live_problem(directory: Path, run_name: str) -> str | None:
+    """Why a new run may not start on `directory` now (one line naming the fix), or None. Slurm decides what is
+    live; when it does not answer, nothing can be decided and that is the answer."""
+    subs = submissions(directory)
+    ids = [job for sub in subs for job in sub.get("job_ids", [])]
+    live = slurm.live_jobs(ids)
+    if live is None:
+        return f"RUN_NAME={run_name}: Slurm does not answer (squeue), so whether its run is live is unknown: retry"
+    if not live:
+        return None
+    owner = next(s for s in reversed(subs) if set(s.get("job_ids", [])) & {j for j, _ in live})
+    jobs = ", ".join(f"{j} {state}" for j, state in live)
+    return (
+        f"RUN_NAME={run_name} is live in {directory} (job {jobs}, run {owner['run_dir']}): a second run would "
+        f"overwrite its checkpoints; `make cancel RUN={owner['run_dir']}` first, or use another RUN_NAME"
+    )
