@@ -29,7 +29,6 @@ UNTESTED = {
     "slurm-up": "installs Debian packages as root and starts the local Slurm that the e2e tests need",
     "slurm-down": "stops the local Slurm the e2e tests need",
     "logs": "prints a run's Slurm job logs (launch.submit logs); no test reads them through make yet",
-    "nightly-report": "the nightly's summary job runs the same report (launch.nightly report) in test_nightly_e2e.py",
     "bless": "needs a completed GPU training run of a nightly shape; bless_checks are unit-tested in test_rules.py",
 }
 
