@@ -42,15 +42,36 @@ def submit_argv(spec, name: str, segments: int) -> list[str]:
     return ["make", "-s", "submit", *variables, "PREFLIGHT=1"]
 
 
+def submitted(stdout: str) -> tuple[Path, list[str]]:
+    m = re.search(r"submitted jobs ([\d, ]+) \(each afterany the one before\) to local; run directory: (\S+)", stdout)
+    assert m, stdout[-2000:]
+    return Path(m.group(2)), m.group(1).split(", ")
+
+
 def submit(spec, name: str, segments: int = 3) -> tuple[Path, list[str]]:
     argv = submit_argv(spec, name, segments)
     out = subprocess.run(argv, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    m = re.search(
-        r"submitted jobs ([\d, ]+) \(each afterany the one before\) to local; run directory: (\S+)", out.stdout
-    )
-    assert m, out.stdout[-2000:]
-    return Path(m.group(2)), m.group(1).split(", ")
+    return submitted(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def pair(spec):
+    """`make submit ... RUN_NAME=<new> SEGMENTS=3 PREFLIGHT=1` typed twice at once, in two new processes:
+    (name, [((stdout, stderr), status)] × 2)."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    procs = [subprocess.Popen(submit_argv(spec, name, 3), cwd=stack.REPO_ROOT, **pipes) for _ in range(2)]
+    return name, [(p.communicate(timeout=600), p.returncode) for p in procs]
+
+
+@pytest.fixture(scope="module")
+def chain3(pair):
+    """The one of the pair that was submitted: (name, run directory, its three job ids)."""
+    name, outs = pair
+    won = [out for out, code in outs if code == 0]
+    assert len(won) == 1, outs
+    return (name, *submitted(won[0][0]))
 
 
 def dependency(job: str) -> str:
@@ -62,9 +83,8 @@ def make(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "-s", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkpoint_fails(spec):
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    run_dir, ids = submit(spec, name)
+def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkpoint_fails(chain3):
+    name, run_dir, ids = chain3
     assert len(ids) == 3
     assert dependency(ids[2]).startswith(f"afterany:{ids[1]}")  # still queued behind segment 2: Slurm shows it
     states = [slurm.wait_for(j, timeout=600).split()[0] for j in ids]
@@ -85,22 +105,18 @@ def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkp
     assert f"segment 2/3: job {ids[1]} FAILED" in status and "last checkpointed none yet" in status
 
 
-def test_one_live_run_per_run_name_and_a_finished_run_cancels_its_later_segments(spec):
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
+def test_one_live_run_per_run_name_and_a_finished_run_cancels_its_later_segments(spec, pair, chain3):
+    name, run_dir, ids = chain3
     ck = JOBS / "checkpoints" / name
-    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    pair = [subprocess.Popen(submit_argv(spec, name, 1), cwd=stack.REPO_ROOT, **pipes) for _ in range(2)]
-    outs = [(p.communicate(timeout=600), p.returncode) for p in pair]  # typed twice at once
-    assert sorted(code for _, code in outs) == [0, 2], outs
-    (won, _), (lost, _) = sorted(outs, key=lambda o: o[1])
-    job, run_dir = re.search(r"submitted job (\d+) to local; run directory: (\S+)", won[0]).groups()
-    [refusal] = [line for line in lost[1].splitlines() if line.startswith("error:")]  # one line (then make's own)
-    assert refusal.startswith(f"error: RUN_NAME={name} is live in {ck} (job {job} "), refusal
+    [((_, err), code)] = [out for out in pair[1] if out[1] != 0]  # typed at once: the other one is refused
+    assert code == 2
+    [refusal] = [line for line in err.splitlines() if line.startswith("error:")]  # one line (then make's own)
+    assert refusal.startswith(f"error: RUN_NAME={name} is live in {ck} (job {ids[0]} "), refusal
     assert refusal.endswith(f"`make cancel RUN={run_dir}` first, or use another RUN_NAME; nothing submitted")
     mine = [p for p in (JOBS / "runs").glob("*/plan.json") if json.loads(p.read_text())["run"]["run_name"] == name]
-    assert [p.parent for p in mine] == [Path(run_dir)]  # the refused one left no run directory
-    assert [s["job_ids"] for s in runlock.submissions(ck)] == [[job]]
-    assert slurm.wait_for(job, timeout=600).split()[0] == "COMPLETED"
+    assert [p.parent for p in mine] == [run_dir]  # the refused one left no run directory
+    assert [s["job_ids"] for s in runlock.submissions(ck)] == [ids]
+    assert all(slurm.wait_for(j, timeout=600).startswith(slurm.TERMINAL) for j in ids)
     # The run has ended: its RUN_NAME is accepted again (a continuation). Its checkpoint is at train_iters (the
     # recipe's 1168251, laid out as Megatron writes it): segment 1 exits 0 and cancels segment 2.
     save_iteration(ck, 1168251)

@@ -113,15 +113,24 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
     asked = run.get("ckpt_step")
     want = asked if asked is not None else st.named
     at = st.fallback(want) if want is not None else None
-    if at is None or (asked is not None and at != asked):
-        named = f"iteration {want}" if want is not None else "no iteration"
-        lack = f" (missing {', '.join(st.lacks(want))})" if want is not None else ""
+    if want is None:
         v.code = 1
         v.lines.append(
             (
-                f"error: {where}: {'checkpoint.ckpt_step' if asked is not None else 'the tracker'} names {named} in "
-                f"{d}, which is incomplete{lack}, and no complete iteration precedes it: refusing to resume a "
-                "partial checkpoint; restore it, or use another RUN_NAME to start over",
+                f"error: {where}: {d} has a tracker but no {TRACKERS[1]} and no iteration with its "
+                "train_state.pt: nothing to resume; restore it, or use another RUN_NAME to start over",
+                True,
+            )
+        )
+        return v
+    if at is None or (asked is not None and at != asked):
+        v.code = 1
+        v.lines.append(
+            (
+                f"error: {where}: {'checkpoint.ckpt_step' if asked is not None else 'the tracker'} names iteration "
+                f"{want} in {d}, which is incomplete (missing {', '.join(st.lacks(want))}), and no complete "
+                "iteration precedes it: refusing to resume a partial checkpoint; restore it, or use another "
+                "RUN_NAME to start over",
                 True,
             )
         )

@@ -1,6 +1,8 @@
 """A checkpoint directory laid out as Megatron Core 0.19.2 and Bridge 0.6.2 write it in torch_dist (the file names of
 cluster/resume.py's COMPLETE, with placeholder contents: the guard reads names and sizes, never the bytes), built on
-CPU without a training run."""
+CPU without a training run. Not a real Core save: dist_checkpointing.save cannot run on a CPU-only machine (its
+filesystem writer's preload_tensors calls torch.cuda.synchronize, Core 0.19.2 strategies/filesystem_async.py), so
+tests/gpu/test_resume_gpu.py checks the guard on a real Bridge save."""
 
 from __future__ import annotations
 
