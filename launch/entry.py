@@ -23,81 +23,17 @@ overrides.json (the SET pairs exactly as typed, and the run options).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
 # A path-based script: its own checkout's src/ and root on the path, whatever the launcher's PYTHONPATH.
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path]
 
-from overlapkit.cluster import chain, resume  # noqa: E402  (standard library only)
+from overlapkit.cluster import chain, preflight, resume  # noqa: E402  (standard library only)
 from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
 from overlapkit.plan import runopts  # noqa: E402  (standard library only at import)
-
-
-def _env_int(*names: str) -> int | None:
-    for n in names:
-        if os.environ.get(n, "").isdigit():
-            return int(os.environ[n])
-    return None
-
-
-def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.environ) -> dict:
-    """Cheap checks every rank runs; returns this rank's record (secrets: present or not, never their values)."""
-    lay = plan["layout"]
-    failures, notes = [], []
-    seen = {name: environ.get(name) for name in ledger}
-    for name, want in ledger.items():
-        if environ.get(name) != want:
-            failures.append(f"{name}={environ.get(name)!r} but the ledger says {want!r}")
-    for name in secrets:
-        if not environ.get(name):
-            failures.append(f"secret {name} is not in the job environment: export it in the submitting shell")
-    if "torch" in sys.modules:  # nothing imported torch before the env check: CUDA cannot have been initialised
-        failures.append("torch was imported before the preflight: CUDA_DEVICE_MAX_CONNECTIONS may be too late")
-    rank, world = _env_int("SLURM_PROCID", "RANK"), _env_int("SLURM_NTASKS", "WORLD_SIZE")
-    local, nnodes = _env_int("SLURM_LOCALID", "LOCAL_RANK"), _env_int("SLURM_NNODES", "NNODES")
-    if world != lay["gpus"]:
-        failures.append(f"world size {world} != planned {lay['gpus']} GPUs")
-    if nnodes is not None and nnodes != lay["nodes"]:
-        failures.append(f"{nnodes} nodes != planned {lay['nodes']}")
-    if rank is None or world is None or not 0 <= rank < world:
-        failures.append(f"rank {rank} outside world size {world}")
-    if local is None or not 0 <= local < 8:
-        failures.append(f"local rank {local} outside 0..7 (8 GPUs per node)")
-    tp_on = plan["audit"]["rows"]["tp_comm_overlap"]["state"] == "on"
-    gpu_node = Path("/dev/nvidiactl").exists()
-    if tp_on and importlib.util.find_spec("transformer_engine") is None:
-        msg = "Transformer Engine is not importable but TP overlap is on"
-        (failures if gpu_node else notes).append(msg + ("" if gpu_node else " (CPU node: dry run, not fatal)"))
-    if tp_on and not any(k in environ for k in ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
-        failures.append("TP overlap's userbuffers bootstrap needs MPI/PMIx ranks: launch with `srun --mpi=pmix`")
-    return {
-        "rank": rank,
-        "local_rank": local,
-        "world_size": world,
-        "nodes": nnodes,
-        "host": os.uname().nodename,
-        "slurm_job_id": environ.get("SLURM_JOB_ID"),
-        "env": seen,
-        "launcher_vars": sorted(k for k in environ if k.startswith(("PMIX_", "PMI_", "OMPI_", "SLURM_MPI"))),
-        "ok": not failures,
-        "failures": failures,
-        "notes": notes,
-    }
-
-
-def reaudit(plan: dict, rebuilt) -> list[str]:
-    """Rank 0: does the recipe rebuilt in the job (an overlapkit Plan) still audit as the submitted plan said?"""
-    again = rebuilt.to_dict()
-    out = [f"re-audit error: {e['message']}" for e in again["audit"]["errors"]]
-    if again["layout"] != plan["layout"] or again["audit"]["rows"] != plan["audit"]["rows"]:
-        out.append("the recipe rebuilt in the job differs from the submitted plan (code changed since submit?)")
-    return out
 
 
 def rebuild(args):
@@ -119,7 +55,7 @@ def resume_guard(args, plan: dict) -> int | None:
     for a later segment, an incomplete one with nothing before it, a changed layout, training over), or go on
     (args.ckpt_step: the iteration to load when the tracker's is incomplete). Rank 0 speaks for all, and cancels
     the later segments of a run that is over."""
-    rank0 = not _env_int("SLURM_PROCID", "RANK")
+    rank0 = not preflight.env_int("SLURM_PROCID", "RANK")
     where = f"segment {args.segment}/{args.segments}"
     verdict = resume.guard(plan.get("run") or {}, plan["layout"], where, later_segment=args.segment > 1)
     for line, error in verdict.lines if rank0 else ():
@@ -142,27 +78,6 @@ def out_dir(args) -> Path:
     return args.run_dir if args.segments == 1 else args.run_dir / f"segment-{args.segment}"
 
 
-def collect(run_dir: Path, world: int, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    files = []
-    while time.monotonic() < deadline:
-        files = sorted((run_dir / "preflight").glob("rank-*.json"))
-        if len(files) >= world:
-            break
-        time.sleep(0.5)
-    return [json.loads(f.read_text()) for f in files]
-
-
-def wait_for_summary(path: Path, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return bool(json.loads(path.read_text())["ok"])
-        time.sleep(0.5)
-    print(f"preflight: no verdict from rank 0 in {timeout:.0f} s ({path})", file=sys.stderr)
-    return False
-
-
 def _args(argv):
     ap = argparse.ArgumentParser(prog="launch.entry", description=__doc__)
     ap.add_argument("--recipe", required=True)
@@ -181,22 +96,11 @@ def _args(argv):
 
 def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
     """Rank 0: the re-audit (when rebuilt), every rank's record, and the run's preflight.json."""
-    errors = reaudit(plan, rebuilt) if rebuilt is not None else []
-    ranks = collect(out_dir(args), rec["world_size"] or 1, timeout=120)
-    bad = [r["rank"] for r in ranks if not r["ok"]]
-    summary = {
-        "ok": rec["ok"] and not errors and not bad and len(ranks) == rec["world_size"],
-        "checks": args.checks,
-        "ranks_reported": len(ranks),
-        "world_size": rec["world_size"],
-        "failed_ranks": bad,
-        "reaudit_errors": errors,
-        "hosts": sorted({r["host"] for r in ranks}),
-        "checkpoint": {"save": rebuilt.cfg.checkpoint.save, "load": rebuilt.cfg.checkpoint.load} if rebuilt else None,
-    }
-    write_json(out_dir(args) / "preflight.json", summary)
-    print(f"preflight: {'OK' if summary['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
-    return summary["ok"]
+    ranks = preflight.collect(out_dir(args), rec["world_size"] or 1, timeout=120)
+    verdict = preflight.summary(plan, rec, ranks, rebuilt, args.checks)
+    write_json(out_dir(args) / "preflight.json", verdict)
+    print(f"preflight: {'OK' if verdict['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
+    return verdict["ok"]
 
 
 def main(argv=None) -> int:
@@ -205,7 +109,7 @@ def main(argv=None) -> int:
     if (guard := resume_guard(args, plan)) is not None:
         return guard
     ledger = json.loads((args.run_dir / "ledger.json").read_text())
-    rec = rank_checks(plan, ledger["values"], ledger.get("secrets", ()))
+    rec = preflight.rank_checks(plan, ledger["values"], ledger.get("secrets", ()))
     rec["checkpoint_dir"] = checkpoint_dir(args.run_dir)
     (out_dir(args) / "preflight").mkdir(parents=True, exist_ok=True)
     write_json(out_dir(args) / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
@@ -218,7 +122,7 @@ def main(argv=None) -> int:
     elif ok:
         # Wait for rank 0's verdict: srun ends a step 60 s (--wait) after the first task exits, and rank 0's
         # Bridge re-audit can take longer than that on a loaded node. All ranks then exit with the same verdict.
-        ok = wait_for_summary(out_dir(args) / "preflight.json", timeout=900)
+        ok = preflight.wait_for_summary(out_dir(args) / "preflight.json", timeout=900)
     if not ok:
         return 1
     if args.preflight_only:
@@ -227,16 +131,12 @@ def main(argv=None) -> int:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    if args.ckpt_step is not None:  # the tracker's iteration is incomplete: the guard's fallback
-        cfg.checkpoint.ckpt_step = args.ckpt_step
-    if rec["rank"] == 0 and cfg.checkpoint.save:  # the layout this run saves with, beside its checkpoints
-        resume.record_layout(cfg.checkpoint.save, plan["layout"], args.resume, os.environ.get("SLURM_JOB_ID"))
+    resume.before_training(cfg, plan["layout"], args.ckpt_step, args.resume, rec["rank"] or 0)
     pretrain(cfg, forward_step)
-    run = plan.get("run") or {}
-    done = resume.state(cfg.checkpoint.save, cfg.checkpoint.ckpt_format).named or 0
-    over = rec["rank"] == 0 and run.get("train_iters") and done >= run["train_iters"]
-    for line in chain.cancel_after(args.run_dir, args.segment) if over else ():  # the later segments: nothing to do
-        print(line)
+    for line in (
+        chain.cancel_if_over(args.run_dir, args.segment, plan.get("run") or {}, cfg) if rec["rank"] == 0 else ()
+    ):
+        print(line)  # the later segments would only start to exit
     return 0
 
 

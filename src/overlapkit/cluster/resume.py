@@ -14,6 +14,7 @@ each was saved with. Standard library only: launch/entry.py asks before anything
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,3 +214,12 @@ def record_layout(directory: str, layout: dict, from_iteration: int | None, job_
         return  # the next segment of the same run: the layout of its iterations is already on record
     Path(directory).mkdir(parents=True, exist_ok=True)
     jsonio.write_json(Path(directory) / LAYOUTS, [*earlier, entry])
+
+
+def before_training(cfg, layout: dict, ckpt_step: int | None, from_iteration: int | None, rank: int) -> None:
+    """Just before pretrain: load the guard's fallback where the tracker's iteration is incomplete
+    (checkpoint.ckpt_step), and on rank 0 record the layout this run saves with, beside its checkpoints."""
+    if ckpt_step is not None:
+        cfg.checkpoint.ckpt_step = ckpt_step
+    if rank == 0 and cfg.checkpoint.save:
+        record_layout(cfg.checkpoint.save, layout, from_iteration, os.environ.get("SLURM_JOB_ID"))
