@@ -16,27 +16,6 @@ from overlapkit import makewatch
 from overlapkit.plan import dataprep
 
 
-class Stopped(BaseException):  # not an Exception: no `except Exception` on the way may swallow it
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-def _stop_handlers() -> None:
-    """SIGTERM (the make watcher's too) and SIGHUP unwind like Ctrl-C, so the work directory is removed on the way
-    out. A forked tokenizing worker (WORKERS>1) that receives one exits at once: the pool's owner cleans up."""
-    owner = os.getpid()
-
-    def stop(signum, _frame):
-        if os.getpid() != owner:
-            os._exit(128 + signum)
-        raise Stopped(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
-    makewatch.watch_make()
-
-
 def _args(argv):
     ap = Parser(prog="make prep-data", description=__doc__)
     ap.add_argument("--in", dest="in_path", default="")
@@ -56,10 +35,10 @@ def main(argv=None) -> int:
         spec = dataprep.prep(
             args.in_path, args.tokenizer, args.out, args.key, args.workers, force, log=lambda m: print(m, flush=True)
         )
-    except (KeyboardInterrupt, Stopped) as exc:
-        why = f"stopped by {exc}" if isinstance(exc, Stopped) else "interrupted"
+    except (KeyboardInterrupt, makewatch.Interrupted) as exc:
+        why = exc if isinstance(exc, makewatch.Interrupted) else "interrupted"
         print(f"error: {why}: no data.toml written; the partial output was removed", file=sys.stderr)
-        return 128 + exc.signum if isinstance(exc, Stopped) else 130
+        return 128 + exc.signum if isinstance(exc, makewatch.Interrupted) else 130
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -71,7 +50,9 @@ def cli(argv=None) -> int:
     """The command line (`python -m launch.prep_data`): the handlers, then main; an in-process caller keeps its own.
     Stopped by a signal, the work directory already removed, it exits at once: the interpreter's teardown of torch
     and Megatron Core (imported by the preprocessor) took 12 s on a loaded machine, an orphan all that time."""
-    _stop_handlers()
+    # SIGTERM (make's death too) and SIGHUP unwind like Ctrl-C, so the work directory is removed on the way out;
+    # a forked tokenizing worker (WORKERS>1) exits at once, its pool's owner cleaning up
+    makewatch.on_signals(signals=(signal.SIGTERM, signal.SIGHUP))
     code = main(argv)
     if code > 128:
         for stream in (sys.stdout, sys.stderr):

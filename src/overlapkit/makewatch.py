@@ -22,6 +22,31 @@ _WATCHING: list[threading.Thread] = []
 _STOP = threading.Event()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):  # not an Exception: no `except Exception` on the way may swallow it
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+def on_signals(handler=None, signals=STOP_SIGNALS, parent_var: str = MAKE_PID) -> None:
+    """Each of `signals` runs `handler`, by default raising Interrupted here so the command unwinds and cleans up
+    (a forked worker that inherited the default exits at once with 128+signal: its owner cleans up); then watch
+    make, whose death arrives as SIGTERM. The one way every command stops."""
+    owner = os.getpid()
+
+    def interrupt(signum, _frame):
+        if os.getpid() != owner:
+            os._exit(128 + signum)
+        raise Interrupted(signum)
+
+    for sig in signals:
+        signal.signal(sig, handler or interrupt)
+    watch_make(parent_var)
+
+
 def watch_make(parent_var: str = MAKE_PID) -> None:
     """SIGTERM to this process once `make` (its pid in `parent_var`) is gone. Only make's own descendants watch it:
     the variable is inherited by everything make starts, Slurm jobs included (sbatch exports the caller's

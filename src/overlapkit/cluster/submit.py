@@ -20,7 +20,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -47,10 +46,7 @@ class AuditFailed(SubmitError):
     """The plan has audit errors: nothing submitted (exit 1, not bad input)."""
 
 
-class Interrupted(BaseException):  # not an Exception: no `except Exception` on the way may swallow it
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+Interrupted = makewatch.Interrupted  # what a signal (or make's death) raises here
 
 
 _SIGNALS = {"critical": False, "pending": None}
@@ -64,11 +60,9 @@ def _on_signal(signum, _frame):
 
 
 def install_signal_handlers(parent_var: str = makewatch.MAKE_PID) -> None:
-    """SIGINT/SIGTERM/SIGHUP raise Interrupted (never mid-sbatch). When `make` dies (even by kill -9), its Python
-    child is not told: the Makefile passes make's pid in `parent_var` and a watcher sends us SIGTERM when it is gone."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
-    makewatch.watch_make(parent_var)
+    """SIGINT/SIGTERM/SIGHUP raise Interrupted (never mid-sbatch); make's death, its pid in `parent_var`, is a
+    SIGTERM (overlapkit.makewatch)."""
+    makewatch.on_signals(_on_signal, parent_var=parent_var)
 
 
 @contextlib.contextmanager
