@@ -190,12 +190,20 @@ def socket_problem(paths: Paths) -> str | None:
     return f"{paths.sock} is {what}, not the server's socket; left as it is: remove it, and a server starts again"
 
 
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid (unix(7))
+
+
+def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected unix socket (SO_PEERCRED): the listener's
+    for a client, the connecting process's for the server."""
+    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+
+
 def peer_problem(paths: Paths, sock: socket.socket) -> str | None:
     """Why the listener a connected `sock` reached is not this checkout's server, or None: its uid must be ours and
     its pid the one the server wrote into its lock (SO_PEERCRED: the process that called listen(), unix(7)). Checked
     before a byte is sent: a request carries the whole environment, tokens included."""
-    cred = struct.Struct("3i")  # struct ucred: pid, uid, gid
-    pid, uid, _ = cred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, cred.size))
+    pid, uid, _ = peer_cred(sock)
     if uid != os.getuid():
         return f"the listener on {paths.sock} runs as uid {uid}, not as you"
     held = holder(paths)

@@ -14,7 +14,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import tempfile
 import threading
@@ -37,6 +36,7 @@ from overlapkit.serve.paths import (
     differences,
     holder,
     loaded_files,
+    peer_cred,
     socket_problem,
     stamp,
 )
@@ -262,7 +262,7 @@ class Server:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        uid = peer_cred(conn)[1]
         if uid != os.getuid():
             return self._refuse(conn, f"uid {uid} is not the server's owner")
         conn.setblocking(False)
