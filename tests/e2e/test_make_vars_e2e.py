@@ -38,7 +38,10 @@ CASES = [  # (target, variables, what our one line starts with); {m} is the mark
 
 
 def make(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    """`make` as a user types it at the top level: under `make test` a sub-make would also print its "Entering
+    directory" lines on stdout (make -w is on below the top level)."""
+    argv = ["make", "--no-print-directory", *args]
+    return subprocess.run(argv, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def ours(stderr: str) -> list[str]:
