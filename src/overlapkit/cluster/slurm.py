@@ -28,7 +28,7 @@ def job_state(job_id: str) -> str:
 
 
 def live_jobs(job_ids: list[str]) -> list[tuple[str, str]] | None:
-    """(job id, state) of each of `job_ids` Slurm has not ended (squeue lists every pending or running job), or None
+    """(job id, state) of each of `job_ids` Slurm has not ended, in the order of `job_ids`, or None
     when squeue does not answer. A job squeue no longer knows has ended: squeue refuses a list made only of such
     ids ("Invalid job id specified"), which is an answer too."""
     if not job_ids:
@@ -37,7 +37,9 @@ def live_jobs(job_ids: list[str]) -> list[tuple[str, str]] | None:
     if out is None or out.returncode != 0:
         return [] if out is not None and "Invalid job id" in out.stderr else None
     rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 1]
-    return [(job, state) for job, state in rows if job in job_ids and not state.startswith(TERMINAL)]
+    states = {job: state for job, state in rows if not state.startswith(TERMINAL)}
+    # squeue orders by its own priority (a running job before the pending ones); callers get submission order
+    return [(job, states[job]) for job in job_ids if job in states]
 
 
 def wait_for(job_id: str, timeout: float = 900, poll: float = 2) -> str:
