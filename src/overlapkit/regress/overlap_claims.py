@@ -5,6 +5,7 @@ off that the profile shows hidden, and a profile whose layout is not the plan's.
 
 from __future__ import annotations
 
+from overlapkit.plan.env import PINNED
 from overlapkit.regress.overlap_classes import CLASSES, Layout
 
 # The plan's audit rows that claim each class's overlap (plan/audit.py, plan/moe.py). CP has no switch: Transformer
@@ -37,12 +38,12 @@ THRESHOLDS = {
 # An overlap the plan says off that the profile shows at least this hidden: the plan (or the audit) misreads the run.
 OFF_HIDDEN = 0.5
 
+LEDGER = f"that the job's {PINNED} is the one make plan's launch environment sets"
 FIXES = {
-    "tp": "check the job log for Transformer Engine's userbuffers bootstrap warnings, and that "
-    "CUDA_DEVICE_MAX_CONNECTIONS=1 reached the job (make plan's ledger)",
-    "cp": "check that the job ran with CUDA_DEVICE_MAX_CONNECTIONS=1 (make plan's ledger)",
-    "pp": "keep model.virtual_pipeline_model_parallel_size>1 (overlap_p2p_comm needs the interleaved schedule) and "
-    "CUDA_DEVICE_MAX_CONNECTIONS=1",
+    "tp": f"check the job log for Transformer Engine's userbuffers bootstrap warnings, and {LEDGER}",
+    "cp": f"check {LEDGER}",
+    "pp": "keep model.virtual_pipeline_model_parallel_size>1 (overlap_p2p_comm needs the interleaved schedule); "
+    f"check {LEDGER}",
     "dp": "lower ddp.bucket_size so that buckets start during the backward pass (SET=ddp.bucket_size=...)",
     "ep": "check the ep_overlap_* rows of make plan: a prerequisite the job does not meet turns the overlap off",
 }

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import subprocess
+import time
 
 import pytest
 from nsys_fixtures import (
@@ -25,6 +27,7 @@ from nsys_fixtures import (
     write,
 )
 
+from overlapkit import stack
 from overlapkit.regress import nsys_sqlite, overlap_claims, overlap_classes, overlap_render, overlap_report
 from overlapkit.regress.nsys_sqlite import ProfileError
 
@@ -245,3 +248,34 @@ def test_interval_arithmetic_matches_a_brute_force_sweep():
         diff = overlap_report.subtract(ua, ub)
         assert {t for s, e in diff for t in range(s, e)} == _brute(a, b)
         assert overlap_report.length(diff) == len(_brute(a, b))
+
+
+def make(env, *args):
+    cmd = ["make", "overlap-report", *args]
+    return subprocess.run(cmd, cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_make_overlap_report_end_to_end(served, tmp_path):
+    """As a user types it, in new processes served by the session's plan server: the 70B plan made from RECIPE=,
+    the fixture's figures to the microsecond, exit 1 for the exposed PP claim (make's `Error 1`), a bad file in one
+    line with `Error 2`."""
+    dense_step(tmp_path, "profile_1_2_node0_rank4.sqlite")
+    t0 = time.monotonic()
+    out = make(served, f"RECIPE={R70}", f"PROFILE={tmp_path}", "FORMAT=json")
+    rep = json.loads(out.stdout)
+    assert out.returncode == 2 and "Error 1" in out.stderr, out.stderr
+    assert [r for r in rep["ranks"]] == ["4"] and rep["recipe"] == R70
+    assert {c: (v["comm_ms"], v["exposed_ms"]) for c, v in rep["classes"].items()} == {
+        "tp": (0.24, 0.1),
+        "cp": (0.05, 0.0),
+        "pp": (0.08, 0.08),
+        "dp": (0.2, 0.05),
+        "ep": (0.0, 0.0),
+    }
+    assert (tmp_path / "overlap_timeline.png").is_file() and time.monotonic() - t0 < 120
+    text = make(served, f"RECIPE={R70}", f"PROFILE={tmp_path}")
+    assert "pp_overlap_exposed" in text.stdout and "claims: 1 error(s)" in text.stdout
+    (bad := tmp_path / "rank9.sqlite").write_bytes(b"")
+    out = make(served, f"RECIPE={R70}", f"PROFILE={bad}")
+    ours = [line for line in out.stderr.splitlines() if not line.startswith("make")]
+    assert out.returncode == 2 and "Error 2" in out.stderr and len(ours) == 1 and "is empty" in ours[0]
