@@ -83,6 +83,39 @@ def test_a_dense_rank_to_the_microsecond(planned, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
+@pytest.fixture(scope="module")
+def tp2_plan():
+    """The 70B recipe planned at TP=2 (a real plan: userbuffers on, Bridge keeps it; its audit names the TP4 preset
+    as a mismatch, which is the plan's business, not the report's)."""
+    from overlapkit.plan.build import make_plan
+
+    return make_plan(R70, sets="model.tensor_model_parallel_size=2", caller_env={}).to_dict()
+
+
+def test_tp2_userbuffers_that_hide_nothing_fail_the_claim(tp2_plan, tmp_path):
+    acts = [
+        K(GEMM, 0, 100),
+        K(UB_SEND, 100, 150, stream=30),  # after the GEMM: exposed
+        K("memcpy", 120, 180, stream=31, copy=True),  # the ring exchange's copy-engine transfer: exposed
+        K(SENDRECV, 50, 130, stream=40),  # CP's K/V ring, outside every p2p range: 50 hidden, 30 exposed
+        K(SENDRECV, 190, 200, stream=50, launch=185),
+    ]
+    write(tmp_path / "rank0.sqlite", acts, [(P2P, 180, 188)])
+    rep = overlap_report.report_profiles([tmp_path], tp2_plan)
+    assert rep["layout"]["tp"] == 2 and tp2_plan["audit"]["rows"]["tp_comm_overlap"]["state"] == "on"
+    assert rep["classes"]["tp"] == {
+        "comm_ms": 0.08,
+        "hidden_ms": 0.0,
+        "exposed_ms": 0.08,
+        "exposed_share": 1.0,
+        "kernels": 2,
+    }
+    assert rep["classes"]["cp"]["exposed_ms"] == 0.03 and rep["classes"]["cp"]["hidden_ms"] == 0.05
+    tp = next(f for f in rep["findings"] if f["code"] == "tp_overlap_exposed")
+    assert tp["level"] == "error" and "100.0%" in tp["message"] and "userbuffers" in tp["fix"]
+    assert "cp_overlap_exposed" not in {f["code"] for f in rep["findings"]}
+
+
 def moe_rank(tmp_path, rank: int, ep_end: float, nvtx: bool = True):
     """A 235B rank: a GEMM 0-500; PP p2p (in Megatron's p2p range) 500-520, exposed; EP all-to-all SendRecv on
     another stream 450-`ep_end`; a userbuffers kernel 100-150 (hidden) although the plan has TP overlap off."""
