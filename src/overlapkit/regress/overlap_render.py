@@ -62,30 +62,41 @@ def render(report: dict, con) -> None:
     con.print("[green]claims: OK[/]" if not errors else f"[red]claims: {len(errors)} error(s)[/]")
 
 
+def worst_step(trace, exposure) -> int:
+    """The profiled step of `trace` with the most exposed communication (the first of equals): the one to look at."""
+    exposed = [sum(exposure(trace, c, span)[1] for c in trace.comm) for span in trace.steps]
+    return exposed.index(max(exposed))
+
+
 def draw(trace, out: Path, exposure) -> Path:
-    """The middle profiled step of `trace` (an overlap_report.DeviceTrace): one lane per stream, each activity in its
-    class's colour, and a last lane with the exposed communication of each class."""
+    """The step of `trace` (an overlap_report.DeviceTrace) with the most exposed communication: one lane per stream
+    active in it, each activity in its class's colour, and a last lane with each class's exposed communication."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lo, hi = trace.steps[len(trace.steps) // 2]
-    streams = sorted(trace.streams)
-    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.45 * (len(streams) + 1)), dpi=90)
+    step = worst_step(trace, exposure)
+    lo, hi = trace.steps[step]
+    streams = sorted(st for st, acts in trace.streams.items() if any(e > lo and s < hi for s, e, _ in acts))
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.45 * (len(streams) + len(trace.comm))), dpi=90)
     to_ms = 1e-6
     for y, stream in enumerate(streams):
         for s, e, cls in trace.streams[stream]:
             if e > lo and s < hi:
                 s, e = max(s, lo), min(e, hi)
                 ax.broken_barh([((s - lo) * to_ms, (e - s) * to_ms)], (y - 0.4, 0.8), color=COLORS[cls])
-    y = len(streams)
-    for cls in trace.comm:
+    lanes = [f"stream {st}" for st in streams]
+    for cls in trace.comm:  # one lane per class: the exposed part of its communication, hatched
         spans = exposure(trace, cls, (lo, hi))[2]
-        bars = [((s - lo) * to_ms, (e - s) * to_ms) for s, e in spans]
-        ax.broken_barh(bars, (y - 0.4, 0.8), color=COLORS[cls], hatch="//", edgecolor="red")
-    ax.set_yticks(range(len(streams) + 1), [f"stream {s}" for s in streams] + ["exposed"])
-    ax.set_xlabel(f"ms from the step's start (step {len(trace.steps) // 2} of {len(trace.steps)}, {trace.step_source})")
+        if spans:
+            bars = [((s - lo) * to_ms, (e - s) * to_ms) for s, e in spans]
+            y = len(lanes)
+            ax.broken_barh(bars, (y - 0.4, 0.8), color=COLORS[cls], hatch="//", edgecolor="red")
+            lanes.append(f"{cls} exposed")
+    ax.set_yticks(range(len(lanes)), lanes)
+    where = f"step {step} of {len(trace.steps)}, the most exposed" if trace.step_source == "nvtx" else "the window"
+    ax.set_xlabel(f"ms from the start of {where} ({trace.step_source})")
     ax.set_title(f"rank {trace.rank}: compute and communication per stream, exposed communication hatched")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in ("compute", *trace.comm)]
     ax.legend(handles, ["compute", *trace.comm], loc="upper right", fontsize=7, ncol=len(handles))
