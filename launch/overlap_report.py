@@ -32,9 +32,9 @@ def _args(argv):
 
 
 def _run_dir(text: str) -> Path:
-    """RUN= as a path, or as a run directory's name under runs/."""
+    """RUN= as a path, or as the name of a run directory under runs/."""
     path = Path(text)
-    return path if path.is_dir() or path.is_absolute() else (path if path.exists() else ROOT / "runs" / text)
+    return ROOT / "runs" / text if not path.exists() and (ROOT / "runs" / text).is_dir() else path
 
 
 def _check(args):
