@@ -95,7 +95,8 @@ def read(path: Path) -> Profile:
     if path.suffix == ".nsys-rep":
         path = export_rep(path)
     try:
-        head = path.read_bytes()[:16]
+        with path.open("rb") as f:  # the header only: an export is often gigabytes
+            head = f.read(16)
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if not head:

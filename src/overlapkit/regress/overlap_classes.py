@@ -10,6 +10,7 @@ Compute is every kernel that is not communication.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -122,14 +123,34 @@ class Decision:
     candidates: tuple[str, ...] = ()
 
 
-def _enclosing(prof: Profile, a: Activity, by_tid: dict) -> list[str]:
-    """The NVTX ranges (innermost first) open on the launching thread when `a` was launched."""
-    launch = prof.launches.get(a.correlation)
-    if launch is None:
-        return []
-    t, tid = launch
-    inside = [r for r in by_tid.get(tid, ()) if r.start <= t <= r.end]
-    return [r.text for r in sorted(inside, key=lambda r: r.end - r.start)]
+class Ranges:
+    """The NVTX ranges that can decide a class (their text names PP, CP or EP work), per launching thread, found by
+    bisection: a range holding time t starts in [t - the longest range, t]."""
+
+    KEYS = (NVTX_PP, *NVTX_CP, *NVTX_EP)
+
+    def __init__(self, prof: Profile):
+        self.prof = prof
+        self.by_tid = defaultdict(list)
+        for r in prof.ranges:
+            if any(k in r.text for k in self.KEYS):
+                self.by_tid[r.tid].append(r)
+        for rs in self.by_tid.values():
+            rs.sort(key=lambda r: r.start)
+        self.starts = {tid: [r.start for r in rs] for tid, rs in self.by_tid.items()}
+        self.longest = {tid: max(r.end - r.start for r in rs) for tid, rs in self.by_tid.items()}
+        self.megatron = any(NVTX_PP in r.text for r in prof.ranges)
+
+    def around(self, a: Activity) -> list[str]:
+        """The deciding ranges (innermost first) open on the launching thread when `a` was launched."""
+        launch = self.prof.launches.get(a.correlation)
+        if launch is None or launch[1] not in self.by_tid:
+            return []
+        t, tid = launch
+        starts = self.starts[tid]
+        lo, hi = bisect.bisect_left(starts, t - self.longest[tid]), bisect.bisect_right(starts, t)
+        inside = [r for r in self.by_tid[tid][lo:hi] if r.end >= t]
+        return [r.text for r in sorted(inside, key=lambda r: r.end - r.start)]
 
 
 def _by_nvtx(texts: list[str], cands: tuple[str, ...], megatron_nvtx: bool) -> Decision | None:
@@ -147,23 +168,20 @@ def _by_nvtx(texts: list[str], cands: tuple[str, ...], megatron_nvtx: bool) -> D
 
 def classify(prof: Profile, lay: Layout) -> dict[int, Decision]:
     """{id(activity): Decision} for every communication activity of the profile (kernels and P2P copies)."""
-    by_tid = defaultdict(list)
-    for r in prof.ranges:
-        by_tid[r.tid].append(r)
-    megatron_nvtx = any(NVTX_PP in r.text for r in prof.ranges)
+    ranges = Ranges(prof)
     out, pending = {}, []
     for a in prof.kernels + prof.memcpys:
         kind = kind_of(a)
         if kind is None or kind == "copy":
             continue
-        out[id(a)] = d = _first_rule(prof, a, kind, lay, by_tid, megatron_nvtx)
+        out[id(a)] = d = _first_rule(prof, a, kind, lay, ranges)
         if d.cls is None:
             pending.append(a)
     _by_stream(prof, lay, out, pending)
     return out
 
 
-def _first_rule(prof, a, kind, lay: Layout, by_tid, megatron_nvtx) -> Decision:
+def _first_rule(prof: Profile, a: Activity, kind: str, lay: Layout, ranges: Ranges) -> Decision:
     if kind in ("userbuffers", "ce_p2p"):
         what = "Transformer Engine userbuffers kernel" if kind == "userbuffers" else "peer-to-peer copy-engine memcpy"
         return Decision("tp", f"name: {what} (TP comm overlap's ring exchange / reduce-scatter / all-gather)")
@@ -174,9 +192,8 @@ def _first_rule(prof, a, kind, lay: Layout, by_tid, megatron_nvtx) -> Decision:
         return Decision(NATURAL[kind], f"name: NCCL {kind}, which no parallelism of this layout issues")
     if len(cands) == 1:
         return Decision(cands[0], f"plan: only {cands[0].upper()} issues NCCL {kind} in this layout")
-    texts = _enclosing(prof, a, by_tid)
-    known = megatron_nvtx and a.correlation in prof.launches
-    return _by_nvtx(texts, cands, known) or Decision(None, f"NCCL {kind}: {' or '.join(cands)}", cands)
+    known = ranges.megatron and a.correlation in prof.launches
+    return _by_nvtx(ranges.around(a), cands, known) or Decision(None, f"NCCL {kind}: {' or '.join(cands)}", cands)
 
 
 def _by_stream(prof: Profile, lay: Layout, out: dict, pending: list[Activity]) -> None:

@@ -123,6 +123,7 @@ def measure(paths: list[Path], plan: dict) -> Measured:
         for dev in prof.devices:
             label = base if len(prof.devices) == 1 else f"{base}/gpu{dev}"
             traces.append(_device_trace(label, prof, dev, decisions, rules, unclassified))
+    traces.sort(key=lambda t: [int(p) if p.isdigit() else p for p in t.rank.replace("/gpu", "/").split("/")])
     return Measured(plan, traces, rules, unclassified)
 
 

@@ -131,14 +131,12 @@ def moe_rank(tmp_path, rank: int, ep_end: float, nvtx: bool = True):
 
 def test_moe_ranks_tell_pp_from_ep_by_nvtx(planned, tmp_path):
     plan = planned(R235).to_dict()
-    moe_rank(tmp_path, 0, 500)  # EP 450-500: hidden
-    moe_rank(tmp_path, 1, 700)  # EP 450-700: 50 hidden, 200 exposed
+    moe_rank(tmp_path, 2, 500)  # EP 450-500: hidden
+    moe_rank(tmp_path, 10, 700)  # EP 450-700: 50 hidden, 200 exposed
     rep = overlap_report.report_profiles([tmp_path], plan)
-    assert sorted(rep["ranks"]) == ["0", "1"]
-    assert (
-        rep["ranks"]["1"]["classes"]["ep"]["exposed_ms"] == 0.2
-        and rep["ranks"]["0"]["classes"]["ep"]["exposed_ms"] == 0
-    )
+    assert list(rep["ranks"]) == ["2", "10"]  # by rank, not by file name
+    assert rep["ranks"]["10"]["classes"]["ep"]["exposed_ms"] == 0.2
+    assert rep["ranks"]["2"]["classes"]["ep"]["exposed_ms"] == 0
     assert rep["classes"]["ep"] == {
         "comm_ms": 0.3,
         "hidden_ms": 0.1,
