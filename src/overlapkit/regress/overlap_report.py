@@ -82,7 +82,10 @@ def steps_of(prof: Profile, device: int) -> tuple[str, list[tuple[int, int]]]:
         if inside:
             spans.append((min(a.start for a in inside), max(a.end for a in inside)))
     if spans:
-        return "nvtx", spans
+        # A step's tail (its last grad reduce-scatter) may still run when the next step's first kernels start: the
+        # overlap goes to the later step, so that no interval is counted twice.
+        ends = [min(e, nxt[0]) for (_, e), nxt in zip(spans, spans[1:], strict=False)] + [spans[-1][1]]
+        return "nvtx", [(s, max(s, e)) for (s, _), e in zip(spans, ends, strict=True)]
     return "window", [(min(a.start for a in acts), max(a.end for a in acts))]
 
 

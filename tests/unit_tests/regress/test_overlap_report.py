@@ -333,3 +333,10 @@ def test_make_overlap_report_end_to_end(served, tmp_path):
     out = make(served, f"RECIPE={R70}", f"PROFILE={bad}")
     ours = [line for line in out.stderr.splitlines() if not line.startswith("make")]
     assert out.returncode == 2 and "Error 2" in out.stderr and len(ours) == 1 and "is empty" in ours[0]
+
+
+def test_steps_that_overlap_count_each_interval_once(tmp_path):
+    """Step 0's tail reduce-scatter 950-1100 runs into step 1 (from 1000): the overlap is step 1's."""
+    acts = [K(GEMM, 0, 900), K(RS, 950, 1100, stream=60, launch=940), K(GEMM, 1000, 1500, launch=990)]
+    prof = nsys_sqlite.read(write(tmp_path / "r.sqlite", acts, [(STEP, -10, 945), (STEP, 985, 1400)]))
+    assert overlap_report.steps_of(prof, 0) == ("nvtx", [(0, 1_000_000), (1_000_000, 1_500_000)])
