@@ -94,6 +94,14 @@ def parse_nsys(text: str, ranks: str) -> tuple[tuple[int, int] | None, tuple[int
     return (int(m.group(1)), int(m.group(2))), tuple(sorted({int(p) for p in parts}))
 
 
+def perturbed_iterations(window: tuple[int, int] | None) -> range:
+    """The logged iterations whose step time NSYS=<start>:<end> changes. Bridge 0.6.2 (training/train.py with
+    training/profiling.py) calls cudaProfilerStart at the top of the loop while train_state.step == start (the step
+    then logged as iteration start+1) and cudaProfilerStop after the log of iteration `end`, so the capture holds
+    iterations start+1..end; the stop's flush falls in the interval timer of iteration end+1, which is perturbed too."""
+    return range(window[0] + 1, window[1] + 2) if window else range(0)
+
+
 def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptions:
     """Everything typed, checked before the Bridge import (DATA's files and headers too)."""
     from overlapkit.plan import data as data_spec
