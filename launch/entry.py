@@ -11,10 +11,12 @@
 3. Every rank of a segment after the first (SEGMENTS=N) checks the run's checkpoint tracker: none is an error (exit 1,
    never a silent start from iteration 0: Bridge's `exit_on_missing_checkpoint` ends with status 0), and a run
    already at train_iters exits 0 without training.
-4. Unless `--preflight-only`: Bridge's `pretrain(cfg, forward_step)` with the GPT forward step.
+4. Unless `--preflight-only`: Bridge's `pretrain(cfg, forward_step)` with the GPT forward step. With NSYS=a:b, a
+   profiled rank first starts itself again under `nsys profile` and exports the report when it ends; the first
+   profiled rank then writes overlap.json, and every rank waits for it (overlapkit/regress/profiled.py).
 
-It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin, NsysPlugin)
-work unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
+It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin) work
+unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
 overrides.json (the SET pairs exactly as typed, and the run options).
 """
 
@@ -34,6 +36,7 @@ sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path
 
 from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
 from overlapkit.plan import runopts  # noqa: E402  (standard library only at import)
+from overlapkit.regress import profiled  # noqa: E402  (standard library only at import)
 
 
 def _env_int(*names: str) -> int | None:
@@ -205,6 +208,9 @@ def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
 def main(argv=None) -> int:
     args = _args(argv)
     plan = json.loads((args.run_dir / "plan.json").read_text())
+    rank, again = _env_int("SLURM_PROCID", "RANK"), sys.argv[1:] if argv is None else argv
+    if not args.preflight_only and profiled.profiles_rank(args.run_dir, plan, rank):
+        return profiled.run_profiled(args.run_dir, rank, plan, [sys.executable, str(_ROOT / "launch/entry.py"), *again])
     if (guard := resume_guard(args, plan)) is not None:
         return guard
     ledger = json.loads((args.run_dir / "ledger.json").read_text())
@@ -231,6 +237,7 @@ def main(argv=None) -> int:
     from megatron.bridge.training.pretrain import pretrain
 
     pretrain(cfg, forward_step)
+    profiled.after_training(args.run_dir, plan)
     return 0
 
 
