@@ -76,6 +76,8 @@ def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.envir
         (failures if gpu_node else notes).append(msg + ("" if gpu_node else " (CPU node: dry run, not fatal)"))
     if tp_on and not any(k in environ for k in ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
         failures.append("TP overlap's userbuffers bootstrap needs MPI/PMIx ranks: launch with `srun --mpi=pmix`")
+    if problem := profiled.preflight(plan, rank):
+        (failures if gpu_node else notes).append(problem + ("" if gpu_node else " (CPU node: dry run, not fatal)"))
     return {
         "rank": rank,
         "local_rank": local,

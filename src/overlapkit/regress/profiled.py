@@ -47,6 +47,7 @@ PROFILE_ARGS = (
 )
 WAIT_S = 1800  # for the other ranks' exports: a 2-step trace of a large model exports in minutes, not half an hour
 DONE = "report.done"
+_NSYS_FIX = "run in a container image with Nsight Systems (the NeMo container has it) or add its bin/ to PATH"
 
 
 def nsys_dir(run_dir: Path) -> Path:
@@ -74,6 +75,15 @@ def profiles_rank(run_dir: Path, plan: dict, rank: int | None) -> bool:
     )
 
 
+def preflight(plan: dict, rank: int | None) -> str | None:
+    """The preflight's check on a rank NSYS profiles: nsys must be on its PATH (else the job would fail after the
+    preflight, at the wrapper)."""
+    nsys = (plan.get("run") or {}).get("nsys")
+    if nsys and rank in nsys["ranks"] and shutil.which("nsys") is None:
+        return f"NSYS profiles rank {rank} but nsys is not on the PATH: {_NSYS_FIX}"
+    return None
+
+
 def after_training(run_dir: Path, plan: dict) -> None:
     """A rank that trained outside nsys in a profiled run: wait for the report (see the module doc: srun --wait)."""
     if (plan.get("run") or {}).get("nsys") and not os.environ.get(UNDER_NSYS):
@@ -93,10 +103,7 @@ def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> in
     writes the overlap report and every other rank waits for it. Returns the training's exit status."""
     nsys = shutil.which("nsys")
     if nsys is None:
-        _say(
-            f"error: NSYS profiles rank {rank}, but nsys is not on the PATH on {socket.gethostname()}: run in a "
-            "container image with Nsight Systems (the NeMo container has it) or add its bin/ to PATH"
-        )
+        _say(f"error: NSYS profiles rank {rank}, but nsys is not on the PATH on {socket.gethostname()}: {_NSYS_FIX}")
         return 1
     nsys_dir(run_dir).mkdir(parents=True, exist_ok=True)
     ranks = plan["run"]["nsys"]["ranks"]

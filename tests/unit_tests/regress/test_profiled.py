@@ -138,3 +138,19 @@ def test_entry_hands_a_profiled_rank_to_the_wrapper_before_its_preflight(tmp_pat
     log.unlink()
     out = subprocess.run([*argv, "--preflight-only"], cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True)
     assert not log.exists() and "ledger.json" in out.stderr
+
+
+def test_the_preflight_names_a_profiled_rank_without_nsys(monkeypatch):
+    from launch import entry
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    plan = {**PLAN, "layout": {"gpus": 16, "nodes": 2}, "audit": {"rows": {"tp_comm_overlap": {"state": "off"}}}}
+    for name, value in {"SLURM_NTASKS": "16", "SLURM_LOCALID": "0", "SLURM_NNODES": "2", "SLURM_PROCID": "8"}.items():
+        monkeypatch.setenv(name, value)  # rank_checks reads the ranks from the process environment
+    rec = entry.rank_checks(plan, {})
+    assert rec["notes"] == [
+        "NSYS profiles rank 8 but nsys is not on the PATH: run in a container image with Nsight Systems (the NeMo "
+        "container has it) or add its bin/ to PATH (CPU node: dry run, not fatal)"
+    ]  # on a GPU node (/dev/nvidiactl) the same line is a failure
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert entry.rank_checks(plan, {})["notes"] == []
