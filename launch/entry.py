@@ -15,8 +15,12 @@
 4. Unless `--preflight-only`: rank 0 records the layout beside the checkpoints, then Bridge's
    `pretrain(cfg, forward_step)` with the GPT forward step; a run that reached train_iters cancels the later segments.
 
-It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin, NsysPlugin)
-work unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
+With NSYS=a:b, before any of this, a profiled rank starts itself again under `nsys profile` (the child goes through
+the steps above) and exports the report when the child ends; the first profiled rank then writes the run's overlap
+report, and every rank waits for it after training (overlapkit/regress/profiled.py).
+
+It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin) work
+unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
 overrides.json (the SET pairs exactly as typed, and the run options).
 """
 
@@ -34,6 +38,7 @@ sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path
 from overlapkit.cluster import chain, preflight, resume  # noqa: E402  (standard library only)
 from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
 from overlapkit.plan import runopts  # noqa: E402  (standard library only at import)
+from overlapkit.regress import profiled  # noqa: E402  (standard library only at import)
 
 
 def rebuild(args):
@@ -106,6 +111,9 @@ def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
 def main(argv=None) -> int:
     args = _args(argv)
     plan = json.loads((args.run_dir / "plan.json").read_text())
+    again = [sys.executable, str(Path(__file__).resolve()), *(sys.argv[1:] if argv is None else argv)]
+    if not args.preflight_only and (code := profiled.wrap(args.run_dir, plan, again)) is not None:
+        return code  # this rank ran under nsys, as nsys's child: the status of its training
     if (guard := resume_guard(args, plan)) is not None:
         return guard
     ledger = json.loads((args.run_dir / "ledger.json").read_text())
@@ -137,6 +145,7 @@ def main(argv=None) -> int:
         chain.cancel_if_over(args.run_dir, args.segment, plan.get("run") or {}, cfg) if rec["rank"] == 0 else ()
     ):
         print(line)  # the later segments would only start to exit
+    profiled.after_training(args.run_dir, plan)  # no task may exit while a profiled rank still exports (srun --wait)
     return 0
 
 

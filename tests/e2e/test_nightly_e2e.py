@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -40,5 +41,12 @@ def test_make_nightly_preflight_submits_the_suite_and_the_report_runs_last(prefl
     assert report.count("preflight only — no training on this machine") == 10
     assert report.count("| skipped |") == 8 and "OK 64/64 ranks" in report and "OK 8/8 ranks" in report
     assert "tp_comm_overlap" in report and "overlap_grad_reduce" in report and "ep_a2a_overlap" in report
+    # issue #24: every run profiles two steady steps on rank 0 of each node, planned as NSYS=; no column on a
+    # preflight night, and the report says why rather than leaving it blank
+    for e in (e for e in night["entries"] if e.get("job_id")):
+        plan = json.loads((Path(e["run_dir"]) / "plan.json").read_text())
+        assert plan["run"]["nsys"] == {"steps": [33, 35], "ranks": list(range(0, 8 * e["nodes"], 8))}, e["recipe"]
+        assert (e["nsys"], e["nsys_ranks"]) == ("33:35", ",".join(map(str, range(0, 8 * e["nodes"], 8))))
+    assert report.count("| — (preflight only: no training, so no profile) |") == 10
     hist = night_report.read_history(jobs / "nightly" / "history.jsonl")
     assert {r["status"] for r in hist} == {"preflight_only"} and len(hist) == 10

@@ -45,7 +45,7 @@ export NCCL_SOCKET_IFNAME=lo
 
 # Command 1
 
-srun --output <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_bf16/<EXP_ID>/train-seg1/log-root-root.train-seg1_%j_${SLURM_RESTART_COUNT:-0}.out --chdir <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_bf16/<EXP_ID>/train-seg1/code --wait=60 --kill-on-bad-exit=1 --mpi=pmix nsys profile -s none -t nvtx,cuda -o <RUN_DIR>/nsys/profile_%p_%q{SLURM_JOB_ID}_node%q{SLURM_NODEID}_rank%q{SLURM_PROCID} --force-overwrite=true --capture-range=cudaProfilerApi --capture-range-end=stop --cuda-graph-trace=node --cuda-event-trace=false <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 1 --checks full --segment 1 --segments 2 --preflight-only train.exit_signal_handler=True train.exit_signal_handler_for_dataloader=False profiling.use_nsys_profiler=true profiling.profile_step_start=10 profiling.profile_step_end=12 profiling.profile_ranks=[0,4] profiling.record_shapes=false 
+srun --output <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_bf16/<EXP_ID>/train-seg1/log-root-root.train-seg1_%j_${SLURM_RESTART_COUNT:-0}.out --chdir <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_bf16/<EXP_ID>/train-seg1/code --wait=60 --kill-on-bad-exit=1 --mpi=pmix <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 1 --checks full --segment 1 --segments 2 --preflight-only train.exit_signal_handler=True train.exit_signal_handler_for_dataloader=False
 
 exitcode=$?
 
@@ -105,7 +105,7 @@ export NCCL_SOCKET_IFNAME=lo
 
 # Command 1
 
-srun --output <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_bf16/<EXP_ID>/train-seg2/log-root-root.train-seg2_%j_${SLURM_RESTART_COUNT:-0}.out --chdir <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_bf16/<EXP_ID>/train-seg2/code --wait=60 --kill-on-bad-exit=1 --mpi=pmix nsys profile -s none -t nvtx,cuda -o <RUN_DIR>/nsys/profile_%p_%q{SLURM_JOB_ID}_node%q{SLURM_NODEID}_rank%q{SLURM_PROCID} --force-overwrite=true --capture-range=cudaProfilerApi --capture-range-end=stop --cuda-graph-trace=node --cuda-event-trace=false <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 1 --checks full --segment 2 --segments 2 --preflight-only train.exit_signal_handler=True train.exit_signal_handler_for_dataloader=False profiling.use_nsys_profiler=true profiling.profile_step_start=10 profiling.profile_step_end=12 profiling.profile_ranks=[0,4] profiling.record_shapes=false 
+srun --output <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_bf16/<EXP_ID>/train-seg2/log-root-root.train-seg2_%j_${SLURM_RESTART_COUNT:-0}.out --chdir <JOB_DIR>/experiments/llama3_8b_pretrain_8gpu_h100_bf16/<EXP_ID>/train-seg2/code --wait=60 --kill-on-bad-exit=1 --mpi=pmix <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 1 --checks full --segment 2 --segments 2 --preflight-only train.exit_signal_handler=True train.exit_signal_handler_for_dataloader=False
 
 exitcode=$?
 

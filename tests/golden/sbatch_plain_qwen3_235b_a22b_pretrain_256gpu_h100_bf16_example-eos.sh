@@ -11,6 +11,7 @@
 #SBATCH --output=<RUN_DIR>/slurm-%j.out
 #SBATCH --exclusive
 # (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)
+# (no NSYS: no Nsight Systems profile)
 set -euo pipefail
 # sbatch exports the submitting shell's environment (--export=ALL); secrets travel that way, by name only: WANDB_API_KEY, HF_TOKEN
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
+
+# What a rank NSYS profiles needs (the preflight's check, and regress/profiled.py's error when it wraps the rank).
+NSYS_FIX = "run in a container image with Nsight Systems (the NeMo container has it) or add its bin/ to PATH"
 
 
 def env_int(*names: str, environ=os.environ) -> int | None:
@@ -49,9 +53,13 @@ def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.envir
     if local is None or not 0 <= local < 8:
         failures.append(f"local rank {local} outside 0..7 (8 GPUs per node)")
     tp_on = plan["audit"]["rows"]["tp_comm_overlap"]["state"] == "on"
-    gpu_node = Path("/dev/nvidiactl").exists()
+    gpu_node, gpu_only = Path("/dev/nvidiactl").exists(), []  # what only a GPU node must have: a note on a CPU one
     if tp_on and importlib.util.find_spec("transformer_engine") is None:
-        msg = "Transformer Engine is not importable but TP overlap is on"
+        gpu_only.append("Transformer Engine is not importable but TP overlap is on")
+    nsys = (plan.get("run") or {}).get("nsys")
+    if nsys and rank in nsys["ranks"] and shutil.which("nsys", path=environ.get("PATH", "")) is None:
+        gpu_only.append(f"NSYS profiles rank {rank} but nsys is not on the PATH: {NSYS_FIX}")  # else the wrap fails
+    for msg in gpu_only:
         (failures if gpu_node else notes).append(msg + ("" if gpu_node else " (CPU node: dry run, not fatal)"))
     if tp_on and not any(k in environ for k in ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
         failures.append("TP overlap's userbuffers bootstrap needs MPI/PMIx ranks: launch with `srun --mpi=pmix`")

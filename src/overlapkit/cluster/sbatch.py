@@ -41,11 +41,23 @@ def render(sub: Submission) -> str:
         signal=f"#SBATCH --signal=TERM@{PREEMPT_S}"
         if plan.run.run_name
         else "# (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)",
+        nsys=_nsys_line(plan, sub.run_dir),
         secrets=" " + ", ".join(plan.ledger.secrets) if plan.ledger.secrets else " none",
         exports=exports,
         srun_args=shlex.join(srun),
         code_dir=shlex.quote(str(stack.REPO_ROOT)),
         command=shlex.quote(sub.command),
+    )
+
+
+def _nsys_line(plan, run_dir) -> str:
+    """NSYS's comment: launch/entry.py runs the profiled ranks under nsys itself (overlapkit/regress/profiled.py)."""
+    if not plan.run.nsys:
+        return "# (no NSYS: no Nsight Systems profile)"
+    (a, b), ranks = plan.run.nsys, ",".join(map(str, plan.run.nsys_ranks))
+    return (
+        f"# NSYS={a}:{b} NSYS_RANKS={ranks}: launch/entry.py runs those ranks under nsys profile and exports each "
+        f"report; {run_dir}/nsys/rank<R>.{{nsys-rep,sqlite}}, then {run_dir}/overlap.{{json,png}}"
     )
 
 

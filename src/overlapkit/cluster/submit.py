@@ -282,9 +282,11 @@ def experiment(sub: Submission):
 
 
 def plugins_for(sub) -> list:
-    """Our env-var plugin, and Bridge's own run plugins where the run asks for them (they append their overrides to
-    the path-based script's arguments and set the executor: --signal, the nsys launcher)."""
-    from megatron.bridge.recipes.run_plugins import NsysPlugin, PreemptionPlugin
+    """Our env-var plugin, and Bridge's PreemptionPlugin where the run saves checkpoints (it appends its overrides to
+    the path-based script's arguments and sets --signal). NSYS needs no plugin: the run options carry the window
+    into the config (runopts.apply) and launch/entry.py runs each profiled rank under nsys itself, so the reports
+    and their SQLite exports land in <run dir>/nsys/ on every launch path (overlapkit/regress/profiled.py)."""
+    from megatron.bridge.recipes.run_plugins import PreemptionPlugin
 
     from overlapkit.cluster.plugin import EnvVarPlugin
 
@@ -292,14 +294,6 @@ def plugins_for(sub) -> list:
     out, run_opts = [EnvVarPlugin.from_ledger(plan.ledger)], plan.run
     if run_opts.run_name:
         out.append(PreemptionPlugin(preempt_time=runopts.PREEMPT_S))
-    if run_opts.nsys:
-        out.append(
-            NsysPlugin(
-                profile_step_start=run_opts.nsys[0],
-                profile_step_end=run_opts.nsys[1],
-                profile_ranks=list(run_opts.nsys_ranks),
-            )
-        )
     return out
 
 
@@ -312,8 +306,6 @@ def add_task(exp, sub: Submission) -> list[str]:
     for seg in range(1, n + 1):
         executor = slurm_executor(sub)
         executor.dependency_type = "afterany"
-        if sub.plan.run.nsys:  # per-rank reports (NsysPlugin names them by job, node and rank) in the run directory
-            executor.get_launcher().nsys_folder = str(sub.run_dir / "nsys")
         task = run.Script(
             path=ENTRY,
             args=entry_args(sub.plan, sub.run_dir, sub.preflight_only, sub.checks, seg),
@@ -413,8 +405,6 @@ def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full",
     # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
     script = str(stack.REPO_ROOT / ENTRY)
     task = run.Script(path=script, args=entry_args(plan, run_dir, preflight_only, checks), entrypoint="python")
-    if plan.run.nsys:
-        executor.get_launcher().nsys_folder = str(run_dir / "nsys")
     with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
         exp.add(task, name="train", plugins=plugins_for(plan))
         exp.dryrun(log=True) if dryrun else exp.run(sequential=True, tail_logs=True)

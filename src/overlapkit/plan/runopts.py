@@ -123,6 +123,14 @@ def nsys_problem(opts: RunOptions, train_iters: int | None, world: int) -> str |
     return None
 
 
+def perturbed_iterations(window: tuple[int, int] | None) -> range:
+    """The logged iterations whose step time NSYS=<start>:<end> changes. Bridge 0.6.2 (training/train.py with
+    training/profiling.py) calls cudaProfilerStart at the top of the loop while train_state.step == start (the step
+    then logged as iteration start+1) and cudaProfilerStop after the log of iteration `end`, so the capture holds
+    iterations start+1..end; the stop's flush falls in the interval timer of iteration end+1, which is perturbed too."""
+    return range(window[0] + 1, window[1] + 2) if window else range(0)
+
+
 def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptions:
     """Everything typed, checked before the Bridge import (DATA's files and headers too)."""
     from overlapkit.plan import data as data_spec

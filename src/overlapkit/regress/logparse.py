@@ -195,10 +195,11 @@ def _finite(x) -> bool:
 class _Summary:
     """The summary, fed the records in iteration order: a streamed log needs no list of them."""
 
-    def __init__(self, count: int, warmup: int, iteration_at):
+    def __init__(self, count: int, warmup: int, iteration_at, exclude=()):
         # With fewer iterations than the warm-up, the second half is the best steady-state estimate there is.
         self.count, self.skip = count, warmup if count > warmup else count // 2
         self.after = iteration_at(self.skip - 1) if self.skip else 0  # steady state: iterations past this one
+        self.exclude, self.excluded = frozenset(exclude), []  # iterations a profiler slowed (runopts.NSYS)
         self.first = self.last = self.last_loss = None
         self.times, self.tflops = _Sum(), _Sum()
         self.nan = self.nan_if_losses = self.skipped = self.incomplete = 0
@@ -207,7 +208,9 @@ class _Summary:
     def add(self, r: dict) -> dict:
         self.first = r["iteration"] if self.first is None else self.first
         self.last = r
-        if r["iteration"] > self.after:
+        if r["iteration"] in self.exclude:
+            self.excluded.append(r["iteration"])
+        elif r["iteration"] > self.after:
             if _finite(r.get("step_time_ms")):
                 self.times.add(r["step_time_ms"])
             if _finite(r.get("tflops_per_gpu")):
@@ -238,6 +241,7 @@ class _Summary:
             "train_iters": last.get("train_iters"),
             "warmup_skipped": self.skip,
             "steady_iterations": self.times.n,
+            "excluded_iterations": self.excluded,
             "step_time_ms": self.times.mean(),
             "tflops_per_gpu": self.tflops.mean(),
             "last_loss": self.last_loss,
@@ -256,11 +260,21 @@ def _peak_with(peak: float | None, mem: dict) -> float | None:
     return peak
 
 
-def summarize(iters: list[dict], memory: list[dict], warmup: int = WARMUP_ITERS) -> dict:
-    acc = _Summary(len(iters), warmup, lambda k: iters[k]["iteration"])
+def summarize(iters: list[dict], memory: list[dict], warmup: int = WARMUP_ITERS, exclude=()) -> dict:
+    """`exclude`: iterations left out of the step-time and TFLOP/s means (the ones an Nsight capture slowed)."""
+    acc = _Summary(len(iters), warmup, lambda k: iters[k]["iteration"], exclude)
     for r in iters:
         acc.add(r)
     return acc.result(functools.reduce(_peak_with, memory, None))
+
+
+def profiled_iterations(plan: dict) -> range:
+    """The iterations plan.json's NSYS window slowed (plan/runopts.py: perturbed_iterations), to leave out of the
+    steady-state means; none for a run that was not profiled."""
+    from overlapkit.plan import runopts
+
+    nsys = (plan.get("run") or {}).get("nsys") or {}
+    return runopts.perturbed_iterations(tuple(nsys["steps"]) if nsys.get("steps") else None)
 
 
 # --- the streaming parser ------------------------------------------------------------------------------------
@@ -270,10 +284,10 @@ class LogParser:
     """Feed a log line by line (`feed`, `feed_files`); read back in iteration order. Memory stays bounded: see the
     module doc. Use as a context manager (closes the temporary database)."""
 
-    def __init__(self, warmup: int = WARMUP_ITERS):
+    def __init__(self, warmup: int = WARMUP_ITERS, exclude=()):
         if warmup < 0:
             raise ValueError(f"warmup={warmup}: give a number of iterations >= 0")
-        self.warmup, self.peak, self.events = warmup, None, {}
+        self.warmup, self.peak, self.events, self.exclude = warmup, None, {}, tuple(exclude)
         self.facts: dict[str, set] = {"recipes": set(), "world_sizes": set(), "global_batch_sizes": set()}
         self._db = sqlite3.connect("")  # "": private, deleted on close; kept in memory until it grows
         self._db.executescript(
@@ -353,7 +367,7 @@ class LogParser:
     def summary_builder(self) -> _Summary:
         count = self.count()
         at = "SELECT iteration FROM it ORDER BY iteration LIMIT 1 OFFSET ?"
-        return _Summary(count, self.warmup, lambda k: self._db.execute(at, (k,)).fetchone()[0])
+        return _Summary(count, self.warmup, lambda k: self._db.execute(at, (k,)).fetchone()[0], self.exclude)
 
     def result(self) -> dict:
         """The whole parse as one dict (every record in memory)."""
@@ -362,26 +376,26 @@ class LogParser:
             "iterations": iters,
             "memory": memory,
             "events": dict(self.events),
-            "summary": summarize(iters, memory, self.warmup),
+            "summary": summarize(iters, memory, self.warmup, self.exclude),
             "launch": self.launch(),
         }
 
 
-def parse_text(text: str, warmup: int = WARMUP_ITERS) -> dict:
-    with LogParser(warmup) as p:
+def parse_text(text: str, warmup: int = WARMUP_ITERS, exclude=()) -> dict:
+    with LogParser(warmup, exclude) as p:
         lines = text.split("\n")  # "\n" only, as always: a "\r" stays part of its line here
         for i, line in enumerate(lines):
             p.feed(line, i < len(lines) - 1)  # the final piece has no newline: the job may have died mid-print
         return p.result()
 
 
-def parse_file(path: Path | str, warmup: int = WARMUP_ITERS) -> dict:
-    return parse_files([path], warmup)
+def parse_file(path: Path | str, warmup: int = WARMUP_ITERS, exclude=()) -> dict:
+    return parse_files([path], warmup, exclude)
 
 
-def parse_files(paths, warmup: int = WARMUP_ITERS) -> dict:
-    """Several logs of one job (nemo_run writes one per task group): parsed as one text."""
-    with LogParser(warmup) as p:
+def parse_files(paths, warmup: int = WARMUP_ITERS, exclude=()) -> dict:
+    """Several logs of one job (nemo_run writes one per task group): parsed as one text; `exclude` as summarize."""
+    with LogParser(warmup, exclude) as p:
         p.feed_files(paths)
         return p.result()
 

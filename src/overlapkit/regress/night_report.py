@@ -1,7 +1,9 @@
 """The night's report: each recipe's result against its golden, the Markdown report with plots, and the history.
 
 A night lives in `<profile job_dir>/nightly/<UTC stamp>/`: `night.json` (what was submitted), `report.md`,
-`results.json`, `plots/*.png`. Every night's numbers are appended to `<job_dir>/nightly/history.jsonl`.
+`results.json`, `plots/*.png`. Every night's numbers are appended to `<job_dir>/nightly/history.jsonl`. Each run's
+exposed communication per overlap class comes from its run directory's overlap.json and its timeline picture
+overlap.png, written in the job after the profiled steps (regress/profiled.py); a run without them says why.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     plan = jsonio.read_json(run_dir / "plan.json") or {}
     rows = (plan.get("audit") or {}).get("rows", {})
     pre = jsonio.read_json(run_dir / "preflight.json")
-    parsed = logparse.parse_files(logs) if logs else None
+    parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan)) if logs else None
+    exposed = exposed_of(run_dir, plan, preflight_only)
     golden = regress.load_golden(entry["recipe"], goldens_dir)
     verdict = regress.classify(
         parsed,
@@ -74,6 +77,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         preflight_only=preflight_only,
         preflight_ok=bool(pre and pre.get("ok")),
         attempt=entry.get("attempt", 0),
+        overlap=(exposed.pop("report"), exposed["missing"]),
     )
     if parsed is not None:
         (run_dir / "parsed.json").write_text(logparse.to_json(parsed) + "\n")  # what make bless reads
@@ -92,6 +96,32 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         "overlaps_on": [k for k, v in rows.items() if v.get("state") == "on"],
         "overlaps_off": [k for k, v in rows.items() if v.get("state") == "off"],
         "preflight": pre,
+        "exposed": exposed,
+    }
+
+
+def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
+    """The run's exposed communication: its overlap report, shares per class and timeline picture, or why there is
+    none (never a silent blank)."""
+    report, why = regress.read_overlap(run_dir)
+    png = run_dir / regress.OVERLAP_PNG
+    if report is None:
+        nsys = (plan.get("run") or {}).get("nsys")
+        exports = sorted((run_dir / "nsys").glob("*.sqlite"))
+        if preflight_only:
+            why = "preflight only: no training, so no profile"
+        elif not nsys:
+            why = "not profiled: plan.json has no NSYS window"
+        elif exports:
+            why += f" but nsys/ has {len(exports)} SQLite export(s): make overlap-report RUN={run_dir}"
+        else:
+            why += " and no SQLite export in nsys/: the job log says why the profile was not exported"
+    return {
+        "report": report,
+        "shares": regress.exposed_shares(report),
+        "missing": why,
+        "png": str(png) if png.is_file() else None,
+        "steps": ((plan.get("run") or {}).get("nsys") or {}).get("steps"),
     }
 
 
@@ -159,7 +189,22 @@ def _notes(res: dict) -> list[str]:
     return notes
 
 
-def render(night: dict, results: list[dict], plots: dict[str, str]) -> str:
+def _exposed(res: dict, night_dir: Path | None) -> str:
+    """The exposed-communication cell: share per class (vs the golden's, in points) and the timeline link."""
+    ex = res.get("exposed") or {}
+    if ex.get("shares") is None:
+        return f"— ({ex.get('missing') or 'no overlap.json'})"
+    gold = (res.get("golden") or {}).get("exposed_share") or {}
+    cells = [
+        f"{k} {v:.1%}" + (f" ({(v - gold[k]) * 100:+.1f} pts)" if k in gold else "") for k, v in ex["shares"].items()
+    ]
+    png = ex.get("png")
+    link = f"[timeline]({os.path.relpath(png, night_dir) if night_dir else png})" if png else "no overlap.png"
+    return f"{', '.join(cells) or 'no communication'}; {link}"
+
+
+def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: Path | None = None) -> str:
+    """The Markdown report; `night_dir`: where it is written (each run's timeline is linked relative to it)."""
     lines = [
         f"# Nightly regression — {night['stamp']} on `{night['cluster']}`",
         "",
@@ -167,22 +212,26 @@ def render(night: dict, results: list[dict], plots: dict[str, str]) -> str:
         if night.get("preflight_only")
         else f"{night.get('iters', regress.NIGHTLY_ITERS)} iterations per recipe, mock data, "
         f"seed {regress.NIGHTLY_SEED}; "
-        f"step time/TFLOP/s after {logparse.WARMUP_ITERS} warm-up iterations, tol ±{regress.PERF_TOL:.0%}.",
+        f"step time/TFLOP/s after {logparse.WARMUP_ITERS} warm-up iterations and without the profiled ones, "
+        f"tol ±{regress.PERF_TOL:.0%}; exposed communication per class (exposed / communication time, from the "
+        f"profiled steps' overlap.json), margin ±{regress.EXPOSED_MARGIN * 100:.0f} points.",
         "",
         "| recipe | nodes (DP) | status | step time ms (vs golden) | step ms measured vs predicted "
-        "| TFLOP/s/GPU (vs golden) | loss Δ (worst) | overlaps on | preflight | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| TFLOP/s/GPU (vs golden) | loss Δ (worst) | exposed comm per class (vs golden) | overlaps on | preflight "
+        "| notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         if res.get("skipped"):
-            lines.append(f"| {res['recipe']} | — | skipped | — | — | — | — | — | — | {res['skipped']} |")
+            lines.append(f"| {res['recipe']} | — | skipped | — | — | — | — | — | — | — | {res['skipped']} |")
             continue
         v, s, g = res["verdict"], res["summary"] or {}, res["golden"] or {}
         lines.append(
             f"| {res['recipe']} | {res['nodes']} ({res['dp']}) | **{v['status']}** "
             f"| {_fmt(s.get('step_time_ms'), g.get('step_time_ms'))} | {vs_prediction(res)[0]} "
             f"| {_fmt(s.get('tflops_per_gpu'), g.get('tflops_per_gpu'))} | {_loss_delta(res)} "
-            f"| {', '.join(res['overlaps_on']) or '—'} | {_preflight(res)} | {'; '.join(_notes(res)) or '—'} |"
+            f"| {_exposed(res, night_dir)} | {', '.join(res['overlaps_on']) or '—'} | {_preflight(res)} "
+            f"| {'; '.join(_notes(res)) or '—'} |"
         )
     failed = [r["recipe"] for r in results if not r.get("skipped") and not r["verdict"]["ok"]]
     lines += ["", f"**{len(failed)} failing**: {', '.join(failed)}" if failed else "**No failures.**", ""]
@@ -202,6 +251,7 @@ def history_records(night: dict, results: list[dict]) -> list[dict]:
             "predicted_step_ms": r.get("predicted_step_ms"),
             "tflops_per_gpu": (r["summary"] or {}).get("tflops_per_gpu"),
             "last_loss": (r["summary"] or {}).get("last_loss"),
+            "exposed_share": (r.get("exposed") or {}).get("shares"),
             "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         }
         for r in results
@@ -218,5 +268,5 @@ def write_report(night_dir: Path, night: dict, results: list[dict], history_path
     rel = {title: str(Path(p).relative_to(night_dir)) for title, p in plots.items()}
     (night_dir / "results.json").write_text(logparse.to_json(results) + "\n")
     out = night_dir / "report.md"
-    out.write_text(render(night, results, rel))
+    out.write_text(render(night, results, rel, night_dir))
     return out

@@ -17,11 +17,35 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm, submit
-from overlapkit.plan import registry
+from overlapkit.plan import registry, runopts
 from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
 from overlapkit.regress.rules import NIGHTLY_ITERS, NIGHTLY_SEED
 from overlapkit.topology import GPUS_PER_NODE
+
+# Two steady steps profiled with Nsight Systems on one rank per node (issue #24: the night's exposed communication per
+# overlap class, overlap.json). After logparse's warm-up, in the middle of the steady iterations: the first iterations'
+# one-off costs (communicator and userbuffers set-up, allocator growth, the first param all-gather) stay out of the
+# window, so does the last iteration's exit work, and steady iterations remain on both sides of it for the step-time
+# mean, which leaves out the iterations the capture slows (runopts.perturbed_iterations). Rank 0 of each node: its
+# node's NVLink traffic and its share of every inter-node group, without the cost of a trace per GPU.
+PROFILED_STEPS = 2
+
+
+def profile_window(iters: int) -> tuple[int, int] | None:
+    """NSYS=<start>:<end> for a night of `iters` iterations; None when too few are steady to profile two and still
+    compare one (the report says so)."""
+    skip = logparse.WARMUP_ITERS if iters > logparse.WARMUP_ITERS else iters // 2  # as logparse's summary skips
+    steady = iters - skip
+    if steady < PROFILED_STEPS + 2:  # the perturbed ones (the capture and the iteration after it) and one more
+        return None
+    start = skip + (steady - PROFILED_STEPS - 1) // 2
+    return start, start + PROFILED_STEPS
+
+
+def profiled_ranks(nodes: int) -> tuple[int, ...]:
+    return tuple(range(0, nodes * GPUS_PER_NODE, GPUS_PER_NODE))
+
 
 # DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
 # an overlap that silently stops working there is exactly what the nightly is for. MIN_DP=1 gives the smallest run.
@@ -37,9 +61,24 @@ class NightlyRun:
     dp: int
     gbs: int
     sets: str  # dotted overrides, as SET= takes them
+    nsys: str = ""  # NSYS=<start>:<end> (profile_window), "" when the night is too short to profile
+    nsys_ranks: str = ""  # NSYS_RANKS=: rank 0 of each node
 
     def to_dict(self) -> dict:
-        return {"recipe": self.recipe, "nodes": self.nodes, "dp": self.dp, "gbs": self.gbs, "sets": self.sets}
+        return {
+            "recipe": self.recipe,
+            "nodes": self.nodes,
+            "dp": self.dp,
+            "gbs": self.gbs,
+            "sets": self.sets,
+            "nsys": self.nsys,
+            "nsys_ranks": self.nsys_ranks,
+        }
+
+
+def run_options(entry: dict) -> runopts.RunOptions:
+    """The night entry's NSYS window as run options (a night.json from before the window has none)."""
+    return runopts.parse(nsys=entry.get("nsys", ""), nsys_ranks=entry.get("nsys_ranks", ""))
 
 
 def shape_for(
@@ -70,7 +109,10 @@ def shape_for(
         "checkpoint.load=null",  # never resume from an earlier run's checkpoint
         "validation.eval_iters=0",
     ]
-    return NightlyRun(recipe, nodes, dp, gbs, " ".join(sets))
+    window = profile_window(iters)
+    nsys = f"{window[0]}:{window[1]}" if window else ""
+    ranks = ",".join(map(str, profiled_ranks(nodes))) if window else ""
+    return NightlyRun(recipe, nodes, dp, gbs, " ".join(sets), nsys, ranks)
 
 
 # --- submitting a night ---------------------------------------------------------------------------------------
@@ -117,7 +159,8 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
         )
         say(f"skip {name}: {row['skipped']}")
     elif req.dryrun:
-        say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"')
+        nsys = f" NSYS={run.nsys} NSYS_RANKS={run.nsys_ranks}" if run.nsys else " (ITERS too short to profile)"
+        say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"{nsys}')
     else:
         try:
             sub = submit.prepare(
@@ -128,6 +171,7 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
                 preflight_only=req.preflight_only,
                 checks=req.checks,
                 check_partition=True,
+                run=run_options(row),
             )
         except (submit.SubmitError, ValueError) as exc:
             row["skipped"] = f"not submitted: {exc}"
@@ -279,6 +323,7 @@ def resubmit(night_dir: Path, night: dict, entries: list[dict], say) -> None:
             sets=e["sets"],
             preflight_only=night["preflight_only"],
             checks=night["checks"],
+            run=run_options(e),
         )
         info = submit.submit(sub)
         e.update(attempt=e.get("attempt", 0) + 1, job_id=info["job_id"], run_dir=str(sub.run_dir))
@@ -302,6 +347,7 @@ def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR) -> Path:
         ) from None
     logs = submit.log_files(info) if info else []
     logs += sorted(run_dir.glob("*.log"))
-    parsed = logparse.parse_files(logs) if logs else logparse.parse_text("")
+    skip = logparse.profiled_iterations(jsonio.read_json(run_dir / "plan.json") or {})  # bless says what is wrong
+    parsed = logparse.parse_files(logs, exclude=skip) if logs else logparse.parse_text("")
     state = slurm.job_state(str(info["job_id"])) if info and info.get("job_id") else None
     return regress.bless(run_dir, parsed, goldens, state=state, submission=info)

@@ -55,3 +55,18 @@ def test_a_rank_waits_for_rank_zeros_verdict_and_says_when_none_came(tmp_path, c
     assert "no verdict from rank 0" in capsys.readouterr().err
     verdict.write_text(json.dumps({"ok": True}))
     assert preflight.wait_for_summary(verdict, timeout=0.2)
+
+
+def test_the_preflight_names_a_profiled_rank_without_nsys_on_its_path():
+    """A rank NSYS profiles needs nsys on its PATH (regress/profiled.py wraps it in `nsys profile`); the other ranks
+    do not. A failure on a GPU node (/dev/nvidiactl), a note on this CPU one."""
+    plan = {
+        "run": {"nsys": {"steps": [33, 35], "ranks": [0, 8]}},
+        "layout": {"gpus": 16, "nodes": 2},
+        "audit": {"rows": {"tp_comm_overlap": {"state": "off"}}},
+    }
+    rec = preflight.rank_checks(plan, {}, environ=_job(rank=8, world=16, nodes=2, PATH="/nonexistent"))
+    assert rec["notes"] == [
+        f"NSYS profiles rank 8 but nsys is not on the PATH: {preflight.NSYS_FIX} (CPU node: dry run, not fatal)"
+    ]
+    assert preflight.rank_checks(plan, {}, environ=_job(rank=1, world=16, nodes=2, PATH="/nonexistent"))["notes"] == []

@@ -191,12 +191,16 @@ def test_a_descendant_of_make_is_stopped_by_sigterm_once_make_is_killed():
 
 
 def test_pretraining_chain_sbatch_matches_golden(tmp_path):
-    """RUN_NAME + SEGMENTS=2 + NSYS: one script per segment, each with Bridge's PreemptionPlugin signal, its overrides
-    as the path-based entry's arguments, and NsysPlugin's per-rank report names in the run directory."""
+    """RUN_NAME + SEGMENTS=2 + NSYS: one script per segment, each with Bridge's PreemptionPlugin signal and its
+    overrides as the path-based entry's arguments. NSYS puts no nsys in front of the ranks: launch/entry.py runs the
+    profiled ones under nsys itself (regress/profiled.py), the same on both paths, and the plain script says so."""
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     opts = runopts.RunOptions(run_name="golden", segments=2, nsys=(10, 12), nsys_ranks=(0, 4))
     sub = submit.prepare("llama3_8b_pretrain_8gpu_h100_bf16", profile, preflight_only=True, caller_env={}, run=opts)
     text = normalise(submit.dryrun(sub), sub)
     assert text.count("#SBATCH --signal=TERM@300") == 2 and "--segment 2 --segments 2" in text
+    assert "nsys" not in text and "profiling." not in text  # the window travels in overrides.json
+    plain = normalise(sbatch.render(sub), sub)
+    assert "# NSYS=10:12 NSYS_RANKS=0,4: launch/entry.py runs those ranks under nsys profile" in plain
     check("sbatch_nemo_run_llama3_8b_pretrain_8gpu_h100_bf16_local_segments.sh", text)
-    check("sbatch_plain_llama3_8b_pretrain_8gpu_h100_bf16_local_run_name.sh", normalise(sbatch.render(sub), sub))
+    check("sbatch_plain_llama3_8b_pretrain_8gpu_h100_bf16_local_run_name.sh", plain)

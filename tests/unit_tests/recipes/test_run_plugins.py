@@ -529,9 +529,11 @@ def test_bridges_plugins_set_up_our_path_based_task_unchanged(tmp_path):
                       entrypoint="python")  # fmt: skip
     for plugin in submit.plugins_for(sub):
         plugin.setup(task, executor)
-    assert executor.signal == "TERM@300" and executor.get_launcher().nsys_profile
+    assert executor.signal == "TERM@300" and not executor.get_launcher().nsys_profile  # entry.py runs nsys itself
     assert task.args[task.args.index("--segment") + 1] == "2"
-    assert "train.exit_signal_handler=True" in task.args and "profiling.profile_ranks=[0,3]" in task.args
+    assert "train.exit_signal_handler=True" in task.args and not any(a.startswith("profiling.") for a in task.args)
+    record = json.loads((sub.run_dir / "overrides.json").read_text())
+    assert record["run"]["nsys"] == [10, 12] and record["run"]["nsys_ranks"] == [0, 3]  # the job's runopts.apply
     assert executor.env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
 
 

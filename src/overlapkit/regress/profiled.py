@@ -1,0 +1,184 @@
+"""A profiled rank in the job (NSYS=<start>:<end>): Nsight Systems around this rank's training, the report's SQLite
+export beside it in `<run dir>/nsys/rank<R>.{nsys-rep,sqlite}`, and the run's overlap report (`overlap.json`,
+`overlap.png`) once every profiled rank has exported, so `make overlap-report RUN=<run dir>` reads the directory as
+the job left it. Standard library only at import (cluster/preflight.py likewise): launch/entry.py calls it before
+its preflight.
+
+Why the entry wraps its own rank instead of nemo_run's launcher prefix (what Bridge's NsysPlugin sets up):
+
+- Nsight Systems writes its report when the profiled program exits (a cudaProfilerStart/Stop range leaves the
+  program running; Nsight Systems User Guide, "Profiling from the CLI"), so nothing inside the program can export
+  it. Its parent can, on its own node: launch/entry.py on a profiled rank starts `nsys profile ... python
+  launch/entry.py ...` as a child and runs `nsys export --type sqlite` after it, whichever nodes the ranks are on.
+- One command line for every launch path (nemo_run, the plain sbatch script, run-local), on the profiled ranks only.
+- SQLite export fails where the destination filesystem has no file locking (Nsight Systems exporter, "Known
+  issues"), as parallel filesystems are often mounted: it is written to the node's $TMPDIR and copied into the run
+  directory under a temporary name, then renamed, so a reader never sees half a file.
+- srun ends a step 60 s after its first task exits (nemo_run's `--wait=60`): every rank waits, after training, for
+  the report's marker (`nsys/report.done`), so no task exits while a profiled rank still exports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from overlapkit.cluster import preflight
+
+UNDER_NSYS = "OVERLAPKIT_UNDER_NSYS"  # set in the child nsys profiles: it trains, the parent exports
+# `nsys profile` switches (Nsight Systems User Guide, "CLI Profile Command Switch Options"): CUDA and NVTX traces
+# (kernels, memcpys, NCCL's NVTX ranges: what the overlap report classifies), no CPU sampling; collect only between
+# Bridge's cudaProfilerStart and cudaProfilerStop (training/profiling.py) and keep the program running after;
+# CUDA graphs traced per node, no CUDA event trace. Bridge's NsysPlugin asks nemo_run for the same ones.
+PROFILE_ARGS = (
+    "profile",
+    "--sample=none",
+    "--trace=nvtx,cuda",
+    "--capture-range=cudaProfilerApi",
+    "--capture-range-end=stop",
+    "--cuda-graph-trace=node",
+    "--cuda-event-trace=false",
+    "--force-overwrite=true",
+)
+WAIT_S = 1800  # for the other ranks' exports: a 2-step trace of a large model exports in minutes, not half an hour
+DONE = "report.done"
+
+
+def nsys_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "nsys"
+
+
+def report_base(run_dir: Path, rank: int) -> Path:
+    """`-o` of nsys profile: it adds .nsys-rep; the export is the same name with .sqlite."""
+    return nsys_dir(run_dir) / f"rank{rank}"
+
+
+def exports(run_dir: Path, ranks) -> list[Path]:
+    return [nsys_dir(run_dir) / f"rank{r}.sqlite" for r in ranks]
+
+
+def profiles_rank(run_dir: Path, plan: dict, rank: int | None) -> bool:
+    """Whether this rank runs under nsys in this job: a profiled rank, unless every profiled rank's export is already
+    there (a later segment of SEGMENTS=N, after the one that held the window). Never inside nsys itself."""
+    nsys = (plan.get("run") or {}).get("nsys")
+    return (
+        bool(nsys)
+        and not os.environ.get(UNDER_NSYS)
+        and rank in nsys["ranks"]
+        and not all(p.is_file() for p in exports(run_dir, nsys["ranks"]))
+    )
+
+
+def wrap(run_dir: Path, plan: dict, program: list[str]) -> int | None:
+    """launch/entry.py's first step: on a rank this job profiles (profiles_rank), its whole run under nsys
+    (`program`: the entry again, as nsys's child) and the training's exit status; None on every other rank, and in
+    nsys's child: go on with the preflight."""
+    rank = preflight.env_int("SLURM_PROCID", "RANK")
+    return run_profiled(run_dir, rank, plan, program) if profiles_rank(run_dir, plan, rank) else None
+
+
+def after_training(run_dir: Path, plan: dict) -> None:
+    """A rank that trained outside nsys in a profiled run: wait for the report (see the module doc: srun --wait)."""
+    if (plan.get("run") or {}).get("nsys") and not os.environ.get(UNDER_NSYS):
+        hold(run_dir)
+
+
+def profile_command(nsys: str, run_dir: Path, rank: int, program: list[str]) -> list[str]:
+    return [nsys, *PROFILE_ARGS, "-o", str(report_base(run_dir, rank)), *program]
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> int:
+    """This rank's training under nsys (`program`: the entry again), then its export; the first profiled rank then
+    writes the overlap report and every other rank waits for it. Returns the training's exit status."""
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        host = socket.gethostname()
+        _say(f"error: NSYS profiles rank {rank}, but nsys is not on the PATH on {host}: {preflight.NSYS_FIX}")
+        return 1
+    nsys_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    ranks = plan["run"]["nsys"]["ranks"]
+    if rank == min(ranks):  # this job's report: the others wait for a fresh marker
+        (nsys_dir(run_dir) / DONE).unlink(missing_ok=True)
+    child = subprocess.Popen(profile_command(nsys, run_dir, rank, program), env={**os.environ, UNDER_NSYS: "1"})
+    forward = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in forward.items():
+            signal.signal(s, handler)
+    if code == 0 and (problem := export(nsys, report_base(run_dir, rank))):
+        _say(f"error: rank {rank}: {problem}")
+    if code == 0 and rank == min(ranks):
+        write_report(run_dir, ranks)
+    elif code == 0:
+        hold(run_dir)
+    return code
+
+
+def export(nsys: str, base: Path) -> str | None:
+    """`nsys export --type sqlite` of base.nsys-rep into base.sqlite (via the node's $TMPDIR); None, or what failed."""
+    rep = base.with_name(base.name + ".nsys-rep")
+    if not rep.is_file():
+        return f"nsys wrote no {rep.name} (did the run reach the profiled steps?)"
+    with tempfile.TemporaryDirectory(prefix="overlapkit-nsys-") as tmp:
+        local = Path(tmp) / (base.name + ".sqlite")
+        cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={local}", str(rep)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0 or not local.is_file():
+            last = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+            return f"nsys export of {rep} failed ({last[0]}); rerun: nsys export --type=sqlite {rep}"
+        part = base.with_name(base.name + ".sqlite.part")
+        shutil.copyfile(local, part)
+        os.replace(part, base.with_name(base.name + ".sqlite"))
+    return None
+
+
+def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S) -> None:
+    """Once every profiled rank's export is there (or `wait_s` has passed): overlap.json and overlap.png, then the
+    marker the other ranks wait for, whatever happened (its `error` says what)."""
+    deadline = time.monotonic() + wait_s
+    want = exports(run_dir, ranks)
+    while not all(p.is_file() for p in want) and time.monotonic() < deadline:
+        time.sleep(2)
+    missing = [p.name for p in want if not p.is_file()]
+    done = {"missing_exports": missing, "error": None}
+    try:
+        write_overlap(run_dir)
+    except (ValueError, OSError) as exc:  # the report's ProfileError is a ValueError: one line
+        done["error"] = str(exc)
+        _say(f"error: the overlap report of {run_dir}: {exc}")
+    finally:  # whatever happened: the other ranks stop waiting
+        (nsys_dir(run_dir) / DONE).write_text(json.dumps(done) + "\n")
+
+
+def write_overlap(run_dir: Path) -> None:
+    """The run's overlap report (overlapkit.regress.overlap_report) as overlap.json, and its timeline picture."""
+    from overlapkit import jsonio
+    from overlapkit.regress import overlap_report
+    from overlapkit.regress import rules as regress
+
+    jsonio.write_json(Path(run_dir) / regress.OVERLAP_JSON, overlap_report.report_run(Path(run_dir)))
+    overlap_report.timeline_png(Path(run_dir), Path(run_dir) / regress.OVERLAP_PNG)
+
+
+def hold(run_dir: Path, wait_s: float = WAIT_S) -> bool:
+    """Wait for the report's marker: True when it came, False after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if (nsys_dir(run_dir) / DONE).is_file():
+            return True
+        time.sleep(2)
+    _say(f"profile: no {DONE} in {nsys_dir(run_dir)} after {wait_s:.0f} s; this rank stops waiting")
+    return False

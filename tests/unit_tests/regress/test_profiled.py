@@ -1,0 +1,140 @@
+"""A profiled rank in the job (regress/profiled.py) through launch/entry.py in new processes, as srun starts it.
+
+Nsight Systems cannot run on this CPU machine, so a small `nsys` script on PATH stands in for it (the one mock): its
+`profile` runs the program it is given and writes the report `-o` names, its `export` writes a real SQLite file (or
+fails, as an export onto a filesystem without locks does). The overlap report itself (overlapkit.regress.
+overlap_report, issue #24's other half, with its own tests on real-schema exports) is not what these tests read:
+profiled.write_overlap, its one call, is recorded instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from overlapkit import stack
+from overlapkit.regress import profiled
+
+FAKE_NSYS = textwrap.dedent(
+    """\
+    #!/bin/bash
+    echo "$*" >> "$NSYS_LOG"
+    if [ "$1" = profile ]; then
+        shift; while [ "$1" != -o ]; do shift; done; base=$2; shift 2
+        echo "UNDER=$OVERLAPKIT_UNDER_NSYS" >> "$NSYS_LOG"
+        "$@"; rc=$?; [ $rc = 0 ] && echo report > "$base.nsys-rep"; exit $rc
+    fi
+    for a; do case $a in --output=*) out=${a#--output=};; esac; done
+    if [ -n "$FAIL_EXPORT" ]; then echo "SQLite export failed: database is locked" >&2; exit 1; fi
+    exec python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('CREATE TABLE StringIds (id)')" "$out"
+    """
+)
+PLAN = {"run": {"nsys": {"steps": [33, 35], "ranks": [0, 8]}}}
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """A run directory, the fake nsys first on PATH and its log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nsys").write_text(FAKE_NSYS)
+    (bin_dir / "nsys").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("NSYS_LOG", str(tmp_path / "nsys.log"))
+    monkeypatch.delenv(profiled.UNDER_NSYS, raising=False)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    written = []
+    monkeypatch.setattr(profiled, "write_overlap", lambda d: written.append(Path(d)))
+    return run_dir, tmp_path / "nsys.log", written
+
+
+def _trainer(marker: Path, code: int = 0) -> list[str]:
+    """The program nsys profiles: it records that it ran under nsys, as launch/entry.py's child would."""
+    under = f"os.environ.get({profiled.UNDER_NSYS!r}, '')"
+    src = f"import os, sys; open({str(marker)!r}, 'w').write({under}); sys.exit({code})"
+    return [sys.executable, "-c", src]
+
+
+def test_the_first_profiled_rank_trains_under_nsys_exports_and_writes_the_report(job, capsys):
+    run_dir, log, written = job
+    (run_dir / "nsys").mkdir()
+    (run_dir / "nsys" / "rank8.sqlite").write_bytes(b"")  # the other profiled rank, on another node, exported
+    (run_dir / "nsys" / profiled.DONE).write_text("{}")  # an earlier segment's marker: this job writes its own
+    assert profiled.run_profiled(run_dir, 0, PLAN, _trainer(run_dir / "ran")) == 0
+    assert (run_dir / "ran").read_text() == "1"  # the child trained with UNDER_NSYS set: it does not wrap again
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("profile --sample=none --trace=nvtx,cuda --capture-range=cudaProfilerApi ")
+    assert f"-o {run_dir}/nsys/rank0 " in calls[0] and calls[1] == "UNDER=1"
+    assert calls[2].startswith("export --type=sqlite --force-overwrite=true --output=")
+    assert calls[2].endswith(f"{run_dir}/nsys/rank0.nsys-rep") and f"--output={run_dir}" not in calls[2]  # via $TMPDIR
+    db = sqlite3.connect(run_dir / "nsys" / "rank0.sqlite")
+    assert db.execute("SELECT name FROM sqlite_master").fetchall() == [("StringIds",)]
+    assert not list((run_dir / "nsys").glob("*.part"))
+    done = json.loads((run_dir / "nsys" / profiled.DONE).read_text())
+    assert done == {"missing_exports": [], "error": None} and written == [run_dir]
+
+
+def test_a_failed_export_is_one_line_naming_the_command_and_the_ranks_still_finish(job, monkeypatch, capsys):
+    run_dir, _, _ = job
+    monkeypatch.setenv("FAIL_EXPORT", "1")
+    (run_dir / "nsys").mkdir()
+    (run_dir / "nsys" / profiled.DONE).write_text("{}")  # the first rank's marker: rank 8 does not wait
+    assert profiled.run_profiled(run_dir, 8, PLAN, _trainer(run_dir / "ran")) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: rank 8: nsys export of {run_dir}/nsys/rank8.nsys-rep failed")
+    assert err[0].endswith(f"(SQLite export failed: database is locked); rerun: nsys export --type=sqlite "
+                           f"{run_dir}/nsys/rank8.nsys-rep")  # fmt: skip
+    assert not (run_dir / "nsys" / "rank8.sqlite").exists()
+
+
+def test_training_that_fails_is_passed_on_and_nsys_missing_is_one_line(job, monkeypatch, capsys):
+    run_dir, log, _ = job
+    assert profiled.run_profiled(run_dir, 0, PLAN, _trainer(run_dir / "ran", code=3)) == 3
+    assert "export" not in log.read_text() and not (run_dir / "nsys" / profiled.DONE).exists()
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert profiled.run_profiled(run_dir, 0, PLAN, _trainer(run_dir / "ran")) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: NSYS profiles rank 0, but nsys is not on the PATH on ") and "\n" not in err
+
+
+def test_which_ranks_run_under_nsys_and_the_others_hold_for_the_marker(job, monkeypatch, capsys):
+    run_dir, _, _ = job
+    assert profiled.profiles_rank(run_dir, PLAN, 8) and not profiled.profiles_rank(run_dir, PLAN, 1)
+    assert not profiled.profiles_rank(run_dir, {"run": {}}, 0)
+    (run_dir / "nsys").mkdir()
+    for r in (0, 8):  # a later segment: the window was profiled already
+        (run_dir / "nsys" / f"rank{r}.sqlite").write_bytes(b"")
+    assert not profiled.profiles_rank(run_dir, PLAN, 0)
+    monkeypatch.setenv(profiled.UNDER_NSYS, "1")
+    (run_dir / "nsys" / "rank8.sqlite").unlink()
+    assert not profiled.profiles_rank(run_dir, PLAN, 0)  # nsys's own child never wraps itself again
+    assert profiled.hold(run_dir, wait_s=0.1) is False
+    assert "no report.done in" in capsys.readouterr().err
+    (run_dir / "nsys" / profiled.DONE).write_text("{}")
+    assert profiled.hold(run_dir, wait_s=5) is True
+
+
+def test_entry_hands_a_profiled_rank_to_the_wrapper_before_its_preflight(tmp_path, job):
+    """launch/entry.py as srun starts it: rank 0 of a NSYS run re-runs itself under nsys (the fake one), and the
+    child, with UNDER_NSYS set, goes on to the preflight; a preflight-only job never wraps."""
+    run_dir, log, _ = job
+    (run_dir / "plan.json").write_text(json.dumps({**PLAN, "layout": {"gpus": 16, "nodes": 2}}))  # for resume.guard
+    env = {**os.environ, "SLURM_PROCID": "0", "PYTHONPATH": "src:."}
+    argv = [sys.executable, "launch/entry.py", "--recipe", "r", "--run-dir", str(run_dir)]
+    out = subprocess.run(argv, cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("profile ") and calls[0].endswith(
+        f"{stack.REPO_ROOT}/launch/entry.py --recipe r --run-dir {run_dir}"
+    ), calls
+    assert calls[1] == "UNDER=1" and out.returncode != 0  # the child's preflight: no ledger.json in this directory
+    assert "ledger.json" in out.stderr and not any(c.startswith("export") for c in calls)
+    log.unlink()
+    out = subprocess.run([*argv, "--preflight-only"], cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True)
+    assert not log.exists() and "ledger.json" in out.stderr
