@@ -121,7 +121,7 @@ def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> in
     if code == 0 and (problem := export(nsys, report_base(run_dir, rank))):
         _say(f"error: rank {rank}: {problem}")
     if code == 0 and rank == min(ranks):
-        write_report(run_dir, ranks)
+        write_report(run_dir, ranks, failed=(rank,) if problem else ())
     elif code == 0:
         hold(run_dir)
     return code
@@ -145,14 +145,15 @@ def export(nsys: str, base: Path) -> str | None:
     return None
 
 
-def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S) -> None:
-    """Once every profiled rank's export is there (or `wait_s` has passed): overlap.json and overlap.png, then the
-    marker the other ranks wait for, whatever happened (its `error` says what)."""
+def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S, failed=()) -> None:
+    """Once the exports of `ranks` are there (or `wait_s` has passed): the run's overlap report and its timeline
+    (write_overlap), then the marker the other ranks wait for, whatever happened (its `error` says what). `failed`:
+    ranks whose export is known to have failed, not waited for (the whole job would hold for WAIT_S)."""
     deadline = time.monotonic() + wait_s
-    want = exports(run_dir, ranks)
+    want = [p for r, p in zip(ranks, exports(run_dir, ranks), strict=True) if r not in failed]
     while not all(p.is_file() for p in want) and time.monotonic() < deadline:
         time.sleep(2)
-    missing = [p.name for p in want if not p.is_file()]
+    missing = [p.name for p in exports(run_dir, ranks) if not p.is_file()]
     done = {"missing_exports": missing, "error": None}
     try:
         write_overlap(run_dir)

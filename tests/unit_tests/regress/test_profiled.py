@@ -94,6 +94,17 @@ def test_a_failed_export_is_one_line_naming_the_command_and_the_ranks_still_fini
     assert not (run_dir / "nsys" / "rank8.sqlite").exists()
 
 
+def test_the_first_rank_whose_own_export_failed_reports_at_once(job, monkeypatch, capsys):
+    """It does not wait WAIT_S for its own export: the marker comes now, naming what is missing."""
+    run_dir, _, written = job
+    monkeypatch.setenv("FAIL_EXPORT", "1")
+    (run_dir / "nsys").mkdir()
+    (run_dir / "nsys" / "rank8.sqlite").write_bytes(b"")
+    assert profiled.run_profiled(run_dir, 0, PLAN, _trainer(run_dir / "ran")) == 0
+    done = json.loads((run_dir / "nsys" / profiled.DONE).read_text())
+    assert done == {"missing_exports": ["rank0.sqlite"], "error": None} and written == [run_dir]
+
+
 def test_training_that_fails_is_passed_on_and_nsys_missing_is_one_line(job, monkeypatch, capsys):
     run_dir, log, _ = job
     assert profiled.run_profiled(run_dir, 0, PLAN, _trainer(run_dir / "ran", code=3)) == 3
