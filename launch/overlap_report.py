@@ -54,25 +54,25 @@ def _check(args):
 
 def _inputs(args):
     """(profile files, plan dict, default PNG path, run dir or None)."""
+    from overlapkit.plan import runopts
     from overlapkit.regress import overlap_report
 
     files, req = _check(args)
     if req is None:
         run_dir = _run_dir(args.run)
         files, plan = overlap_report.run_inputs(run_dir)
-        return files, plan, run_dir / "overlap_timeline.png", run_dir
+        return files, plan, run_dir / runopts.OVERLAP_PNG, run_dir
     stack.import_bridge()
     from overlapkit.plan.build import plan_for
 
     plan = plan_for(req).to_dict()
     where = Path(args.profile)
-    png = where / "overlap_timeline.png" if where.is_dir() else where.with_name(f"{where.stem}.timeline.png")
+    png = where / runopts.OVERLAP_PNG if where.is_dir() else where.with_name(f"{where.stem}.timeline.png")
     return files, plan, png, None
 
 
 def main(argv=None) -> int:
     args = _args(argv)
-    from overlapkit import jsonio
     from overlapkit.plan.report import console
     from overlapkit.regress import overlap_render, overlap_report
 
@@ -84,16 +84,8 @@ def main(argv=None) -> int:
     except (KeyError, ValueError) as exc:  # ProfileError, UnknownRecipe, OverrideError, PlanError
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    png = Path(args.png) if args.png else png
-    try:
-        report["timeline"] = str(overlap_report.timeline_png(measured, png))
-    except OSError as exc:  # a read-only profile directory: the figures stand without the picture
-        report["timeline"] = None
-        print(
-            f"warning: the timeline was not written to {png} ({exc.strerror or exc}): give PNG=<path>", file=sys.stderr
-        )
-    if run_dir is not None:
-        jsonio.write_json(run_dir / "overlap_report.json", report)
+    if warning := overlap_report.save(measured, report, Path(args.png) if args.png else png, run_dir):
+        print(f"warning: {warning}: give PNG=<path>", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:

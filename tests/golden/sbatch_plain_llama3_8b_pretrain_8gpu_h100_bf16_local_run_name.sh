@@ -11,7 +11,7 @@
 #SBATCH --output=<RUN_DIR>/slurm-%j.out
 #SBATCH --exclusive
 #SBATCH --signal=TERM@300
-# NSYS=10:12 NSYS_RANKS=0,4: launch/entry.py runs those ranks under nsys profile and exports each report; <RUN_DIR>/nsys/rank<R>.{nsys-rep,sqlite}, then <RUN_DIR>/overlap.{json,png}
+# NSYS=10:12 NSYS_RANKS=0,4: launch/entry.py runs those ranks under nsys profile and exports each report: <RUN_DIR>/nsys/rank<R>.{nsys-rep,sqlite}, then <RUN_DIR>/{overlap_report.json,overlap_timeline.png}
 set -euo pipefail
 # sbatch exports the submitting shell's environment (--export=ALL); secrets travel that way, by name only: none
 

@@ -10,6 +10,7 @@ from string import Template
 
 from overlapkit import stack
 from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
+from overlapkit.plan import runopts
 from overlapkit.plan.runopts import PREEMPT_S
 
 TEMPLATE = stack.REPO_ROOT / "slurm" / "templates" / "pretrain.sbatch"
@@ -57,7 +58,8 @@ def _nsys_line(plan, run_dir) -> str:
     (a, b), ranks = plan.run.nsys, ",".join(map(str, plan.run.nsys_ranks))
     return (
         f"# NSYS={a}:{b} NSYS_RANKS={ranks}: launch/entry.py runs those ranks under nsys profile and exports each "
-        f"report; {run_dir}/nsys/rank<R>.{{nsys-rep,sqlite}}, then {run_dir}/overlap.{{json,png}}"
+        f"report: {run_dir / runopts.NSYS_DIR}/rank<R>.{{nsys-rep,sqlite}}, then "
+        f"{run_dir}/{{{runopts.OVERLAP_JSON},{runopts.OVERLAP_PNG}}}"
     )
 
 

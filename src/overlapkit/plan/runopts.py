@@ -123,6 +123,13 @@ def nsys_problem(opts: RunOptions, train_iters: int | None, world: int) -> str |
     return None
 
 
+# What a NSYS run leaves in its run directory, under one set of names: each profiled rank's report and SQLite export
+# in nsys/ (regress/profiled.py writes them in the job), and their overlap report with its timeline picture, which
+# `make overlap-report RUN=` writes (launch/overlap_report.py), the job's first profiled rank writes too, and the
+# nightly reads and links (regress/night_report.py). Here, below every stage that names them (the sbatch script too).
+NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG = "nsys", "overlap_report.json", "overlap_timeline.png"
+
+
 def perturbed_iterations(window: tuple[int, int] | None) -> range:
     """The logged iterations whose step time NSYS=<start>:<end> changes. Bridge 0.6.2 (training/train.py with
     training/profiling.py) calls cudaProfilerStart at the top of the loop while train_state.step == start (the step

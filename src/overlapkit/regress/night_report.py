@@ -2,8 +2,9 @@
 
 A night lives in `<profile job_dir>/nightly/<UTC stamp>/`: `night.json` (what was submitted), `report.md`,
 `results.json`, `plots/*.png`. Every night's numbers are appended to `<job_dir>/nightly/history.jsonl`. Each run's
-exposed communication per overlap class comes from its run directory's overlap.json and its timeline picture
-overlap.png, written in the job after the profiled steps (regress/profiled.py); a run without them says why.
+exposed communication per overlap class comes from its run directory's overlap report and timeline picture
+(plan/runopts.py: OVERLAP_JSON, OVERLAP_PNG), written in the job after the profiled steps (regress/profiled.py) as `make
+overlap-report RUN=` writes them; a run without them says why.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import os
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.regress import logparse
+from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG
+from overlapkit.regress import exposed, logparse
 from overlapkit.regress import rules as regress
 
 # --- history: append-only JSONL ---------------------------------------------------------------------------------
@@ -68,7 +70,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     rows = (plan.get("audit") or {}).get("rows", {})
     pre = jsonio.read_json(run_dir / "preflight.json")
     parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan)) if logs else None
-    exposed = exposed_of(run_dir, plan, preflight_only)
+    comm = exposed_of(run_dir, plan, preflight_only)
     golden = regress.load_golden(entry["recipe"], goldens_dir)
     verdict = regress.classify(
         parsed,
@@ -77,7 +79,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         preflight_only=preflight_only,
         preflight_ok=bool(pre and pre.get("ok")),
         attempt=entry.get("attempt", 0),
-        overlap=(exposed.pop("report"), exposed["missing"]),
+        overlap=(comm.pop("report"), comm["missing"]),
     )
     if parsed is not None:
         (run_dir / "parsed.json").write_text(logparse.to_json(parsed) + "\n")  # what make bless reads
@@ -96,18 +98,18 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         "overlaps_on": [k for k, v in rows.items() if v.get("state") == "on"],
         "overlaps_off": [k for k, v in rows.items() if v.get("state") == "off"],
         "preflight": pre,
-        "exposed": exposed,
+        "exposed": comm,
     }
 
 
 def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
     """The run's exposed communication: its overlap report, shares per class and timeline picture, or why there is
     none (never a silent blank)."""
-    report, why = regress.read_overlap(run_dir)
-    png = run_dir / regress.OVERLAP_PNG
+    report, why = exposed.read(run_dir)
+    png = run_dir / OVERLAP_PNG
     if report is None:
         nsys = (plan.get("run") or {}).get("nsys")
-        exports = sorted((run_dir / "nsys").glob("*.sqlite"))
+        exports = sorted((run_dir / NSYS_DIR).glob("*.sqlite"))
         if preflight_only:
             why = "preflight only: no training, so no profile"
         elif not nsys:
@@ -118,7 +120,7 @@ def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
             why += " and no SQLite export in nsys/: the job log says why the profile was not exported"
     return {
         "report": report,
-        "shares": regress.exposed_shares(report),
+        "shares": exposed.shares(report),
         "missing": why,
         "png": str(png) if png.is_file() else None,
         "steps": ((plan.get("run") or {}).get("nsys") or {}).get("steps"),
@@ -193,13 +195,13 @@ def _exposed(res: dict, night_dir: Path | None) -> str:
     """The exposed-communication cell: share per class (vs the golden's, in points) and the timeline link."""
     ex = res.get("exposed") or {}
     if ex.get("shares") is None:
-        return f"— ({ex.get('missing') or 'no overlap.json'})"
+        return f"— ({ex.get('missing') or f'no {OVERLAP_JSON}'})"
     gold = (res.get("golden") or {}).get("exposed_share") or {}
     cells = [
         f"{k} {v:.1%}" + (f" ({(v - gold[k]) * 100:+.1f} pts)" if k in gold else "") for k, v in ex["shares"].items()
     ]
     png = ex.get("png")
-    link = f"[timeline]({os.path.relpath(png, night_dir) if night_dir else png})" if png else "no overlap.png"
+    link = f"[timeline]({os.path.relpath(png, night_dir) if night_dir else png})" if png else f"no {OVERLAP_PNG}"
     return f"{', '.join(cells) or 'no communication'}; {link}"
 
 
@@ -214,7 +216,7 @@ def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: P
         f"seed {regress.NIGHTLY_SEED}; "
         f"step time/TFLOP/s after {logparse.WARMUP_ITERS} warm-up iterations and without the profiled ones, "
         f"tol ±{regress.PERF_TOL:.0%}; exposed communication per class (exposed / communication time, from the "
-        f"profiled steps' overlap.json), margin ±{regress.EXPOSED_MARGIN * 100:.0f} points.",
+        f"profiled steps' {OVERLAP_JSON}), margin ±{exposed.EXPOSED_MARGIN * 100:.0f} points.",
         "",
         "| recipe | nodes (DP) | status | step time ms (vs golden) | step ms measured vs predicted "
         "| TFLOP/s/GPU (vs golden) | loss Δ (worst) | exposed comm per class (vs golden) | overlaps on | preflight "

@@ -24,11 +24,12 @@ from overlapkit.regress.rules import NIGHTLY_ITERS, NIGHTLY_SEED
 from overlapkit.topology import GPUS_PER_NODE
 
 # Two steady steps profiled with Nsight Systems on one rank per node (issue #24: the night's exposed communication per
-# overlap class, overlap.json). After logparse's warm-up, in the middle of the steady iterations: the first iterations'
-# one-off costs (communicator and userbuffers set-up, allocator growth, the first param all-gather) stay out of the
-# window, so does the last iteration's exit work, and steady iterations remain on both sides of it for the step-time
-# mean, which leaves out the iterations the capture slows (runopts.perturbed_iterations). Rank 0 of each node: its
-# node's NVLink traffic and its share of every inter-node group, without the cost of a trace per GPU.
+# overlap class, from the run's overlap report). After logparse's warm-up, in the middle of the steady iterations:
+# the first iterations' one-off costs (communicator and userbuffers set-up, allocator growth, the first param
+# all-gather) stay out of the window, so does the last iteration's exit work, and steady iterations remain on both
+# sides of it for the step-time mean, which leaves out the iterations the capture slows (runopts.perturbed_iterations).
+# Rank 0 of each node: its node's NVLink traffic and its share of every inter-node group, without the cost of a trace
+# per GPU.
 PROFILED_STEPS = 2
 
 

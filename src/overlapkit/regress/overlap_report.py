@@ -6,7 +6,8 @@ union of every compute interval on the same device (any stream). It is measured 
 tells steps apart (Bridge's train_step NVTX range), otherwise over the profiled window, and the report says which.
 
 `report_run(run_dir)` and `report_profiles(paths, plan)` return the report as JSON-ready data; `timeline_png` draws one
-step of one rank. Bad input raises ProfileError (one line).
+step of one rank; `write_run` leaves both in a run directory (plan/runopts.py: OVERLAP_JSON, OVERLAP_PNG). Bad input
+raises ProfileError (one line).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio
+from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG
 from overlapkit.regress import overlap_claims
 from overlapkit.regress import overlap_classes as oc
 from overlapkit.regress.nsys_sqlite import Profile, ProfileError, profile_files, rank_of, read
 
-__all__ = ["ProfileError", "report_run", "report_profiles", "timeline_png", "measure", "union", "subtract"]
+__all__ = ["ProfileError", "report_run", "report_profiles", "timeline_png", "write_run", "measure", "union", "subtract"]
 
 # --- interval arithmetic on half-open [start, end) nanosecond intervals --------------------------------------------
 
@@ -248,7 +250,7 @@ def run_inputs(run_dir: Path) -> tuple[list[Path], dict]:
     plan = jsonio.read_json(run_dir / "plan.json")
     if plan is None or "layout" not in plan:
         raise ProfileError(f"RUN={run_dir}: no plan.json there (make plan writes runs/<recipe>-<time>/plan.json)")
-    nsys = run_dir / "nsys"
+    nsys = run_dir / NSYS_DIR
     if not nsys.is_dir():
         hint = "launch with NSYS=<start>:<end>" if not (plan.get("run") or {}).get("nsys") else "has the job run?"
         raise ProfileError(f"RUN={run_dir}: no nsys/ directory of profiles ({hint})")
@@ -276,3 +278,25 @@ def timeline_png(inputs, out_path: Path, rank: str | None = None) -> Path:
     if trace is None:
         raise ProfileError(f"rank {rank} is not in the profiles (ranks: {', '.join(t.rank for t in m.traces)})")
     return overlap_render.draw(trace, Path(out_path), exposure)
+
+
+def save(m: Measured, report: dict, png: Path, run_dir: Path | None = None) -> str | None:
+    """The timeline drawn at `png` with its path in report["timeline"], then, for a run directory, the report as its
+    OVERLAP_JSON. None, or why the picture could not be written (a read-only directory: the figures stand without
+    it)."""
+    warning = None
+    try:
+        report["timeline"] = str(timeline_png(m, png))
+    except OSError as exc:
+        report["timeline"] = None
+        warning = f"the timeline was not written to {png} ({exc.strerror or exc})"
+    if run_dir is not None:
+        jsonio.write_json(Path(run_dir) / OVERLAP_JSON, report)
+    return warning
+
+
+def write_run(run_dir: Path) -> str | None:
+    """A run directory's report and timeline written into it (OVERLAP_JSON, OVERLAP_PNG), as `make overlap-report RUN=`
+    leaves them; save's warning. Raises ProfileError as report_run."""
+    m = measure(*run_inputs(Path(run_dir)))
+    return save(m, report_of(m), Path(run_dir) / OVERLAP_PNG, Path(run_dir))

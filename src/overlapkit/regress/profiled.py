@@ -1,7 +1,8 @@
 """A profiled rank in the job (NSYS=<start>:<end>): Nsight Systems around this rank's training, the report's SQLite
-export beside it in `<run dir>/nsys/rank<R>.{nsys-rep,sqlite}`, and the run's overlap report (`overlap.json`,
-`overlap.png`) once every profiled rank has exported, so `make overlap-report RUN=<run dir>` reads the directory as
-the job left it. Standard library only at import (cluster/preflight.py likewise): launch/entry.py calls it before
+export beside it in `<run dir>/nsys/rank<R>.{nsys-rep,sqlite}`, and the run's overlap report once every profiled rank
+has exported, under the names `make overlap-report RUN=<run dir>` writes (plan/runopts.py: OVERLAP_JSON and
+OVERLAP_PNG), so the directory is reportable as the job left it and the nightly reads and links the same files.
+Standard library only at import (cluster/preflight.py, plan/runopts.py likewise): launch/entry.py calls it before
 its preflight.
 
 Why the entry wraps its own rank instead of nemo_run's launcher prefix (what Bridge's NsysPlugin sets up):
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from overlapkit.cluster import preflight
+from overlapkit.plan.runopts import NSYS_DIR
 
 UNDER_NSYS = "OVERLAPKIT_UNDER_NSYS"  # set in the child nsys profiles: it trains, the parent exports
 # `nsys profile` switches (Nsight Systems User Guide, "CLI Profile Command Switch Options"): CUDA and NVTX traces
@@ -53,7 +55,7 @@ DONE = "report.done"
 
 
 def nsys_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "nsys"
+    return Path(run_dir) / NSYS_DIR
 
 
 def report_base(run_dir: Path, rank: int) -> Path:
@@ -156,22 +158,20 @@ def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S, failed=()) -> Non
     missing = [p.name for p in exports(run_dir, ranks) if not p.is_file()]
     done = {"missing_exports": missing, "error": None}
     try:
-        write_overlap(run_dir)
+        done["error"] = write_overlap(run_dir)  # the picture's problem, if any: the report stands without it
     except (ValueError, OSError) as exc:  # the report's ProfileError is a ValueError: one line
         done["error"] = str(exc)
-        _say(f"error: the overlap report of {run_dir}: {exc}")
     finally:  # whatever happened: the other ranks stop waiting
         (nsys_dir(run_dir) / DONE).write_text(json.dumps(done) + "\n")
+    if done["error"]:
+        _say(f"error: the overlap report of {run_dir}: {done['error']}")
 
 
-def write_overlap(run_dir: Path) -> None:
-    """The run's overlap report (overlapkit.regress.overlap_report) as overlap.json, and its timeline picture."""
-    from overlapkit import jsonio
+def write_overlap(run_dir: Path) -> str | None:
+    """What `make overlap-report RUN=<run dir>` writes (overlap_report.write_run); None, or the timeline's problem."""
     from overlapkit.regress import overlap_report
-    from overlapkit.regress import rules as regress
 
-    jsonio.write_json(Path(run_dir) / regress.OVERLAP_JSON, overlap_report.report_run(Path(run_dir)))
-    overlap_report.timeline_png(Path(run_dir), Path(run_dir) / regress.OVERLAP_PNG)
+    return overlap_report.write_run(Path(run_dir))
 
 
 def hold(run_dir: Path, wait_s: float = WAIT_S) -> bool:

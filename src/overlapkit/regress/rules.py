@@ -14,11 +14,7 @@ the order they are applied (the first that fires decides):
    the tiered tolerance below. Beyond tolerance in the *good* direction is a failure too ("unexpected improvement"):
    on a fixed shape and seed a faster run almost always means a knob changed (an overlap, a fused kernel, the
    batch shape), so the golden no longer describes the recipe until someone reviews and re-blesses.
-6. Exposed communication, from the run's overlap.json (the overlap report of its profiled steps): each class's
-   exposed share (exposed time / communication time) within EXPOSED_MARGIN of the golden's, in absolute percentage
-   points. Rising beyond it is a regression (an overlap stopped hiding that class); falling beyond it is an
-   unexpected improvement, as in 5. A golden with shares and a run without overlap.json (or without a class the
-   golden has) is a regression that says what is missing: the night can no longer show the overlaps work.
+6. Exposed communication per overlap class against the golden's shares (regress/exposed.py: its margin and why).
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio, stack
+from overlapkit.regress import exposed
 
 GOLDENS_DIR = stack.REPO_ROOT / "nightly" / "goldens"
 PERF_TOL = 0.05  # ±5 %: H100 run-to-run step-time noise on a fixed shape is ~1-2 %; 5 % catches one lost overlap
@@ -49,14 +46,6 @@ NO_GOLDEN = "no golden yet: bless a reviewed run"
 # What a nightly run is, so a golden and a night compare like with like (nightly.shape_for applies them).
 NIGHTLY_ITERS = 60  # 10 warm-up + 50 steady iterations: enough for a ±5 % step-time mean and a loss curve's knee
 NIGHTLY_SEED = 1234
-# Exposed share of a class's communication (rule 6), in absolute points, not relative: a hidden class sits near 0 %
-# (a TP all-gather under its GEMM: a few %), where a relative tolerance means nothing (2 % -> 3 % is +50 % and
-# harmless), and a lost overlap moves its class toward 100 %, tens of points. Two profiled steps of one rank per node
-# see kernel-start jitter of a few points; 5 is above it and far below a lost overlap. A starting value, as LOSS_TIERS:
-# recalibrate from >= 3 blessed runs.
-EXPOSED_MARGIN = 0.05
-EXPOSED_CLASSES = ("tp", "cp", "pp", "dp", "ep")  # the overlap report's classes, in its order
-OVERLAP_JSON, OVERLAP_PNG = "overlap.json", "overlap.png"  # written in the job (regress/profiled.py)
 
 
 class BlessError(ValueError):
@@ -107,7 +96,7 @@ def compare(parsed: dict, golden: dict) -> list[dict]:
         if gold is None:
             continue
         d = _rel(value, gold)
-        verdict = "missing" if d is None else _verdict(d, tol, sign)
+        verdict = "missing" if d is None else "ok" if abs(d) <= tol else "worse" if d * sign > 0 else "better"
         checks.append({"metric": name, "value": value, "golden": gold, "delta": d, "tol": tol, "verdict": verdict})
     gold_loss = {int(k): v for k, v in (golden.get("loss") or {}).items()}
     run_loss = {r["iteration"]: r.get("lm_loss") for r in parsed["iterations"]}
@@ -139,60 +128,6 @@ def compare(parsed: dict, golden: dict) -> list[dict]:
     return checks
 
 
-def read_overlap(run_dir: Path) -> tuple[dict | None, str | None]:
-    """(the run's overlap report, None) or (None, why there is none to read)."""
-    path = Path(run_dir) / OVERLAP_JSON
-    if not path.is_file():
-        return None, f"no {OVERLAP_JSON} in the run directory"
-    data = jsonio.read_json(path)
-    if data is None or not isinstance(data.get("classes"), dict):
-        return None, f"{OVERLAP_JSON} is not the overlap report's JSON (no classes object)"
-    return data, None
-
-
-def exposed_shares(report: dict | None) -> dict[str, float] | None:
-    """{class: exposed share} for each class with communication in the report, in EXPOSED_CLASSES order."""
-    if report is None:
-        return None
-    classes = report.get("classes") or {}
-    out = {}
-    for name in EXPOSED_CLASSES:
-        c = classes.get(name) or {}
-        if c.get("comm_ms") and isinstance(c.get("exposed_share"), int | float):
-            out[name] = float(c["exposed_share"])
-    return out
-
-
-def compare_exposed(report: dict | None, missing: str | None, golden: dict) -> list[dict]:
-    """Rule 6: one check per class the golden or the run has; one `missing` check when the run has no report."""
-    gold = golden.get("exposed_share")
-    if not gold:  # a golden blessed before the nightly profiled, or from a run without communication
-        return []
-    if report is None:
-        return [{"metric": "exposed_share", "value": None, "golden": gold, "verdict": "missing", "why": missing}]
-    run, checks = exposed_shares(report), []
-    for name in [c for c in EXPOSED_CLASSES if c in gold or c in run]:
-        value, base = run.get(name), gold.get(name, 0.0)  # a class the golden lacks had nothing exposed
-        d = None if value is None else value - base
-        verdict = "missing" if d is None else _verdict(d, EXPOSED_MARGIN, +1)
-        checks.append(
-            {
-                "metric": f"exposed_share.{name}",
-                "value": value,
-                "golden": base,
-                "delta": d,
-                "tol": EXPOSED_MARGIN,
-                "verdict": verdict,
-            }
-        )
-    return checks
-
-
-def _verdict(delta: float, tol: float, sign: int) -> str:
-    """'ok' within tolerance, else 'worse' or 'better' (sign: +1 when larger is worse)."""
-    return "ok" if abs(delta) <= tol else "worse" if delta * sign > 0 else "better"
-
-
 def classify(
     parsed: dict | None,
     slurm_state: str,
@@ -203,7 +138,7 @@ def classify(
     attempt: int = 0,
     overlap: tuple[dict | None, str | None] = (None, None),
 ) -> Verdict:
-    """`overlap`: read_overlap's pair for the run (rule 6)."""
+    """`overlap`: exposed.read's pair for the run (rule 6)."""
     state = (slurm_state or "UNKNOWN").split()[0].rstrip("+")
     s = parsed["summary"] if parsed else {"iterations": 0, "nan_iterations": 0}
     events = parsed.get("events", {}) if parsed else {}
@@ -228,7 +163,7 @@ def classify(
         return Verdict("failed", [f"Slurm state {state} after {s['iterations']} iteration(s)"])
     if golden is None:
         return Verdict("no_golden", [NO_GOLDEN])
-    checks = compare(parsed, golden) + compare_exposed(*overlap, golden)
+    checks = compare(parsed, golden) + exposed.compare(*overlap, golden)
     worse = [c for c in checks if c["verdict"] in ("worse", "drift", "missing")]
     better = [c for c in checks if c["verdict"] == "better"]
     reasons = [_describe(c) for c in worse + better]
@@ -242,20 +177,8 @@ def classify(
 
 
 def _describe(c: dict) -> str:
-    if c["metric"] == "exposed_share":
-        return (
-            f"exposed communication: {c['why']}, but the golden has exposed shares for "
-            f"{', '.join(c['golden'])}: the night cannot show its overlaps hide them"
-        )
-    if c["metric"].startswith("exposed_share."):
-        name = c["metric"].split(".", 1)[1]
-        if c["verdict"] == "missing":
-            return f"{name} communication: none in the profile (golden exposed share {c['golden']:.1%})"
-        return (
-            f"{name} communication exposed {c['value']:.1%} vs golden {c['golden']:.1%} "
-            f"({c['delta'] * 100:+.1f} points, margin ±{c['tol'] * 100:.0f})"
-            + (": an overlap stopped hiding it" if c["verdict"] == "worse" else "")
-        )
+    if "text" in c:  # rule 6's checks say themselves what they found (regress/exposed.py)
+        return c["text"]
     if c["verdict"] == "missing":
         return f"{c['metric']}: not in the log (golden {c['golden']:.4g})"
     at = f" at iteration {c['iteration']}" if "iteration" in c else ""
@@ -281,7 +204,7 @@ def make_golden(parsed: dict, plan: dict, meta: dict, overlap: dict | None = Non
         "peak_mem_gb": s["peak_mem_gb"],
         "loss": dict(list(losses.items())[:GOLDEN_LOSS_ITERS]),
         "excluded_iterations": s.get("excluded_iterations", []),
-        "exposed_share": exposed_shares(overlap),
+        "exposed_share": exposed.shares(overlap),
     }
 
 
@@ -384,13 +307,9 @@ def bless(
         or launched_preflight_only(submission)  # the task script: older runs recorded it only there
     )
     problems = bless_checks(plan, parsed, state, meta)
-    overlap, why = read_overlap(run_dir)
-    if (nsys := (plan.get("run") or {}).get("nsys")) and overlap is None and not meta["preflight_only"]:
-        a, b = nsys["steps"]
-        problems.append(
-            f"the run was profiled (NSYS={a}:{b}) but its exposed shares cannot be read ({why}): "
-            f"write it (make overlap-report RUN={run_dir} FORMAT=json > {run_dir / OVERLAP_JSON}), then bless"
-        )
+    overlap, why = exposed.read(run_dir)
+    if problem := exposed.bless_problem(run_dir, plan, overlap, why, meta["preflight_only"]):
+        problems.append(problem)
     if problems:
         raise BlessError(f"{run_dir}: not blessed: " + "; ".join(problems))
     Path(goldens_dir).mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The nightly's profiled steps and its exposed-communication rule (issue #24): the NSYS window each night gets, the
 profiled iterations left out of the step-time comparison, rule 6 against the golden's exposed shares, the report's
 column and timeline link, and bless recording the shares. Logs come from Bridge's own training_log
-(nightly_fixtures.py); overlap.json is the overlap report's JSON shape, its numbers synthetic."""
+(nightly_fixtures.py); overlap_report.json is the overlap report's JSON shape, its numbers synthetic."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from nightly_fixtures import bridge_log, curve
 
 from overlapkit.plan import runopts
-from overlapkit.regress import logparse, night_report, nightly
+from overlapkit.regress import exposed, logparse, night_report, nightly
 from overlapkit.regress import rules as regress
 
 N = 60
@@ -49,9 +49,9 @@ def _run_dir(tmp_path, name, overlap=None, png=False, plan=PLAN, step=2000.0):
     (d / "train.log").write_text(_log(step))
     (d / "nightly.json").write_text(json.dumps({"preflight_only": False}))
     if overlap is not None:
-        (d / regress.OVERLAP_JSON).write_text(json.dumps(overlap))
+        (d / runopts.OVERLAP_JSON).write_text(json.dumps(overlap))
     if png:
-        (d / regress.OVERLAP_PNG).write_bytes(b"\x89PNG\r\n\x1a\n")
+        (d / runopts.OVERLAP_PNG).write_bytes(b"\x89PNG\r\n\x1a\n")
     return d
 
 
@@ -102,7 +102,7 @@ def _verdict(golden, report, missing=None):
 
 def test_an_exposed_share_rising_beyond_the_margin_is_a_regression_with_its_reason(golden):
     v = _verdict(golden, _overlap(tp=0.40, dp=0.21))
-    assert v.status == "regression"
+    assert v.status == "regression" and exposed.EXPOSED_MARGIN == 0.05
     assert v.reasons == [
         "tp communication exposed 40.0% vs golden 5.0% (+35.0 points, margin ±5): an overlap stopped hiding it"
     ]
@@ -115,10 +115,10 @@ def test_within_the_margin_passes_and_beyond_it_downward_is_an_unexpected_improv
 
 
 def test_a_missing_report_or_class_is_stated_and_a_new_exposed_class_counts(golden):
-    v = _verdict(golden, None, "no overlap.json in the run directory")
+    v = _verdict(golden, None, "no overlap_report.json in the run directory")
     assert v.status == "regression" and v.reasons == [
-        "exposed communication: no overlap.json in the run directory, but the golden has exposed shares for tp, dp: "
-        "the night cannot show its overlaps hide them"
+        "exposed communication: no overlap_report.json in the run directory, but the golden has exposed shares for "
+        "tp, dp: the night cannot show its overlaps hide them"
     ]
     v = _verdict(golden, _overlap(dp=0.2))
     assert v.status == "regression" and v.reasons == [
@@ -126,7 +126,9 @@ def test_a_missing_report_or_class_is_stated_and_a_new_exposed_class_counts(gold
     ]
     v = _verdict(golden, _overlap(tp=0.05, dp=0.2, ep=0.3))  # a class the blessed run did not have: golden 0
     assert v.status == "regression" and v.reasons[0].startswith("ep communication exposed 30.0% vs golden 0.0%")
-    assert _verdict({**golden, "exposed_share": None}, None, "no overlap.json").status == "pass"  # an older golden
+    assert (
+        _verdict({**golden, "exposed_share": None}, None, "no overlap_report.json").status == "pass"
+    )  # an older golden
 
 
 def test_the_report_has_an_exposed_column_per_class_and_links_each_runs_timeline(tmp_path, golden):
@@ -145,12 +147,13 @@ def test_the_report_has_an_exposed_column_per_class_and_links_each_runs_timeline
     report = night_report.write_report(tmp_path / "nightly" / "n", night, results, tmp_path / "h.jsonl").read_text()
     rows = [line for line in report.splitlines() if line.startswith(f"| {PLAN['recipe']}")]
     assert "| exposed comm per class (vs golden) |" in report and "margin ±5 points" in report
-    assert "| tp 6.0% (+1.0 pts), dp 20.0% (+0.0 pts); [timeline](../../runs/hidden/overlap.png) |" in rows[0]
+    assert "| tp 6.0% (+1.0 pts), dp 20.0% (+0.0 pts); [timeline](../../runs/hidden/overlap_timeline.png) |" in rows[0]
     assert "**regression**" in rows[1] and "tp communication exposed 60.0% vs golden 5.0%" in rows[1]
     assert (
-        "— (no overlap.json in the run directory but nsys/ has 1 SQLite export(s): make overlap-report RUN=" in rows[2]
+        "— (no overlap_report.json in the run directory but nsys/ has 1 SQLite export(s): make overlap-report RUN="
+        in rows[2]
     )
-    assert "exposed communication: no overlap.json in the run directory" in rows[2]
+    assert "exposed communication: no overlap_report.json in the run directory" in rows[2]
     history = (tmp_path / "h.jsonl").read_text().splitlines()  # one record per run (read_history keeps a recipe's last)
     assert [json.loads(line)["exposed_share"] for line in history] == [
         {"tp": 0.06, "dp": 0.2},
@@ -177,7 +180,7 @@ def test_bless_records_the_exposed_shares_and_refuses_a_profiled_run_without_the
         _bless(bad, tmp_path / "goldens")
     msg = str(err.value)
     assert "\n" not in msg and "the run was profiled (NSYS=33:35) but its exposed shares cannot be read (no " in msg
-    assert f"make overlap-report RUN={bad} FORMAT=json > {bad / 'overlap.json'}), then bless" in msg
-    (bad / regress.OVERLAP_JSON).write_text("[]")
-    with pytest.raises(regress.BlessError, match="overlap.json is not the overlap report's JSON"):
+    assert f"(make overlap-report RUN={bad} writes {bad / 'overlap_report.json'}), then bless" in msg
+    (bad / runopts.OVERLAP_JSON).write_text("[]")
+    with pytest.raises(regress.BlessError, match="overlap_report.json is not the overlap report's JSON"):
         _bless(bad, tmp_path / "goldens")

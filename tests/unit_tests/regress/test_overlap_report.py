@@ -28,7 +28,7 @@ from nsys_fixtures import (
 )
 
 from overlapkit import stack
-from overlapkit.regress import nsys_sqlite, overlap_claims, overlap_classes, overlap_render, overlap_report
+from overlapkit.regress import exposed, nsys_sqlite, overlap_claims, overlap_classes, overlap_render, overlap_report
 from overlapkit.regress.nsys_sqlite import ProfileError
 
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"  # TP4 (userbuffers) PP4 CP2 VPP5 DP2
@@ -279,6 +279,12 @@ def test_run_directory_reads_plan_and_nsys(planned, tmp_path, make_here):
     assert code == 1 and json.loads(out)["classes"]["dp"]["exposed_share"] == 0.25
     assert (run / "overlap_timeline.png").is_file() and (run / "overlap_report.json").is_file()
     assert err.startswith("error: [pp_overlap_exposed]")
+    made = json.loads((run / "overlap_report.json").read_text())
+    (run / "overlap_report.json").unlink()
+    assert overlap_report.write_run(run) is None  # what the job's first profiled rank calls (regress/profiled.py)
+    assert json.loads((run / "overlap_report.json").read_text()) == made  # the same file under the same names
+    report, why = exposed.read(run)  # and what the nightly reads
+    assert why is None and exposed.shares(report) == {"tp": 0.4167, "cp": 0.0, "pp": 1.0, "dp": 0.25}
     (run / "nsys" / "rank0.sqlite").write_bytes(b"garbage")
     code, out, err = make_here("overlap-report", f"RUN={run}")
     assert code == 2 and out == "" and err.count("\n") == 1 and "is not an SQLite file" in err

@@ -1,0 +1,98 @@
+"""The nightly's rule 6 (regress/rules.py applies it after rule 5): each overlap class's exposed share of its
+communication, from the run's overlap report (plan/runopts.py: OVERLAP_JSON, written in the job by the first profiled
+rank, regress/profiled.py, or by `make overlap-report RUN=`), against the golden's, in absolute percentage points.
+
+Rising beyond EXPOSED_MARGIN is a regression (an overlap stopped hiding that class); falling beyond it is an
+unexpected improvement, as rule 5's. A golden with shares and a run without the report (or without a class the
+golden has) is a regression that says what is missing: the night can no longer show the overlaps work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from overlapkit import jsonio
+from overlapkit.plan.runopts import OVERLAP_JSON
+from overlapkit.regress.overlap_classes import CLASSES as EXPOSED_CLASSES  # the report's classes, in its order
+
+# In absolute points, not relative: a hidden class sits near 0 % (a TP all-gather under its GEMM: a few %), where a
+# relative tolerance means nothing (2 % -> 3 % is +50 % and harmless), and a lost overlap moves its class toward
+# 100 %, tens of points. Two profiled steps of one rank per node see kernel-start jitter of a few points; 5 is above
+# it and far below a lost overlap. A starting value, as rules.LOSS_TIERS: recalibrate from >= 3 blessed runs.
+EXPOSED_MARGIN = 0.05
+
+
+def read(run_dir: Path) -> tuple[dict | None, str | None]:
+    """(the run's overlap report, None) or (None, why there is none to read)."""
+    path = Path(run_dir) / OVERLAP_JSON
+    if not path.is_file():
+        return None, f"no {OVERLAP_JSON} in the run directory"
+    data = jsonio.read_json(path)
+    if data is None or not isinstance(data.get("classes"), dict):
+        return None, f"{OVERLAP_JSON} is not the overlap report's JSON (no classes object)"
+    return data, None
+
+
+def shares(report: dict | None) -> dict[str, float] | None:
+    """{class: exposed share} for each class with communication in the report, in EXPOSED_CLASSES order."""
+    if report is None:
+        return None
+    classes = report.get("classes") or {}
+    out = {}
+    for name in EXPOSED_CLASSES:
+        c = classes.get(name) or {}
+        if c.get("comm_ms") and isinstance(c.get("exposed_share"), int | float):
+            out[name] = float(c["exposed_share"])
+    return out
+
+
+def compare(report: dict | None, missing: str | None, golden: dict) -> list[dict]:
+    """One check per class the golden or the run has; one `missing` check when the run has no report (`missing`:
+    read's reason). Each check carries its own `text` (rules._describe prints it)."""
+    gold = golden.get("exposed_share")
+    if not gold:  # a golden blessed before the nightly profiled, or from a run without communication
+        return []
+    if report is None:
+        text = (
+            f"exposed communication: {missing}, but the golden has exposed shares for {', '.join(gold)}: "
+            "the night cannot show its overlaps hide them"
+        )
+        return [{"metric": "exposed_share", "value": None, "golden": gold, "verdict": "missing", "text": text}]
+    run = shares(report)
+    return [_check(name, run.get(name), gold.get(name, 0.0)) for name in EXPOSED_CLASSES if name in gold or name in run]
+
+
+def _check(name: str, value: float | None, base: float) -> dict:
+    """A class's check; `base` 0 for a class the golden lacks (it had nothing exposed)."""
+    d = None if value is None else value - base
+    if d is None:
+        verdict, text = "missing", f"{name} communication: none in the profile (golden exposed share {base:.1%})"
+    else:
+        verdict = "ok" if abs(d) <= EXPOSED_MARGIN else "worse" if d > 0 else "better"  # larger exposure is worse
+        text = (
+            f"{name} communication exposed {value:.1%} vs golden {base:.1%} "
+            f"({d * 100:+.1f} points, margin ±{EXPOSED_MARGIN * 100:.0f})"
+            + (": an overlap stopped hiding it" if verdict == "worse" else "")
+        )
+    return {
+        "metric": f"exposed_share.{name}",
+        "value": value,
+        "golden": base,
+        "delta": d,
+        "tol": EXPOSED_MARGIN,
+        "verdict": verdict,
+        "text": text,
+    }
+
+
+def bless_problem(run_dir: Path, plan: dict, report: dict | None, why: str | None, preflight_only: bool) -> str | None:
+    """Why a profiled run may not become a golden: its exposed shares cannot be read (read's `why`), with the one
+    command that writes them; None when they can, or the run was not profiled or did not train."""
+    nsys = (plan.get("run") or {}).get("nsys")
+    if not nsys or report is not None or preflight_only:
+        return None
+    a, b = nsys["steps"]
+    return (
+        f"the run was profiled (NSYS={a}:{b}) but its exposed shares cannot be read ({why}): "
+        f"write them (make overlap-report RUN={run_dir} writes {Path(run_dir) / OVERLAP_JSON}), then bless"
+    )
