@@ -137,3 +137,28 @@ def write(path: Path, acts: list[K], ranges=(), gpu: str = H100) -> Path:
     con.commit()
     con.close()
     return path
+
+
+def dense_step(tmp_path: Path, name: str = "rank0.sqlite") -> Path:
+    """Two train_step ranges on one 70B rank: every class hidden, partly hidden or exposed, each decided by a rule.
+
+    Step 0 [0, 1000) µs: GEMMs 0-400 and 500-900. TP: userbuffers RS 100-200 (hidden), a P2P copy-engine memcpy
+    380-460 (20 hidden, 60 exposed), the TP broadcast 10-30 (hidden) and an all-gather on its stream 910-950
+    (exposed). CP: a SendRecv 550-600 outside any p2p range (hidden). PP: a SendRecv in Megatron's p2p range
+    900-980 (exposed). DP: a reduce-scatter on its own stream 850-950 (50 hidden, 50 exposed).
+    Step 1 [1000, 1500): a GEMM 1000-1500 and DP's all-gather 1100-1200 on the DP stream (hidden)."""
+    acts = [
+        K(GEMM, 0, 400),
+        K(GEMM, 500, 900),
+        K(UB_RS, 100, 200, stream=30),
+        K("memcpy", 380, 460, stream=31, copy=True),
+        K(BCAST, 10, 30, stream=20),
+        K(AG, 910, 950, stream=20),
+        K(SENDRECV, 550, 600, stream=40),
+        K(SENDRECV, 900, 980, stream=50, launch=880),
+        K(RS, 850, 950, stream=60),
+        K(GEMM, 1000, 1500, launch=999),
+        K(AG, 1100, 1200, stream=60),
+    ]
+    ranges = [(STEP, -10, 990), (P2P, 870, 890), (STEP, 995, 1400)]
+    return write(tmp_path / name, acts, ranges)

@@ -24,6 +24,7 @@ from nsys_fixtures import (
     UB_RS,
     UB_SEND,
     K,
+    dense_step,
     write,
 )
 
@@ -34,31 +35,6 @@ from overlapkit.regress.nsys_sqlite import ProfileError
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"  # TP4 (userbuffers) PP4 CP2 VPP5 DP2
 R235 = "qwen3_235b_a22b_pretrain_256gpu_h100_bf16"  # TP2 (userbuffers off) PP8 VPP4 EP32, alltoall, EP overlap on
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"  # TP1 PP1 CP2 DP4
-
-
-def dense_step(tmp_path, name="rank0.sqlite"):
-    """Two train_step ranges on one 70B rank: every class hidden, partly hidden or exposed, each decided by a rule.
-
-    Step 0 [0, 1000) µs: GEMMs 0-400 and 500-900. TP: userbuffers RS 100-200 (hidden), a P2P copy-engine memcpy
-    380-460 (20 hidden, 60 exposed), the TP broadcast 10-30 (hidden) and an all-gather on its stream 910-950
-    (exposed). CP: a SendRecv 550-600 outside any p2p range (hidden). PP: a SendRecv in Megatron's p2p range
-    900-980 (exposed). DP: a reduce-scatter on its own stream 850-950 (50 hidden, 50 exposed).
-    Step 1 [1000, 1500): a GEMM 1000-1500 and DP's all-gather 1100-1200 on the DP stream (hidden)."""
-    acts = [
-        K(GEMM, 0, 400),
-        K(GEMM, 500, 900),
-        K(UB_RS, 100, 200, stream=30),
-        K("memcpy", 380, 460, stream=31, copy=True),
-        K(BCAST, 10, 30, stream=20),
-        K(AG, 910, 950, stream=20),
-        K(SENDRECV, 550, 600, stream=40),
-        K(SENDRECV, 900, 980, stream=50, launch=880),
-        K(RS, 850, 950, stream=60),
-        K(GEMM, 1000, 1500, launch=999),
-        K(AG, 1100, 1200, stream=60),
-    ]
-    ranges = [(STEP, -10, 990), (P2P, 870, 890), (STEP, 995, 1400)]
-    return write(tmp_path / name, acts, ranges)
 
 
 def test_a_dense_rank_to_the_microsecond(planned, tmp_path):

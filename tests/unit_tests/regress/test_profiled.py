@@ -1,10 +1,12 @@
 """A profiled rank in the job (regress/profiled.py) through launch/entry.py in new processes, as srun starts it.
 
-Nsight Systems cannot run on this CPU machine, so a small `nsys` script on PATH stands in for it (the one mock): its
-`profile` runs the program it is given and writes the report `-o` names, its `export` writes a real SQLite file (or
-fails, as an export onto a filesystem without locks does). The overlap report itself (overlapkit.regress.
-overlap_report, issue #24's other half, with its own tests on real-schema exports) is not what these tests read:
-profiled.write_overlap, its one call, is recorded instead."""
+Nsight Systems cannot run on this CPU machine, so a small `nsys` script on PATH stands in for it (the one mock of
+something that cannot exist here): its `profile` runs the program it is given and writes the report `-o` names, its
+`export` writes a real SQLite file (or fails, as an export onto a filesystem without locks does), or copies
+$NSYS_FIXTURE, an export built to Nsight's schema (nsys_fixtures.py). The tests of the wrapper's mechanics give a
+stub plan with no layout, so they record profiled.write_overlap instead of running it; the last test runs it for
+real on a planned recipe and checks the job leaves what `make overlap-report RUN=` writes (overlap_report.json,
+overlap_timeline.png: test_overlap_report checks those two against the make target)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from nsys_fixtures import dense_step
 
 from overlapkit import stack
-from overlapkit.regress import profiled
+from overlapkit.regress import exposed, overlap_report, profiled
 
 FAKE_NSYS = textwrap.dedent(
     """\
@@ -32,10 +35,12 @@ FAKE_NSYS = textwrap.dedent(
     fi
     for a; do case $a in --output=*) out=${a#--output=};; esac; done
     if [ -n "$FAIL_EXPORT" ]; then echo "SQLite export failed: database is locked" >&2; exit 1; fi
+    if [ -n "$NSYS_FIXTURE" ]; then exec cp "$NSYS_FIXTURE" "$out"; fi
     exec python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('CREATE TABLE StringIds (id)')" "$out"
     """
 )
 PLAN = {"run": {"nsys": {"steps": [33, 35], "ranks": [0, 8]}}}
+REAL_WRITE_OVERLAP = profiled.write_overlap  # before the `job` fixture records it
 
 
 @pytest.fixture
@@ -149,3 +154,25 @@ def test_entry_hands_a_profiled_rank_to_the_wrapper_before_its_preflight(tmp_pat
     log.unlink()
     out = subprocess.run([*argv, "--preflight-only"], cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True)
     assert not log.exists() and "ledger.json" in out.stderr
+
+
+def test_the_job_leaves_the_report_make_overlap_report_writes(job, planned, monkeypatch):
+    """The first profiled rank of a 70B run (one rank profiled), its export a real-schema fixture (nsys_fixtures:
+    dense_step, every class hidden, partly hidden or exposed). The run directory then holds the report and the
+    timeline under the names the make target and the nightly use, with the figures the report computes from the
+    directory as it is."""
+    run_dir, _, _ = job
+    monkeypatch.setattr(profiled, "write_overlap", REAL_WRITE_OVERLAP)
+    plan = planned("llama3_70b_pretrain_64gpu_h100_bf16").to_dict()
+    plan["run"] = {**(plan.get("run") or {}), "nsys": {"steps": [33, 35], "ranks": [0]}}
+    (run_dir / "plan.json").write_text(json.dumps(plan, default=str))
+    fixture = dense_step(run_dir.parent, "export.sqlite")
+    monkeypatch.setenv("NSYS_FIXTURE", str(fixture))
+    assert profiled.run_profiled(run_dir, 0, plan, _trainer(run_dir / "ran")) == 0
+    done = json.loads((run_dir / "nsys" / profiled.DONE).read_text())
+    assert done == {"missing_exports": [], "error": None}
+    written = json.loads((run_dir / "overlap_report.json").read_text())
+    assert written["timeline"] == str(run_dir / "overlap_timeline.png") and (run_dir / "overlap_timeline.png").is_file()
+    assert written == {**overlap_report.report_run(run_dir), "timeline": written["timeline"]}
+    report, why = exposed.read(run_dir)  # what the nightly's column and rule 6 read
+    assert why is None and exposed.shares(report) == {"tp": 0.4167, "cp": 0.0, "pp": 1.0, "dp": 0.25}
