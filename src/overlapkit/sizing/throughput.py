@@ -251,15 +251,15 @@ def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
 
 
 def _dp_groups(c: _Ctx, bucket: int | None) -> list:
-    """(params per GPU, group size, group span in GPUs, one bucket in params) for the dense parameters over DP×CP
-    and, for an MoE model, the routed experts over expert-DP."""
+    """(params per GPU, group size, group span in GPUs, one bucket in params, name) for the dense parameters over
+    DP×CP and, for an MoE model, the routed experts over expert-DP."""
     w, moe = c.w, c.moe
     experts = moe_time.expert_params_per_gpu(w, moe) if moe.experts else 0.0
     dense = (w.shape.total_params - w.shape.expert_params_per_moe_layer * w.shape.moe_layers) / (w.tp * w.pp)
     chunk = w.shape.chunk_params(w.tp, w.pp, w.vpp, moe.ep * moe.etp)
-    groups = [(dense, w.dp * w.cp, w.tp * w.cp * w.dp, min(bucket or chunk, chunk))]
+    groups = [(dense, w.dp * w.cp, w.tp * w.cp * w.dp, min(bucket or chunk, chunk), "DP×CP")]
     if experts:
-        groups.append((experts, w.expert_dp, moe.etp * moe.ep * w.expert_dp, min(bucket or chunk, chunk)))
+        groups.append((experts, w.expert_dp, moe.etp * moe.ep * w.expert_dp, min(bucket or chunk, chunk), "expert-DP"))
     return groups
 
 
@@ -272,12 +272,12 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
     ):
         full = one = 0.0
         parts = []
-        for params, n, span, bucket_params in [g for g in _dp_groups(c, bucket) if g[1] > 1]:
+        for params, n, span, bucket_params, group in [g for g in _dp_groups(c, bucket) if g[1] > 1]:
             bw = c.link(span)
             full += params * nbytes * (n - 1) / n / bw
             one = max(one, bucket_params * nbytes * (n - 1) / n / bw)
             net = "network" if _crosses_node(span) else "NVLink"
-            parts.append(f"{params * nbytes / 1e9:.2f} GB over {net} in a group of {n}")
+            parts.append(f"{params * nbytes / 1e9:.2f} GB over {net} in {group}={n}")
         if not parts:
             continue
         exposed = max(one, full - window) if on else full
@@ -292,7 +292,7 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
 
 def optimizer_term(c: _Ctx):
     w = c.w
-    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, _, _ in _dp_groups(c, None))
+    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in _dp_groups(c, None))
     t = shard * ADAM_BYTES_PER_PARAM / (c.hw.hbm_tbs * 1e12)
     return ("optimizer step", t, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
 
