@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Constants:
-    gemm_bf16: float = 0.6645  # achieved fraction of the dense BF16 peak: BF16 linear layers, core attention, logits
-    gemm_fp8: float = 0.5508  # achieved fraction of the dense FP8 peak: FP8 linear layers (tensorwise/delayed)
-    blockwise: float = 0.9474  # blockwise (1×128 / 128×128 scaled) FP8 GEMM rate over the tensorwise one
-    layer_overhead_s: float = 1.245e-3  # non-GEMM time per transformer layer per microbatch (fwd + bwd) per GPU
-    layer_token_s: float = 3.312e-7  # and per token of the GPU's slice of the layer (memory-bound elementwise work)
-    moe_token_s: float = 5.335e-7  # non-GEMM time per token per MoE layer (fwd + bwd) beyond a dense layer's
-    grouped_gemm: float = 0.4681  # the routed experts' grouped-GEMM rate over the dense GEMM rate of the dtype
-    a2a_efficiency: float = 0.9416  # achieved fraction of the link bandwidth in the EP all-to-all
+    gemm_bf16: float = 0.6069  # achieved fraction of the dense BF16 peak: BF16 linear layers, core attention, logits
+    gemm_fp8: float = 0.4698  # achieved fraction of the dense FP8 peak: FP8 linear layers (tensorwise/delayed)
+    blockwise: float = 0.9469  # blockwise (1×128 / 128×128 scaled) FP8 GEMM rate over the tensorwise one
+    layer_overhead_s: float = 1.226e-3  # non-GEMM time per transformer layer per microbatch (fwd + bwd) per GPU
+    layer_token_s: float = 9.735e-8  # and per token of the GPU's share of the layer (s·b/(CP·TP): elementwise work)
+    moe_token_s: float = 7.353e-7  # non-GEMM time per token per MoE layer (fwd + bwd) beyond a dense layer's
+    grouped_gemm: float = 0.5918  # the routed experts' grouped-GEMM rate over the dense GEMM rate of the dtype
+    a2a_efficiency: float = 0.8646  # achieved fraction of the link bandwidth in the EP all-to-all
 
     def replace(self, **changes) -> Constants:
         return dataclasses.replace(self, **changes)

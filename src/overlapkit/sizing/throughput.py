@@ -181,7 +181,7 @@ def compute_terms(c: _Ctx) -> list:
         how += f" ({w.fp8_recipe}; attention and output layer at {c.k.gemm_bf16:.0%} of bf16's)"
     if rec:
         how += f"; +{rec:.0%} of layers' forward recomputed"
-    tokens = w.seq * w.mbs / w.cp  # the layer's tokens on this GPU (TP splits the GEMMs, not every elementwise op)
+    tokens = w.seq * w.mbs / (w.cp * w.tp)  # the GPU's share of the layer's elementwise work (SP splits the rest)
     per_pass = c.k.layer_overhead_s + c.k.layer_token_s * tokens
     out = [
         ("compute", t, how),
