@@ -35,7 +35,8 @@ TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NV
 # step 1, so it ranks after every layout with more headroom (still listed: it does fit the estimate).
 TIGHT_FRACTION = 0.10
 # Predictions within 2% of the best count as a tie: the model does not resolve less (its median error on NVIDIA's
-# published runs is 6.9%, docs/throughput.md), so the rules of thumb decide among them.
+# published runs is a few percent and its leave-one-out error up to 15%, docs/throughput.md), so the rules of thumb
+# decide among them.
 TIE_FRACTION = 0.02
 # What Bridge's CommOverlapConfig.setup sets when DP>1 (megatron/bridge/training/comm_overlap.py): 128M parameters.
 BRIDGE_BUCKET = 128 * 1024 * 1024

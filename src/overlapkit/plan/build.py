@@ -175,22 +175,27 @@ def memory_findings(est: memory.MemoryEstimate) -> list[Finding]:
     return [Finding("warning", "memory_tight", f"{est.summary()}: one allocator spike from an OOM; {MEMORY_FIX}")]
 
 
-def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:
-    """The throughput model on the plan: its workload, Bridge's FLOPs, and the overlaps its table says are on."""
+def prediction_inputs(plan: Plan) -> throughput.Inputs:
+    """What the throughput model reads of the plan: its workload, Bridge's FLOPs, the overlaps its table says are
+    on, its MoE settings, its DDP bucket and its target GPU."""
     cfg, res = plan.cfg, plan.resolved
     states = {r.name: r.state for r in plan.report.rows}
     overlaps = throughput.Overlaps.of_rows(
         states, ep_default=bool(getattr(res.model, "overlap_moe_expert_parallel_comm", False))
     )
-    return throughput.predict(
+    return throughput.Inputs(
         memory.workload_of(cfg, plan.target),
         throughput.flops_of_config(cfg),
         overlaps,
-        gpu=plan.target.gpu,
-        moe=throughput.Moe.of_model(cfg.model),
-        bucket=res.ddp.bucket_size,
-        constants=constants,
+        throughput.Moe.of_model(cfg.model),
+        res.ddp.bucket_size,
+        plan.target.gpu,
     )
+
+
+def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:
+    """The throughput model on the plan (prediction_inputs), with the fitted constants or `constants`."""
+    return prediction_inputs(plan).predict(constants)
 
 
 def resolved_config(plan: Plan):

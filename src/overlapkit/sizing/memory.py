@@ -87,6 +87,7 @@ class Workload:
     expert_dp: int = 1  # expert-data-parallel size: what shards the experts' optimizer states
     recompute_modules: tuple[str, ...] = ()  # selective recompute (credited for MoE/MLA models: moe_memory)
     first_chunks: tuple[int, ...] | None = None  # decoder layers per chunk of the first stage, from an explicit layout
+    fp8_recipe: str = "tensorwise"  # mixed_precision.fp8_recipe on an FP8 run (delayed, tensorwise, blockwise, mxfp8)
 
     def __getattr__(self, name: str):
         """The shape's fields read as the workload's own (w.hidden, w.seq, w.dtype, ...): the formulas stay short."""
@@ -183,6 +184,7 @@ def workload_of(cfg, target: Target) -> Workload:
         expert_dp=_expert_dp(m, target.world_size),
         recompute_modules=tuple(m.recompute_modules or ()) if m.recompute_granularity == "selective" else (),
         first_chunks=first_stage_chunks(m),
+        fp8_recipe=(mp.fp8_recipe if real_mp and mp.fp8 else None) or "tensorwise",
     )
 
 
