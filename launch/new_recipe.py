@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from launch.args import Parser
+from launch.args import Parser, add_gpu_option
 from overlapkit import stack
 from overlapkit.plan.inputs import positive_int
 from overlapkit.serve import client as serve_client
@@ -34,7 +34,15 @@ def _args(argv):
     p.add_argument("--gbs", type=positive_int, help="global batch size (default: the FROM recipe's)")
     p.add_argument("--model", help='registry label (default from the name, e.g. "Llama3 34B")')
     p.add_argument("--recipes-dir", default=str(stack.REPO_ROOT / "recipes"), help="where the file goes")
-    return p.parse_args(argv)
+    add_gpu_option(p)
+    args = p.parse_args(argv)
+    from overlapkit.sizing.hardware import GpuError, parse_gpu
+
+    try:
+        args.gpu = parse_gpu(args.gpu)  # before the Bridge import: a bad GPU= is one line at once
+    except GpuError as exc:
+        p.exit(2, f"error: {exc}\n")
+    return args
 
 
 def main(argv=None) -> int:
@@ -43,6 +51,7 @@ def main(argv=None) -> int:
     from overlapkit.fork.scaffold import LAYOUT_FIELDS, SHAPE_FIELDS, ForkError, ForkRequest, fork
     from overlapkit.plan import registry
     from overlapkit.plan.report import console, render_plan
+    from overlapkit.sizing.hardware import HARDWARE
 
     req = ForkRequest(
         from_name=args.from_name,
@@ -54,6 +63,7 @@ def main(argv=None) -> int:
         shape={k: getattr(args, k) for k in SHAPE_FIELDS},
         layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
         recipes_dir=Path(args.recipes_dir),
+        gpu=args.gpu,
     )
     try:
         res = fork(req)
@@ -65,7 +75,7 @@ def main(argv=None) -> int:
     line(f"wrote {res.path} (forked from {args.from_name})")
     line(f"layout: {res.choice.describe()}")
     line(f"  why: {res.choice.why}")
-    line("top candidates (ranked by predicted TFLOP/s/GPU on H100; ties by the layout rules):")
+    line(f"top candidates (ranked by predicted TFLOP/s/GPU on {HARDWARE[args.gpu].name}; ties by the layout rules):")
     for i, c in enumerate([res.choice, *res.alternatives], 1):
         p = c.prediction
         pred = f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, {p.tokens_per_gpu_s:,.0f} tokens/s/GPU, {p.step_s:.2f} s/step"

@@ -293,7 +293,7 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
     if not fitting and best_unfit is not None:
         m = best_unfit.memory
         raise LayoutSearchError(
-            f"no layout of {s.describe()} on {gpus} GPUs{pinned} fits an H100: the smallest estimate is "
+            f"no layout of {s.describe()} on {gpus} GPUs{pinned} fits an {gpu.upper()}: the smallest estimate is "
             f"{m.total_gb:.0f} GB > {m.budget_gb:.1f} GB ({best_unfit.describe()}); use more GPUs"
         )
     if not fitting:

@@ -16,7 +16,7 @@ from overlapkit.plan.moe import expert_dp
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
 from overlapkit.plan.request import PlanRequest, loose
 from overlapkit.shape import ModelShape, dtype_of
-from overlapkit.sizing import memory, throughput
+from overlapkit.sizing import hardware, memory, throughput, worth
 from overlapkit.topology import Target
 
 
@@ -41,6 +41,12 @@ class Plan:
     run_dir: Path | None = None
     throughput: throughput.Prediction | None = None  # step time, tokens/s, TFLOP/s on the target GPU
     request: PlanRequest | None = None  # what was asked for, its run options bound (plan/request.py)
+    worth: dict = dataclasses.field(default_factory=dict)  # sizing/worth.py: each on overlap's step time when off
+
+    @property
+    def gpu_note(self) -> str | None:
+        """One line when the plan is for another GPU than the recipe's name says (GPU=h200 on an h100 recipe)."""
+        return hardware.retarget_note(self.recipe.name, self.target.gpu)
 
     @property
     def run(self) -> runopts.RunOptions:
@@ -97,7 +103,11 @@ class Plan:
             "overrides": [{"key": k, "old": _jsonable(o), "new": _jsonable(n)} for k, o, n in self.changes],
             "audit": self.report.to_dict(),
             "memory": self.memory_dict(),
-            "throughput": self.throughput.to_dict() if self.throughput else None,
+            "gpu": self.target.gpu,
+            "gpu_note": self.gpu_note,
+            "throughput": self.throughput.to_dict() | {"overlap_worth": worth.to_dict(self.worth)}
+            if self.throughput
+            else None,
             "cluster": self.profile.name if self.profile else None,
             "env": self.ledger.to_dict() if self.ledger else None,
             "run_dir": str(self.run_dir) if self.run_dir else None,
@@ -119,10 +129,11 @@ def make_plan(
     profile=None,
     caller_env=None,
     run: runopts.RunOptions | None = None,
+    gpu: str = hardware.DEFAULT_GPU,
 ) -> Plan:
     """`plan_for` a request made of loose values (tests, listings, forks, published runs): recipe `name`, `nodes`
-    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default)."""
-    req = loose(name, nodes, sets, run)
+    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default), `gpu`."""
+    req = loose(name, nodes, sets, run, gpu=gpu)
     return plan_for(req, te_available=te_available, profile=profile, caller_env=caller_env)
 
 
@@ -145,7 +156,7 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     changes += overrides.apply(cfg, pairs)
     if bad := inputs.size_problems(cfg):  # before anything divides by them
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
-    target = Target(nodes=req.nodes or entry.nodes, te_available=te_available)
+    target = Target(nodes=req.nodes or entry.nodes, gpu=req.gpu, te_available=te_available)
     res = resolve(cfg, target)
     partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, request=req)
     ledger = build_ledger(partial, profile, caller_env)
@@ -154,25 +165,32 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     report.findings += [Finding(*f) for f in runopts.findings(cfg, req.run, profile)]
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=memory.estimate(cfg, target))
     plan.throughput = predict_throughput(plan)
+    plan.worth = overlap_worth(plan)
     return plan
 
 
-def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:
-    """The throughput model on the plan: its workload, Bridge's FLOPs, and the overlaps its table says are on."""
+def _model_inputs(plan: Plan) -> tuple:
+    """What the throughput model reads of the plan: its workload, Bridge's FLOPs, the overlaps its table says are
+    on, and predict's keywords (the GPU, the experts, the DP bucket)."""
     cfg, res = plan.cfg, plan.resolved
     states = {r.name: r.state for r in plan.report.rows}
     overlaps = throughput.Overlaps.of_rows(
         states, ep_default=bool(getattr(res.model, "overlap_moe_expert_parallel_comm", False))
     )
-    return throughput.predict(
-        memory.workload_of(cfg, plan.target),
-        throughput.flops_of_config(cfg),
-        overlaps,
-        gpu=plan.target.gpu,
-        moe=throughput.Moe.of_model(cfg.model),
-        bucket=res.ddp.bucket_size,
-        constants=constants,
-    )
+    kw = {"gpu": plan.target.gpu, "moe": throughput.Moe.of_model(cfg.model), "bucket": res.ddp.bucket_size}
+    return memory.workload_of(cfg, plan.target), throughput.flops_of_config(cfg), overlaps, kw
+
+
+def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:
+    """The throughput model on the plan (`constants`: other than the calibrated ones, for the fit)."""
+    w, flops, overlaps, kw = _model_inputs(plan)
+    return throughput.predict(w, flops, overlaps, constants=constants, **kw)
+
+
+def overlap_worth(plan: Plan) -> dict:
+    """Each overlap that is on: the plan's predicted step with that one overlap off (sizing/worth.py)."""
+    w, flops, overlaps, kw = _model_inputs(plan)
+    return worth.overlap_worth(w, flops, overlaps, base=plan.throughput, **kw)
 
 
 def resolved_config(plan: Plan):
@@ -211,6 +229,7 @@ def overrides_record(plan: Plan) -> dict:
     return {
         "recipe": plan.recipe.name,
         "nodes": plan.target.nodes,
+        "gpu": plan.target.gpu,
         "set": [list(p) for p in plan.request.sets],
         "run": plan.request.run.to_dict(),
     }

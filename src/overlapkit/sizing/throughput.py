@@ -36,27 +36,10 @@ import copy
 import math
 from dataclasses import dataclass, field
 
+from overlapkit.sizing.hardware import HARDWARE, Hardware  # the GPUs' specs, cited there (GPU=)
 from overlapkit.sizing.memory import Workload, first_stage_layers
 from overlapkit.topology import GPUS_PER_NODE
 
-
-@dataclass(frozen=True)
-class Hardware:
-    name: str
-    peak_tflops: dict  # dense (no sparsity), per dtype
-    nvlink_gbs: float  # GB/s per GPU, each direction
-    network_gbs: float  # GB/s per GPU, each direction (one NIC per GPU)
-    hbm_tbs: float  # TB/s
-
-
-# NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 and FP8 3,958 TFLOPS *with sparsity*, so 989 and
-# 1,979 dense; HBM3 3.35 TB/s; NVLink 900 GB/s per GPU (both directions together). DGX H100 user guide: 8 ×
-# ConnectX-7 400 Gb/s InfiniBand NDR for the compute fabric, one per GPU = 50 GB/s each way.
-# NVIDIA H200 datasheet (H200 SXM): the same Tensor Core peaks and NVLink, HBM3e 4.8 TB/s.
-HARDWARE = {
-    "h100": Hardware("H100 SXM", {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0, 3.35),
-    "h200": Hardware("H200 SXM", {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0, 4.8),
-}
 # The two calibrated constants (docs/throughput.md: how; the test refits them and fails when they drift).
 # Calibrated on the newest published run of the smallest and of the largest model (the two ends of the work per GPU
 # per layer, which is what separates the two constants); plan/published.py:fit solves them, a test re-solves them.
