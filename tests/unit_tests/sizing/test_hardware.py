@@ -48,3 +48,18 @@ def test_a_plan_for_another_gpu_than_the_recipes_says_so_in_one_line():
     assert hardware.retarget_note("my_model_without_a_gpu", "h200") is None
     note = hardware.retarget_note(name, "h200")
     assert note.startswith("GPU=h200: an h100 recipe planned for H200 SXM") and "\n" not in note
+
+
+def test_make_recipes_gpu_h200_lists_h200_predictions(make_here, monkeypatch):
+    """`make recipes GPU=h200` (the Makefile's command line, its main): each row is the recipe's plan for H200 (the
+    listing narrowed to one recipe: planning all eighteen again would add a minute to the suite)."""
+    from overlapkit.plan import registry
+    from overlapkit.plan.build import make_plan
+
+    name = "llama3_8b_pretrain_8gpu_h100_fp8cs"
+    monkeypatch.setattr(registry, "names", lambda: [name])
+    code, out, err = make_here("recipes", "GPU=h200")
+    assert code == 0, err
+    assert "predicted model TFLOP/s per GPU on H200 SXM" in out and "memory and audit for GPU=h200" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith(name))
+    assert f" {make_plan(name, gpu='h200').throughput.tflops_per_gpu:.0f} " in row
