@@ -41,7 +41,8 @@ INFRA_EVENTS = ("node_fail", "preempted")
 MAX_RETRIES = 1
 NO_GOLDEN = "no golden yet: bless a reviewed run"
 # An overlap's predicted worth (sizing/worth.py) names a slowdown only when the two agree within this factor either
-# way: the model's step error reaches a third on MoE runs (issue #25), so a worth is no closer than that; beyond it
+# way: a worth is the difference of two predictions, each up to 12% off on a run it was not fitted on (leave-one-out,
+# docs/throughput.md), and a real slowdown seldom has one cause, so only the magnitude is asked to match; beyond it
 # no overlap is named rather than a wrong one.
 WORTH_MATCH = 1.5
 # What a nightly run is, so a golden and a night compare like with like (nightly.shape_for applies them).
