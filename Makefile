@@ -36,6 +36,9 @@ RUN_NAME ?=
 SEGMENTS ?=
 NSYS    ?=
 NSYS_RANKS ?=
+# make overlap-report: a profile (an .sqlite / .nsys-rep export, or a directory of them) with RECIPE=, or RUN=; PNG= the timeline.
+PROFILE ?=
+PNG     ?=
 RUN_FLAGS = --data="$$DATA" --run-name="$$RUN_NAME" --segments="$$SEGMENTS" --nsys="$$NSYS" --nsys-ranks="$$NSYS_RANKS" \
   --gpu="$$GPU"
 # make prep-data: JSONL file or directory → Megatron .bin/.idx + OUT/data.toml
@@ -59,7 +62,7 @@ PYTEST_ARGS ?=
 # argument, --flag=value, so even "--help" is a value). Our checks then answer whatever it holds (launch/args.py).
 DATA_VARS := RECIPE NODES SET FORMAT CLUSTER GPU DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
   FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
-  RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS
+  RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG
 $(foreach v,$(DATA_VARS),$(eval override $(v) := $$(value $(v))))
 export $(DATA_VARS)
 UV      ?= tools/uv.sh
@@ -69,7 +72,7 @@ PY      := $(UV) run --frozen --quiet python
 export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
+.PHONY: help setup test lint recipes plan overlap-report plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -88,6 +91,9 @@ recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
 
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
 	@$(PY) -m launch.plan --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --cluster="$$CLUSTER" $(RUN_FLAGS) -- "$$RECIPE"
+
+overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, FORMAT=json, PNG=)
+	@$(PY) -m launch.overlap_report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --png="$$PNG"
 
 plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for plan/recipes; OVERLAPKIT_PLAN_SERVER=0: none)
 	@$(PY) -m launch.plan_server --stop

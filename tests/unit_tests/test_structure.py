@@ -45,6 +45,11 @@ COVERED_BY = {
     "serve/client": "../e2e/test_plan_server_e2e.py",
     "serve/server": "../e2e/test_plan_server_e2e.py",
     "shape": "recipes/test_recipes.py",
+    # the overlap report's parts, tested together on one set of Nsight SQLite fixtures
+    "regress/nsys_sqlite": "regress/test_overlap_report.py",
+    "regress/overlap_classes": "regress/test_overlap_report.py",
+    "regress/overlap_claims": "regress/test_overlap_report.py",
+    "regress/overlap_render": "regress/test_overlap_report.py",
 }
 TESTS = stack.REPO_ROOT / "tests" / "unit_tests"
 

@@ -26,7 +26,7 @@ IDLE_S = 15 * 60
 OURS = ("overlapkit", "recipes", "launch")  # top-level packages whose modules every plan imports fresh
 # The commands served, by module: each pays the Bridge import on its plain path. The worker calls the module's
 # `cli(argv)`, exactly what its `python -m` entry calls; a request naming any other module is refused.
-SERVED = ("launch.plan", "launch.new_recipe", "launch.submit", "launch.nightly")
+SERVED = ("launch.plan", "launch.new_recipe", "launch.submit", "launch.nightly", "launch.overlap_report")
 # Imported by the probe after its plans: the submission stack (nemo_run, Bridge's run plugins) that served submit,
 # sbatch and nightly commands would otherwise import in every worker.
 SUBMITTING = ("nemo_run", "megatron.bridge.recipes.run_plugins", "launch.submit", "launch.nightly")

@@ -1,0 +1,122 @@
+"""`make overlap-report`: how much of each class of communication the overlaps hid, from the run's own Nsight Systems
+profile, and the plan's overlap claims checked against it (docs/overlap_report.md).
+
+RUN=<run dir> reads the run's plan.json and its nsys/ profiles; PROFILE=<file or dir> with RECIPE= (SET=, NODES=)
+plans the recipe as `make plan` does. Exit status: 0 when the claims hold, 1 when a finding is an error, 2 for bad
+input (a missing, empty, corrupt or foreign file; an unknown recipe; a bad SET).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from launch.args import Parser
+from overlapkit import stack
+from overlapkit.serve import client as serve_client
+
+ROOT = stack.REPO_ROOT
+
+
+def _args(argv):
+    p = Parser(prog="make overlap-report", description=__doc__)
+    p.add_argument("--run", default="", help="a run directory (runs/<recipe>-<time>) with its profiles in nsys/")
+    p.add_argument("--profile", default="", help="an .sqlite / .nsys-rep export, or a directory of them (one per rank)")
+    p.add_argument("--recipe", default="", help="the recipe the profiled run was planned from (with --profile)")
+    p.add_argument("--nodes", default="", help="8-GPU nodes of the profiled run (default: the recipe's)")
+    p.add_argument("--set", default="", help="the SET overrides of the profiled run")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--png", default="", help="where the timeline PNG goes (default: beside the profiles)")
+    return p.parse_args(argv)
+
+
+def _run_dir(text: str) -> Path:
+    """RUN= as a path, or as the name of a run directory under runs/."""
+    path = Path(text)
+    return ROOT / "runs" / text if not path.exists() and (ROOT / "runs" / text).is_dir() else path
+
+
+def _check(args):
+    """Everything checked before the Bridge import: which input, the profiles' presence, the request."""
+    from overlapkit.plan import request
+    from overlapkit.regress.nsys_sqlite import profile_files
+
+    if args.run and args.profile:
+        raise ValueError("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
+    if not args.run and not args.profile:
+        raise ValueError("nothing to report: give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>")
+    if args.run:
+        return None, None
+    files = profile_files(Path(args.profile))
+    return files, request.parse(args.recipe, args.nodes, args.set, action="overlap-report")
+
+
+def _inputs(args):
+    """(profile files, plan dict, default PNG path, run dir or None)."""
+    from overlapkit.regress import overlap_report
+
+    files, req = _check(args)
+    if req is None:
+        run_dir = _run_dir(args.run)
+        files, plan = overlap_report.run_inputs(run_dir)
+        return files, plan, run_dir / "overlap_timeline.png", run_dir
+    stack.import_bridge()
+    from overlapkit.plan.build import plan_for
+
+    plan = plan_for(req).to_dict()
+    where = Path(args.profile)
+    png = where / "overlap_timeline.png" if where.is_dir() else where.with_name(f"{where.stem}.timeline.png")
+    return files, plan, png, None
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    from overlapkit import jsonio
+    from overlapkit.plan.report import console
+    from overlapkit.regress import overlap_render, overlap_report
+
+    out = console()
+    try:
+        files, plan, png, run_dir = _inputs(args)
+        measured = overlap_report.measure(files, plan)
+        report = overlap_report.report_of(measured)
+    except (KeyError, ValueError) as exc:  # ProfileError, UnknownRecipe, OverrideError, PlanError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    png = Path(args.png) if args.png else png
+    try:
+        report["timeline"] = str(overlap_report.timeline_png(measured, png))
+    except OSError as exc:  # a read-only profile directory: the figures stand without the picture
+        report["timeline"] = None
+        print(
+            f"warning: the timeline was not written to {png} ({exc.strerror or exc}): give PNG=<path>", file=sys.stderr
+        )
+    if run_dir is not None:
+        jsonio.write_json(run_dir / "overlap_report.json", report)
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        overlap_render.render(report, out)
+    errors = [f for f in report["findings"] if f["level"] == "error"]
+    for f in errors:
+        print(f"error: [{f['code']}] {f['message']}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def precheck(argv) -> bool:
+    """PROFILE= with a good request needs Bridge (the plan server's); RUN= reads plan.json and needs none."""
+
+    def check():
+        args = _args(argv)
+        if _check(args)[1] is None:
+            raise ValueError("RUN=: no plan to make")
+
+    return serve_client.quietly(check)
+
+
+cli = main  # what the plan server's worker runs
+
+
+if __name__ == "__main__":
+    sys.exit(serve_client.run("launch.overlap_report", sys.argv[1:], precheck, main))

@@ -1,0 +1,199 @@
+"""Reading one Nsight Systems SQLite export (`nsys export --type sqlite`): the GPU kernels, the copy-engine
+transfers, the NVTX ranges and the CUDA runtime launches that tie a kernel to the range it was launched in.
+
+The tables and columns are the ones Nsight Systems documents in its "SQLite Export Schema Reference"
+(https://docs.nvidia.com/nsight-systems/UserGuide/index.html#sqlite-schema-reference; the 2021.5 exporter page,
+docs.nvidia.com/nsight-systems/2021.5/nsys-exporter/exported_data.html, has the same columns):
+StringIds(id, value); CUPTI_ACTIVITY_KIND_KERNEL(start, end, deviceId, streamId, correlationId, demangledName →
+StringIds, ...); CUPTI_ACTIVITY_KIND_MEMCPY(start, end, deviceId, streamId, correlationId, bytes, copyKind, ...);
+CUPTI_ACTIVITY_KIND_RUNTIME(start, end, globalTid, correlationId, nameId); NVTX_EVENTS(start, end, eventType,
+text, textId → StringIds, globalTid, ...); TARGET_INFO_GPU(id, name, ...). Times are nanoseconds on one clock.
+Tables are created lazily: a report without NVTX or memcpy activity has no such table, and that is not an error.
+
+Every bad file is one line (ProfileError) that says what to do: never a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# CUpti_ActivityMemcpyKind (CUPTI docs, cupti_activity.h): 10 is CUPTI_ACTIVITY_MEMCPY_KIND_PTOP, a peer-to-peer
+# copy between two GPUs, which is what Transformer Engine's copy-engine ring exchange issues.
+MEMCPY_PTOP = 10
+# NVTX_EVENTS.eventType of a push/pop or start/end range (Nsight's ENUM_NSYS_EVENT_TYPE: 59 NvtxPushPopRange,
+# 60 NvtxStartEndRange); marks (34) have no duration and are not ranges.
+NVTX_RANGES = (59, 60)
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file (sqlite.org/fileformat)
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read: one line, with the fix."""
+
+
+@dataclass(frozen=True)
+class Activity:
+    """One kernel or one memcpy on one GPU stream."""
+
+    start: int  # ns
+    end: int
+    device: int
+    stream: int
+    name: str  # the demangled kernel name; "memcpy <kind>" for a copy
+    correlation: int
+    copy_kind: int | None = None  # memcpys only
+    nbytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Range:
+    start: int
+    end: int
+    text: str
+    tid: int
+
+
+@dataclass
+class Profile:
+    path: Path
+    kernels: list[Activity]
+    memcpys: list[Activity]
+    ranges: list[Range] = field(default_factory=list)  # NVTX ranges, CPU time
+    launches: dict[int, tuple[int, int]] = field(default_factory=dict)  # correlationId → (launch start, globalTid)
+    gpus: list[str] = field(default_factory=list)  # TARGET_INFO_GPU names
+
+    @property
+    def devices(self) -> list[int]:
+        return sorted({a.device for a in self.kernels} | {a.device for a in self.memcpys})
+
+
+EXPORT = "nsys export --type sqlite --output {sqlite} {rep}"
+
+
+def export_rep(rep: Path) -> Path:
+    """The SQLite export next to `rep` (made with nsys when it is on the PATH and the export is missing)."""
+    out = rep.with_suffix(".sqlite")
+    if out.is_file():
+        return out
+    cmd = EXPORT.format(sqlite=out, rep=rep)
+    if shutil.which("nsys") is None:
+        raise ProfileError(f"{rep} is an Nsight report and nsys is not on this PATH: export it where nsys is ({cmd})")
+    done = subprocess.run(cmd.split(), capture_output=True, text=True)
+    if done.returncode != 0 or not out.is_file():
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProfileError(f"{rep}: {cmd} failed ({why})")
+    return out
+
+
+def read(path: Path) -> Profile:
+    """The profile in `path` (an .sqlite export, or an .nsys-rep exported first)."""
+    path = Path(path)
+    if path.suffix == ".nsys-rep":
+        path = export_rep(path)
+    try:
+        with path.open("rb") as f:  # the header only: an export is often gigabytes
+            head = f.read(16)
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if not head:
+        raise ProfileError(
+            f"{path} is empty: export the report again ({EXPORT.format(sqlite=path, rep='<.nsys-rep>')})"
+        )
+    if head != SQLITE_MAGIC:
+        raise ProfileError(f"{path} is not an SQLite file: give the export of `nsys export --type sqlite`")
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return _load(con, path)
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise ProfileError(f"{path} is corrupt ({exc}): export the report again") from None
+
+
+def _columns(con, table: str) -> set[str]:
+    return {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
+
+
+def _need(con, path: Path, table: str, cols: tuple[str, ...], why: str) -> bool:
+    """Whether `table` is there; a table that is there without the columns Nsight writes is a wrong schema."""
+    have = _columns(con, table)
+    if not have:
+        return False
+    if missing := [c for c in cols if c not in have]:
+        raise ProfileError(f"{path}: {table} lacks {', '.join(missing)}: {why}")
+    return True
+
+
+NOT_NSYS = "not an Nsight Systems SQLite export (nsys export --type sqlite)"
+KERNEL_COLS = ("start", "end", "deviceId", "streamId", "correlationId", "demangledName")
+MEMCPY_COLS = ("start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind")
+
+
+def _load(con, path: Path) -> Profile:
+    if not _need(con, path, "StringIds", ("id", "value"), NOT_NSYS):
+        raise ProfileError(f"{path} has no StringIds table: {NOT_NSYS}")
+    if not _need(con, path, "CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS, NOT_NSYS):
+        raise ProfileError(f"{path} has no GPU kernels: profile with CUDA tracing on (nsys profile --trace=cuda,nvtx)")
+    names = dict(con.execute("SELECT id, value FROM StringIds"))
+    kernels = [
+        Activity(s, e, d, st, names.get(n, f"<string {n}>"), c)
+        for s, e, d, st, c, n in con.execute(
+            "SELECT start, end, deviceId, streamId, correlationId, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL"
+        )
+    ]
+    if not kernels:
+        raise ProfileError(f"{path} holds no kernel: the profiled window ran nothing on the GPU (check NSYS=a:b)")
+    memcpys = []
+    if _need(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS, NOT_NSYS):
+        memcpys = [
+            Activity(s, e, d, st, f"memcpy kind {k}", c, k, b)
+            for s, e, d, st, c, b, k in con.execute(
+                "SELECT start, end, deviceId, streamId, correlationId, bytes, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY"
+            )
+        ]
+    prof = Profile(path, kernels, memcpys)
+    if _need(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "globalTid", "correlationId"), NOT_NSYS):
+        prof.launches = {c: (s, t) for s, t, c in con.execute(_RUNTIME)}
+    if _need(con, path, "NVTX_EVENTS", ("start", "end", "eventType", "text", "textId", "globalTid"), NOT_NSYS):
+        rows = con.execute(_NVTX.format(kinds=",".join(map(str, NVTX_RANGES))))
+        prof.ranges = [Range(s, e, t if t is not None else names.get(i, ""), g) for s, e, t, i, g in rows]
+    if _need(con, path, "TARGET_INFO_GPU", ("id", "name"), NOT_NSYS):
+        prof.gpus = [n for (n,) in con.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id")]
+    return prof
+
+
+_RUNTIME = "SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"
+_NVTX = (
+    "SELECT start, end, text, textId, globalTid FROM NVTX_EVENTS "
+    "WHERE eventType IN ({kinds}) AND end IS NOT NULL AND end > start"
+)
+
+# The rank of a per-rank file, from its name: Bridge's and our launch name each rank's report with its global rank
+# (…rank3.sqlite, …_3.sqlite); a name without one takes its place in the sorted list.
+_RANK = re.compile(r"(?:rank[_-]?|_|-)(\d+)$", re.IGNORECASE)
+
+
+def rank_of(path: Path) -> int | None:
+    m = _RANK.search(Path(path).stem)
+    return int(m.group(1)) if m else None
+
+
+def profile_files(target: Path) -> list[Path]:
+    """The per-rank exports a PROFILE= names: the file, or every *.sqlite (and unexported *.nsys-rep) in the
+    directory, sorted."""
+    target = Path(target)
+    if target.is_file():
+        return [target]
+    if not target.is_dir():
+        raise ProfileError(f"PROFILE={target}: no such file or directory")
+    sqlite = sorted(target.glob("*.sqlite"))
+    reps = [r for r in sorted(target.glob("*.nsys-rep")) if r.with_suffix(".sqlite") not in sqlite]
+    files = sqlite + reps
+    if not files:
+        raise ProfileError(f"{target} holds no *.sqlite or *.nsys-rep: export the profiles into it first")
+    return files

@@ -1,0 +1,236 @@
+"""Which overlap class (tp, cp, pp, dp, ep) each GPU activity of a profile belongs to, and the rule that decided.
+
+A kernel's name says what kind of transfer it is; the plan says which parallelism can issue that kind; where both
+leave two classes (PP p2p, CP ring exchange and the EP all-to-all all run as NCCL SendRecv), the trace decides: the
+NVTX range the kernel was launched in, then the stream (PyTorch's ProcessGroupNCCL gives each process group its own
+NCCL stream per device, torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp getNCCLStream, so a stream is one
+communicator). What no rule decides is "unclassified", with its candidates: reported, never dropped or guessed.
+Compute is every kernel that is not communication.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from overlapkit.regress.nsys_sqlite import MEMCPY_PTOP, Activity, Profile
+
+CLASSES = ("tp", "cp", "pp", "dp", "ep")
+
+# NCCL's device kernels are named ncclDevKernel_<Coll>_<RedOp>_<Type>_<Algo>_<Proto> and ncclDevKernel_SendRecv
+# since NCCL 2.19 (NVIDIA/nccl src/device/generate.py, v2.19.3+); NCCL <= 2.18 named them
+# ncclKernel_<Coll>_<Algo>_<Proto>_<RedOp>_<Type> (src/collectives/device/common.h NCCL_KERN_NAME, v2.18.6).
+NCCL = re.compile(r"\bnccl(?:Dev)?Kernel_(AllGather|ReduceScatter|AllReduce|SendRecv|Broadcast|Reduce)(?=_|\(|$)")
+# Transformer Engine's userbuffers kernels (TP comm overlap): the reduce-scatter / all-gather kernels
+# userbuffers_fp16_sum_inplace_gpu_rr_rs, _rr_ag, _rw and their fp8 variants, and the p2p kernels kuserbuffers_pushsend,
+# _pushrecv, _pullsend, _pullrecv, _inc, _dummy (NVIDIA/TransformerEngine
+# transformer_engine/common/comm_gemm_overlap/userbuffers/userbuffers.cu, v2.4).
+USERBUFFERS = re.compile(r"\bk?userbuffers_\w+")
+# DeepEP's kernels live in deep_ep::intranode, deep_ep::internode and deep_ep::internode_ll (dispatch, combine,
+# notify_dispatch, cached_notify_combine, ...: deepseek-ai/DeepEP csrc/kernels/intranode.cu, internode.cu,
+# internode_ll.cu, v1.2.1); HybridEP's in namespace hybrid_ep (DeepEP csrc/hybrid_ep/backend/hybrid_ep_backend.cuh,
+# hybrid-ep branch), Megatron's flex dispatcher backends (megatron/core/transformer/moe/fused_a2a.py, core 0.19).
+DEEPEP = re.compile(r"\b(deep_ep|hybrid_ep)::")
+# Megatron's NVTX ranges, when Bridge's profiling.nvtx_ranges is on (megatron/core/utils.py nvtx_decorator names a
+# range <module>.<function>): every pipeline send/recv is issued inside a range of
+# megatron.core.pipeline_parallel.p2p_communication (its P2PCommunicator methods carry @nvtx_decorator(), core 0.19).
+NVTX_PP = "pipeline_parallel.p2p_communication"
+# Transformer Engine's context-parallel attention (ring p2p of K/V): transformer_engine/pytorch/attention/
+# dot_product_attention/context_parallel.py AttnFuncWithCPAndKVP2P (v2.4) when it is wrapped in an NVTX range.
+NVTX_CP = ("context_parallel", "AttnFuncWithCP")
+NVTX_EP = ("token_dispatcher", "moe_layer", "dispatch", "combine")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the plan says about who can communicate: sizes, the MoE dispatcher, which overlaps are on."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    ep: int
+    gpus: int
+    dispatcher: str  # "alltoall", "allgather", "flex / deepep", "flex / hybridep (...)", "" for a dense model
+    states: dict  # audit row name → "on" / "off" / "n/a"
+
+    @classmethod
+    def of_plan(cls, plan: dict) -> Layout:
+        lay, rows = plan["layout"], plan.get("audit", {}).get("rows", {})
+        return cls(
+            tp=lay["tp"],
+            pp=lay["pp"],
+            cp=lay.get("cp") or 1,
+            dp=lay["dp"],
+            ep=lay.get("ep") or 1,
+            gpus=lay["gpus"],
+            dispatcher=rows.get("moe_dispatcher", {}).get("detail", ""),
+            states={k: v["state"] for k, v in rows.items()},
+        )
+
+    def size(self, cls: str) -> int:
+        return getattr(self, cls)
+
+    def candidates(self, op: str) -> tuple[str, ...]:
+        """The classes that issue NCCL collective `op` in this layout (size > 1 only)."""
+        a2a = self.ep > 1 and not self.dispatcher.startswith(("flex", "allgather"))
+        gather = self.ep > 1 and self.dispatcher.startswith("allgather")
+        who = {
+            # Megatron's sequence parallel (TP all-gather / reduce-scatter when userbuffers is off or falls back),
+            # the distributed optimizer's param all-gather / grad reduce-scatter over DP, and the allgather
+            # dispatcher's token all-gather / reduce-scatter over EP (megatron/core/transformer/moe/
+            # token_dispatcher.py MoEAllGatherTokenDispatcher, core 0.19).
+            "AllGather": ("tp", "dp") + (("ep",) if gather else ()),
+            "ReduceScatter": ("tp", "dp") + (("ep",) if gather else ()),
+            # TP without sequence parallel, DP grads without the distributed optimizer.
+            "AllReduce": ("tp", "dp"),
+            # Pipeline p2p (batch_isend_irecv), CP's K/V ring (cp_comm_type p2p, Megatron's default), and the
+            # alltoall dispatcher: torch's all_to_all_single is grouped ncclSend/ncclRecv, one SendRecv kernel
+            # (NCCL has no all-to-all kernel: src/collectives.cc v2.21).
+            "SendRecv": ("pp", "cp") + (("ep",) if a2a else ()),
+            # Megatron's broadcast_data of each batch within the TP group (megatron/core/tensor_parallel/data.py).
+            "Broadcast": ("tp",),
+            "Reduce": ("dp",),
+        }[op]
+        return tuple(c for c in who if self.size(c) > 1)
+
+
+# Where a kind names no class of this layout, the class it would be in a layout that has one: reported as a class
+# the plan says cannot exist, so a profile of another layout is told apart from a classification miss.
+NATURAL = {"AllGather": "dp", "ReduceScatter": "dp", "AllReduce": "dp", "SendRecv": "pp", "Broadcast": "tp"}
+NATURAL["Reduce"] = "dp"
+
+
+def kind_of(a: Activity) -> str | None:
+    """The communication kind of an activity (an NCCL collective, "userbuffers", "ce_p2p", "deepep"), or None."""
+    if a.copy_kind is not None:
+        return "ce_p2p" if a.copy_kind == MEMCPY_PTOP else "copy"
+    if m := NCCL.search(a.name):
+        return m.group(1)
+    if USERBUFFERS.search(a.name):
+        return "userbuffers"
+    if DEEPEP.search(a.name):
+        return "deepep"
+    return None
+
+
+@dataclass
+class Decision:
+    cls: str | None  # None: unclassified
+    rule: str
+    candidates: tuple[str, ...] = ()
+
+
+class Ranges:
+    """The NVTX ranges that can decide a class (their text names PP, CP or EP work), per launching thread, found by
+    bisection: a range holding time t starts in [t - the longest range, t]."""
+
+    KEYS = (NVTX_PP, *NVTX_CP, *NVTX_EP)
+
+    def __init__(self, prof: Profile):
+        self.prof = prof
+        self.by_tid = defaultdict(list)
+        for r in prof.ranges:
+            if any(k in r.text for k in self.KEYS):
+                self.by_tid[r.tid].append(r)
+        for rs in self.by_tid.values():
+            rs.sort(key=lambda r: r.start)
+        self.starts = {tid: [r.start for r in rs] for tid, rs in self.by_tid.items()}
+        self.longest = {tid: max(r.end - r.start for r in rs) for tid, rs in self.by_tid.items()}
+        self.megatron = any(NVTX_PP in r.text for r in prof.ranges)
+
+    def around(self, a: Activity) -> list[str]:
+        """The deciding ranges (innermost first) open on the launching thread when `a` was launched."""
+        launch = self.prof.launches.get(a.correlation)
+        if launch is None or launch[1] not in self.by_tid:
+            return []
+        t, tid = launch
+        starts = self.starts[tid]
+        lo, hi = bisect.bisect_left(starts, t - self.longest[tid]), bisect.bisect_right(starts, t)
+        inside = [r for r in self.by_tid[tid][lo:hi] if r.end >= t]
+        return [r.text for r in sorted(inside, key=lambda r: r.end - r.start)]
+
+
+def _by_nvtx(texts: list[str], cands: tuple[str, ...], megatron_nvtx: bool) -> Decision | None:
+    """`megatron_nvtx`: Megatron's ranges are in this trace and this kernel's launch is known, so a kernel outside
+    every p2p range is not PP."""
+    for text in texts:
+        for cls, keys in (("pp", (NVTX_PP,)), ("cp", NVTX_CP), ("ep", NVTX_EP)):
+            if cls in cands and any(k in text for k in keys):
+                return Decision(cls, f"nvtx: launched in range {text!r}")
+    rest = tuple(c for c in cands if c != "pp")
+    if megatron_nvtx and "pp" in cands and len(rest) == 1:
+        return Decision(rest[0], f"nvtx: outside every {NVTX_PP} range, where Megatron issues all PP p2p")
+    return None
+
+
+def classify(prof: Profile, lay: Layout) -> dict[int, Decision]:
+    """{id(activity): Decision} for every communication activity of the profile (kernels and P2P copies)."""
+    ranges = Ranges(prof)
+    out, pending = {}, []
+    for a in prof.kernels + prof.memcpys:
+        kind = kind_of(a)
+        if kind is None or kind == "copy":
+            continue
+        out[id(a)] = d = _first_rule(prof, a, kind, lay, ranges)
+        if d.cls is None:
+            pending.append(a)
+    _by_stream(prof, lay, out, pending)
+    return out
+
+
+def _first_rule(prof: Profile, a: Activity, kind: str, lay: Layout, ranges: Ranges) -> Decision:
+    if kind in ("userbuffers", "ce_p2p"):
+        what = "Transformer Engine userbuffers kernel" if kind == "userbuffers" else "peer-to-peer copy-engine memcpy"
+        return Decision("tp", f"name: {what} (TP comm overlap's ring exchange / reduce-scatter / all-gather)")
+    if kind == "deepep":
+        return Decision("ep", "name: DeepEP/HybridEP dispatch or combine kernel (flex dispatcher)")
+    cands = lay.candidates(kind)
+    if not cands:
+        return Decision(NATURAL[kind], f"name: NCCL {kind}, which no parallelism of this layout issues")
+    if len(cands) == 1:
+        return Decision(cands[0], f"plan: only {cands[0].upper()} issues NCCL {kind} in this layout")
+    known = ranges.megatron and a.correlation in prof.launches
+    return _by_nvtx(ranges.around(a), cands, known) or Decision(None, f"NCCL {kind}: {' or '.join(cands)}", cands)
+
+
+def _by_stream(prof: Profile, lay: Layout, out: dict, pending: list[Activity]) -> None:
+    """Undecided NCCL kernels decided by their stream, since each process group has its own stream: a stream whose
+    decided kernels are all of one class gives it to the rest; then, a kernel whose other candidates already run on
+    other streams of the device takes the one left. Repeated until nothing changes."""
+    changed = True
+    while changed and pending:
+        owners = _stream_owners(prof, out)
+        changed, still = False, []
+        for a in pending:
+            d = out[id(a)]
+            seen = owners.get((a.device, a.stream), Counter())
+            elsewhere = {c for (dev, st), cnt in owners.items() if dev == a.device and st != a.stream for c in cnt}
+            left = [c for c in d.candidates if c not in elsewhere]
+            if len(seen) == 1 and (cls := next(iter(seen))) in d.candidates:
+                rule = f"stream: its stream carries only {cls.upper()} NCCL kernels otherwise"
+            elif not seen and len(left) == 1:
+                cls = left[0]
+                others = "/".join(c.upper() for c in d.candidates if c != cls)
+                rule = f"stream: {others} run on other streams of this GPU, and this stream has no other class"
+            else:
+                still.append(a)
+                continue
+            out[id(a)], changed = Decision(cls, rule, d.candidates), True
+        pending[:] = still
+
+
+def _stream_owners(prof: Profile, out: dict) -> dict:
+    """(device, stream) → Counter of the classes decided for its NCCL kernels."""
+    owners = defaultdict(Counter)
+    for a in prof.kernels:
+        d = out.get(id(a))
+        if d is not None and d.cls is not None and kind_of(a) not in ("userbuffers", "deepep"):
+            owners[(a.device, a.stream)][d.cls] += 1
+    return owners
+
+
+def is_compute(a: Activity) -> bool:
+    return a.copy_kind is None and kind_of(a) is None
