@@ -61,15 +61,22 @@ class Overlaps:
 
     @classmethod
     def of_rows(cls, states: dict[str, str], ep_default: bool = False) -> Overlaps:
-        on = {k: v == "on" for k, v in states.items()}
-        ep = on.get("ep_a2a_overlap", ep_default)  # plan/moe.py's row
-        return cls(
-            on.get("tp_comm_overlap", False),
-            on.get("overlap_p2p_comm", False),
-            on.get("overlap_grad_reduce", False),
-            on.get("overlap_param_gather", False),
-            ep,
-        )
+        """From the overlap table's states by row (ROWS); without an EP row, `ep_default`."""
+        on = {f: states.get(row) == "on" for f, row in ROWS.items()}
+        if ROWS["ep"] not in states:
+            on["ep"] = ep_default
+        return cls(**on)
+
+
+# Each Overlaps field's row in the plan's overlap table (plan/overlap.py; the EP row is plan/moe.py's): what the model
+# reads, and the name make plan's worth table shows (sizing/worth.py).
+ROWS = {
+    "tp": "tp_comm_overlap",
+    "p2p": "overlap_p2p_comm",
+    "grad_reduce": "overlap_grad_reduce",
+    "param_gather": "overlap_param_gather",
+    "ep": "ep_a2a_overlap",
+}
 
 
 @dataclass

@@ -13,15 +13,7 @@ from dataclasses import dataclass
 
 from overlapkit.sizing import throughput
 
-# Each Overlaps field's row in the plan's overlap table (the names a user reads there; throughput.Overlaps.of_rows
-# reads the same rows, and a test keeps the two in step).
-ROWS = {
-    "tp": "tp_comm_overlap",
-    "p2p": "overlap_p2p_comm",
-    "grad_reduce": "overlap_grad_reduce",
-    "param_gather": "overlap_param_gather",
-    "ep": "ep_a2a_overlap",
-}
+ROWS = throughput.ROWS  # each Overlaps field's row in the overlap table: the names the worth table shows
 
 
 @dataclass(frozen=True)
