@@ -4,6 +4,9 @@ NODES   ?=
 SET     ?=
 FORMAT  ?= text
 CLUSTER ?= local
+# The GPU the run executes on (h100, h200; empty: h100): what plan, recipes, submit and new-recipe size memory and
+# predict throughput for (overlapkit/sizing/hardware.py). The recipes are H100's; an H200 node has the same shape.
+GPU     ?=
 DRYRUN  ?=
 PREFLIGHT ?=
 RUN     ?=
@@ -36,7 +39,8 @@ NSYS_RANKS ?=
 # make overlap-report: a profile (an .sqlite / .nsys-rep export, or a directory of them) with RECIPE=, or RUN=; PNG= the timeline.
 PROFILE ?=
 PNG     ?=
-RUN_FLAGS = --data="$$DATA" --run-name="$$RUN_NAME" --segments="$$SEGMENTS" --nsys="$$NSYS" --nsys-ranks="$$NSYS_RANKS"
+RUN_FLAGS = --data="$$DATA" --run-name="$$RUN_NAME" --segments="$$SEGMENTS" --nsys="$$NSYS" --nsys-ranks="$$NSYS_RANKS" \
+  --gpu="$$GPU"
 # make prep-data: JSONL file or directory → Megatron .bin/.idx + OUT/data.toml
 IN      ?=
 TOKENIZER ?=
@@ -56,7 +60,7 @@ PYTEST_ARGS ?=
 # Every variable above is data, never make or shell syntax: taken as typed (make expands nothing in it: $(shell ...),
 # $HOME stay text), exported, and named by the commands below as "$$VAR" (the shell hands its bytes over as one
 # argument, --flag=value, so even "--help" is a value). Our checks then answer whatever it holds (launch/args.py).
-DATA_VARS := RECIPE NODES SET FORMAT CLUSTER DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
+DATA_VARS := RECIPE NODES SET FORMAT CLUSTER GPU DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
   FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
   RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG
 $(foreach v,$(DATA_VARS),$(eval override $(v) := $$(value $(v))))
@@ -83,7 +87,7 @@ lint: ## ruff check + format check
 	@$(UV) run --frozen --quiet ruff check . && $(UV) run --frozen --quiet ruff format --check .
 
 recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
-	@$(PY) -m launch.plan --list
+	@$(PY) -m launch.plan --list --gpu="$$GPU"
 
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
 	@$(PY) -m launch.plan --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --cluster="$$CLUSTER" $(RUN_FLAGS) -- "$$RECIPE"
@@ -95,7 +99,7 @@ plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for p
 	@$(PY) -m launch.plan_server --stop
 
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
-	@$(PY) -m launch.new_recipe --from="$$FROM" --name="$$NAME" $(FORK_FLAGS) --args="$$ARGS"
+	@$(PY) -m launch.new_recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" $(FORK_FLAGS) --args="$$ARGS"
 
 bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side
 	@$(PY) bench/plan_all.py

@@ -126,6 +126,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
     p.add_argument("--nsys-ranks", default="", help="ranks Nsight profiles (default 0)")
     p.add_argument("--data", default="", help="a data.toml (make prep-data); default: mock data")
+    add_gpu_option(p)
+
+
+def add_gpu_option(p: argparse.ArgumentParser) -> None:
+    """GPU=: what memory and throughput are sized for (overlapkit.sizing.hardware: h100, h200)."""
+    p.add_argument("--gpu", default="", help="GPU the run executes on: h100 (default) or h200")
 
 
 RUN_OPTIONS = ("run_name", "segments", "nsys", "nsys_ranks", "data")  # add_run_options' destinations
@@ -141,4 +147,6 @@ def request_of(args, *, listing: bool = False, action: str = "plan"):
     recipe, --nodes, --set and the run options), every check made before the Bridge import; not yet bound."""
     from overlapkit.plan import request
 
-    return request.parse(args.recipe, args.nodes, args.set, run_text(args), listing=listing, action=action)
+    return request.parse(
+        args.recipe, args.nodes, args.set, run_text(args), listing=listing, action=action, gpu=args.gpu
+    )

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from launch.args import Parser
+from launch.args import Parser, add_gpu_option
 from overlapkit import stack
 from overlapkit.plan.inputs import positive_int
 from overlapkit.serve import client as serve_client
@@ -36,7 +36,15 @@ def _args(argv):
     p.add_argument("--gbs", type=positive_int, help="global batch size (default: the FROM recipe's)")
     p.add_argument("--model", help='registry label (default from the name, e.g. "Llama3 34B")')
     p.add_argument("--recipes-dir", default=str(stack.REPO_ROOT / "recipes"), help="where the file goes")
-    return p.parse_args(argv)
+    add_gpu_option(p)
+    args = p.parse_args(argv)
+    from overlapkit.sizing.hardware import GpuError, parse_gpu
+
+    try:
+        args.gpu = parse_gpu(args.gpu)  # before the Bridge import: a bad GPU= is one line at once
+    except GpuError as exc:
+        p.exit(2, f"error: {exc}\n")
+    return args
 
 
 def request(args):
@@ -53,6 +61,7 @@ def request(args):
         shape={k: getattr(args, k) for k in SHAPE_FIELDS},
         layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
         recipes_dir=Path(args.recipes_dir),
+        gpu=args.gpu,
     )
 
 
@@ -70,13 +79,14 @@ def main(argv=None) -> int:
         return exc.exit_code
     from overlapkit.plan import registry
     from overlapkit.plan.report import console, render_plan
+    from overlapkit.sizing.hardware import HARDWARE
 
     out = console()
     line = lambda text: out.print(text, markup=False, soft_wrap=True)  # noqa: E731  (one line, never re-wrapped)
     line(f"wrote {res.path} (forked from {args.from_name})")
     line(f"layout: {res.choice.describe()}")
     line(f"  why: {res.choice.why}")
-    line("top candidates (ranked by predicted TFLOP/s/GPU on H100; ties by the layout rules):")
+    line(f"top candidates (ranked by predicted TFLOP/s/GPU on {HARDWARE[args.gpu].name}; ties by the layout rules):")
     for i, c in enumerate([res.choice, *res.alternatives], 1):
         p = c.prediction
         pred = f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, {p.tokens_per_gpu_s:,.0f} tokens/s/GPU, {p.step_s:.2f} s/step"

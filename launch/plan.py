@@ -29,15 +29,16 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def list_recipes(con) -> int:
+def list_recipes(con, gpu: str) -> int:
     from overlapkit.plan import registry
     from overlapkit.plan.build import make_plan
     from overlapkit.plan.report import overlap_summary, recipes_table
+    from overlapkit.sizing.hardware import DEFAULT_GPU, HARDWARE
 
     rows, broken = [], []
     for name in registry.names():
         try:
-            p = make_plan(name)
+            p = make_plan(name, gpu=gpu)
         except (KeyError, ValueError) as exc:  # a recipe file with a bad size: the others still list
             broken.append(f"{name}: {exc}")
             continue
@@ -62,7 +63,10 @@ def list_recipes(con) -> int:
         "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather, "
         "EP = expert-parallel all-to-all"
     )
-    con.print("TFLOP/s* = predicted model TFLOP/s per GPU on H100 SXM (Bridge's FLOPs count; docs/throughput.md)")
+    con.print(
+        f"TFLOP/s* = predicted model TFLOP/s per GPU on {HARDWARE[gpu].name} (Bridge's FLOPs count; "
+        "docs/throughput.md)" + ("" if gpu == DEFAULT_GPU else f"; memory and audit for GPU={gpu}")
+    )
     for line in broken:
         print(f"error: {line}", file=sys.stderr)
     return max(_load_errors(), 1 if broken else 0)
@@ -111,7 +115,7 @@ def main(argv=None) -> int:
         req = request_of(args, listing=args.list)  # parsed once: every check before the Bridge import
         stack.import_bridge()
         if args.list:
-            return list_recipes(console(width=max(out.width, 172)))  # one row per recipe, never wrapped
+            return list_recipes(console(width=max(out.width, 172)), req.gpu)  # one row per recipe, never wrapped
         from overlapkit.plan import registry
         from overlapkit.plan.build import plan_for, write_run_dir
         from overlapkit.plan.report import render_plan
@@ -138,8 +142,7 @@ def precheck(argv) -> bool:
 
     def check():
         args = _args(argv)
-        check_request(args.recipe, args.nodes, args.set, listing=args.list)
-        run_options(args)
+        request_of(args, listing=args.list)  # NODES, the recipe's name, SET, GPU, the run options
 
     return serve_client.quietly(check)
 

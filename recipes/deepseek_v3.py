@@ -6,8 +6,8 @@ Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.
 (DP 64, expert-DP 2), MBS1 GBS16384, seq 4096, HybridEP flex dispatcher, selective recompute of the MLA up-
 projections and the dense MLPs, and the explicit pipeline layout `Et|(tt|)*30mL` (embedding + 1 layer, then 2 layers
 per stage, MTP + loss last: 32 stages). NVIDIA keeps TP overlap, EP all-to-all overlap and DP grad-reduce overlap
-off; CUDA_DEVICE_MAX_CONNECTIONS is 1. Published H100 throughput: NVIDIA lists an FP8 run (docs/throughput.md, not
-yet compared by the model).
+off; CUDA_DEVICE_MAX_CONNECTIONS is 1. Published H100 throughput: NVIDIA lists an FP8 run and its blockwise variant
+(docs/throughput.md: a row of the validation table).
 """
 
 from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import (

@@ -6,7 +6,7 @@ Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.
 16, expert-DP 1), MBS1 GBS8192, seq 4096, alltoall dispatcher, EP all-to-all overlap with delayed expert wgrad, no
 recompute. TP stays without userbuffers overlap (Bridge ships no preset for hidden 4096, and NVIDIA overlaps the EP
 all-to-all instead), so CUDA_DEVICE_MAX_CONNECTIONS is 8, NVIDIA's value. 94 layers + embedding + loss = 96 = 3 per
-PP·VP stage. Published H100 throughput: NVIDIA lists an FP8 run (docs/throughput.md, not yet compared by the model).
+PP·VP stage. Published H100 throughput: NVIDIA lists an FP8 run (docs/throughput.md: a row of the validation table).
 """
 
 from megatron.bridge.recipes.qwen.h100.qwen3_moe import qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config as base

@@ -6,7 +6,7 @@ HybridEP flex dispatcher, no recompute. Each dtype starts from the Bridge recipe
 own 16-GPU recipe (TE-scoped CUDA graphs for the router, precision-aware optimizer) with EP all-to-all overlap on;
 FP8 from Bridge's 8-GPU recipe, where NVIDIA's measured FP8 baseline keeps EP overlap off. TP=1, so TP comm overlap
 is n/a and CUDA_DEVICE_MAX_CONNECTIONS is 32, as in NVIDIA's recipes. Published H100 throughput: NVIDIA lists an FP8
-run (docs/throughput.md, not yet compared by the model).
+run (docs/throughput.md: a row of the validation table).
 """
 
 from megatron.bridge.recipes.qwen.h100 import qwen3_moe as bridge

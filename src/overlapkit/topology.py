@@ -62,3 +62,11 @@ def data_parallel_size(cfg, world_size: int) -> int:
             f"GPU total is a multiple of {mp}"
         )
     return world_size // mp
+
+
+def expert_group(ep: int, etp: int = 1, gpus_per_node: int = GPUS_PER_NODE) -> tuple[int, int]:
+    """(EP ranks per node, nodes) of one expert-parallel group. Megatron Core lays the expert grid out tp-ep-dp-pp
+    (megatron/core/parallel_state.py, the expert RankGenerator), so an EP group's members are ETP ranks apart: a node
+    holds gpus_per_node/ETP of them and the group fills ceil(EP / that) nodes."""
+    per_node = max(1, min(ep, gpus_per_node // etp))
+    return per_node, -(-ep // per_node)

@@ -53,11 +53,15 @@ BAD = [
     ("plan", (f"RECIPE={Q30}", "SET=model.moe_router_topk=0"), "model.moe_router_topk=0: must be a whole number ≥ 1"),
     ("plan", (f"RECIPE={Q30}", "SET=model.moe_router_topk=-1"), "model.moe_router_topk=-1: must be a whole number"),
     ("submit", (f"RECIPE={R405}", "CLUSTER=local"), "128 nodes requested but partition"),
+    ("plan", "GPU=b200", "GPU=b200: not a GPU the models know; use one of h100, h200"),
+    ("recipes", "GPU=h300", "GPU=h300: not a GPU"),
+    ("sbatch", "GPU=a100", "GPU=a100: not a GPU"),
+    ("new-recipe", "GPU=b200", "GPU=b200: not a GPU"),
 ]
 
 
 # Typed through make in a new process: one case per target (make's `Error 2` line, the time before any import).
-THROUGH_MAKE = {"plan-NODES=0", "submit-CLUSTER=nosuch", "sbatch-NODES=-1"}
+THROUGH_MAKE = {"plan-NODES=0", "submit-CLUSTER=nosuch", "sbatch-NODES=-1", "plan-GPU=b200"}
 IDS = [f"{t}-{a if isinstance(a, str) else ' '.join(a)}" for t, a, _ in BAD]
 assert THROUGH_MAKE <= set(IDS), THROUGH_MAKE - set(IDS)  # a misspelt id would move no case
 

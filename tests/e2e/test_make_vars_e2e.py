@@ -25,6 +25,8 @@ CASES = [  # (target, variables, what our one line starts with); {m} is the mark
     ("plan", [f"RECIPE={R8}", f"SET=train.global_batch_size={MAKE_SHELL}128"], "error: SET='train"),
     ("plan", [f"RECIPE={R8}" + QUOTE], "error: unknown recipe"),
     ("plan", [f"RECIPE={R8}", "NODES=1" + QUOTE], "error: NODES="),
+    ("plan", [f"RECIPE={R8}", "GPU=h200" + QUOTE], "error: GPU="),
+    ("recipes", [f"GPU={MAKE_SHELL}"], "error: GPU="),
     ("submit", [f"RECIPE={R8}", "RUN_NAME=a" + QUOTE], "error: RUN_NAME="),
     ("sbatch", [f"RECIPE={R8}", f"DATA={MAKE_SHELL}"], "error: DATA="),
     ("prep-data", ["IN=x" + QUOTE, "TOKENIZER=t", f"OUT={MAKE_SHELL}"], "error: OUT="),
@@ -91,6 +93,13 @@ def test_a_value_is_never_an_option():
     out = make("parse-log", "LOG=--help")
     assert answered(out, "error: LOG=--help") and out.stdout == ""
     assert answered(make("plan", "RECIPE=--list"), "error: unknown recipe")  # not `make recipes`
+
+
+def test_gpu_reaches_every_target_that_sizes_for_it_as_typed(make_argv):
+    """GPU= is one of DATA_VARS: plan, recipes, submit, sbatch, run-local and new-recipe get it as one --gpu=value."""
+    for target in ("plan", "recipes", "submit", "sbatch", "run-local", "new-recipe"):
+        _, *argv = make_argv(target, f"RECIPE={R8}", "GPU=h200 x")
+        assert "--gpu=h200 x" in argv, (target, argv)
 
 
 def test_args_is_split_as_a_shell_splits_words(make_argv):

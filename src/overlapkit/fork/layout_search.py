@@ -6,10 +6,11 @@ embedding/loss accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, 
 overlapkit.sizing.memory with the settings overlap.apply_overlap_stack imposes (SP on with TP>1, distributed
 optimizer, BF16 grad reduce, FP8 param gather on FP8), without recompute. PP>1 is only searched with VPP>1: the
 audit rejects PP without VPP (no p2p overlap). Ranking, best first: at least 10% of the memory budget free (the
-estimate's error bar: a tight layout is one allocator spike from an OOM); then the predicted TFLOP/s per GPU
-(overlapkit.sizing.throughput, with every overlap the layout allows on; within 2% of the best is a tie); ties by the
-rules of thumb: an exact Bridge userbuffers preset (or TP=1, where TP overlap is n/a) before the explicit opt-in
-`overlap.tp_preset=default`; DP>1 (DP overlap on); the smallest PP (pipeline bubble), then TP, then CP (their
+estimate's error bar: a tight layout is one allocator spike from an OOM); then DP>1 (DP1 has no DP overlap, which
+the audit warns about: the search keeps the overlap stack on wherever a layout with DP>1 fits); then the predicted
+TFLOP/s per GPU (overlapkit.sizing.throughput, with every overlap the layout allows on; within 2% of the best of the
+leading class is a tie); ties by the rules of thumb: an exact Bridge userbuffers preset (or TP=1, where TP overlap is
+n/a) before the explicit opt-in `overlap.tp_preset=default`; the smallest PP (pipeline bubble), then TP, then CP (their
 collectives), then EP for MoE shapes (the smallest expert all-to-all group; EP>1 always, so the EP overlap path runs,
 and experts by EP and GPUs by EP·PP must divide, plan/moe.py); the largest VPP that keeps ≥ 2 layers per chunk
 (smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory headroom. Each runner-up says why it loses.
@@ -35,7 +36,8 @@ TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NV
 # step 1, so it ranks after every layout with more headroom (still listed: it does fit the estimate).
 TIGHT_FRACTION = 0.10
 # Predictions within 2% of the best count as a tie: the model does not resolve less (its median error on NVIDIA's
-# published runs is 6.9%, docs/throughput.md), so the rules of thumb decide among them.
+# published runs is a few percent and its leave-one-out error up to 15%, docs/throughput.md), so the rules of thumb
+# decide among them.
 TIE_FRACTION = 0.02
 # What Bridge's CommOverlapConfig.setup sets when DP>1 (megatron/bridge/training/comm_overlap.py): 128M parameters.
 BRIDGE_BUCKET = 128 * 1024 * 1024
@@ -177,7 +179,6 @@ def _rules(c: Candidate, s: ModelShape) -> tuple:
     per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
     return (
         not c.exact_preset,
-        c.dp == 1,
         c.pp,
         c.tp,
         c.cp,
@@ -191,7 +192,6 @@ def _rules(c: Candidate, s: ModelShape) -> tuple:
 
 _RULE_NAMES = (
     "no exact userbuffers preset",
-    "DP1 (no DP overlap)",
     "larger PP",
     "larger TP",
     "larger CP",
@@ -207,9 +207,16 @@ def _tied(c: Candidate, best_tflops: float) -> bool:
     return c.tflops >= best_tflops * (1 - TIE_FRACTION)
 
 
+def _class(c: Candidate) -> tuple[bool, bool]:
+    """What ranks a layout after others whatever its prediction: tight memory (a crash risk), then DP1 (the audit's
+    dp1 warning: no DP overlap). The throughput model prices DP1's unhidden reduce, but `make new-recipe` writes a
+    recipe its own audit warns about only when no layout with DP>1 fits."""
+    return tight(c), c.dp == 1
+
+
 def _rank(c: Candidate, s: ModelShape, best_tflops: float):
     tied = _tied(c, best_tflops)
-    return (tight(c), not tied, 0.0 if tied else -c.tflops, *_rules(c, s))
+    return (*_class(c), not tied, 0.0 if tied else -c.tflops, *_rules(c, s))
 
 
 def predict(s: ModelShape, w: Workload, flops: throughput.Flops, gpu: str) -> throughput.Prediction:
@@ -223,6 +230,8 @@ def why_loses(c: Candidate, best: Candidate, s: ModelShape, best_tflops: float) 
     """One phrase: what makes `c` rank after `best`."""
     if tight(c) and not tight(best):
         return f"tight memory: {c.memory.headroom_gb:.1f} GB free (< 10% of the budget)"
+    if c.dp == 1 and best.dp > 1 and tight(c) == tight(best):
+        return "DP1: no DP overlap (the audit warns); a layout with DP>1 fits"
     if not _tied(c, best_tflops):
         mine, theirs = dict(_terms(c)), dict(_terms(best))
         worse = sorted(((mine.get(k, 0) - theirs.get(k, 0), k) for k in mine | theirs), reverse=True)[:2]
@@ -291,7 +300,7 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
     if not fitting and best_unfit is not None:
         m = best_unfit.memory
         raise LayoutSearchError(
-            f"no layout of {s.describe()} on {gpus} GPUs{pinned} fits an H100: the smallest estimate is "
+            f"no layout of {s.describe()} on {gpus} GPUs{pinned} fits an {gpu.upper()}: the smallest estimate is "
             f"{m.total_gb:.0f} GB > {m.budget_gb:.1f} GB ({best_unfit.describe()}); use more GPUs"
         )
     if not fitting:
@@ -299,11 +308,12 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
         kinds = {re.sub(r"\d+", "#", r): r for r in reversed(ranked)}  # one example of each kind of reason
         reasons = "; ".join(sorted(kinds.values(), key=ranked.index)[:2]) or "no split to try"
         raise LayoutSearchError(f"no layout of {s.describe()} on {gpus} GPUs{pinned} divides: {reasons}")
-    roomy = [c.tflops for c in fitting if not tight(c)] or [c.tflops for c in fitting]
-    fitting.sort(key=lambda c: _rank(c, s, max(roomy)))
+    lead = min(_class(c) for c in fitting)
+    best_tflops = max(c.tflops for c in fitting if _class(c) == lead)  # the tie band is the leading class's
+    fitting.sort(key=lambda c: _rank(c, s, best_tflops))
     min_pp = min(c.pp for c in fitting)
     best = fitting[0]
     return [
-        replace(c, why=_why(c, s, min_pp), loses=why_loses(c, best, s, max(roomy)) if i else "")
+        replace(c, why=_why(c, s, min_pp), loses=why_loses(c, best, s, best_tflops) if i else "")
         for i, c in enumerate(fitting[:top])
     ]

@@ -22,7 +22,7 @@ from overlapkit.fork import layout_search
 from overlapkit.plan import registry
 from overlapkit.plan.build import make_plan
 from overlapkit.shape import ModelShape, head_dim_follows
-from overlapkit.sizing import memory
+from overlapkit.sizing import hardware, memory
 from overlapkit.topology import GPUS_PER_NODE
 
 NAME_RE = re.compile(
@@ -54,6 +54,7 @@ class ForkRequest:
     gbs: int | None = None  # default: the FROM recipe's
     model: str | None = None  # registry label; default from the name ("llama3_34b" → "Llama3 34B")
     recipes_dir: Path = RECIPES_DIR
+    gpu: str = hardware.DEFAULT_GPU  # GPU=: what the layout search sizes memory and ranks throughput for
 
 
 @dataclass
@@ -186,6 +187,8 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         f"seq {s.seq}; vocabulary ({s.vocab}), tokenizer and the rest from `{base_module}.base`. "
         f"Layout {c.describe()} chosen by overlapkit.fork.layout_search: {c.why}."
     )
+    if req.gpu != hardware.DEFAULT_GPU:  # the name says h100; the layout was sized for another GPU (GPU=)
+        body += f" Searched for {hardware.HARDWARE[req.gpu].name} (GPU={req.gpu}): plan it with GPU={req.gpu}."
     doc = (
         "\n".join(textwrap.wrap(head, 113, break_on_hyphens=False))
         + "\n\n"
@@ -230,7 +233,7 @@ def fork(req: ForkRequest) -> ForkResult:
         raise ForkError(f"unknown layout field(s) {sorted(unknown)}: use {', '.join(LAYOUT_FIELDS)}")
     gbs = req.gbs or from_cfg.train.global_batch_size
     try:
-        cands = layout_search.search(shape, gpus, gbs=gbs, fixed=req.layout)
+        cands = layout_search.search(shape, gpus, gbs=gbs, fixed=req.layout, gpu=req.gpu)
     except layout_search.LayoutSearchError as exc:
         raise ForkError(str(exc)) from None
     model = req.model or model_label(prefix)
@@ -240,7 +243,7 @@ def fork(req: ForkRequest) -> ForkResult:
     tmp.write_text(text)
     try:
         mod = registry.load_file(tmp, req.name)
-        plan = make_plan(req.name)
+        plan = make_plan(req.name, gpu=req.gpu)
         if not plan.report.ok:
             first = plan.report.errors[0]
             more = f" (+{len(plan.report.errors) - 1} more)" if len(plan.report.errors) > 1 else ""

@@ -16,7 +16,7 @@ from overlapkit.plan.moe import expert_dp
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
 from overlapkit.plan.request import PlanRequest, loose
 from overlapkit.shape import ModelShape, dtype_of
-from overlapkit.sizing import memory, throughput
+from overlapkit.sizing import hardware, memory, throughput, worth
 from overlapkit.topology import Target
 
 
@@ -41,6 +41,12 @@ class Plan:
     run_dir: Path | None = None
     throughput: throughput.Prediction | None = None  # step time, tokens/s, TFLOP/s on the target GPU
     request: PlanRequest | None = None  # what was asked for, its run options bound (plan/request.py)
+    worth: dict = dataclasses.field(default_factory=dict)  # sizing/worth.py: each on overlap's step time when off
+
+    @property
+    def gpu_note(self) -> str | None:
+        """One line when the plan is for another GPU than the recipe's name says (GPU=h200 on an h100 recipe)."""
+        return hardware.retarget_note(self.recipe.name, self.target.gpu)
 
     @property
     def run(self) -> runopts.RunOptions:
@@ -97,7 +103,11 @@ class Plan:
             "overrides": [{"key": k, "old": _jsonable(o), "new": _jsonable(n)} for k, o, n in self.changes],
             "audit": self.report.to_dict(),
             "memory": self.memory_dict(),
-            "throughput": self.throughput.to_dict() if self.throughput else None,
+            "gpu": self.target.gpu,
+            "gpu_note": self.gpu_note,
+            "throughput": self.throughput.to_dict() | {"overlap_worth": worth.to_dict(self.worth)}
+            if self.throughput
+            else None,
             "cluster": self.profile.name if self.profile else None,
             "env": self.ledger.to_dict() if self.ledger else None,
             "run_dir": str(self.run_dir) if self.run_dir else None,
@@ -119,10 +129,11 @@ def make_plan(
     profile=None,
     caller_env=None,
     run: runopts.RunOptions | None = None,
+    gpu: str = hardware.DEFAULT_GPU,
 ) -> Plan:
     """`plan_for` a request made of loose values (tests, listings, forks, published runs): recipe `name`, `nodes`
-    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default)."""
-    req = loose(name, nodes, sets, run)
+    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default), `gpu`."""
+    req = loose(name, nodes, sets, run, gpu=gpu)
     return plan_for(req, te_available=te_available, profile=profile, caller_env=caller_env)
 
 
@@ -146,7 +157,7 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     changes += overrides.apply(cfg, pairs)
     if bad := inputs.config_problems(cfg, facts, [k for k, _ in pairs]):  # before anything divides by them
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
-    target = Target(nodes=req.nodes or entry.nodes, te_available=te_available)
+    target = Target(nodes=req.nodes or entry.nodes, gpu=req.gpu, te_available=te_available)
     if msg := runopts.nsys_problem(req.run, cfg.train.train_iters, target.world_size):
         raise PlanError(msg)
     res = resolve(cfg, target)
@@ -159,6 +170,7 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     report.findings += memory_findings(est)
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
     plan.throughput = predict_throughput(plan)
+    plan.worth = overlap_worth(plan)
     return plan
 
 
@@ -175,22 +187,32 @@ def memory_findings(est: memory.MemoryEstimate) -> list[Finding]:
     return [Finding("warning", "memory_tight", f"{est.summary()}: one allocator spike from an OOM; {MEMORY_FIX}")]
 
 
-def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:
-    """The throughput model on the plan: its workload, Bridge's FLOPs, and the overlaps its table says are on."""
+def prediction_inputs(plan: Plan) -> throughput.Inputs:
+    """What the throughput model reads of the plan: its workload, Bridge's FLOPs, the overlaps its table says are
+    on, its MoE settings, its DDP bucket and its target GPU."""
     cfg, res = plan.cfg, plan.resolved
     states = {r.name: r.state for r in plan.report.rows}
     overlaps = throughput.Overlaps.of_rows(
         states, ep_default=bool(getattr(res.model, "overlap_moe_expert_parallel_comm", False))
     )
-    return throughput.predict(
+    return throughput.Inputs(
         memory.workload_of(cfg, plan.target),
         throughput.flops_of_config(cfg),
         overlaps,
-        gpu=plan.target.gpu,
-        moe=throughput.Moe.of_model(cfg.model),
-        bucket=res.ddp.bucket_size,
-        constants=constants,
+        throughput.Moe.of_model(cfg.model),
+        res.ddp.bucket_size,
+        plan.target.gpu,
     )
+
+
+def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:
+    """The throughput model on the plan (prediction_inputs), with the fitted constants or `constants`."""
+    return prediction_inputs(plan).predict(constants)
+
+
+def overlap_worth(plan: Plan) -> dict:
+    """Each overlap that is on: the plan's predicted step with that one overlap off (sizing/worth.py)."""
+    return worth.overlap_worth(prediction_inputs(plan), base=plan.throughput)
 
 
 def resolved_config(plan: Plan):
@@ -233,6 +255,7 @@ def overrides_record(plan: Plan) -> dict:
     return {
         "recipe": plan.recipe.name,
         "nodes": plan.target.nodes,
+        "gpu": plan.target.gpu,
         "set": [list(p) for p in plan.request.sets],
         "run": plan.request.run.to_dict(),
     }

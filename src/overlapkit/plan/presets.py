@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from functools import cache
 
 from overlapkit.shape import ModelShape
+from overlapkit.sizing.hardware import HARDWARE
 
 _NAME = re.compile(
     r"^userbuffers_(?P<dtype>bf16|fp8)_(?P<gpu>[a-z0-9]+)_h(?P<hidden>\d+)_tp(?P<tp>\d+)"
@@ -40,8 +41,8 @@ class PresetKey:
 
     @classmethod
     def of(cls, shape: ModelShape, *, tp: int, cp: int, mbs: int, gpu: str = "h100") -> PresetKey:
-        """The key a model needs at this TP/CP/MBS."""
-        return cls(gpu, shape.dtype, shape.hidden, tp, cp, mbs, shape.seq)
+        """The key a model needs at this TP/CP/MBS on `gpu` (an H200 runs the H100 presets: sizing/hardware.py)."""
+        return cls(HARDWARE[gpu].presets, shape.dtype, shape.hidden, tp, cp, mbs, shape.seq)
 
 
 def key_of(cfg, gpu: str = "h100") -> PresetKey:

@@ -53,6 +53,8 @@ def render_plan(plan, con: Console) -> None:
     con.print(f"[bold]{d['recipe']}[/]  {d['layout']['model']}")
     con.print(f"source: {escape(d['source'])}")
     con.print(layout_line(d["layout"]))
+    if d["gpu_note"]:
+        con.print(escape(d["gpu_note"]))
     for o in d["overrides"]:
         con.print(escape(f"override: {o['key']} = {o['new']} (was {o['old']})"))
     con.print(audit_table(plan.report))
@@ -62,6 +64,8 @@ def render_plan(plan, con: Console) -> None:
     if plan.throughput is not None:
         con.print(throughput_table(plan.throughput))
         con.print(escape(plan.throughput.summary()))
+        if plan.worth:
+            con.print(worth_table(plan.worth, plan.throughput.step_s))
     for line in run_lines(d):  # data, checkpoints, segments, Nsight (plan/runopts.py)
         con.print(escape(line))
     if plan.ledger is not None:
@@ -128,6 +132,16 @@ def throughput_table(pred) -> Table:
         t.add_column(col, justify="right" if col in ("s/step", "share") else "left")
     for name, sec, how in pred.terms:
         t.add_row(name, f"{sec:.3f}", f"{sec / pred.step_s:.1%}", escape(how))
+    return t
+
+
+def worth_table(worth: dict, step_s: float) -> Table:
+    """sizing.worth's {field: Worth}: per overlap that is on, the predicted step with that one overlap off."""
+    t = Table(title="What each overlap is worth", title_justify="left")
+    for col in ("overlap (on)", f"s/step with it off (vs {step_s:.3f})", "+s/step", "+%"):
+        t.add_column(col, justify="left" if col == "overlap (on)" else "right")
+    for w in worth.values():
+        t.add_row(w.to_dict()["row"], f"{w.off_step_s:.3f}", f"{w.delta_s:+.3f}", f"{w.delta_pct:+.1f}%")
     return t
 
 

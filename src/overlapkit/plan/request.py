@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from overlapkit.plan import runopts
+from overlapkit.sizing import hardware
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class PlanRequest:
     nodes: int | None = None  # None: the recipe's
     sets: tuple[tuple[str, str], ...] = ()  # the SET pairs as typed: (key, raw text)
     run: runopts.RunOptions = runopts.RunOptions()  # bound: job_dir, time_limit_min, wandb filled in by the binder
+    gpu: str = hardware.DEFAULT_GPU  # GPU=: the HARDWARE entry memory and throughput are sized for
 
     def with_run(self, run: runopts.RunOptions) -> PlanRequest:
         return dataclasses.replace(self, run=run)
@@ -36,33 +38,41 @@ def parse(
     *,
     listing: bool = False,
     action: str = "plan",
+    gpu: str = "",
 ) -> PlanRequest:
     """The typed request, every pre-import check made (in this order: NODES, the recipe's name, SET, the run
     options). `run`: the run options' text by runopts.parse's keywords (run_name, segments, nsys, nsys_ranks, data);
     None leaves them out of the check (a benchmark), as launch.plan.check_request asks. `listing`: `make recipes`,
-    which names no recipe."""
+    which names no recipe. `gpu`: GPU= as typed (empty: h100)."""
     from overlapkit.plan import inputs, registry
 
     count = inputs.parse_nodes(nodes)
+    chip = hardware.parse_gpu(gpu)
     if not listing:
         if not recipe:
             raise ValueError(f"no recipe given: make {action} RECIPE=<name> (make recipes lists them)")
         registry.check_declared(recipe)
     pairs = inputs.check_sets(sets)
     opts = runopts.RunOptions() if run is None else runopts.parse(**run)  # None: not even DATA's module is imported
-    return PlanRequest(recipe, count, tuple(pairs), opts)
+    return PlanRequest(recipe, count, tuple(pairs), opts, chip)
 
 
-def loose(name: str, nodes: int | None = None, sets=None, run: runopts.RunOptions | None = None) -> PlanRequest:
+def loose(
+    name: str,
+    nodes: int | None = None,
+    sets=None,
+    run: runopts.RunOptions | None = None,
+    gpu: str = hardware.DEFAULT_GPU,
+) -> PlanRequest:
     """A request from values a caller already holds (tests, listings, forks): SET as text or KEY=VALUE tokens."""
     from overlapkit.plan import overrides
 
-    return PlanRequest(name, nodes, tuple(overrides.parse(sets)), run or runopts.RunOptions())
+    return PlanRequest(name, nodes, tuple(overrides.parse(sets)), run or runopts.RunOptions(), hardware.parse_gpu(gpu))
 
 
 def from_record(rec: dict, recipe: str, nodes: int | None, extra_sets=()) -> PlanRequest:
     """The request again in the job, from the run directory's overrides.json (its run options already bound) and the
     run plugins' KEY=VALUE overrides after the typed ones."""
-    return loose(
-        recipe, nodes, [f"{k}={v}" for k, v in rec["set"]] + list(extra_sets), runopts.RunOptions.from_dict(rec["run"])
-    )
+    sets = [f"{k}={v}" for k, v in rec["set"]] + list(extra_sets)
+    gpu = rec.get("gpu", hardware.DEFAULT_GPU)  # a record from before GPU= was planned for the default
+    return loose(recipe, nodes, sets, runopts.RunOptions.from_dict(rec["run"]), gpu=gpu)

@@ -43,6 +43,11 @@ INFRA_STATES = ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL")
 INFRA_EVENTS = ("node_fail", "preempted")
 MAX_RETRIES = 1
 NO_GOLDEN = "no golden yet: bless a reviewed run"
+# An overlap's predicted worth (sizing/worth.py) names a slowdown only when the two agree within this factor either
+# way: a worth is the difference of two predictions, each up to 12% off on a run it was not fitted on (leave-one-out,
+# docs/throughput.md), and a real slowdown seldom has one cause, so only the magnitude is asked to match; beyond it
+# no overlap is named rather than a wrong one.
+WORTH_MATCH = 1.5
 # What a nightly run is, so a golden and a night compare like with like (nightly.shape_for applies them).
 NIGHTLY_ITERS = 60  # 10 warm-up + 50 steady iterations: enough for a ±5 % step-time mean and a loss curve's knee
 NIGHTLY_SEED = 1234
@@ -137,8 +142,10 @@ def classify(
     preflight_ok: bool | None = None,
     attempt: int = 0,
     overlap: tuple[dict | None, str | None] = (None, None),
+    worth: dict | None = None,
 ) -> Verdict:
-    """`overlap`: exposed.read's pair for the run (rule 6)."""
+    """`overlap`: exposed.read's pair for the run (rule 6). `worth`: plan.json's throughput.overlap_worth, to say
+    which overlap a slower step looks like."""
     state = (slurm_state or "UNKNOWN").split()[0].rstrip("+")
     s = parsed["summary"] if parsed else {"iterations": 0, "nan_iterations": 0}
     events = parsed.get("events", {}) if parsed else {}
@@ -167,6 +174,9 @@ def classify(
     worse = [c for c in checks if c["verdict"] in ("worse", "drift", "missing")]
     better = [c for c in checks if c["verdict"] == "better"]
     reasons = [_describe(c) for c in worse + better]
+    slower = next((c for c in worse if c["metric"] == "step_time_ms" and c["verdict"] == "worse"), None)
+    if slower and (hint := likely_overlap(worth, (slower["value"] - slower["golden"]) / 1e3)):
+        reasons.append(f"the step time's rise {hint}")
     if worse:
         return Verdict("regression", reasons, checks=checks)
     if better:
@@ -174,6 +184,26 @@ def classify(
             "unexpected_improvement", reasons + ["a knob likely changed: review, then re-bless"], checks=checks
         )
     return Verdict("pass", [], checks=checks)
+
+
+def likely_overlap(worth: dict | None, slowdown_s: float) -> str | None:
+    """Which overlap a step `slowdown_s` seconds slower than expected looks like: among plan.json's overlap_worth
+    ({field: {row, delta_s, delta_pct, ...}}), the one whose predicted worth is nearest (by ratio) within WORTH_MATCH;
+    None when none is (or the plan has no worth, or the step is not slower)."""
+    fits = [
+        (abs(math.log(slowdown_s / v["delta_s"])), v)
+        for v in (worth or {}).values()
+        if slowdown_s > 0
+        and v.get("delta_s", 0) > 0
+        and abs(math.log(slowdown_s / v["delta_s"])) <= math.log(WORTH_MATCH)
+    ]
+    if not fits:
+        return None
+    v = min(fits, key=lambda f: f[0])[1]
+    return (
+        f"(+{slowdown_s:.3g} s/step) looks like {v['row']} off: the plan predicts +{v['delta_s']:.3g} s/step "
+        f"(+{v['delta_pct']:.1f}%) without it"
+    )
 
 
 def _describe(c: dict) -> str:

@@ -34,10 +34,11 @@ first pipeline stage: it holds the input embedding and the most in-flight microb
 - reserve: 3 GB for the CUDA context (~1 GB), NCCL communicators of the TP/PP/DP/CP/DP×CP groups (~1.5 GB) and
   cuBLAS/TE workspaces (~0.5 GB).
 
-Fits when the total is within an H100 80 GB (81559 MiB per nvidia-smi = 79.6 GB) minus a 4 GB margin (5%) for
-allocator fragmentation. Validation: on the formula's own assumptions the weight+optimizer and activation terms
-equal Megatron-LM's theoretical_memory_usage (tests/unit_tests/test_memory.py); every shipped recipe, all run by
-NVIDIA on H100 80 GB, estimates inside the budget, with Llama3 8B FP8 only thanks to its 5-layer full recompute.
+Fits when the total is within the GPU's HBM (sizing/hardware.py: H100 80 GB = 81559 MiB per nvidia-smi = 79.6 GB;
+H200 140.4 GB) minus a 4 GB margin (5% of an H100) for allocator fragmentation. Validation: on the formula's own
+assumptions the weight+optimizer and activation terms equal Megatron-LM's theoretical_memory_usage
+(tests/unit_tests/test_memory.py); every shipped recipe, all run by NVIDIA on H100 80 GB, estimates inside the
+budget, with Llama3 8B FP8 only thanks to its 5-layer full recompute.
 """
 
 from __future__ import annotations
@@ -47,11 +48,10 @@ from dataclasses import dataclass, field
 
 from overlapkit.shape import ModelShape
 from overlapkit.sizing import moe_memory
+from overlapkit.sizing.hardware import HARDWARE
 from overlapkit.topology import Target, data_parallel_size
 
 GB = 2**30
-# nvidia-smi totals (MiB / 1024): H100 SXM5 80 GB; H200 141 GB (143771 MiB, as read on the lent H200 machines)
-HBM_GB = {"h100": 81559 / 1024, "h200": 143771 / 1024}
 MARGIN_GB = 4.0  # allocator fragmentation: about 5% of the card
 RESERVE_GB = 3.0  # CUDA context + NCCL communicators + cuBLAS/TE workspaces (see the module docstring)
 UB_BUFFERS = ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad", "qkv_fprop")
@@ -87,6 +87,7 @@ class Workload:
     expert_dp: int = 1  # expert-data-parallel size: what shards the experts' optimizer states
     recompute_modules: tuple[str, ...] = ()  # selective recompute (credited for MoE/MLA models: moe_memory)
     first_chunks: tuple[int, ...] | None = None  # decoder layers per chunk of the first stage, from an explicit layout
+    fp8_recipe: str = "tensorwise"  # mixed_precision.fp8_recipe on an FP8 run (delayed, tensorwise, blockwise, mxfp8)
 
     def __getattr__(self, name: str):
         """The shape's fields read as the workload's own (w.hidden, w.seq, w.dtype, ...): the formulas stay short."""
@@ -183,6 +184,7 @@ def workload_of(cfg, target: Target) -> Workload:
         expert_dp=_expert_dp(m, target.world_size),
         recompute_modules=tuple(m.recompute_modules or ()) if m.recompute_granularity == "selective" else (),
         first_chunks=first_stage_chunks(m),
+        fp8_recipe=(mp.fp8_recipe if real_mp and mp.fp8 else None) or "tensorwise",
     )
 
 
@@ -299,7 +301,7 @@ def activation_bytes(w: Workload) -> tuple[float, str]:
 
 
 def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = None) -> MemoryEstimate:
-    """hbm_gb: the card's total memory when measured (torch.cuda.mem_get_info), else HBM_GB[gpu]."""
+    """hbm_gb: the card's total memory when measured (torch.cuda.mem_get_info), else the GPU's (sizing/hardware.py)."""
     layers = first_stage_layers(w)[1]
     two = w.pp == 1 and not w.tied  # the untied output layer sits on the first stage too when PP=1
     emb, emb_what = w.vocab * w.hidden * (1 + two), "embedding + output layer" if two else "embedding"
@@ -339,7 +341,7 @@ def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = Non
         logits_gb=logits / GB,
         comm_buffers_gb=ub / GB,
         reserve_gb=RESERVE_GB,
-        hbm_gb=hbm_gb or HBM_GB[gpu],
+        hbm_gb=hbm_gb or HARDWARE[gpu].hbm_gb,
         margin_gb=MARGIN_GB,
         params_per_gpu=params,
         notes=notes,

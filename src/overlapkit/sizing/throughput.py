@@ -3,156 +3,50 @@
 The model (docs/throughput.md has the derivation, the sources and the validation against NVIDIA's published runs):
 
 - model FLOPs per step: Bridge's own `num_floating_point_operations` (megatron/bridge/training/utils/flop_utils.py,
-  the number behind `log_throughput`), never restated here. It is evaluated three times to split it: at twice the
-  sequence length (what grows with s² is core attention) and with a larger vocabulary (what grows with it is the
-  output layer). Transformer Engine runs the linear layers in FP8 on an FP8 recipe; core attention (flash/cuDNN)
-  and the output layer (megatron-core's ColumnParallelLinear, not a TE module) stay BF16.
-- compute: those FLOPs (plus the forward re-run of recomputed layers) at GEMM_EFFICIENCY × the dense peak of
-  their dtype, spread over every GPU, plus LAYER_OVERHEAD_S per layer per microbatch: the non-GEMM time (norms,
-  activations, RoPE, FP8 casts, kernel launches) fitted as a constant, so it weighs most on small per-GPU slices
-  of a layer (CP, TP, MBS 1), as the published runs show.
-- TP: per layer and microbatch 4 all-gathers + 4 reduce-scatters of the [s·b/CP, h] activation over NVLink
-  (FP8 all-gathers carry 1 B/element); hidden by userbuffers except the last of its TP pipelined chunks when the
-  plan's overlap table says tp_comm_overlap "on", all exposed otherwise.
+  the number behind `log_throughput`), split into core attention, the output layer and the routed experts by
+  evaluating it again (sizing/flops.py). Transformer Engine runs the linear layers in FP8 on an FP8 recipe; core
+  attention (flash/cuDNN) and the output layer (megatron-core's ColumnParallelLinear, not a TE module) stay BF16.
+- compute: each part at its own achieved rate, a fitted fraction of the dense peak of its dtype (sizing/hardware.py):
+  `gemm_fp8` for FP8 linear layers (times `blockwise` on a blockwise recipe), `gemm_bf16` for BF16 ones, core
+  attention and the output layer; plus the forward re-run of recomputed layers; spread over every GPU; plus
+  `layer_overhead_s` + `layer_token_s` per token of the GPU's s·b/(CP·TP) share, per layer per microbatch: the
+  non-GEMM time (norms, activations, RoPE, FP8 casts, launches), so the fixed part weighs most on small per-GPU
+  slices of a layer (TP, MBS 1).
+- MoE: router, permute, expert GEMMs, all-to-all and EP overlap (sizing/moe_time.py).
+- TP: per layer and microbatch 4 all-gathers + 4 reduce-scatters of the [s·b/CP, h] activation over NVLink (2 + 2 in
+  an MoE layer: its experts are not TP-split at ETP 1; FP8 all-gathers carry 1 B/element); hidden by userbuffers
+  except the last of its TP pipelined chunks when the overlap table says tp_comm_overlap "on", all exposed otherwise.
 - CP: TE's p2p ring sends K,V (CP−1) times forward, K,V and dK,dV backward; it overlaps only core attention, so
   the excess over the attention compute is exposed.
-- EP: 4 all-to-alls per MoE layer and microbatch (dispatch + combine, forward and backward) of top-k copies of
-  each token, from the config's num_moe_experts / moe_router_topk / expert_model_parallel_size; hidden behind the
-  layer's compute only when the overlap table says ep_a2a_overlap "on".
 - PP: the interleaved schedule's bubble (PP−1)/(VPP·m), m = GBS/(DP·MBS), of the per-microbatch time; p2p sends
   of the [s·b/(CP·TP), h] activation, exposed in the fill and drain with overlap_p2p_comm on, all of them off.
-- DP: grad reduce-scatter and param all-gather of each GPU's parameters over its DP×CP group (inter-node network
-  when the group leaves a node); with overlap on, the part that cannot hide — one bucket each, or what does not
-  fit under the last microbatch's backward (RS) / first microbatch's forward (AG) — else all of it.
+- DP: grad reduce-scatter and param all-gather of each GPU's parameters over its DP×CP group (the routed experts'
+  over their expert-DP group), over the network when the group leaves a node; with overlap on, the part that cannot
+  hide (one bucket each, or what does not fit under the last microbatch's backward (RS) / first microbatch's
+  forward (AG)), else all of it.
 - optimizer: Adam's memory traffic over the GPU's optimizer shard at HBM bandwidth.
 
-Hardware numbers are public specs (HARDWARE, cited); the two efficiency constants are calibrated on two named
-published runs (CALIBRATED_ON) and every other published run is held out (tests/unit_tests/sizing).
+Hardware numbers are datasheet figures (sizing/hardware.py, cited); the fitted constants, each with the published
+rows it is fitted on, are sizing/calibration.py's; plan/published.py refits them and the tests check every row.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass, field
 
+from overlapkit.sizing import calibration, moe_time
+from overlapkit.sizing.calibration import Constants
+from overlapkit.sizing.flops import Flops, flops_of_config, flops_of_model, flops_of_shape
+from overlapkit.sizing.hardware import HARDWARE, Hardware, hardware
 from overlapkit.sizing.memory import Workload, first_stage_layers
+from overlapkit.sizing.moe_time import Moe
 from overlapkit.topology import GPUS_PER_NODE
 
-
-@dataclass(frozen=True)
-class Hardware:
-    name: str
-    peak_tflops: dict  # dense (no sparsity), per dtype
-    nvlink_gbs: float  # GB/s per GPU, each direction
-    network_gbs: float  # GB/s per GPU, each direction (one NIC per GPU)
-    hbm_tbs: float  # TB/s
-
-
-# NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 and FP8 3,958 TFLOPS *with sparsity*, so 989 and
-# 1,979 dense; HBM3 3.35 TB/s; NVLink 900 GB/s per GPU (both directions together). DGX H100 user guide: 8 ×
-# ConnectX-7 400 Gb/s InfiniBand NDR for the compute fabric, one per GPU = 50 GB/s each way.
-# NVIDIA H200 datasheet (H200 SXM): the same Tensor Core peaks and NVLink, HBM3e 4.8 TB/s.
-HARDWARE = {
-    "h100": Hardware("H100 SXM", {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0, 3.35),
-    "h200": Hardware("H200 SXM", {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0, 4.8),
-}
-# The two calibrated constants (docs/throughput.md: how; the test refits them and fails when they drift).
-# Calibrated on the newest published run of the smallest and of the largest model (the two ends of the work per GPU
-# per layer, which is what separates the two constants); plan/published.py:fit solves them, a test re-solves them.
-GEMM_EFFICIENCY = 0.5146  # achieved fraction of the dense Tensor Core peak, BF16 and FP8 alike
-LAYER_OVERHEAD_S = 1.630e-3  # non-GEMM time per transformer layer per microbatch (fwd + bwd) on each GPU
-CALIBRATED_ON = ("Llama3 8B / Megatron-Bridge 25.11", "Llama3.1 405B / Megatron-Bridge 26.06")
+__all__ = ["HARDWARE", "Constants", "Flops", "Hardware", "Inputs", "Moe", "Overlaps", "Prediction", "predict"]
+__all__ += ["flops_of_config", "flops_of_model", "flops_of_shape"]
 # Adam step per parameter of the local shard (fused multi-tensor Adam): fp32 master, exp_avg, exp_avg_sq read and
 # written (24 B), the gradient read (2 B) and the BF16 parameter written back (2 B).
 ADAM_BYTES_PER_PARAM = 28
-
-
-@dataclass(frozen=True)
-class Flops:
-    """Model FLOPs of one sequence (forward + backward) as Bridge counts them, split by the dtype they run in."""
-
-    total: float
-    attention: float  # core attention (grows with s²)
-    logits: float  # output layer
-
-    @property
-    def linear(self) -> float:
-        return self.total - self.attention - self.logits
-
-
-def _bridge_flops(model) -> float:
-    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
-
-    return float(num_floating_point_operations(_Cfg(model), 1))
-
-
-@dataclass
-class _Cfg:
-    """What num_floating_point_operations reads of a ConfigContainer: the model provider (and peft: none)."""
-
-    model: object
-    peft: object = None
-
-
-def flops_of_model(model) -> Flops:
-    """Split Bridge's count for a model provider: at 2·seq (per token, only core attention grows) and with the
-    vocabulary grown by one padding multiple (only the output layer grows, linearly in the padded size)."""
-    from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
-
-    m = copy.copy(model)
-    if m.kv_channels is None:  # megatron-core's default, set at finalize(), which a plan never runs
-        m.kv_channels = m.hidden_size // m.num_attention_heads
-    total = _bridge_flops(m)
-    long = copy.copy(m)
-    long.seq_length = 2 * m.seq_length
-    attention = m.seq_length * (_bridge_flops(long) / (2 * m.seq_length) - total / m.seq_length)
-    step = m.make_vocab_size_divisible_by * m.tensor_model_parallel_size
-    wide = copy.copy(m)
-    wide.vocab_size = m.vocab_size + step
-    padded = calculate_padded_vocab_size(
-        m.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size, logging_enabled=False
-    )
-    logits = (_bridge_flops(wide) - total) / step * padded
-    return Flops(total, attention, logits)
-
-
-def flops_of_config(cfg) -> Flops:
-    """For a Bridge ConfigContainer (GPT3's provider leaves the vocabulary to the tokenizer, as at runtime)."""
-    m = copy.copy(cfg.model)
-    if not m.vocab_size:
-        m.vocab_size = cfg.tokenizer.vocab_size
-    return flops_of_model(m)
-
-
-def flops_of_shape(shape, tp: int = 1) -> Flops:
-    """For a ModelShape (the layout search): a Bridge GPTModelProvider of that shape, with its experts (the last
-    `moe_layers` layers MoE, as DeepSeek-V3's leading dense layers) and multi-latent attention where it has them."""
-    from megatron.bridge.models.gpt_provider import GPTModelProvider
-
-    m = GPTModelProvider(
-        num_layers=shape.layers,
-        hidden_size=shape.hidden,
-        num_attention_heads=shape.heads,
-        num_query_groups=shape.query_groups,
-        ffn_hidden_size=shape.ffn,
-        seq_length=shape.seq,
-        vocab_size=shape.vocab,
-        kv_channels=shape.head_dim,
-        gated_linear_unit=shape.gated,
-        tensor_model_parallel_size=tp,
-        share_embeddings_and_output_weights=shape.tied,
-    )
-    if shape.experts:
-        m.num_moe_experts, m.moe_router_topk, m.moe_ffn_hidden_size = shape.experts, shape.topk, shape.moe_ffn
-        m.moe_shared_expert_intermediate_size = shape.shared_ffn or None
-        m.moe_layer_freq = [0] * (shape.layers - shape.moe_layers) + [1] * shape.moe_layers
-        m.mtp_num_layers = shape.mtp_layers or None
-    if shape.kv_lora:  # the fields Bridge's count reads for MLA (MLATransformerConfig's names)
-        m.multi_latent_attention = True
-        m.q_lora_rank, m.kv_lora_rank = shape.q_lora or None, shape.kv_lora
-        m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim = shape.qk_head, shape.qk_rope, shape.v_head
-    return flops_of_model(m)
 
 
 @dataclass(frozen=True)
@@ -167,32 +61,22 @@ class Overlaps:
 
     @classmethod
     def of_rows(cls, states: dict[str, str], ep_default: bool = False) -> Overlaps:
-        on = {k: v == "on" for k, v in states.items()}
-        ep = on.get("ep_a2a_overlap", ep_default)  # plan/moe.py's row
-        return cls(
-            on.get("tp_comm_overlap", False),
-            on.get("overlap_p2p_comm", False),
-            on.get("overlap_grad_reduce", False),
-            on.get("overlap_param_gather", False),
-            ep,
-        )
+        """From the overlap table's states by row (ROWS); without an EP row, `ep_default`."""
+        on = {f: states.get(row) == "on" for f, row in ROWS.items()}
+        if ROWS["ep"] not in states:
+            on["ep"] = ep_default
+        return cls(**on)
 
 
-@dataclass(frozen=True)
-class Moe:
-    experts: int = 0  # num_moe_experts (0: dense)
-    topk: int = 1
-    ep: int = 1
-    layers: int = 0  # MoE layers (all, unless moe_layer_freq says otherwise)
-
-    @classmethod
-    def of_model(cls, m) -> Moe:
-        experts = getattr(m, "num_moe_experts", None) or 0
-        if not experts:
-            return cls()
-        freq = getattr(m, "moe_layer_freq", 1)
-        layers = sum(freq) if isinstance(freq, list) else math.ceil(m.num_layers / (freq or 1))
-        return cls(experts, m.moe_router_topk or 1, m.expert_model_parallel_size or 1, layers)
+# Each Overlaps field's row in the plan's overlap table (plan/overlap.py; the EP row is plan/moe.py's): what the model
+# reads, and the name make plan's worth table shows (sizing/worth.py).
+ROWS = {
+    "tp": "tp_comm_overlap",
+    "p2p": "overlap_p2p_comm",
+    "grad_reduce": "overlap_grad_reduce",
+    "param_gather": "overlap_param_gather",
+    "ep": "ep_a2a_overlap",
+}
 
 
 @dataclass
@@ -215,12 +99,12 @@ class Prediction:
                 {"term": n, "seconds": round(s, 4), "share": round(s / self.step_s, 4), "how": h}
                 for n, s, h in self.terms
             ],
-            "calibrated_on": list(CALIBRATED_ON),
+            "calibrated_on": sorted({k for rows in calibration.FITTED_ON.values() for k in rows}),
         }
 
     def summary(self) -> str:
         return (
-            f"predicted on {HARDWARE[self.gpu].name}: {self.step_s:.2f} s/step · {self.tokens_per_gpu_s:,.0f} "
+            f"predicted on {hardware(self.gpu).name}: {self.step_s:.2f} s/step · {self.tokens_per_gpu_s:,.0f} "
             f"tokens/s/GPU · {self.tflops_per_gpu:.0f} TFLOP/s/GPU · MFU {self.mfu:.1%} (docs/throughput.md)"
         )
 
@@ -239,13 +123,19 @@ class _Ctx:
     hw: Hardware
     flops: Flops
     moe: Moe
-    eff: float = GEMM_EFFICIENCY
-    overhead_s: float = LAYER_OVERHEAD_S
+    k: Constants
+    gpus_per_node: int = GPUS_PER_NODE
+
+    def rate(self, dtype: str) -> float:
+        """Achieved FLOP/s of a dense GEMM in `dtype` (on this workload's FP8 recipe for "fp8")."""
+        if dtype == "bf16":
+            return self.hw.peak_tflops["bf16"] * 1e12 * self.k.gemm_bf16
+        blockwise = self.k.blockwise if self.w.fp8_recipe == "blockwise" else 1.0
+        return self.hw.peak_tflops["fp8"] * 1e12 * self.k.gemm_fp8 * blockwise
 
     @property
-    def rate(self) -> dict:
-        """Achieved FLOP/s per dtype."""
-        return {k: v * 1e12 * self.eff for k, v in self.hw.peak_tflops.items()}
+    def linear_rate(self) -> float:
+        return self.rate(self.w.dtype)
 
     @property
     def gpus(self) -> int:
@@ -274,28 +164,45 @@ def _recompute_fraction(w: Workload) -> float:
     return min(w.recompute_num_layers or 1, per_chunk) / per_chunk
 
 
+def _attention_recomputed(w: Workload, rec: float) -> float:
+    """Share of core attention recomputed: all of it under megatron-core's default selective recompute (modules
+    unset or core_attn), none when selective recompute names other modules only (the MoE recipes' choice)."""
+    if w.recompute != "selective":
+        return rec
+    return 1.0 if not w.recompute_modules or "core_attn" in w.recompute_modules else 0.0
+
+
 def compute_terms(c: _Ctx) -> list:
     w, hw, f = c.w, c.hw, c.flops
-    peak = c.rate
     rec = _recompute_fraction(w)
-    attn_rec = 1 / 3 if w.recompute == "selective" else rec / 3  # a forward is a third of forward + backward
-    per_seq = (
-        f.linear * (1 + rec / 3) / peak[w.dtype] + f.attention * (1 + attn_rec) / peak["bf16"] + f.logits / peak["bf16"]
-    )
+    attn_rec = _attention_recomputed(w, rec) / 3  # a forward is a third of forward + backward
+    bf16 = c.rate("bf16")
+    dense_linear = f.linear - f.experts
+    per_seq = dense_linear * (1 + rec / 3) / c.linear_rate + f.attention * (1 + attn_rec) / bf16 + f.logits / bf16
     t = per_seq * w.gbs / c.gpus
+    eff = c.linear_rate / (hw.peak_tflops[w.dtype] * 1e12)
     how = (
-        f"{f.total * w.gbs / 1e15:.2f} PFLOP/step (Bridge's count) / {c.gpus} GPUs at {c.eff:.0%} of "
+        f"{(f.total - f.experts) * w.gbs / 1e15:.2f} PFLOP/step (Bridge's count) / {c.gpus} GPUs at {eff:.0%} of "
         f"{hw.peak_tflops[w.dtype]:.0f} TFLOP/s {w.dtype}"
     )
     if w.dtype == "fp8":
-        how += " (attention and output layer at bf16's)"
+        how += f" ({w.fp8_recipe}; attention and output layer at {c.k.gemm_bf16:.0%} of bf16's)"
     if rec:
         how += f"; +{rec:.0%} of layers' forward recomputed"
-    overhead = c.overhead_s * c.layer_passes
-    return [
+    tokens = w.seq * w.mbs / (w.cp * w.tp)  # the GPU's share of the layer's elementwise work (SP splits the rest)
+    per_pass = c.k.layer_overhead_s + c.k.layer_token_s * tokens
+    out = [
         ("compute", t, how),
-        ("per-layer non-GEMM", overhead, f"{c.layer_passes:.0f} layer×microbatch passes × {c.overhead_s * 1e3:.2f} ms"),
+        (
+            "per-layer non-GEMM",
+            per_pass * c.layer_passes,
+            f"{c.layer_passes:.0f} layer×microbatch passes × ({c.k.layer_overhead_s * 1e3:.2f} ms + "
+            f"{tokens:.0f} tokens × {c.k.layer_token_s * 1e9:.0f} ns)",
+        ),
     ]
+    if c.moe.experts:
+        out += [moe_time.expert_term(c, c.linear_rate, rec), moe_time.router_permute_term(c)]
+    return out
 
 
 def tp_term(c: _Ctx, on: bool):
@@ -305,7 +212,8 @@ def tp_term(c: _Ctx, on: bool):
     act = w.seq * w.mbs / w.cp * w.hidden
     gather = 1 if w.dtype == "fp8" else 2  # FP8 all-gathers move FP8 inputs; reduce-scatters stay BF16
     per_layer = act * (4 * gather + 4 * 2) * (w.tp - 1) / w.tp / c.link(w.tp)
-    t = per_layer * c.layer_passes
+    moe_share = min(1.0, c.moe.layers / w.layers) if c.moe.experts else 0.0
+    t = per_layer * c.layer_passes * (1 - moe_share / 2)  # an MoE layer: the attention's collectives only
     exposed = t / w.tp if on else t
     how = f"8 collectives/layer/microbatch over NVLink, {t:.2f} s total; " + (
         f"overlap on: 1/{w.tp} exposed" if on else "overlap OFF: all exposed"
@@ -320,27 +228,13 @@ def cp_term(c: _Ctx):
     kv = w.head_dim * w.query_groups
     chunk = w.seq * w.mbs / w.cp * 2 * kv * 2 / w.tp  # K and V of one CP rank's tokens, BF16, per TP rank
     comm = (w.cp - 1) * 3 * chunk / c.link(w.tp * w.cp)  # forward K,V; backward K,V and dK,dV
-    attn = c.flops.attention * w.mbs / (w.tp * w.cp * w.layers) / c.rate["bf16"]
+    attn = c.flops.attention * w.mbs / (w.tp * w.cp * w.layers) / c.rate("bf16")
     exposed = max(0.0, comm - attn) * c.layer_passes
     return (
         "CP ring exchange",
         exposed,
         f"K/V ring over {w.cp} ranks, {comm * 1e3:.2f} ms/layer vs {attn * 1e3:.2f} ms attention to hide it",
     )
-
-
-def ep_term(c: _Ctx, on: bool, layer_s: float):
-    w, moe = c.w, c.moe
-    if not moe.experts or moe.ep == 1:
-        return None
-    tokens = w.seq * w.mbs / (w.cp * w.tp)
-    per_layer = 4 * tokens * moe.topk * w.hidden * 2 * (moe.ep - 1) / moe.ep / c.link(w.tp * w.cp * moe.ep)
-    passes = moe.layers / w.pp * c.m
-    exposed = (max(0.0, per_layer - layer_s) if on else per_layer) * passes
-    how = f"{moe.experts} experts top-{moe.topk} over EP{moe.ep}: 4 all-to-alls/MoE layer/microbatch; " + (
-        "overlap on: the excess over the layer's compute" if on else "overlap OFF: all exposed"
-    )
-    return ("EP all-to-all", exposed, how)
 
 
 def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
@@ -364,25 +258,41 @@ def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
     ]
 
 
+def _dp_groups(c: _Ctx, bucket: int | None) -> list:
+    """(params per GPU, group size, group span in GPUs, one bucket in params, name) for the dense parameters over
+    DP×CP and, for an MoE model, the routed experts over expert-DP."""
+    w, moe = c.w, c.moe
+    experts = moe_time.expert_params_per_gpu(w, moe) if moe.experts else 0.0
+    dense = (w.shape.total_params - w.shape.expert_params_per_moe_layer * w.shape.moe_layers) / (w.tp * w.pp)
+    chunk = w.shape.chunk_params(w.tp, w.pp, w.vpp, moe.ep * moe.etp)
+    groups = [(dense, w.dp * w.cp, w.tp * w.cp * w.dp, min(bucket or chunk, chunk), "DP×CP")]
+    if experts:
+        groups.append((experts, w.expert_dp, moe.etp * moe.ep * w.expert_dp, min(bucket or chunk, chunk), "expert-DP"))
+    return groups
+
+
 def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list:
     w = c.w
-    n = w.dp * w.cp  # the distributed optimizer shards over DP×CP
-    if n == 1:
-        return []
-    params = w.shape.total_params / (w.tp * w.pp)
-    bw = c.link(w.tp * w.cp * w.dp)
-    chunk = w.shape.chunk_params(w.tp, w.pp, w.vpp)
-    one = min(bucket or chunk, chunk) * (n - 1) / n / bw
     out = []
     for name, nbytes, on, window in (
         ("DP grad reduce-scatter", 4 if w.grad_fp32 else 2, ov.grad_reduce, 2 / 3 * per_mb_s),
         ("DP param all-gather", 1 if w.fp8_param_gather and w.dtype == "fp8" else 2, ov.param_gather, per_mb_s / 3),
     ):
-        full = params * nbytes * (n - 1) / n / bw
-        exposed = max(one * nbytes, full - window) if on else full
-        net = "network" if _crosses_node(w.tp * w.cp * w.dp) else "NVLink"
-        how = f"{params * nbytes / 1e9:.2f} GB over {net} in DP×CP={n}, {full:.2f} s; " + (
-            "overlap on: the tail that cannot hide" if on else "overlap OFF: all exposed"
+        full = one = 0.0
+        parts = []
+        for params, n, span, bucket_params, group in [g for g in _dp_groups(c, bucket) if g[1] > 1]:
+            bw = c.link(span)
+            full += params * nbytes * (n - 1) / n / bw
+            one = max(one, bucket_params * nbytes * (n - 1) / n / bw)
+            net = "network" if _crosses_node(span) else "NVLink"
+            parts.append(f"{params * nbytes / 1e9:.2f} GB over {net} in {group}={n}")
+        if not parts:
+            continue
+        exposed = max(one, full - window) if on else full
+        how = (
+            "; ".join(parts)
+            + f", {full:.2f} s; "
+            + ("overlap on: the tail that cannot hide" if on else "overlap OFF: all exposed")
         )
         out.append((name, min(exposed, full), how))
     return out
@@ -390,9 +300,32 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
 
 def optimizer_term(c: _Ctx):
     w = c.w
-    shard = w.shape.total_params / (w.tp * w.pp) / ((w.dp * w.cp) if w.distributed_optimizer else 1)
+    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in _dp_groups(c, None))
     t = shard * ADAM_BYTES_PER_PARAM / (c.hw.hbm_tbs * 1e12)
     return ("optimizer step", t, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What `predict` reads of a plan, held so the fit can re-predict it under other constants."""
+
+    w: Workload
+    flops: Flops
+    overlaps: Overlaps
+    moe: Moe = field(default_factory=Moe)
+    bucket: int | None = None
+    gpu: str = "h100"
+
+    def predict(self, constants: Constants | None = None, overlaps: Overlaps | None = None) -> Prediction:
+        return predict(
+            self.w,
+            self.flops,
+            overlaps or self.overlaps,
+            gpu=self.gpu,
+            moe=self.moe,
+            bucket=self.bucket,
+            constants=constants,
+        )
 
 
 def predict(
@@ -403,14 +336,17 @@ def predict(
     gpu: str = "h100",
     moe: Moe | None = None,
     bucket: int | None = None,
-    constants: tuple[float, float] | None = None,
+    constants: Constants | None = None,
 ) -> Prediction:
-    """Step time of workload `w` (its layout, dtype, recompute) with `overlaps` as the plan resolved them.
-    `constants`: (GEMM efficiency, per-layer overhead in s) instead of the calibrated ones (for the calibration)."""
-    c = _Ctx(w, HARDWARE[gpu], flops, moe or Moe(), *(constants or (GEMM_EFFICIENCY, LAYER_OVERHEAD_S)))
+    """Step time of workload `w` (its layout, dtype, recompute) with `overlaps` as the plan resolved them, on `gpu`
+    (a sizing/hardware.py row). `constants`: other fitted constants than calibration.FITTED (the fit)."""
+    c = _Ctx(w, hardware(gpu), flops, moe or Moe(), constants or calibration.FITTED)
     terms = compute_terms(c)
-    layer_s = sum(t for _, t, _ in terms) / c.layer_passes
-    terms += [t for t in (tp_term(c, overlaps.tp), cp_term(c), ep_term(c, overlaps.ep, layer_s)) if t]
+    # What hides an overlapped all-to-all: the other microbatch's GEMMs (its elementwise kernels contend for the SMs
+    # the communication kernels run on).
+    layer_s = sum(t for n, t, _ in terms if n in ("compute", "MoE expert GEMMs")) / c.layer_passes
+    a2a = moe_time.a2a_term(c, overlaps.ep, layer_s) if c.moe.experts else None
+    terms += [t for t in (tp_term(c, overlaps.tp), cp_term(c), a2a) if t]
     per_mb = sum(t for _, t, _ in terms) / c.m
     terms += pipeline_terms(c, overlaps.p2p, per_mb)
     terms += dp_terms(c, overlaps, per_mb, bucket)

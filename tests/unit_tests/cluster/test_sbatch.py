@@ -8,6 +8,7 @@ Regenerate with UPDATE_GOLDEN=1 after an intended change, and review the diff.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import socket
@@ -204,3 +205,17 @@ def test_pretraining_chain_sbatch_matches_golden(tmp_path):
     assert "# NSYS=10:12 NSYS_RANKS=0,4: launch/entry.py runs those ranks under nsys profile" in plain
     check("sbatch_nemo_run_llama3_8b_pretrain_8gpu_h100_bf16_local_segments.sh", text)
     check("sbatch_plain_llama3_8b_pretrain_8gpu_h100_bf16_local_run_name.sh", plain)
+
+
+def test_make_sbatch_gpu_h200_plans_the_job_for_h200(make_here, tmp_path):
+    """`make sbatch GPU=h200`: the plan in the run directory and the request the job rebuilds are for H200."""
+    profile = tmp_path / "mine.toml"
+    text = (stack.REPO_ROOT / "slurm" / "profiles" / "local.toml").read_text()
+    profile.write_text(text.replace('job_dir = "runs/slurm"', f'job_dir = "{tmp_path / "jobs"}"'))
+    code, out, err = make_here("sbatch", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16", "GPU=h200", f"CLUSTER={profile}")
+    assert code == 0, err
+    assert "GPU=h200: an h100 recipe planned for H200 SXM" in out and "predicted on H200 SXM" in out
+    (run_dir,) = (tmp_path / "jobs" / "runs").iterdir()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["gpu"] == plan["throughput"]["gpu"] == "h200"
+    assert json.loads((run_dir / "overrides.json").read_text())["gpu"] == "h200"  # what launch/entry.py rebuilds

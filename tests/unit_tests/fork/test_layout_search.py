@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from overlapkit.fork.layout_search import LayoutSearchError, layout_errors, search
+from overlapkit.fork.layout_search import LayoutSearchError, layout_errors, search, tight
 from overlapkit.plan import presets
 from overlapkit.shape import ModelShape
 
@@ -25,10 +25,10 @@ def test_34b_on_32_gpus_returns_layouts_that_divide_and_fit():
         assert c.pp == 1 or c.vpp > 1  # p2p overlap on whenever there is a pipeline
         assert "\n" not in c.why and c.why
     top = cands[0]
-    # Ranked by predicted TFLOP/s: TP4 PP1 CP2 (what the rules alone chose) runs each layer 64 microbatches × 48
-    # layers per GPU, twice PP2's passes, and is predicted more than 2% slower than the best. Within 2% of the best
-    # (a tie) the rules decide: TP4, the only TP with a Bridge preset for h8192 on H100; DP>1; the smallest PP (2);
-    # the largest VPP that keeps ≥ 2 layers per chunk.
+    # Ranked by predicted TFLOP/s among the layouts that keep every overlap on (DP>1): TP4 PP1 CP2 (what the rules
+    # alone chose) runs each layer 64 microbatches × 48 layers per GPU, twice PP2's passes, and is predicted more than
+    # 2% slower than the best. Within 2% of the best (a tie) the rules decide: TP4, the only TP with a Bridge preset
+    # for h8192 on H100; the smallest PP (2); the largest VPP that keeps ≥ 2 layers per chunk.
     assert top.describe() == "TP4 PP2 CP1 VP12 DP4 MBS1 GBS256"
     assert top.preset == "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192" and top.exact_preset
     assert top.preset in top.why and f"predicted {top.tflops:.0f} TFLOP/s/GPU" in top.why
@@ -38,6 +38,23 @@ def test_34b_on_32_gpus_returns_layouts_that_divide_and_fit():
     old = search(SHAPE_34B, 32, gbs=256, fixed={"tp": 4, "pp": 1, "cp": 2})[0]
     assert old.describe() == "TP4 PP1 CP2 VP- DP4 MBS1 GBS256" and old.tflops < 0.98 * best
     assert old.prediction.share("per-layer non-GEMM") > top.prediction.share("per-layer non-GEMM")
+
+
+def test_a_dp1_layout_ranks_after_every_dp_layout_that_fits_even_when_predicted_faster():
+    """TP1 PP8 CP4 (DP1) is the 34B's fastest prediction: no TP collectives, where TP4's userbuffers leave 1/4 of
+    its collectives exposed (0.69 s a step), its CP ring hidden under core attention, its grad reduce over DP×CP=4
+    inside a node 0.03 s unhidden; with the precision-aware rates TP4 PP2 is 2.1% under its VP6. But DP1 has no DP
+    overlap, which the audit warns about (dp1), so the search writes it only where no DP>1 layout fits: it ranks
+    after them, and the tie band is measured among them."""
+    dp1 = search(SHAPE_34B, 32, gbs=256, fixed={"tp": 1, "pp": 8, "cp": 4})
+    top = search(SHAPE_34B, 32, gbs=256)[0]
+    assert dp1[0].describe() == "TP1 PP8 CP4 VP3 DP1 MBS1 GBS256" and dp1[0].tflops > top.tflops
+    assert max(c.tflops for c in dp1) > top.tflops / 0.98  # VP6: outside the tie band it would lead
+    assert top.prediction.share("TP all-gather/reduce-scatter") > 0.02
+    with_dp1 = [c for c in search(SHAPE_34B, 32, gbs=256, top=1000) if not tight(c)]  # tight ones rank after all
+    first_dp1 = next(i for i, c in enumerate(with_dp1) if c.dp == 1)
+    assert all(c.dp > 1 for c in with_dp1[:first_dp1]) and all(c.dp == 1 for c in with_dp1[first_dp1:])
+    assert with_dp1[first_dp1].loses == "DP1: no DP overlap (the audit warns); a layout with DP>1 fits"
 
 
 def test_a_slower_layout_says_how_much_and_where():

@@ -18,6 +18,7 @@ from overlapkit import stack
 from overlapkit.fork import scaffold
 from overlapkit.plan import registry
 from overlapkit.plan.build import make_plan
+from overlapkit.sizing.hardware import HARDWARE
 
 R70, R8 = "llama3_70b_pretrain_64gpu_h100_bf16", "llama3_8b_pretrain_8gpu_h100_bf16"
 # The 34B: CodeLlama-34B's published transformer shape (codellama/CodeLlama-34b-hf config.json: hidden 8192, 48 layers,
@@ -77,6 +78,19 @@ def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_p
     cfg = ["--config", str(stack.REPO_ROOT / "pyproject.toml")]
     assert subprocess.run([*ruff, "check", *cfg, str(path)], capture_output=True).returncode == 0
     assert subprocess.run([*ruff, "format", "--check", *cfg, str(path)], capture_output=True).returncode == 0
+
+
+def test_fork_for_h200_ranks_and_sizes_for_its_memory(capsys, tmp_path, clean_registry):
+    """GPU=h200: the same 34B on 32 GPUs searched against an H200's 141 GB, planned for it, and said so."""
+    code, out, err = cli(capsys, tmp_path, *ARGS_34B, "--gpu", "h200")
+    assert code == 0, err
+    assert "ranked by predicted TFLOP/s/GPU on H200 SXM" in out and "GPU=h200: an h100 recipe planned for H200" in out
+    assert "Searched for H200 SXM (GPU=h200)" in " ".join((tmp_path / f"{NAME_34B}.py").read_text().split())
+    p = make_plan(NAME_34B, gpu="h200")
+    assert p.report.ok and p.memory.budget_gb == pytest.approx(HARDWARE["h200"].hbm_gb - 4)
+    # TP1 PP4 CP2 (no TP collectives) where an H100 gets TP4 PP2: room that an H100 does not have
+    assert (p.layout["tp"], p.layout["pp"], p.layout["cp"]) == (1, 4, 2), p.layout
+    assert p.memory.total_gb > HARDWARE["h100"].hbm_gb - 4
 
 
 def test_fork_fp8_with_a_pinned_pipeline_via_the_api(tmp_path, clean_registry):

@@ -75,3 +75,16 @@ def test_the_job_rebuilds_the_request_that_was_planned(tmp_path):
     rebuilt = entry.rebuild(args)
     assert rebuilt.request == dataclasses.replace(req, sets=(*req.sets, ("train.train_iters", "11")))
     assert rebuilt.cfg.train.train_iters == 11 and rebuilt.cfg.checkpoint.save == req.run.checkpoint_dir
+
+
+def test_gpu_is_parsed_once_and_travels_to_the_job():
+    assert request.parse(R8).gpu == "h100" and request.parse(R8, gpu="H200").gpu == "h200"
+    with pytest.raises(ValueError, match=r"^GPU=b200: not a GPU the models know; use one of h100, h200"):
+        request.parse(R8, gpu="b200")
+    assert request.loose(R8, gpu="h200").gpu == "h200"
+    args = plan_cli._args([R8, "--gpu", "h200"])
+    from launch.args import request_of
+
+    assert request_of(args).gpu == "h200"
+    assert request.from_record({"set": [], "run": {}, "gpu": "h200"}, R8, None).gpu == "h200"
+    assert request.from_record({"set": [], "run": {}}, R8, None).gpu == "h100"  # a record from before GPU=

@@ -347,3 +347,36 @@ def test_report_shows_predicted_vs_measured_and_flags_a_run_20_percent_under(tmp
     old = {**PLAN}  # a plan.json from before the prediction: a dash, never a crash
     assert night_report.vs_prediction({"predicted_step_ms": night_report._predicted_ms(old), "summary": {}}) == (
         "—", None)  # fmt: skip
+
+
+WORTH = {  # plan.json's throughput.overlap_worth (sizing/worth.py), largest first
+    "tp": {"row": "tp_comm_overlap", "off_step_s": 2.6, "delta_s": 0.6, "delta_pct": 30.0},
+    "p2p": {"row": "overlap_p2p_comm", "off_step_s": 2.1, "delta_s": 0.1, "delta_pct": 5.0},
+}
+
+
+def test_a_slowdown_names_the_overlap_whose_worth_it_matches():
+    assert "tp_comm_overlap off" in regress.likely_overlap(WORTH, 0.5)
+    assert "overlap_p2p_comm off" in regress.likely_overlap(WORTH, 0.12)
+    assert regress.likely_overlap(WORTH, 0.3) is None  # 2× one and 1/2 of the other: neither within 1.5×
+    assert regress.likely_overlap(WORTH, 2.0) is None  # more than any overlap hides: something else
+    assert regress.likely_overlap(WORTH, 0.0) is None and regress.likely_overlap(WORTH, -0.5) is None
+    assert regress.likely_overlap(None, 0.5) is None and regress.likely_overlap({}, 0.5) is None
+    hint = regress.likely_overlap(WORTH, 0.55)
+    assert hint == "(+0.55 s/step) looks like tp_comm_overlap off: the plan predicts +0.6 s/step (+30.0%) without it"
+
+
+def test_a_regression_against_the_golden_and_a_run_under_its_prediction_say_which_overlap(golden, tmp_path):
+    slow = regress.classify(run(step=2600.0), "COMPLETED", golden, worth=WORTH)  # golden 2000 ms: +0.6 s
+    assert slow.status == "regression" and any("looks like tp_comm_overlap off" in r for r in slow.reasons)
+    assert not any("looks like" in r for r in regress.classify(run(step=2600.0), "COMPLETED", golden).reasons)
+    text = bridge_log(curve(N), [2400.0] * N)  # 0.6 s over the prediction of 1.8 s
+    d = _run_dir(tmp_path, "slow", text)
+    (d / "plan.json").write_text(json.dumps({**PLAN, "throughput": {"step_time_s": 1.8, "overlap_worth": WORTH}}))
+    entry = {"recipe": PLAN["recipe"], "nodes": 8, "dp": 2, "run_dir": str(d), "job_id": "1"}
+    res = night_report.evaluate(entry, "COMPLETED", [d / "train.log"], tmp_path / "none", preflight_only=False)
+    report = night_report.render({"stamp": "20260101-000000", "cluster": "test", "preflight_only": False}, [res], {})
+    assert (
+        "25% under the predicted throughput" in report
+        and "the gap (+0.6 s/step) looks like tp_comm_overlap off" in report
+    )

@@ -1,0 +1,116 @@
+"""The throughput model's fitted constants: their values, the published rows each is fitted on, and the fit.
+
+Every other number of the model is a datasheet figure (sizing/hardware.py) or a rule of the software stack. Each
+constant here is tied to the published runs whose prediction it moves (FITTED_ON, row keys of plan/published.py);
+tests/unit_tests/sizing/test_throughput.py fails when a constant has no row, names a row the reference lacks, or
+leaves out a row it moves, and re-runs the fit (`fit`, least squares in log error over those rows, within BOUNDS)
+to check the values below are what it gives. The leave-one-out check refits without each row and predicts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Constants:
+    gemm_bf16: float = 0.6069  # achieved fraction of the dense BF16 peak: BF16 linear layers, core attention, logits
+    gemm_fp8: float = 0.4698  # achieved fraction of the dense FP8 peak: FP8 linear layers (tensorwise/delayed)
+    blockwise: float = 0.9469  # blockwise (1×128 / 128×128 scaled) FP8 GEMM rate over the tensorwise one
+    layer_overhead_s: float = 1.226e-3  # non-GEMM time per transformer layer per microbatch (fwd + bwd) per GPU
+    layer_token_s: float = 9.735e-8  # and per token of the GPU's share of the layer (s·b/(CP·TP): elementwise work)
+    moe_token_s: float = 7.353e-7  # non-GEMM time per token per MoE layer (fwd + bwd) beyond a dense layer's
+    grouped_gemm: float = 0.5918  # the routed experts' grouped-GEMM rate over the dense GEMM rate of the dtype
+    a2a_efficiency: float = 0.8646  # achieved fraction of the link bandwidth in the EP all-to-all
+
+    def replace(self, **changes) -> Constants:
+        return dataclasses.replace(self, **changes)
+
+
+FITTED = Constants()
+NAMES = tuple(f.name for f in dataclasses.fields(Constants))
+# (low, high) of each: physical ranges (a fraction of a peak is in (0, 1]; a ratio of two rates is near 1).
+BOUNDS = {
+    "gemm_bf16": (0.2, 1.0),
+    "gemm_fp8": (0.2, 1.0),
+    "blockwise": (0.5, 1.5),
+    "layer_overhead_s": (0.0, 5e-3),
+    "layer_token_s": (0.0, 1e-6),
+    "moe_token_s": (0.0, 1e-5),
+    "grouped_gemm": (0.05, 1.0),
+    "a2a_efficiency": (0.05, 1.0),
+}
+# Where a fit has no row for a constant (a leave-one-out fit without its only row), it stays here: the rate of the
+# kind it refines (blockwise: the tensorwise rate), or the middle of its range.
+NEUTRAL = Constants(0.7, 0.5, 1.0, 1e-3, 1e-7, 8e-7, 0.5, 0.7)
+
+_DENSE_FP8 = (
+    "Llama3 8B / Megatron-Bridge 25.11",
+    "Llama3 70B / Megatron-Bridge 26.04.01",
+    "Llama3 70B / Megatron-Bridge 25.11",
+    "Llama3.1 405B / Megatron-Bridge 26.06",
+    "Llama3.1 405B / Megatron-Bridge 25.11",
+    "GPT3 175B / NeMo 24.07 / 128",
+    "GPT3 175B / NeMo 24.07 / 512",
+    "Llama3 8B / NeMo 24.07",
+    "Llama3 70B / NeMo 24.07",
+)
+_BF16 = ("Llama3.1 8B / dgxc-benchmarking v25.04.02", "Llama3.1 405B / dgxc-benchmarking v25.04.02")
+_MOE_FP8 = (
+    "Qwen3 30B-A3B / Megatron-Bridge 26.06",
+    "Qwen3 235B-A22B / Megatron-Bridge 26.04.01",
+    "DeepSeek-V3 / Megatron-Bridge 25.09",
+)
+_BLOCKWISE = ("DeepSeek-V3 / Megatron-Bridge 25.09 / blockwise",)
+_MOE = _MOE_FP8 + _BLOCKWISE
+# Qwen3 235B-A22B's GEMMs all run under its overlapped all-to-all (its step is the all-to-all's), so no GEMM rate
+# moves its prediction.
+_MOE_GEMM = tuple(k for k in _MOE if not k.startswith("Qwen3 235B"))
+FITTED_ON = {
+    # every run has BF16 work (core attention, the output layer); the BF16 runs have only that
+    "gemm_bf16": _DENSE_FP8 + _BF16 + _MOE_GEMM,
+    "gemm_fp8": _DENSE_FP8 + _MOE_GEMM,  # the blockwise rate is this one times `blockwise`
+    "blockwise": _BLOCKWISE,
+    "layer_overhead_s": _DENSE_FP8 + _BF16 + _MOE,
+    "layer_token_s": _DENSE_FP8 + _BF16 + _MOE,
+    "moe_token_s": _MOE,
+    "grouped_gemm": _MOE_GEMM,
+    "a2a_efficiency": _MOE,
+}
+
+
+def fit(
+    predict: Callable[[Constants], dict[str, float]],
+    published: dict[str, float],
+    start: Constants = FITTED,
+) -> Constants:
+    """The constants that minimise Σ log(predicted/published)² over the rows of `published` (tokens/s/GPU by key),
+    each within BOUNDS: scipy's bounded least squares (trust-region reflective) on the constants scaled to their
+    start. A constant that none of the rows moves stays at NEUTRAL. `predict(constants)` gives tokens/s/GPU by key."""
+    from scipy.optimize import least_squares
+
+    keys = sorted(published)
+    free = [n for n in NAMES if set(FITTED_ON[n]) & set(keys)]
+    base = start.replace(**{n: getattr(NEUTRAL, n) for n in NAMES if n not in free})
+    scale = [getattr(NEUTRAL, n) for n in free]
+
+    def of(x) -> Constants:
+        return base.replace(**{n: v * s for n, v, s in zip(free, x, scale, strict=True)})
+
+    def residuals(x):
+        got = predict(of(x))
+        return [math.log(got[k] / published[k]) for k in keys]
+
+    lo = [BOUNDS[n][0] / s for n, s in zip(free, scale, strict=True)]
+    hi = [BOUNDS[n][1] / s for n, s in zip(free, scale, strict=True)]
+    x0 = [min(max(getattr(base, n) / s, a), b) for n, s, a, b in zip(free, scale, lo, hi, strict=True)]
+    result = least_squares(residuals, x0, bounds=(lo, hi), xtol=1e-10, ftol=1e-10, diff_step=1e-4)
+    return of(result.x)
+
+
+def rounded(k: Constants) -> Constants:
+    """Four significant digits: what FITTED keeps of a fit."""
+    return Constants(*(float(f"{getattr(k, n):.4g}") for n in NAMES))

@@ -1,0 +1,77 @@
+"""The GPUs a plan can be made for (GPU=h100, GPU=h200): each one's public specs, in one table that the memory
+estimate (sizing/memory.py: how much HBM there is) and the throughput model (sizing/throughput.py: peaks, links, HBM
+bandwidth) both read. Nothing here is fitted (the fitted constants are sizing/calibration.py's). Standard library
+only: the request's check (plan/request.py) runs before the Bridge import.
+
+Every part of the node but the GPU (8 GPUs on one NVSwitch, one 400 Gb/s NIC per GPU) is the same DGX/HGX design.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_tflops: dict  # dense (no sparsity) Tensor Core peak per dtype
+    nvlink_gbs: float  # GB/s per GPU, each direction
+    network_gbs: float  # GB/s per GPU, each direction (one NIC per GPU)
+    hbm_tbs: float  # TB/s
+    hbm_gb: float  # GiB, as nvidia-smi reports the card's total (MiB / 1024): what the memory budget starts from
+    presets: str  # the GPU whose Bridge userbuffers presets (plan/presets.py) this one runs
+
+
+# NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/, H100 SXM column): BF16 1,979 and FP8
+# 3,958 TFLOPS, both "with sparsity", so 989.4 and 1,978.9 dense; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s per GPU
+# (both directions together: 450 GB/s each way). DGX H100 user guide (docs.nvidia.com/dgx/dgxh100-user-guide,
+# "Hardware Overview"): 8 × ConnectX-7 400 Gb/s InfiniBand NDR for the compute fabric, one per GPU = 50 GB/s each way.
+# nvidia-smi reports 81559 MiB on an H100 SXM5 80 GB.
+# NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200/, H200 SXM column): the same GH100 die, so
+# the same Tensor Core peaks (BF16 1,979 / FP8 3,958 TFLOPS with sparsity) and 4th-generation NVLink at 900 GB/s;
+# 141 GB HBM3e at 4.8 TB/s. NVIDIA's own MLPerf system description agrees (mlcommons/inference_results_v4.1,
+# closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json: "141 GB" HBM3e, "18x 4th Gen NVLink, 900GB/s"). DGX H200
+# keeps DGX H100's eight ConnectX-7 400 Gb/s NICs (DGX H200 user guide, "Hardware Overview"). nvidia-smi reports
+# 143771 MiB on an H200 SXM 141 GB.
+# Bridge ships userbuffers presets for H100 only (megatron/bridge/training/comm_overlap.py, 0.6.2): their SM counts
+# are tuned for the GH100's 132 SMs, which the H200 has too, so an H200 runs the H100 presets.
+_PEAKS = {"bf16": 989.4, "fp8": 1978.9}
+HARDWARE = {
+    "h100": Hardware("H100 SXM", _PEAKS, 450.0, 50.0, 3.35, 81559 / 1024, "h100"),
+    "h200": Hardware("H200 SXM", _PEAKS, 450.0, 50.0, 4.8, 143771 / 1024, "h100"),
+}
+DEFAULT_GPU = "h100"  # what every recipe was written and published for (its name says so)
+
+
+class GpuError(ValueError):
+    """One-line, user-facing."""
+
+
+def parse_gpu(text: str | None) -> str:
+    """GPU= as typed (empty: the default) → a HARDWARE key, else a one-line GpuError naming the choices."""
+    name = (text or "").strip().lower() or DEFAULT_GPU
+    if name not in HARDWARE:
+        raise GpuError(f"GPU={text}: not a GPU the models know; use one of {', '.join(HARDWARE)} (e.g. GPU=h200)")
+    return name
+
+
+def hardware(gpu: str | None) -> Hardware:
+    """The Hardware row of `gpu` (as GPU= takes it: case-insensitive, empty the default); GpuError otherwise."""
+    return HARDWARE[parse_gpu(gpu)]
+
+
+def recipe_gpu(recipe: str) -> str | None:
+    """The GPU a recipe's name says it was written for (`..._8gpu_h100_bf16`), when it names one of HARDWARE."""
+    parts = recipe.lower().split("_")
+    return next((p for p in parts if p in HARDWARE), None)
+
+
+def retarget_note(recipe: str, gpu: str) -> str | None:
+    """One line when the plan's GPU is not the one the recipe's name says (allowed: the same 8-GPU node shape)."""
+    named = recipe_gpu(recipe)
+    if named is None or named == gpu:
+        return None
+    return (
+        f"GPU={gpu}: an {named} recipe planned for {HARDWARE[gpu].name} (the same 8-GPU node): {gpu}'s memory and "
+        f"bandwidth, Bridge's {HARDWARE[gpu].presets} userbuffers presets"
+    )

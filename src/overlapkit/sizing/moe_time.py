@@ -1,0 +1,178 @@
+"""The mixture-of-experts part of the predicted step time, following Megatron Core's MoE layer
+(megatron/core/transformer/moe/: router.py, token_dispatcher.py, experts.py, fused_a2a.py):
+
+- router and permute/unpermute: memory-bound passes over each token's top-k copies (and the router's fp32 logits),
+  forward and backward, at HBM bandwidth.
+- expert GEMMs: the routed experts' share of Bridge's FLOPs count (obtained from Bridge's own count at top-k + 1) at
+  the grouped-GEMM rate, a fitted fraction of the dense rate of the dtype (the experts' GEMMs are small: hidden × the
+  expert FFN, a few thousand tokens each). Times the expected load of the busiest EP rank: with the random logits of
+  `moe_router_force_load_balancing` (megatron/core/transformer/moe/moe_utils.py `RandomSTE`, what every published
+  MoE row runs) each rank's load is a binomial draw, and the expected maximum of EP such draws is
+  mean + σ·Φ⁻¹((EP − 0.375)/(EP + 0.25)) (Blom's approximation). A learned router balanced by its auxiliary loss is
+  at best that balanced; dropless (no `moe_expert_capacity_factor`) nothing caps it, a capacity factor caps it.
+- token dispatch: 4 all-to-alls per MoE layer and microbatch (dispatch and combine, forward and backward). The EP
+  group is consecutive ranks of the expert grid (Megatron Core orders it tp-ep-dp-pp: topology.expert_group), so
+  its ranks fill a node and the rest is across the network. The `alltoall` dispatcher sends one copy per routed
+  expert (top-k copies per token); the `flex` dispatcher (DeepEP, HybridEP) sends a token once per destination node
+  over the network and forwards it over NVLink inside the node (DeepEP's internode kernels; HybridEP's
+  hierarchical dispatch), so the network carries the expected number of distinct remote nodes a token's top-k
+  experts live on. NVLink and network move at once: the slower of the two, at the fitted all-to-all efficiency.
+- EP overlap: with `ep_a2a_overlap` on in the overlap table, Megatron Core's 1F1B all-to-all overlap runs one
+  microbatch's all-to-all under another's layer compute: what exceeds that compute is exposed; off, all of it.
+- expert-data-parallel gradient reduce: sizing/throughput.py's DP terms, with the routed experts' parameters
+  reduced over the expert-DP group.
+
+MLA and MTP (DeepSeek-V3) need nothing here: Bridge's count carries their FLOPs, and the MTP layer is one more MoE
+layer on the last pipeline stage (Bridge counts it as one: flop_utils.py `num_moe_layers += mtp_num_layers`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from overlapkit.topology import expert_group
+
+# Bytes a dispatched token carries per hidden element: BF16 both ways (the dispatchers move the layer's BF16 input;
+# Megatron Core's FP8 dispatch is a separate option the recipes leave off).
+A2A_BYTES = 2
+# The router's fp32 logits/probabilities pass: written by the gating GEMM, read and written by the fused softmax/top-k,
+# and again in the backward (4 B each, 4 passes).
+ROUTER_PASSES = 4
+
+
+@dataclass(frozen=True)
+class Moe:
+    experts: int = 0  # num_moe_experts (0: dense)
+    topk: int = 1
+    ep: int = 1
+    layers: int = 0  # MoE layers, the MTP layer(s) included as Bridge counts them
+    etp: int = 1
+    dispatcher: str = "alltoall"  # model.moe_token_dispatcher_type
+    backend: str | None = None  # the flex dispatcher's backend (deepep, hybridep)
+    capacity: float | None = None  # moe_expert_capacity_factor; None: dropless
+    groups: int = 0  # moe_router_num_groups: group-limited routing (DeepSeek-V3: 8 groups, a token in 4 of them)
+    group_topk: int = 0  # moe_router_group_topk
+
+    @classmethod
+    def of_model(cls, m) -> Moe:
+        experts = getattr(m, "num_moe_experts", None) or 0
+        if not experts:
+            return cls()
+        freq = getattr(m, "moe_layer_freq", 1)
+        pattern = freq if isinstance(freq, list) else [int(i % (freq or 1) == 0) for i in range(m.num_layers)]
+        layers = sum(pattern) + (getattr(m, "mtp_num_layers", None) or 0) * pattern[-1]
+        return cls(
+            experts,
+            m.moe_router_topk or 1,
+            m.expert_model_parallel_size or 1,
+            layers,
+            getattr(m, "expert_tensor_parallel_size", None) or 1,
+            getattr(m, "moe_token_dispatcher_type", None) or "alltoall",
+            getattr(m, "moe_flex_dispatcher_backend", None) if m.moe_token_dispatcher_type == "flex" else None,
+            getattr(m, "moe_expert_capacity_factor", None),
+            getattr(m, "moe_router_num_groups", None) or 0,
+            getattr(m, "moe_router_group_topk", None) or 0,
+        )
+
+    @property
+    def dispatcher_name(self) -> str:
+        return f"flex/{self.backend}" if self.dispatcher == "flex" else self.dispatcher
+
+    def hit(self, parts: int) -> float:
+        """Expected number of `parts` equal, consecutive slices of the experts (nodes, ranks) that a token's top-k
+        distinct experts fall in. Group-limited routing draws them from group_topk of the router's groups only
+        (megatron/core/transformer/moe/moe_utils.py `group_limited_topk`): a slice aligned with whole groups is one
+        of group_topk·parts/groups candidates."""
+        if self.groups and self.group_topk and parts % self.groups == 0:
+            open_parts = parts * self.group_topk // self.groups
+            return self._hit(self.experts * self.group_topk // self.groups, open_parts)
+        return self._hit(self.experts, parts)
+
+    def _hit(self, experts: int, parts: int) -> float:
+        if parts <= 1:
+            return 1.0
+        per = experts // parts
+        miss = math.comb(experts - per, self.topk) / math.comb(experts, self.topk)
+        return parts * (1 - miss)
+
+    def busiest_rank(self, tokens: float) -> float:
+        """Expected load of the busiest of the EP ranks over the mean, `tokens` per rank routed top-k at random."""
+        if self.ep == 1:
+            return 1.0
+        n = tokens * self.ep * self.topk  # token-expert pairs in the EP group, each on a rank with p = 1/EP
+        mean, sd = n / self.ep, math.sqrt(n * (1 / self.ep) * (1 - 1 / self.ep))
+        z = NormalDist().inv_cdf((self.ep - 0.375) / (self.ep + 0.25))
+        factor = 1 + z * sd / mean
+        return min(factor, self.capacity) if self.capacity else factor
+
+
+def a2a_bytes(moe: Moe, tokens: float, hidden: int, gpus_per_node: int) -> tuple[float, float]:
+    """(network, NVLink) bytes one GPU sends in one all-to-all of `tokens` tokens."""
+    per_node, nodes = expert_group(moe.ep, moe.etp, gpus_per_node)
+    row = tokens * hidden * A2A_BYTES
+    if moe.dispatcher == "flex":  # once per destination node over the network, once per destination GPU inside
+        net = row * moe.hit(nodes) * (nodes - 1) / nodes
+        nvl = row * moe.hit(moe.ep) * (per_node - 1) / moe.ep * nodes
+        return net, nvl
+    copies = row * moe.topk  # one per (token, routed expert): destinations uniform over the EP ranks
+    return copies * (moe.ep - per_node) / moe.ep, copies * (per_node - 1) / moe.ep
+
+
+def tokens_per_rank(w) -> float:
+    """Tokens one GPU routes per microbatch: its sequence-parallel slice (ETP 1: the MoE layer keeps the TP split)."""
+    return w.seq * w.mbs / (w.cp * w.tp)
+
+
+def router_permute_term(c) -> tuple:
+    """Memory-bound passes at HBM bandwidth, plus the fitted per-token time of an MoE layer beyond a dense layer's
+    (router scores and top-k, the probabilities applied to k copies, the dispatcher's per-token metadata)."""
+    w, moe = c.w, c.moe
+    t = tokens_per_rank(w)
+    per_layer = t * (8 * moe.topk * w.hidden * 2 + ROUTER_PASSES * moe.experts * 4) / (c.hw.hbm_tbs * 1e12)
+    passes = moe.layers / w.pp * c.m
+    how = (
+        f"top-{moe.topk} copies permuted/unpermuted (read + write, fwd + bwd) and the router's logits at HBM "
+        f"bandwidth, {per_layer * 1e3:.2f} ms, + {t:.0f} tokens × {c.k.moe_token_s * 1e9:.0f} ns per MoE "
+        "layer/microbatch"
+    )
+    return ("MoE router + permute", (per_layer + c.k.moe_token_s * t) * passes, how)
+
+
+def expert_term(c, rate: float, recomputed: float) -> tuple:
+    """The routed experts' GEMMs: Bridge's expert FLOPs at the grouped-GEMM rate, on the busiest EP rank."""
+    w, moe = c.w, c.moe
+    busiest = moe.busiest_rank(tokens_per_rank(w))
+    t = c.flops.experts * (1 + recomputed / 3) * busiest * w.gbs / c.gpus / (rate * c.k.grouped_gemm)
+    how = (
+        f"{c.flops.experts * w.gbs / 1e15:.2f} PFLOP/step of routed experts at {c.k.grouped_gemm:.0%} of the dense "
+        f"rate (grouped GEMMs); busiest of EP{moe.ep} ranks at {busiest:.3f}× the mean load"
+        + (" (dropless)" if moe.capacity is None else f" (capacity factor {moe.capacity})")
+    )
+    return ("MoE expert GEMMs", t, how)
+
+
+def a2a_term(c, on: bool, layer_s: float):
+    w, moe = c.w, c.moe
+    if moe.ep == 1:
+        return None
+    net, nvl = a2a_bytes(moe, tokens_per_rank(w), w.hidden, c.gpus_per_node)
+    eff = c.k.a2a_efficiency
+    one = max(net / (c.hw.network_gbs * 1e9 * eff), nvl / (c.hw.nvlink_gbs * 1e9 * eff))
+    per_layer = 4 * one
+    passes = moe.layers / w.pp * c.m
+    exposed = (max(0.0, per_layer - layer_s) if on else per_layer) * passes
+    per_node, nodes = expert_group(moe.ep, moe.etp, c.gpus_per_node)
+    where = f"EP{moe.ep} on {nodes} node(s) × {per_node} GPUs"
+    how = (
+        f"{moe.dispatcher_name}: {net / 1e6:.1f} MB network + {nvl / 1e6:.1f} MB NVLink per all-to-all, 4 per MoE "
+        f"layer/microbatch, {where}, {per_layer * passes:.2f} s; "
+        + ("overlap on: the excess over the other microbatch's layer compute" if on else "overlap OFF: all exposed")
+    )
+    return ("EP all-to-all", exposed, how)
+
+
+def expert_params_per_gpu(w, moe: Moe) -> float:
+    """Routed-expert parameters one GPU holds (EP·ETP shard them, PP splits the layers)."""
+    return w.shape.expert_params_per_moe_layer * moe.layers / (moe.ep * moe.etp * w.pp)
