@@ -19,6 +19,13 @@ from overlapkit import stack
 from overlapkit.serve import client as serve_client
 from overlapkit.serve import paths as serve_paths
 
+# Every make a test runs is a make as a user types it, at the top level. Under `make test` the outer make's
+# MAKEFLAGS/MAKELEVEL reach pytest, and each make a test starts would be a sub-make: "Entering directory" lines on
+# the stdout a test parses (make -w is on below the top level), and `make test X=1`'s command-line variables as
+# overrides inside every target under test.
+for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
+    os.environ.pop(_var, None)
+
 # No test leaves a plan server behind, and none uses yours: a process a test starts plans by itself unless the test
 # asks for the session's server (the `served` fixture: one server in a private directory, started as soon as the
 # collection shows a test that needs it, stopped at the end; src/overlapkit/serve/).

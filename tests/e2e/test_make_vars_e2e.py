@@ -40,9 +40,8 @@ CASES = [  # (target, variables, what our one line starts with); {m} is the mark
 
 
 def make(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`make` as a user types it at the top level: under `make test` a sub-make would also print its "Entering
-    directory" lines on stdout (make -w is on below the top level)."""
-    argv = ["make", "--no-print-directory", *args]
+    """`make` as a user types it at the top level (tests/conftest.py drops the outer make's MAKEFLAGS)."""
+    argv = ["make", *args]
     return subprocess.run(argv, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 

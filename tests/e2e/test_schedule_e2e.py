@@ -24,9 +24,7 @@ R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
 
 def make(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["make", "--no-print-directory", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run(["make", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def chain(jobs: Path) -> list[dict]:
