@@ -92,8 +92,8 @@ recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
 	@$(PY) -m launch.plan --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --cluster="$$CLUSTER" $(RUN_FLAGS) -- "$$RECIPE"
 
-overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, FORMAT=json, PNG=)
-	@$(PY) -m launch.overlap_report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --png="$$PNG"
+overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, GPU=, FORMAT=json, PNG=)
+	@$(PY) -m launch.overlap_report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --gpu="$$GPU" --format="$$FORMAT" --png="$$PNG"
 
 plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for plan/recipes; OVERLAPKIT_PLAN_SERVER=0: none)
 	@$(PY) -m launch.plan_server --stop

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from launch.args import Parser
+from launch.args import Parser, add_gpu_option
 from overlapkit import stack
 from overlapkit.serve import client as serve_client
 
@@ -26,6 +26,7 @@ def _args(argv):
     p.add_argument("--recipe", default="", help="the recipe the profiled run was planned from (with --profile)")
     p.add_argument("--nodes", default="", help="8-GPU nodes of the profiled run (default: the recipe's)")
     p.add_argument("--set", default="", help="the SET overrides of the profiled run")
+    add_gpu_option(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--png", default="", help="where the timeline PNG goes (default: beside the profiles)")
     return p.parse_args(argv)
@@ -49,7 +50,7 @@ def _check(args):
     if args.run:
         return None, None
     files = profile_files(Path(args.profile))
-    return files, request.parse(args.recipe, args.nodes, args.set, action="overlap-report")
+    return files, request.parse(args.recipe, args.nodes, args.set, action="overlap-report", gpu=args.gpu)
 
 
 def _inputs(args):

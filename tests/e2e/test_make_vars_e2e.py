@@ -95,8 +95,9 @@ def test_a_value_is_never_an_option():
 
 
 def test_gpu_reaches_every_target_that_sizes_for_it_as_typed(make_argv):
-    """GPU= is one of DATA_VARS: plan, recipes, submit, sbatch, run-local and new-recipe get it as one --gpu=value."""
-    for target in ("plan", "recipes", "submit", "sbatch", "run-local", "new-recipe"):
+    """GPU= is one of DATA_VARS: plan, recipes, submit, sbatch, run-local, new-recipe and overlap-report get it as one
+    --gpu=value."""
+    for target in ("plan", "recipes", "submit", "sbatch", "run-local", "new-recipe", "overlap-report"):
         _, *argv = make_argv(target, f"RECIPE={R8}", "GPU=h200 x")
         assert "--gpu=h200 x" in argv, (target, argv)
 
