@@ -4,7 +4,8 @@ rank, regress/profiled.py, or by `make overlap-report RUN=`), against the golden
 
 Rising beyond EXPOSED_MARGIN is a regression (an overlap stopped hiding that class); falling beyond it is an
 unexpected improvement, as rule 5's. A golden with shares and a run without the report (or without a class the
-golden has) is a regression that says what is missing: the night can no longer show the overlaps work.
+golden has) is a regression that says what is missing: the night can no longer show the overlaps work. The steps
+the nightly profiles for it (profile_window, profiled_ranks) are chosen here too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,34 @@ from pathlib import Path
 
 from overlapkit import jsonio
 from overlapkit.plan.runopts import OVERLAP_JSON
+from overlapkit.regress import logparse
 from overlapkit.regress.overlap_classes import CLASSES as EXPOSED_CLASSES  # the report's classes, in its order
+from overlapkit.topology import GPUS_PER_NODE
+
+# Two steady steps profiled with Nsight Systems on one rank per node (issue #24: the night's exposed communication per
+# overlap class, from the run's overlap report). After logparse's warm-up, in the middle of the steady iterations:
+# the first iterations' one-off costs (communicator and userbuffers set-up, allocator growth, the first param
+# all-gather) stay out of the window, so does the last iteration's exit work, and steady iterations remain on both
+# sides of it for the step-time mean, which leaves out the iterations the capture slows (runopts.perturbed_iterations).
+# Rank 0 of each node: its node's NVLink traffic and its share of every inter-node group, without the cost of a trace
+# per GPU.
+PROFILED_STEPS = 2
+
+
+def profile_window(iters: int) -> tuple[int, int] | None:
+    """NSYS=<start>:<end> for a night of `iters` iterations; None when too few are steady to profile two and still
+    compare one (the report says so)."""
+    skip = logparse.WARMUP_ITERS if iters > logparse.WARMUP_ITERS else iters // 2  # as logparse's summary skips
+    steady = iters - skip
+    if steady < PROFILED_STEPS + 2:  # the perturbed ones (the capture and the iteration after it) and one more
+        return None
+    start = skip + (steady - PROFILED_STEPS - 1) // 2
+    return start, start + PROFILED_STEPS
+
+
+def profiled_ranks(nodes: int) -> tuple[int, ...]:
+    return tuple(range(0, nodes * GPUS_PER_NODE, GPUS_PER_NODE))
+
 
 # In absolute points, not relative: a hidden class sits near 0 % (a TP all-gather under its GEMM: a few %), where a
 # relative tolerance means nothing (2 % -> 3 % is +50 % and harmless), and a lost overlap moves its class toward

@@ -20,33 +20,9 @@ from overlapkit.cluster import slurm, submit
 from overlapkit.plan import registry, runopts
 from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
+from overlapkit.regress.exposed import profile_window, profiled_ranks
 from overlapkit.regress.rules import NIGHTLY_ITERS, NIGHTLY_SEED
 from overlapkit.topology import GPUS_PER_NODE
-
-# Two steady steps profiled with Nsight Systems on one rank per node (issue #24: the night's exposed communication per
-# overlap class, from the run's overlap report). After logparse's warm-up, in the middle of the steady iterations:
-# the first iterations' one-off costs (communicator and userbuffers set-up, allocator growth, the first param
-# all-gather) stay out of the window, so does the last iteration's exit work, and steady iterations remain on both
-# sides of it for the step-time mean, which leaves out the iterations the capture slows (runopts.perturbed_iterations).
-# Rank 0 of each node: its node's NVLink traffic and its share of every inter-node group, without the cost of a trace
-# per GPU.
-PROFILED_STEPS = 2
-
-
-def profile_window(iters: int) -> tuple[int, int] | None:
-    """NSYS=<start>:<end> for a night of `iters` iterations; None when too few are steady to profile two and still
-    compare one (the report says so)."""
-    skip = logparse.WARMUP_ITERS if iters > logparse.WARMUP_ITERS else iters // 2  # as logparse's summary skips
-    steady = iters - skip
-    if steady < PROFILED_STEPS + 2:  # the perturbed ones (the capture and the iteration after it) and one more
-        return None
-    start = skip + (steady - PROFILED_STEPS - 1) // 2
-    return start, start + PROFILED_STEPS
-
-
-def profiled_ranks(nodes: int) -> tuple[int, ...]:
-    return tuple(range(0, nodes * GPUS_PER_NODE, GPUS_PER_NODE))
-
 
 # DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
 # an overlap that silently stops working there is exactly what the nightly is for. MIN_DP=1 gives the smallest run.

@@ -16,7 +16,7 @@ from overlapkit.regress import exposed, logparse, night_report, nightly
 from overlapkit.regress import rules as regress
 
 N = 60
-WINDOW = nightly.profile_window(N)
+WINDOW = exposed.profile_window(N)
 PLAN = {
     "recipe": "llama3_70b_pretrain_64gpu_h100_bf16",
     "layout": {"tp": 4, "pp": 4, "cp": 2, "nodes": 8, "gpus": 64, "gbs": 256},
