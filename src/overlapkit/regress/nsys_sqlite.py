@@ -15,10 +15,12 @@ Every bad file is one line (ProfileError) that says what to do: never a tracebac
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,14 +81,30 @@ def export_rep(rep: Path) -> Path:
     out = rep.with_suffix(".sqlite")
     if out.is_file():
         return out
-    cmd = EXPORT.format(sqlite=out, rep=rep)
-    if shutil.which("nsys") is None:
+    if (nsys := shutil.which("nsys")) is None:
+        cmd = EXPORT.format(sqlite=out, rep=rep)
         raise ProfileError(f"{rep} is an Nsight report and nsys is not on this PATH: export it where nsys is ({cmd})")
-    done = subprocess.run(cmd.split(), capture_output=True, text=True)
-    if done.returncode != 0 or not out.is_file():
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ProfileError(f"{rep}: {cmd} failed ({why})")
+    if problem := export(nsys, rep.with_suffix("")):
+        raise ProfileError(problem)
     return out
+
+
+def export(nsys: str, base: Path) -> str | None:
+    """`nsys export --type sqlite` of base.nsys-rep into base.sqlite (via the node's $TMPDIR); None, or what failed."""
+    rep = base.with_name(base.name + ".nsys-rep")
+    if not rep.is_file():
+        return f"nsys wrote no {rep.name} (did the run reach the profiled steps?)"
+    with tempfile.TemporaryDirectory(prefix="overlapkit-nsys-") as tmp:
+        local = Path(tmp) / (base.name + ".sqlite")
+        cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={local}", str(rep)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0 or not local.is_file():
+            last = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+            return f"nsys export of {rep} failed ({last[0]}); rerun: nsys export --type=sqlite {rep}"
+        part = base.with_name(base.name + ".sqlite.part")
+        shutil.copyfile(local, part)
+        os.replace(part, base.with_name(base.name + ".sqlite"))
+    return None
 
 
 def read(path: Path) -> Profile:
@@ -119,13 +137,13 @@ def _columns(con, table: str) -> set[str]:
     return {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
 
 
-def _need(con, path: Path, table: str, cols: tuple[str, ...], why: str) -> bool:
+def _need(con, path: Path, table: str, cols: tuple[str, ...]) -> bool:
     """Whether `table` is there; a table that is there without the columns Nsight writes is a wrong schema."""
     have = _columns(con, table)
     if not have:
         return False
     if missing := [c for c in cols if c not in have]:
-        raise ProfileError(f"{path}: {table} lacks {', '.join(missing)}: {why}")
+        raise ProfileError(f"{path}: {table} lacks {', '.join(missing)}: {NOT_NSYS}")
     return True
 
 
@@ -135,9 +153,9 @@ MEMCPY_COLS = ("start", "end", "deviceId", "streamId", "correlationId", "bytes",
 
 
 def _load(con, path: Path) -> Profile:
-    if not _need(con, path, "StringIds", ("id", "value"), NOT_NSYS):
+    if not _need(con, path, "StringIds", ("id", "value")):
         raise ProfileError(f"{path} has no StringIds table: {NOT_NSYS}")
-    if not _need(con, path, "CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS, NOT_NSYS):
+    if not _need(con, path, "CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS):
         raise ProfileError(f"{path} has no GPU kernels: profile with CUDA tracing on (nsys profile --trace=cuda,nvtx)")
     names = dict(con.execute("SELECT id, value FROM StringIds"))
     kernels = [
@@ -149,7 +167,7 @@ def _load(con, path: Path) -> Profile:
     if not kernels:
         raise ProfileError(f"{path} holds no kernel: the profiled window ran nothing on the GPU (check NSYS=a:b)")
     memcpys = []
-    if _need(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS, NOT_NSYS):
+    if _need(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS):
         memcpys = [
             Activity(s, e, d, st, f"memcpy kind {k}", c, k, b)
             for s, e, d, st, c, b, k in con.execute(
@@ -157,12 +175,12 @@ def _load(con, path: Path) -> Profile:
             )
         ]
     prof = Profile(path, kernels, memcpys)
-    if _need(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "globalTid", "correlationId"), NOT_NSYS):
+    if _need(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "globalTid", "correlationId")):
         prof.launches = {c: (s, t) for s, t, c in con.execute(_RUNTIME)}
-    if _need(con, path, "NVTX_EVENTS", ("start", "end", "eventType", "text", "textId", "globalTid"), NOT_NSYS):
+    if _need(con, path, "NVTX_EVENTS", ("start", "end", "eventType", "text", "textId", "globalTid")):
         rows = con.execute(_NVTX.format(kinds=",".join(map(str, NVTX_RANGES))))
         prof.ranges = [Range(s, e, t if t is not None else names.get(i, ""), g) for s, e, t, i, g in rows]
-    if _need(con, path, "TARGET_INFO_GPU", ("id", "name"), NOT_NSYS):
+    if _need(con, path, "TARGET_INFO_GPU", ("id", "name")):
         prof.gpus = [n for (n,) in con.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id")]
     return prof
 

@@ -28,12 +28,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from overlapkit.cluster import preflight
 from overlapkit.plan.runopts import NSYS_DIR
+from overlapkit.regress.nsys_sqlite import export  # standard library only, as this module
 
 UNDER_NSYS = "OVERLAPKIT_UNDER_NSYS"  # set in the child nsys profiles: it trains, the parent exports
 # `nsys profile` switches (Nsight Systems User Guide, "CLI Profile Command Switch Options"): CUDA and NVTX traces
@@ -127,24 +127,6 @@ def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> in
     elif code == 0:
         hold(run_dir)
     return code
-
-
-def export(nsys: str, base: Path) -> str | None:
-    """`nsys export --type sqlite` of base.nsys-rep into base.sqlite (via the node's $TMPDIR); None, or what failed."""
-    rep = base.with_name(base.name + ".nsys-rep")
-    if not rep.is_file():
-        return f"nsys wrote no {rep.name} (did the run reach the profiled steps?)"
-    with tempfile.TemporaryDirectory(prefix="overlapkit-nsys-") as tmp:
-        local = Path(tmp) / (base.name + ".sqlite")
-        cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={local}", str(rep)]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0 or not local.is_file():
-            last = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
-            return f"nsys export of {rep} failed ({last[0]}); rerun: nsys export --type=sqlite {rep}"
-        part = base.with_name(base.name + ".sqlite.part")
-        shutil.copyfile(local, part)
-        os.replace(part, base.with_name(base.name + ".sqlite"))
-    return None
 
 
 def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S, failed=()) -> None:

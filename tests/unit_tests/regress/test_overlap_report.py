@@ -223,17 +223,20 @@ def test_an_nsys_rep_without_nsys_names_the_export(tmp_path, monkeypatch):
 
 
 def fake_nsys(bin_dir, body: str) -> None:
-    """An `nsys` on the PATH (none exists on a CPU machine): `nsys export --type sqlite --output OUT REP` runs body."""
+    """An `nsys` on the PATH (none exists on a CPU machine): `nsys export --type=sqlite ... --output=OUT REP` runs body
+    with $out set to OUT."""
     bin_dir.mkdir()
-    (script := bin_dir / "nsys").write_text(f"#!/bin/sh\n{body}\n")
+    (script := bin_dir / "nsys").write_text(
+        f'#!/bin/sh\nfor a; do case $a in --output=*) out="${{a#--output=}}";; esac; done\n{body}\n'
+    )
     script.chmod(0o755)
 
 
 def test_an_nsys_rep_is_exported_where_nsys_is_on_the_path(planned, tmp_path, monkeypatch):
     dense_step(tmp_path, "made.sqlite")
-    fake_nsys(tmp_path / "bin", f'cp {tmp_path / "made.sqlite"} "$5"')
+    fake_nsys(tmp_path / "bin", f'cp {tmp_path / "made.sqlite"} "$out"')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
-    (prof := tmp_path / "p").mkdir()
+    (prof := tmp_path / "my profiles").mkdir()  # a space in the path is one argument to nsys
     (rep := prof / "profile_1_2_node0_rank3.nsys-rep").write_bytes(b"\x00")
     got = overlap_report.report_profiles([prof], planned(R70).to_dict())
     assert list(got["ranks"]) == ["3"] and got["classes"]["pp"]["exposed_ms"] == 0.08
@@ -241,7 +244,9 @@ def test_an_nsys_rep_is_exported_where_nsys_is_on_the_path(planned, tmp_path, mo
     (rep2 := prof / "rank4.nsys-rep").write_bytes(b"\x00")
     fake_nsys(tmp_path / "bin2", "echo 'ERROR: report file is damaged' >&2; exit 1")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin2'}:/usr/bin:/bin")
-    with pytest.raises(ProfileError, match=r"rank4.nsys-rep: nsys export .* failed \(ERROR: report file is damaged\)"):
+    with pytest.raises(
+        ProfileError, match=r"nsys export of .*/my profiles/rank4.nsys-rep failed \(ERROR: report file is damaged\)"
+    ):
         nsys_sqlite.read(rep2)
 
 
