@@ -31,7 +31,7 @@ PROFILED_STEPS = 2
 def profile_window(iters: int) -> tuple[int, int] | None:
     """NSYS=<start>:<end> for a night of `iters` iterations; None when too few are steady to profile two and still
     compare one (the report says so)."""
-    skip = logparse.WARMUP_ITERS if iters > logparse.WARMUP_ITERS else iters // 2  # as logparse's summary skips
+    skip = logparse.warmup_skip(iters)  # what logparse's summary leaves out
     steady = iters - skip
     if steady < PROFILED_STEPS + 2:  # the perturbed ones (the capture and the iteration after it) and one more
         return None

@@ -192,12 +192,17 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def warmup_skip(count: int, warmup: int = WARMUP_ITERS) -> int:
+    """The leading iterations the summary leaves out of a log of `count`: the warm-up, or with fewer iterations than
+    that the first half (the second half is the best steady-state estimate there is)."""
+    return warmup if count > warmup else count // 2
+
+
 class _Summary:
     """The summary, fed the records in iteration order: a streamed log needs no list of them."""
 
     def __init__(self, count: int, warmup: int, iteration_at, exclude=()):
-        # With fewer iterations than the warm-up, the second half is the best steady-state estimate there is.
-        self.count, self.skip = count, warmup if count > warmup else count // 2
+        self.count, self.skip = count, warmup_skip(count, warmup)
         self.after = iteration_at(self.skip - 1) if self.skip else 0  # steady state: iterations past this one
         self.exclude, self.excluded = frozenset(exclude), []  # iterations a profiler slowed (runopts.NSYS)
         self.first = self.last = self.last_loss = None

@@ -70,7 +70,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     rows = (plan.get("audit") or {}).get("rows", {})
     pre = jsonio.read_json(run_dir / "preflight.json")
     parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan)) if logs else None
-    comm = exposed_of(run_dir, plan, preflight_only)
+    comm, worth = exposed_of(run_dir, plan, preflight_only), _worth(plan)
     golden = regress.load_golden(entry["recipe"], goldens_dir)
     verdict = regress.classify(
         parsed,
@@ -80,7 +80,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         preflight_ok=bool(pre and pre.get("ok")),
         attempt=entry.get("attempt", 0),
         overlap=(comm.pop("report"), comm["missing"]),
-        worth=_worth(plan),
+        worth=worth,
     )
     if parsed is not None:
         (run_dir / "parsed.json").write_text(logparse.to_json(parsed) + "\n")  # what make bless reads
@@ -96,7 +96,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         "losses": [(r["iteration"], r["lm_loss"]) for r in parsed["iterations"] if "lm_loss" in r] if parsed else [],
         "golden": golden,
         "predicted_step_ms": _predicted_ms(plan),
-        "overlap_worth": _worth(plan),
+        "overlap_worth": worth,
         "overlaps_on": [k for k, v in rows.items() if v.get("state") == "on"],
         "overlaps_off": [k for k, v in rows.items() if v.get("state") == "off"],
         "preflight": pre,

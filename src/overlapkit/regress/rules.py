@@ -190,16 +190,12 @@ def likely_overlap(worth: dict | None, slowdown_s: float) -> str | None:
     """Which overlap a step `slowdown_s` seconds slower than expected looks like: among plan.json's overlap_worth
     ({field: {row, delta_s, delta_pct, ...}}), the one whose predicted worth is nearest (by ratio) within WORTH_MATCH;
     None when none is (or the plan has no worth, or the step is not slower)."""
-    fits = [
-        (abs(math.log(slowdown_s / v["delta_s"])), v)
-        for v in (worth or {}).values()
-        if slowdown_s > 0
-        and v.get("delta_s", 0) > 0
-        and abs(math.log(slowdown_s / v["delta_s"])) <= math.log(WORTH_MATCH)
-    ]
-    if not fits:
+    if slowdown_s <= 0:
         return None
-    v = min(fits, key=lambda f: f[0])[1]
+    fits = [(abs(math.log(slowdown_s / v["delta_s"])), v) for v in (worth or {}).values() if v.get("delta_s", 0) > 0]
+    distance, v = min(fits, key=lambda f: f[0], default=(math.inf, None))
+    if distance > math.log(WORTH_MATCH):
+        return None
     return (
         f"(+{slowdown_s:.3g} s/step) looks like {v['row']} off: the plan predicts +{v['delta_s']:.3g} s/step "
         f"(+{v['delta_pct']:.1f}%) without it"
