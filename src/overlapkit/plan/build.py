@@ -169,8 +169,9 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     est = memory.estimate(cfg, target)
     report.findings += memory_findings(est)
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
-    plan.throughput = predict_throughput(plan)
-    plan.worth = overlap_worth(plan)
+    model_in = prediction_inputs(plan)  # gathered once: the prediction and each overlap's worth read the same
+    plan.throughput = model_in.predict()
+    plan.worth = worth.overlap_worth(model_in, base=plan.throughput)
     return plan
 
 
@@ -205,14 +206,9 @@ def prediction_inputs(plan: Plan) -> throughput.Inputs:
     )
 
 
-def predict_throughput(plan: Plan, constants=None) -> throughput.Prediction:
-    """The throughput model on the plan (prediction_inputs), with the fitted constants or `constants`."""
-    return prediction_inputs(plan).predict(constants)
-
-
-def overlap_worth(plan: Plan) -> dict:
-    """Each overlap that is on: the plan's predicted step with that one overlap off (sizing/worth.py)."""
-    return worth.overlap_worth(prediction_inputs(plan), base=plan.throughput)
+def predict_throughput(plan: Plan) -> throughput.Prediction:
+    """The throughput model on the plan (prediction_inputs), with the fitted constants."""
+    return prediction_inputs(plan).predict()
 
 
 def resolved_config(plan: Plan):
