@@ -262,18 +262,11 @@ def report_run(run_dir: Path) -> dict:
     return report_of(measure(*run_inputs(run_dir)))
 
 
-def timeline_png(inputs, out_path: Path, rank: str | None = None) -> Path:
+def timeline_png(m: Measured, out_path: Path, rank: str | None = None) -> Path:
     """One PNG: one step of one rank (the middle profiled step of the first rank by default), compute and each
-    class on their streams, exposed communication marked. `inputs`: a Measured, a run directory, or (paths, plan)."""
+    class on their streams, exposed communication marked."""
     from overlapkit.regress import overlap_render
 
-    if isinstance(inputs, Measured):
-        m = inputs
-    elif isinstance(inputs, (str, Path)):
-        m = measure(*run_inputs(Path(inputs)))
-    else:
-        paths, plan = inputs
-        m = measure([f for p in paths for f in profile_files(Path(p))], plan)
     trace = next((t for t in m.traces if rank is None or t.rank == rank), None)
     if trace is None:
         raise ProfileError(f"rank {rank} is not in the profiles (ranks: {', '.join(t.rank for t in m.traces)})")

@@ -55,7 +55,9 @@ def test_a_dense_rank_to_the_microsecond(planned, tmp_path):
     # The claims: TP 41.7% ≤ 50%, DP 25% ≤ 50%, CP hidden; PP fully exposed with overlap_p2p_comm on.
     assert [(f["code"], f["level"]) for f in rep["findings"]] == [("pp_overlap_exposed", "error")]
     assert "overlap_p2p_comm" in rep["findings"][0]["message"] and rep["findings"][0]["fix"]
-    png = overlap_report.timeline_png(([tmp_path], plan), tmp_path / "t.png")
+    png = overlap_report.timeline_png(
+        overlap_report.measure(nsys_sqlite.profile_files(tmp_path), plan), tmp_path / "t.png"
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
