@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from launch.args import Parser, add_run_options, request_of, run_text
+from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
 from overlapkit.serve import client as serve_client
 
@@ -80,21 +80,6 @@ def _load_errors() -> int:
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     return 1 if errors else 0
-
-
-def check_request(recipe: str, nodes: str, sets: str, *, listing: bool = False, action: str = "plan") -> int | None:
-    """Everything about the request that can be checked before the Bridge import (under a second, not a minute):
-    NODES, the recipe's name, SET's syntax, keys, types and sizes. Returns NODES as a number (None: the recipe's)."""
-    from overlapkit.plan import request
-
-    return request.parse(recipe, nodes, sets, listing=listing, action=action).nodes
-
-
-def run_options(args):
-    """RUN_NAME, SEGMENTS, NSYS, DATA checked before the Bridge import (one line each, exit 2)."""
-    from overlapkit.plan import runopts
-
-    return runopts.parse(**run_text(args))
 
 
 def bound_options(args, req):

@@ -42,7 +42,7 @@ def parse(
 ) -> PlanRequest:
     """The typed request, every pre-import check made (in this order: NODES, the recipe's name, SET, the run
     options). `run`: the run options' text by runopts.parse's keywords (run_name, segments, nsys, nsys_ranks, data);
-    None leaves them out of the check (a benchmark), as launch.plan.check_request asks. `listing`: `make recipes`,
+    None leaves them out of the check (make overlap-report: a run that has been). `listing`: `make recipes`,
     which names no recipe. `gpu`: GPU= as typed (empty: h100)."""
     from overlapkit.plan import inputs, registry
 

@@ -10,6 +10,7 @@ import pytest
 
 from launch import entry
 from launch import plan as plan_cli
+from launch.args import request_of
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.plan import request, runopts
@@ -44,10 +45,13 @@ def test_parse_checks_in_the_order_the_entries_always_did(args, message):
     assert message in str(err.value)
 
 
-def test_the_launch_wrappers_are_the_same_parse():
-    assert plan_cli.check_request(R8, "4", "train.global_batch_size=64") == 4
-    args = plan_cli._args([R8, "--run-name", "x", "--nsys", "10:12"])
-    assert plan_cli.run_options(args) == request.parse(R8, run={"run_name": "x", "nsys": "10:12"}).run
+def test_the_launch_entry_is_the_same_parse():
+    args = plan_cli._args(
+        [R8, "--nodes", "4", "--set", "train.global_batch_size=64", "--run-name", "x", "--nsys", "10:12"]
+    )
+    req = request_of(args)
+    assert req.nodes == 4
+    assert req.run == request.parse(R8, run={"run_name": "x", "nsys": "10:12"}).run
 
 
 def test_bind_fills_the_profile_in_once(tmp_path):
