@@ -175,19 +175,19 @@ def routing(p: Point, inputs: throughput.Inputs) -> str:
     return f"forced balance, {'dropless' if dropless else 'capacity'} / learned router, {planned}"
 
 
-def rows(points: list[Point], inputs: dict, loo: bool = True) -> list[dict]:
+def rows(points: list[Point], inputs: dict) -> list[dict]:
     """Published vs predicted per run (the fitted constants), and predicted by the fit without that run."""
     out = []
     for p in points:
         pred = inputs[p.key].predict()
-        held = inputs[p.key].predict(refit(points, inputs, p.key)).tokens_per_gpu_s if loo else None
+        held = inputs[p.key].predict(refit(points, inputs, p.key)).tokens_per_gpu_s
         out.append(
             {
                 "point": p,
                 "predicted": pred.tokens_per_gpu_s,
                 "error": pred.tokens_per_gpu_s / p.tokens - 1,
                 "loo": held,
-                "loo_error": held / p.tokens - 1 if loo else None,
+                "loo_error": held / p.tokens - 1,
                 "recipe": recipe_of(p)[0],
                 "routing": routing(p, inputs[p.key]),
             }
