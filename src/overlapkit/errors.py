@@ -1,0 +1,19 @@
+"""The project's own error classes, which decide a command's exit status (launch/ catches these and nothing wider).
+
+- `BadInput`: what the user typed or pointed us at is wrong (a recipe name, SET=, a file we read). One line on
+  stderr naming the fix, exit 2, no traceback.
+- `ClusterFailure`: the cluster's own tool (sbatch, scancel, squeue, ...) refused or failed. Its message is the
+  cluster's, with our one line of context; exit 3.
+
+Anything else that escapes a command is a bug and shows its traceback.
+"""
+
+from __future__ import annotations
+
+
+class BadInput(ValueError):
+    """Bad input: one line naming the fix, exit 2. A ValueError so the checks that predate this class still hold."""
+
+
+class ClusterFailure(RuntimeError):
+    """The cluster's tool failed: its own message, exit 3."""
