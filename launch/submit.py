@@ -111,8 +111,11 @@ def do_run_dir_action(args) -> int:
         if len(chain.job_ids(info)) == 1:
             print(f"preflight: {pre.read_text().strip() if pre.exists() else 'not written yet'}")
     elif args.action == "logs":
-        for f in submit.log_files(info):
+        logs = submit.log_files(info)
+        for f in logs:
             print(f"==> {f} <==\n{f.read_text(errors='replace')}")
+        if not logs:
+            print(f"no logs yet in {info['experiment_dir']} (job {info['job_id']}: make status says its state)")
     elif len(chain.job_ids(info)) > 1:
         print("\n".join(f"{line} ({run_dir.name})" for line in chain.cancel(info)))
     elif ended := slurm.cancel(info["job_id"]):
@@ -135,10 +138,12 @@ def checked(args):
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
         if bad := slurm.request_problems(profile, nodes, profile.time_limit):
             raise ValueError(f"{bad[0]}; nothing submitted")
-        # a live run on the checkpoint directory, before the import too (submit asks again under the lock)
+    if args.action == "sbatch" or (args.action == "submit" and not args.dryrun):
+        # a live run on the checkpoint directory, before the import too (submit asks again under the lock); a
+        # script for sbatch would start a second training on it just the same
         where = dataclasses.replace(req.run, job_dir=str(profile.job_path)).checkpoint_dir
         if where and (live := runlock.live_problem(Path(where), req.run.run_name)):
-            raise ValueError(f"{live}; nothing submitted")
+            raise ValueError(f"{live}; nothing {'submitted' if args.action == 'submit' else 'written'}")
     return req, profile
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,8 +207,23 @@ def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
     return _checkpoint_findings(cfg.checkpoint, opts) + _logging_findings(opts, profile) + _data_findings(cfg, opts)
 
 
+def directory_problem(path: str) -> str | None:
+    """Why `path` cannot be a checkpoint directory (a file, a link loop, unreadable), or None (a directory, or
+    nothing there yet). The audit's rule, and the job's resume guard's (cluster/resume.py)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symbolic link loop; ENOTDIR: a file on the way; EACCES
+        return f"{path} cannot be used as a directory ({exc.strerror})"
+    return None if stat.S_ISDIR(st.st_mode) else f"{path} is a file, not a directory"
+
+
 def _checkpoint_findings(ck, opts: RunOptions) -> list[tuple[str, str, str]]:
     """Where checkpoints go, whether segments can resume from them, how they are saved and how often."""
+    if ck.save and (problem := directory_problem(ck.save)):
+        fix = "move it away, or use another RUN_NAME"
+        return [("error", "checkpoint_not_a_directory", f"checkpoint.save: {problem}: {fix}")]
     out = []
     if opts.job_dir and ck.save and not _under(ck.save, opts.job_dir):
         out.append(

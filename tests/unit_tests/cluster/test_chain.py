@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ckpt_fixtures import save_iteration
+from ckpt_fixtures import save_iteration, write_plan
 
 from overlapkit.cluster import chain
 
@@ -15,7 +15,7 @@ def test_status_lists_every_segment_and_the_last_checkpointed_iteration(tmp_path
     for step in (100, 200):
         save_iteration(ck, step)
     (ck / "iter_0000300").mkdir()  # a save cut short: no train_state.pt, not counted
-    (tmp_path / "plan.json").write_text(json.dumps({"run": {"train_iters": 1000}}))
+    write_plan(tmp_path, train_iters=1000)
     (tmp_path / "segment-1").mkdir()
     (tmp_path / "segment-1" / "preflight.json").write_text(json.dumps({"ok": True}))
     info = {"job_id": "999990", "job_ids": ["999990", "999991", "999992"], "checkpoint_dir": str(ck)}
