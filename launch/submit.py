@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from launch.args import Parser, add_run_options, request_of
+from launch.args import Parser, add_run_options, request_of, switch
 from overlapkit import stack
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
@@ -27,7 +27,7 @@ def _args(argv):
     ap.add_argument("--cluster", default="local", help="profile name in slurm/profiles/ or a path to a .toml")
     ap.add_argument("--nodes", default="")
     ap.add_argument("--set", default="")
-    ap.add_argument("--dryrun", default="", help="non-empty: print sbatch script, plan and ledger; submit nothing")
+    ap.add_argument("--dryrun", type=switch, default="", help="1: print sbatch script, plan and ledger; submit nothing")
     ap.add_argument("--preflight", default="", help="1: stop after the in-job preflight; env: also skip the re-audit")
     ap.add_argument("--run", default="", help="run directory for status/logs/cancel (default: the latest)")
     add_run_options(ap)

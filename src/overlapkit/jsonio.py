@@ -22,28 +22,40 @@ def write_json(path: Path, data) -> Path:
 
 
 def write_text(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
-    """Write a new temp file in `path`'s directory, created exclusively under a random name (O_EXCL|O_NOFOLLOW: a
-    link planted there is never followed, and the name cannot be guessed), then rename it over `path`: a crash leaves
-    the old file or the new, never half, and a link at `path` itself is replaced, its target untouched. `mode` is
-    subject to the umask, as open(2)'s is."""
+    """Write a new temp file in `path`'s directory under a random name (`create_new`: a link planted there is never
+    followed, and the name cannot be guessed), then rename it over `path`: a crash leaves the old file or the new,
+    never half, and a link at `path` itself is replaced, its target untouched."""
     path = Path(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
         try:
-            fd = os.open(tmp, flags, mode)
+            create_new(tmp, text, mode)
             break
         except FileExistsError:  # 48 random bits taken: another writer's, or planted; draw again
             continue
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode() if isinstance(text, str) else text)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     return path
+
+
+def create_new(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
+    """Create `path`, which must not exist, holding `text` (O_EXCL|O_NOFOLLOW: FileExistsError for anything already
+    there, a planted link included, never written through). `mode` is subject to the umask, as open(2)'s is; a
+    failed write removes the file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    return Path(path)
 
 
 class FileProblem(BadInput):

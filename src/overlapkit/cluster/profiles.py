@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from overlapkit.plan.runopts import directory_problem
 from overlapkit.secrets import FIX, credential_kind, secret_problem
 from overlapkit.stack import REPO_ROOT, repo_relative
 
@@ -165,7 +166,10 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
     both = set(out.get("env", {})) & set(out.get("secrets", ()))
     if both:
         fail(f"{sorted(both)[0]} is in both env and secrets: keep it in secrets only")
-    return ClusterProfile(**out)
+    profile = ClusterProfile(**out)
+    if problem := directory_problem(str(profile.job_path)):  # runs, checkpoints and logs all go under it
+        fail(f"job_dir: {problem}: give job_dir a directory on the shared filesystem")
+    return profile
 
 
 def _env(table, fail) -> dict[str, str]:

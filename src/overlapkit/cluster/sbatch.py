@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 from string import Template
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
 from overlapkit.plan import runopts
 from overlapkit.plan.runopts import PREEMPT_S
@@ -64,7 +64,4 @@ def _nsys_line(plan, run_dir) -> str:
 
 
 def write(sub: Submission) -> str:
-    path = sub.run_dir / "sbatch.sh"
-    path.write_text(render(sub))
-    path.chmod(0o755)
-    return str(path)
+    return str(jsonio.write_text(sub.run_dir / "sbatch.sh", render(sub), mode=0o755))

@@ -17,7 +17,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.fork import layout_search
 from overlapkit.plan import registry
 from overlapkit.plan.build import make_plan
@@ -240,7 +240,12 @@ def fork(req: ForkRequest) -> ForkResult:
     text = render(req, model, gpus, dtype, shape, cands[0], base_module)
     out_dir = Path(req.recipes_dir)
     final, tmp = out_dir / f"{req.name}.py", out_dir / f".{req.name}.py.tmp"
-    tmp.write_text(text)
+    try:
+        jsonio.create_new(tmp, text)
+    except FileExistsError:
+        raise ForkError(
+            f"{tmp} exists (another make new-recipe NAME={req.name} under way, or left by one): remove it"
+        ) from None
     try:
         mod = registry.load_file(tmp, req.name)
         plan = make_plan(req.name, gpu=req.gpu)

@@ -227,6 +227,18 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
     }
 
 
+def dryrun_lines(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
+    """What `schedule` would queue (DRYRUN=1), queueing and writing nothing."""
+    new_schedule(req, None, now or local_now())  # what it would refuse, it refuses now
+    begin = first_begin(req.at, now or local_now())
+    night = f"RECIPES={req.recipes}" if req.recipes else "every recipe"
+    return [
+        f"dry run: would queue {SCHEDULER_NAME} on partition {req.profile.partition}, held until {iso(begin)}, "
+        f"then one a day; each runs make nightly ({night}) and records {schedule_path(req.profile)}",
+        "dry run: nothing queued, nothing written",
+    ]
+
+
 def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> tuple[dict, list[dict]]:
     """Queue a scheduler held until AT, then cancel this chain's other queued ones (new first: if sbatch refuses,
     the old chain stands), and record it. Returns the schedule and the jobs it replaced."""
