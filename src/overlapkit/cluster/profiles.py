@@ -2,7 +2,8 @@
 
 One TOML file per cluster in `slurm/profiles/<name>.toml`, loaded into a frozen `ClusterProfile`. Every error is one
 line that names the fix. Secrets are listed by *name* only (`secrets = ["WANDB_API_KEY"]`): their values stay in the
-submitting shell, which sbatch exports to the job (`--export=ALL` is its default), and are never written anywhere.
+submitting shell, which sbatch passes to the job by name (`--export=PATH,<secrets>`: cluster/slurm.py export_list),
+and are never written anywhere.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import shlex
 from string import Template
 
 from overlapkit import jsonio, stack
+from overlapkit.cluster import slurm
 from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
 from overlapkit.plan import runopts
 from overlapkit.plan.runopts import PREEMPT_S
@@ -44,6 +45,8 @@ def render(sub: Submission) -> str:
         else "# (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)",
         nsys=_nsys_line(plan, sub.run_dir),
         secrets=" " + ", ".join(plan.ledger.secrets) if plan.ledger.secrets else " none",
+        export=slurm.export_list(plan.ledger.secrets),
+        step_export="\n".join(f"export {k}={v}" for k, v in slurm.STEP_EXPORT.items()),
         exports=exports,
         srun_args=shlex.join(srun),
         code_dir=shlex.quote(str(stack.REPO_ROOT)),

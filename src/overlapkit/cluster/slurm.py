@@ -30,6 +30,21 @@ def checked_id(value, where: str = "a job id") -> str:
     )
 
 
+# What sbatch hands a job from the submitting shell (sbatch --export): PATH, so the script and its steps find the
+# cluster's tools as the submitter does, and the profile's secrets, by name; nothing else. With --export=ALL every
+# variable of the submitting shell, tokens included, was stored in slurmctld's job state. Without ALL the job gets
+# the named variables, SLURM_*, and the user's login environment on the node (sbatch sets SLURM_GET_USER_ENV; sbatch
+# (1), --export); and sbatch sets SLURM_EXPORT_ENV to the same list, which srun reads as its own --export, so a
+# script whose ranks need its own exports sets SLURM_EXPORT_ENV=ALL before srun (STEP_EXPORT).
+PASSED = ("PATH",)
+STEP_EXPORT = {"SLURM_EXPORT_ENV": "ALL"}
+
+
+def export_list(secrets=()) -> str:
+    """sbatch's --export value: PASSED and the secrets' names."""
+    return ",".join(dict.fromkeys([*PASSED, *secrets]))
+
+
 def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -156,12 +171,15 @@ def sbatch_wrap(
     time_limit: str = "00:30:00",
     begin: str | None = None,
     comment: str | None = None,
+    secrets=(),
 ) -> str:
     """Submit `cmd` as a one-task CPU job (`sbatch --wrap`), after every job in `after` ends (afterany), held until
-    `begin` (any `sbatch --begin` time) when given; `comment` is shown by squeue (queued() reads it back)."""
+    `begin` (any `sbatch --begin` time) when given; `comment` is shown by squeue (queued() reads it back). It gets
+    PATH and `secrets` from this environment (export_list): a job that submits others passes their secrets on."""
     argv = [
         "sbatch",
         "--parsable",
+        f"--export={export_list(secrets)}",
         f"--account={account}",
         f"--partition={partition}",
         "--nodes=1",

@@ -270,6 +270,9 @@ def slurm_executor(sub: Submission):
         container_image=p.container_image or None,
         container_mounts=list(p.container_mounts),
         srun_args=list(p.srun_args),
+        # PATH and the secrets by name, not the whole shell (slurm.export_list); the ranks get the script's exports
+        additional_parameters={"export": slurm.export_list(sub.plan.ledger.secrets)},
+        env_vars=dict(slurm.STEP_EXPORT),
         tunnel=run.LocalTunnel(job_dir=str(p.job_path / "experiments")),
         packager=run.GitArchivePackager(),  # ships this repo at its committed HEAD
     )

@@ -225,6 +225,7 @@ def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
         name="nightly-report",
         output=f"{night_dir}/report-%j.out",
         after=ids,
+        secrets=profile.secrets,  # it resubmits an infrastructure failure, whose job needs them
     )
 
 

@@ -199,6 +199,7 @@ def submit_scheduler(sched: dict, path: Path, begin: dt.datetime) -> str:
         time_limit=SCHEDULER_TIME,
         begin=iso(begin),
         comment=str(path),
+        secrets=sched.get("secrets", ()),  # the night it launches submits jobs that need them
     )
 
 
@@ -219,6 +220,7 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
         "iters": req.iters,
         "min_dp": req.min_dp,
         "python": req.python,
+        "secrets": list(p.secrets),  # names only: sbatch passes their values on from the shell (slurm.export_list)
         "active": True,
         "scheduled_at": iso(now),
         "job_id": None,
