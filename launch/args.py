@@ -17,6 +17,7 @@ import re
 import shlex
 import sys
 
+from overlapkit.errors import one_line
 from overlapkit.secrets import FIX, credential_kind
 
 # What a shell or make would expand: $NAME, ${...}, $(...) (POSIX sh "Parameter Expansion", "Command Substitution";
@@ -109,7 +110,7 @@ def switch(text: str) -> bool:
 
 
 def fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from launch.args import Parser, add_gpu_option, switch
 from overlapkit import stack
 from overlapkit.cluster.submit import Interrupted
+from overlapkit.errors import one_line
 from overlapkit.plan.inputs import positive_int
 from overlapkit.regress import begin, chain_status, nightly, schedule
 from overlapkit.regress import rules as regress
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     try:
         return ACTIONS[args.action](args)
     except (regress.BlessError, FileNotFoundError, KeyError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except Interrupted as exc:
         print(f"error: {exc}; each run directory's submission.json says what became of it", file=sys.stderr)

@@ -13,6 +13,7 @@ import sys
 
 from launch.args import Parser, switch
 from overlapkit import makewatch
+from overlapkit.errors import one_line
 from overlapkit.plan import dataprep
 
 
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
         print(f"error: {why}: no data.toml written; the partial output was removed", file=sys.stderr)
         return 128 + exc.signum if isinstance(exc, makewatch.Interrupted) else 130
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     print(f"next: make plan RECIPE=<recipe> DATA={spec}")
     return 0

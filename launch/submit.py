@@ -16,6 +16,7 @@ from launch.args import Parser, add_run_options, request_of, switch
 from overlapkit import stack
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.errors import one_line
 from overlapkit.plan import registry
 from overlapkit.serve import client as serve_client
 
@@ -138,6 +139,8 @@ def checked(args):
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
         if bad := slurm.request_problems(profile, nodes, profile.time_limit):
             raise ValueError(f"{bad[0]}; nothing submitted")
+        if missing := submit.secrets_problem(profile):
+            raise ValueError(f"{missing}; nothing submitted")
     if args.action == "sbatch" or (args.action == "submit" and not args.dryrun):
         # a live run on the checkpoint directory, before the import too (submit asks again under the lock); a
         # script for sbatch would start a second training on it just the same
@@ -160,13 +163,13 @@ def main(argv=None) -> int:
         stack.import_bridge()
         return do_run_local(args, out, req) if args.action == "run-local" else do_submit(args, out, req, profile)
     except submit.AuditFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     except submit.Interrupted as exc:
         print(f"error: {exc}; the run directory (if any) says what became of the submission", file=sys.stderr)
         return 128 + exc.signum
     except (KeyError, ValueError, RuntimeError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
 
 

@@ -190,6 +190,8 @@ def submission(
     limit = profile.time_limit or plan.recipe.time_limit
     if check_partition and (bad := slurm.request_problems(profile, plan.target.nodes, limit)):
         raise SubmitError(f"{bad[0]}; nothing submitted")
+    if check_partition and (missing := secrets_problem(profile, caller_env)):
+        raise SubmitError(f"{missing}; nothing submitted")
     if check_partition:  # what the job's resume guard would stop on, said before anything is queued
         for line in resume_lines(plan):
             print(line, file=sys.stderr)
@@ -197,6 +199,20 @@ def submission(
     mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
     command = entry_command(plan, profile, run_dir, preflight_only, checks)
     return Submission(plan, profile, run_dir, command, preflight_only, checks)
+
+
+def secrets_problem(profile: ClusterProfile, caller_env=None) -> str | None:
+    """A secret the profile lists that this shell does not export (or exports empty): the job's preflight would fail
+    on it after its wait in the queue, so a real submission stops before sbatch. One line naming the variable and
+    the profile, never a value."""
+    env = os.environ if caller_env is None else caller_env
+    if missing := [name for name in profile.secrets if not env.get(name)]:
+        return (
+            f"secret {missing[0]} (listed in {profile.source}) is not exported in this shell"
+            + (f" (nor {', '.join(missing[1:])})" if missing[1:] else "")
+            + ": export it, or remove it from the profile's secrets"
+        )
+    return None
 
 
 def resume_lines(plan: Plan) -> list[str]:

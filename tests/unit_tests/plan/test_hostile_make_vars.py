@@ -25,7 +25,8 @@ def corpus(tmp_path_factory):
     out = root / "out"
     out.mkdir()
     (out / dataprep.SPEC).write_text("# an earlier run's data spec\n")
-    return {"IN": write_corpus(root / "corpus.jsonl", docs), "TOKENIZER": make_tokenizer(root / "tok", docs), "OUT": out}
+    corpus, tok = write_corpus(root / "corpus.jsonl", docs), make_tokenizer(root / "tok", docs)
+    return {"IN": corpus, "TOKENIZER": tok, "OUT": out}
 
 
 def _vars(corpus, **more) -> list[str]:
