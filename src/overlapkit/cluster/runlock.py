@@ -69,8 +69,9 @@ def _age(path: Path) -> float:
 def stale(path: Path, holder: dict | None, stale_s: float = STALE_S) -> bool:
     """Is the lock at `path` (its content `holder`; None while its creator is still writing it) left by a dead
     submitter? Same host: its pid is gone. Another host, or no readable holder: older than `stale_s`."""
-    if holder and holder.get("host") == socket.gethostname() and str(holder.get("pid", "")).isdigit():
-        return not makewatch.alive(int(holder["pid"]))
+    pid = holder.get("pid") if holder else None
+    if holder and holder.get("host") == socket.gethostname() and isinstance(pid, int) and not isinstance(pid, bool):
+        return not makewatch.alive(pid)  # a pid of another type ("abc", "²"): not ours to ask; age decides
     return _age(path) > (stale_s if holder else max(stale_s / 60, 5.0))
 
 

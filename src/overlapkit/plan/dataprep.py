@@ -149,7 +149,7 @@ def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force:
     worker_count(workers)
     if not key:
         raise PrepError("KEY= is empty: the JSON key holding each document's text (default text)")
-    target = Path(out).expanduser().resolve()
+    target = data.resolved(Path(out).expanduser(), f"OUT={out}")
     if target.exists() and not target.is_dir():
         raise PrepError(f"OUT={out} is a file: give a directory")
     existing = [target / SPEC] + [target / f"{_stem(f)}_{key}.{ext}" for f in files for ext in ("bin", "idx")]
@@ -184,7 +184,7 @@ def clear_stale(out: Path) -> list[Path]:
     gone = []
     for d in out.glob(f"{WORK_PREFIX}*"):
         host, _, pid = d.name[len(WORK_PREFIX) :].rpartition("-")
-        if host == socket.gethostname() and pid.isdigit() and not makewatch.alive(int(pid)):
+        if host == socket.gethostname() and re.fullmatch(r"[0-9]{1,9}", pid) and not makewatch.alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
     return gone

@@ -100,3 +100,33 @@ def test_forked_workers_die_with_their_owner_however_it_ends():
     while makewatch.alive(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert out.returncode == 143 and not makewatch.alive(worker)
+
+
+def test_pids_and_counts_that_are_not_ascii_numbers_are_never_int(tmp_path):
+    import socket
+
+    from overlapkit.cluster import preflight, runlock
+
+    lock = tmp_path / runlock.LOCK
+    lock.write_text("{}")
+    for pid in ("²", "abc", True, -1.5):
+        assert runlock.stale(lock, {"host": socket.gethostname(), "pid": pid}) is False  # young: age decides
+    stale_dir = tmp_path / f"{dataprep.WORK_PREFIX}{socket.gethostname()}-²"
+    stale_dir.mkdir()
+    assert dataprep.clear_stale(tmp_path) == [] and stale_dir.is_dir()
+    assert preflight.env_int("R", environ={"R": "²"}) is None and preflight.env_int("R", environ={"R": "3"}) == 3
+
+
+def test_a_data_spec_through_a_link_loop_or_with_a_bad_cache_is_one_line(corpus, tmp_path):
+    from overlapkit.plan import data
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(data.DataError, match=f"DATA={loop}/data.toml: {loop}/data.toml is behind a symbolic link loop"):
+        data.load(loop / "data.toml")
+    spec = tmp_path / "data.toml"
+    spec.write_text(f'tokenizer = "{corpus["TOKENIZER"]}"\ncache = 5\n[[blend]]\nprefix = "x"\n')
+    with pytest.raises(data.DataError, match=r"cache = 5: a directory path"):
+        data.load(spec)
+    with pytest.raises(data.DataError, match=f"OUT={loop}/out: .* is behind a symbolic link loop: fix the link"):
+        dataprep.check(str(corpus["IN"]), str(corpus["TOKENIZER"]), str(loop / "out"), "text", "1", True)
