@@ -6,21 +6,9 @@ tests/gpu/test_resume_gpu.py checks the guard on a real Bridge save."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from overlapkit.cluster import resume
-
-# A plan.json that make submit wrote (llama3_8b fp8, 1 node), for tests that need a run directory's plan.
-PLAN_FIXTURE = Path(__file__).parents[1] / "regress" / "fixtures" / "preflight_submit_run" / "plan.json"
-
-
-def write_plan(run_dir: Path, **run) -> dict:
-    """The fixture plan.json in `run_dir`, its `run` key updated with `run`; returns the plan."""
-    plan = json.loads(PLAN_FIXTURE.read_text())
-    plan["run"] = {**(plan.get("run") or {}), **run}
-    (run_dir / "plan.json").write_text(json.dumps(plan))
-    return plan
 
 
 def save_iteration(ck: Path, step: int, lacking: tuple[str, ...] = (), tracker: bool = True) -> Path:

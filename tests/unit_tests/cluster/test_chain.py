@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-from ckpt_fixtures import save_iteration, write_plan
+from ckpt_fixtures import save_iteration
 
 from overlapkit.cluster import chain
 
 
-def test_status_lists_every_segment_and_the_last_checkpointed_iteration(tmp_path):
+def test_status_lists_every_segment_and_the_last_checkpointed_iteration(tmp_path, write_plan):
     ck = tmp_path / "ck"
     for step in (100, 200):
         save_iteration(ck, step)

@@ -12,12 +12,12 @@ import subprocess
 import uuid
 
 import pytest
-from ckpt_fixtures import save_iteration, write_plan
+from ckpt_fixtures import save_iteration
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import chain, resume, runlock, slurm
 from overlapkit.errors import BadInput
-from overlapkit.plan import planfile, runopts
+from overlapkit.plan import runopts
 
 
 @pytest.fixture
@@ -28,12 +28,18 @@ def slurm_calls(monkeypatch):
     return calls
 
 
-def _run_dir(tmp_path, **marker):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(exist_ok=True)
-    write_plan(run_dir)
-    (run_dir / chain.MARKER).write_text(json.dumps({"state": "submitted", **marker}))
-    return run_dir
+@pytest.fixture
+def run_with(tmp_path, write_plan):
+    """`run_with(**marker)`: a run directory with the fixture plan.json and a submission.json holding `marker`."""
+
+    def make(**marker):
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(exist_ok=True)
+        write_plan(run_dir)
+        (run_dir / chain.MARKER).write_text(json.dumps({"state": "submitted", **marker}))
+        return run_dir
+
+    return make
 
 
 def _one_line(err: str) -> str:
@@ -54,9 +60,9 @@ def _one_line(err: str) -> str:
 )
 @pytest.mark.parametrize("action", ["cancel", "status", "logs"])
 def test_a_job_id_that_is_not_one_is_refused_before_slurm_hears_of_it(
-    tmp_path, make_here, slurm_calls, marker, said, action
+    tmp_path, make_here, slurm_calls, marker, said, action, run_with
 ):
-    run_dir = _run_dir(tmp_path, **marker)
+    run_dir = run_with(**marker)
     code, out, err = make_here(action, f"RUN={run_dir}")
     assert code == 2 and not out and not slurm_calls
     assert said in _one_line(err) and f"{run_dir / chain.MARKER}: " in err
@@ -81,82 +87,28 @@ def test_a_submitting_record_with_a_pid_that_is_not_one(tmp_path, make_here):
         assert code == 2 and f"pid is {pid!r}, not a process id" in _one_line(err)
 
 
-def test_make_logs_says_where_the_logs_are_not(tmp_path, make_here):
+def test_make_logs_says_where_the_logs_are_not(tmp_path, make_here, run_with):
     gone = tmp_path / "experiments" / "deleted"
     for where, said in [
         ("/etc", "/etc (from submission.json) is not a nemo_run experiment directory"),
         (str(gone), f"experiment directory {gone} (from submission.json) no longer exists"),
     ]:
-        run_dir = _run_dir(tmp_path, job_id="7", experiment_dir=where)
+        run_dir = run_with(job_id="7", experiment_dir=where)
         code, out, err = make_here("logs", f"RUN={run_dir}")
         assert code == 2 and not out and said in _one_line(err)
-    run_dir = _run_dir(tmp_path, job_id="7")  # a record from before experiment_dir was written
+    run_dir = run_with(job_id="7")  # a record from before experiment_dir was written
     code, _, err = make_here("logs", f"RUN={run_dir}")
     assert code == 2 and "names no experiment_dir" in _one_line(err)
     gone.mkdir(parents=True)
     (gone / "_CONFIG").write_text("{}")  # nemo_run's, the job not started yet: no logs, said, exit 0
-    run_dir = _run_dir(tmp_path, job_id="7", experiment_dir=str(gone))
+    run_dir = run_with(job_id="7", experiment_dir=str(gone))
     code, out, err = make_here("logs", f"RUN={run_dir}")
     assert code == 0 and out.startswith(f"no logs yet in {gone} (job 7") and not err
 
 
-# --- plan.json: the one reader ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "edit, said",
-    [
-        (lambda p: p["layout"].update(tp="4"), "layout.tp is '4', not a whole number ≥ 1"),
-        (lambda p: p["layout"].update(tp=None), "layout.tp is None, not a whole number ≥ 1"),
-        (lambda p: p["layout"].update(tp=True), "layout.tp is True, not a whole number ≥ 1"),
-        (lambda p: p["layout"].pop("tp"), "layout.tp is None"),
-        (lambda p: p.update(layout=None), "layout is null, not an object"),
-        (lambda p: p.update(audit="OK"), "audit is str 'OK', not an object"),
-        (lambda p: p["audit"].update(rows=[]), "audit.rows is not an object"),
-        (lambda p: p["layout"].update(gpus=0), "layout.gpus is 0, not a whole number ≥ 1"),
-        (lambda p: p["layout"].update(dp=0), "layout.dp is 0"),
-        (lambda p: p["layout"].update(dp=-4), "layout.dp is -4"),
-        (lambda p: p["layout"].update(dp=4), "layout.gpus is 8, not tp×pp×cp×dp = 4"),
-        (lambda p: p["layout"].update(vpp="2"), "layout.vpp is '2', not a whole number ≥ 1 (or null)"),
-        (lambda p: p.update(recipe="\x1b[2Jllama"), r"recipe is '\x1b[2Jllama', not a recipe's name"),
-        (lambda p: p.update(recipe="a\nb"), r"recipe is 'a\nb'"),
-        (lambda p: p.update(run=[]), "run is list [], not an object"),
-        (lambda p: p["run"].update(checkpoint_dir=5), "run.checkpoint_dir is int 5, not a path"),
-        (lambda p: p["run"].update(nsys={"steps": [5]}), "run.nsys is not {steps: [start, end]"),
-    ],
-)
-def test_a_broken_plan_json_is_named_field_by_field(tmp_path, edit, said):
-    plan = write_plan(tmp_path)
-    edit(plan)
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    with pytest.raises(jsonio.FileProblem) as exc:
-        planfile.read_plan(tmp_path)
-    msg = str(exc.value)
-    assert said in msg and "\n" not in msg and "\x1b" not in msg
-    assert msg.startswith(f"{tmp_path / 'plan.json'}: ") and msg.endswith(planfile.FIX)
-
-
-def test_a_plan_json_that_is_not_one_is_said_as_what_it_is(tmp_path):
-    path = tmp_path / "plan.json"
-    for text, said in [("{", "is not JSON"), ("", "is empty"), ("[1]", "holds a list, not an object")]:
-        path.write_text(text)
-        with pytest.raises(jsonio.FileProblem, match=said):
-            planfile.read_plan(tmp_path)
-    path.unlink()
-    with pytest.raises(jsonio.FileProblem, match="plan.json: no such file"):
-        planfile.read_plan(tmp_path)
-    path.symlink_to("/etc/passwd")
-    with pytest.raises(jsonio.FileProblem, match=r"is a symbolic link \(to '/etc/passwd'\)"):
-        planfile.read_plan(tmp_path)
-    path.unlink()
-    write_plan(tmp_path)
-    assert planfile.read_plan(tmp_path)["layout"]["gpus"] == 8  # the real one reads
-    assert planfile.read_plan(path)["recipe"] == "llama3_8b_pretrain_8gpu_h100_fp8cs"
-
-
-def test_make_status_on_a_broken_plan_json_is_one_line(tmp_path, make_here, monkeypatch):
+def test_make_status_on_a_broken_plan_json_is_one_line(tmp_path, make_here, monkeypatch, run_with):
     monkeypatch.setattr(slurm, "job_state", lambda job: "RUNNING")
-    run_dir = _run_dir(tmp_path, job_id="7", checkpoint_dir=str(tmp_path / "ck"))
+    run_dir = run_with(job_id="7", checkpoint_dir=str(tmp_path / "ck"))
     plan = json.loads((run_dir / "plan.json").read_text())
     plan["run"] = "x"
     (run_dir / "plan.json").write_text(json.dumps(plan))
@@ -171,7 +123,7 @@ LAYOUT = {k: 1 for k in resume.LAYOUT_KEYS}
 
 
 @pytest.mark.parametrize("text", ["-5", "²", "5.0", "abc", "1e3", "\x1b[31m9"])
-def test_a_tracker_that_is_not_an_iteration_stops_the_resume(tmp_path, text):
+def test_a_tracker_that_is_not_an_iteration_stops_the_resume(tmp_path, write_plan, text):
     ck = tmp_path / "ck"
     save_iteration(ck, 50)
     (ck / resume.TRACKERS[1]).write_text(text)
