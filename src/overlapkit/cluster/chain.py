@@ -91,8 +91,12 @@ def cancel(info: dict) -> list[str]:
 def cancel_after(run_dir: Path, segment: int) -> list[str]:
     """Training is over: cancel the chain's segments after `segment` that have not ended; one line each."""
     info = jsonio.read_json(run_dir / MARKER) or {}
+    try:
+        later = job_ids(info)[segment:] if info.get("job_id") else []
+    except BadInput as exc:  # an edited record: nothing is handed to scancel, and the job says so
+        return [f"later segments not cancelled: {exc}; make cancel RUN={run_dir}"]
     out = []
-    for i, job in enumerate(job_ids(info)[segment:] if info.get("job_id") else [], segment + 1):
+    for i, job in enumerate(later, segment + 1):
         try:
             ended = slurm.cancel(job)
         except RuntimeError as exc:  # scancel missing inside a container, the controller away: say so, go on

@@ -227,3 +227,9 @@ def test_make_sbatch_is_refused_while_its_run_name_is_live(make_here):
         for f in ck.iterdir():
             f.unlink()
         ck.rmdir()
+
+
+def test_the_job_cancels_no_later_segment_from_an_edited_record(tmp_path, slurm_calls):
+    (tmp_path / chain.MARKER).write_text(json.dumps({"job_id": "7", "job_ids": ["7", "--me"]}))
+    [line] = chain.cancel_after(tmp_path, 1)
+    assert line.startswith("later segments not cancelled: ") and "--me" in line and not slurm_calls
