@@ -21,7 +21,7 @@ def write_json(path: Path, data) -> Path:
     return write_text(path, dumps(data))
 
 
-def write_text(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
+def write_text(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
     """Write a new temp file in `path`'s directory under a random name (`create_new`: a link planted there is never
     followed, and the name cannot be guessed), then rename it over `path`: a crash leaves the old file or the new,
     never half, and a link at `path` itself is replaced, its target untouched."""
@@ -42,9 +42,9 @@ def write_text(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
     return path
 
 
-def create_new(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
+def create_new(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
     """Create `path`, which must not exist, holding `text` (O_EXCL|O_NOFOLLOW: FileExistsError for anything already
-    there, a planted link included, never written through). `mode` is subject to the umask, as open(2)'s is; a
+    there, a planted link included, never written through). `mode` (open()'s default) is subject to the umask; a
     failed write removes the file."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, mode)

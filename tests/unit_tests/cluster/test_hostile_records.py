@@ -196,12 +196,14 @@ def test_writes_go_through_no_planted_link(tmp_path):
 
 
 def test_written_files_keep_the_umask(tmp_path):
-    old = os.umask(0o077)
-    try:
-        mode = jsonio.write_text(tmp_path / "a", "x").stat().st_mode & 0o777
-    finally:
-        os.umask(old)
-    assert mode == 0o600
+    modes = []
+    for mask in (0o077, 0o002):
+        old = os.umask(mask)
+        try:
+            modes.append(jsonio.write_text(tmp_path / "a", "x").stat().st_mode & 0o777)
+        finally:
+            os.umask(old)
+    assert modes == [0o600, 0o664]  # as open() leaves a new file: 0o666 less the umask
 
 
 # --- make sbatch while the run is live (the real local Slurm) ------------------------------------------------------
