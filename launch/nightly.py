@@ -13,7 +13,6 @@ Exit status: 0 ok, 1 failures (a regressed night, a broken chain), 2 bad input.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -49,10 +48,9 @@ def _args(argv):
 
 
 def profile_of(args):
-    from overlapkit.cluster.profiles import load_profile
+    from overlapkit.cluster.profiles import load_profile, with_job_dir
 
-    p = load_profile(args.cluster)
-    return dataclasses.replace(p, job_dir=args.job_dir) if args.job_dir else p
+    return with_job_dir(load_profile(args.cluster), args.job_dir)
 
 
 def _say(text: str, err: bool = False) -> None:

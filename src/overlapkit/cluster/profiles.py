@@ -8,6 +8,7 @@ and are never written anywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import tomllib
@@ -167,10 +168,16 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
     both = set(out.get("env", {})) & set(out.get("secrets", ()))
     if both:
         fail(f"{sorted(both)[0]} is in both env and secrets: keep it in secrets only")
-    profile = ClusterProfile(**out)
-    if problem := directory_problem(str(profile.job_path)):  # runs, checkpoints and logs all go under it
-        fail(f"job_dir: {problem}: give job_dir a directory on the shared filesystem")
-    return profile
+    return with_job_dir(ClusterProfile(**out), out.get("job_dir"), where)
+
+
+def with_job_dir(profile: ClusterProfile, job_dir: str | None, where: str = "JOB_DIR") -> ClusterProfile:
+    """`profile` with its job directory `job_dir` (None: its own), which must be a directory or not exist yet: runs,
+    checkpoints and logs all go under it."""
+    out = dataclasses.replace(profile, job_dir=job_dir) if job_dir else profile
+    if problem := directory_problem(str(out.job_path)):
+        raise ProfileError(f"{where}: job_dir: {problem}: give job_dir a directory on the shared filesystem")
+    return out
 
 
 def _env(table, fail) -> dict[str, str]:

@@ -38,3 +38,12 @@ def test_nightly_schedule_dryrun_queues_and_writes_nothing(tmp_path, make_here):
     assert first.startswith(f"dry run: would queue {schedule.SCHEDULER_NAME} on partition local, held until ")
     assert last == "dry run: nothing queued, nothing written"
     assert schedule.slurm.queued(schedule.SCHEDULER_NAME) == before and not any(tmp_path.rglob("*.json"))
+
+
+@pytest.mark.parametrize("target", ["nightly", "nightly-status", "nightly-report", "nightly-unschedule"])
+def test_a_job_dir_that_is_a_file_is_named(tmp_path, make_here, target):
+    afile = tmp_path / "jobs"
+    afile.write_text("")
+    code, out, err = make_here(target, f"JOB_DIR={afile}")
+    assert code == 2 and not out and err.count("\n") == 1
+    assert f"JOB_DIR: job_dir: {afile} is a file, not a directory" in err and "Errno" not in err
