@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
-import json
 import os
 import shlex
 import shutil
@@ -57,12 +56,9 @@ def schedule_path(profile) -> Path:
 
 
 def read(path: Path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return None
-    except json.JSONDecodeError as exc:
-        raise ScheduleError(f"{path}: not valid JSON ({exc}); move it away and schedule again") from None
+    """The schedule record (None: never scheduled); a FileProblem (one line) for one that is not an object."""
+    role, fix = "the nightly schedule that make nightly-schedule writes", "move it away and schedule again"
+    return jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
 
 
 @contextlib.contextmanager

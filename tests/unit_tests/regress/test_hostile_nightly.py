@@ -47,3 +47,12 @@ def test_a_job_dir_that_is_a_file_is_named(tmp_path, make_here, target):
     code, out, err = make_here(target, f"JOB_DIR={afile}")
     assert code == 2 and not out and err.count("\n") == 1
     assert f"JOB_DIR: job_dir: {afile} is a file, not a directory" in err and "Errno" not in err
+
+
+@pytest.mark.parametrize("text, said", [("[1, 2]", "holds a list, not an object"), ("{", "is not JSON")])
+def test_a_schedule_record_that_is_not_one_is_named(tmp_path, make_here, text, said):
+    (tmp_path / "nightly").mkdir()
+    (tmp_path / "nightly" / schedule.SCHEDULE_FILE).write_text(text)
+    for target in ("nightly-status", "nightly-unschedule"):
+        code, out, err = make_here(target, f"JOB_DIR={tmp_path}")
+        assert code == 2 and not out and err.count("\n") == 1 and said in err and schedule.SCHEDULE_FILE in err
