@@ -235,3 +235,12 @@ def test_the_job_cancels_no_later_segment_from_an_edited_record(tmp_path, slurm_
     (tmp_path / chain.MARKER).write_text(json.dumps({"job_id": "7", "job_ids": ["7", "--me"]}))
     [line] = chain.cancel_after(tmp_path, 1)
     assert line.startswith("later segments not cancelled: ") and "--me" in line and not slurm_calls
+
+
+def test_an_edited_run_record_names_itself_and_reaches_no_squeue(tmp_path, slurm_calls):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / runlock.RECORD).write_text(json.dumps([{"run_dir": "r", "job_ids": ["7", "--me"]}, "junk", {"job_ids": 3}]))
+    with pytest.raises(BadInput, match=f"{ck / runlock.RECORD}: a job id is '--me', not a Slurm job id") as exc:
+        runlock.live_problem(ck, "x")
+    assert "\n" not in str(exc.value) and not slurm_calls
