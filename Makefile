@@ -138,7 +138,7 @@ slurm-down: ## stop the local dev Slurm
 .PHONY: nightly nightly-report bless parse-log nightly-schedule nightly-status nightly-unschedule
 
 nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
-	@$(PY) -m launch.nightly submit --cluster="$$CLUSTER" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" --recipes="$$RECIPES" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR"
+	@$(PY) -m launch.nightly submit --cluster="$$CLUSTER" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" --recipes="$$RECIPES" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --gpu="$$GPU"
 
 nightly-report: ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
 	@$(PY) -m launch.nightly report --cluster="$$CLUSTER" --night="$$NIGHT" --job-dir="$$JOB_DIR"
@@ -149,8 +149,8 @@ bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<reci
 parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
 	@$(PY) -m overlapkit.regress.logparse -- "$$LOG"
 
-nightly-schedule: ## run the nightly every day at AT (02:00, now+90, ISO date) through sbatch --begin (RECIPES=, PREFLIGHT=)
-	@$(PY) -m launch.nightly schedule --cluster="$$CLUSTER" --at="$$AT" --recipes="$$RECIPES" --preflight="$$PREFLIGHT" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR"
+nightly-schedule: ## run the nightly every day at AT (02:00, now+90, ISO date) through sbatch --begin (RECIPES=, PREFLIGHT=, DRYRUN=1)
+	@$(PY) -m launch.nightly schedule --cluster="$$CLUSTER" --at="$$AT" --recipes="$$RECIPES" --preflight="$$PREFLIGHT" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --dryrun="$$DRYRUN" --gpu="$$GPU"
 
 nightly-status: ## the scheduled chain (next begin, late or broken?) and the last night's verdict
 	@$(PY) -m launch.nightly schedule-status --cluster="$$CLUSTER" --job-dir="$$JOB_DIR"

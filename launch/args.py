@@ -17,6 +17,7 @@ import re
 import shlex
 import sys
 
+from overlapkit.errors import one_line
 from overlapkit.secrets import FIX, credential_kind
 
 # What a shell or make would expand: $NAME, ${...}, $(...) (POSIX sh "Parameter Expansion", "Command Substitution";
@@ -93,8 +94,23 @@ class Parser(argparse.ArgumentParser):
             fail(expansion_error(make_name(action), value, m.group(0)))
 
 
+# The one rule for a yes/no make variable (DRYRUN=, FORCE=): these words, any case; empty is off; anything else is
+# refused, never guessed (FORCE=off once overwrote data.toml).
+ON, OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def switch(text: str) -> bool:
+    """An argparse `type=`: a yes/no value as ON or OFF say, else argparse's one-line error naming the option."""
+    word = text.strip().lower()
+    if word in ON or word in OFF:
+        return word in ON
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither on ({', '.join(ON)}) nor off ({', '.join(OFF[1:])}, or empty)"
+    )
+
+
 def fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     sys.exit(2)
 
 

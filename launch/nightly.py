@@ -13,14 +13,14 @@ Exit status: 0 ok, 1 failures (a regressed night, a broken chain), 2 bad input.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
 
-from launch.args import Parser
+from launch.args import Parser, add_gpu_option, switch
 from overlapkit import stack
 from overlapkit.cluster.submit import Interrupted
+from overlapkit.errors import one_line
 from overlapkit.plan.inputs import positive_int
 from overlapkit.regress import begin, chain_status, nightly, schedule
 from overlapkit.regress import rules as regress
@@ -32,7 +32,8 @@ def _args(argv):
     ap.add_argument("action", choices=ACTIONS)
     ap.add_argument("--cluster", default="local", help="profile name in slurm/profiles/ or a path to a .toml")
     ap.add_argument("--job-dir", default="", help="override the profile's job_dir (tests)")
-    ap.add_argument("--dryrun", default="")
+    ap.add_argument("--dryrun", type=switch, default="", help="1: say what would be submitted or queued; do neither")
+    add_gpu_option(ap)
     ap.add_argument("--preflight", default="", help="1: preflight-only runs (CPU machines); env: skip the re-audit")
     ap.add_argument("--recipes", default="", help="space/comma-separated names (default: every recipe that fits)")
     ap.add_argument("--iters", type=positive_int, default=regress.NIGHTLY_ITERS)
@@ -47,10 +48,9 @@ def _args(argv):
 
 
 def profile_of(args):
-    from overlapkit.cluster.profiles import load_profile
+    from overlapkit.cluster.profiles import load_profile, with_job_dir
 
-    p = load_profile(args.cluster)
-    return dataclasses.replace(p, job_dir=args.job_dir) if args.job_dir else p
+    return with_job_dir(load_profile(args.cluster), args.job_dir)
 
 
 def _say(text: str, err: bool = False) -> None:
@@ -61,6 +61,7 @@ def do_submit(args) -> int:
     from overlapkit.cluster.submit import preflight_mode
 
     preflight_only, checks = preflight_mode(args.preflight)
+    nightly.check_gpu(args.gpu)
     stack.import_bridge()
     req = nightly.NightRequest(
         profile=profile_of(args),
@@ -98,6 +99,7 @@ def do_schedule(args) -> int:
 
     at = begin.check_at(args.at)
     preflight_mode(args.preflight)
+    nightly.check_gpu(args.gpu)
     profile = profile_of(args)
     schedule.check_partition(profile)
     if names := args.recipes.replace(",", " ").split():
@@ -112,6 +114,9 @@ def do_schedule(args) -> int:
         iters=args.iters,
         min_dp=args.min_dp,
     )
+    if args.dryrun:
+        print("\n".join(schedule.dryrun_lines(req)))
+        return 0
     sched, replaced = schedule.schedule(req)
     for line in schedule.scheduled_lines(sched, schedule.schedule_path(profile), replaced):
         print(line)
@@ -155,7 +160,7 @@ def main(argv=None) -> int:
     try:
         return ACTIONS[args.action](args)
     except (regress.BlessError, FileNotFoundError, KeyError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except Interrupted as exc:
         print(f"error: {exc}; each run directory's submission.json says what became of it", file=sys.stderr)
@@ -179,6 +184,7 @@ def precheck(argv) -> bool:
 
         args = _args(argv)
         preflight_mode(args.preflight)
+        nightly.check_gpu(args.gpu)
         profile = profile_of(args)
         if args.action == "schedule" and args.recipes.strip():
             begin.check_at(args.at)

@@ -11,8 +11,9 @@ import os
 import signal
 import sys
 
-from launch.args import Parser
+from launch.args import Parser, switch
 from overlapkit import makewatch
+from overlapkit.errors import one_line
 from overlapkit.plan import dataprep
 
 
@@ -23,13 +24,13 @@ def _args(argv):
     ap.add_argument("--out", default="")
     ap.add_argument("--key", default="text")
     ap.add_argument("--workers", default="1")
-    ap.add_argument("--force", default="", help="1: overwrite existing outputs")
+    ap.add_argument("--force", type=switch, default="", help="1: overwrite existing outputs")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = _args(argv)
-    force = args.force.strip().lower() not in ("", "0", "false", "no")
+    force = args.force
     try:
         dataprep.check(args.in_path, args.tokenizer, args.out, args.key, args.workers, force)  # before any import
         spec = dataprep.prep(
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
         print(f"error: {why}: no data.toml written; the partial output was removed", file=sys.stderr)
         return 128 + exc.signum if isinstance(exc, makewatch.Interrupted) else 130
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     print(f"next: make plan RECIPE=<recipe> DATA={spec}")
     return 0

@@ -12,10 +12,11 @@ import os
 import sys
 from pathlib import Path
 
-from launch.args import Parser, add_run_options, request_of
+from launch.args import Parser, add_run_options, request_of, switch
 from overlapkit import stack
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.errors import one_line
 from overlapkit.plan import registry
 from overlapkit.serve import client as serve_client
 
@@ -27,7 +28,7 @@ def _args(argv):
     ap.add_argument("--cluster", default="local", help="profile name in slurm/profiles/ or a path to a .toml")
     ap.add_argument("--nodes", default="")
     ap.add_argument("--set", default="")
-    ap.add_argument("--dryrun", default="", help="non-empty: print sbatch script, plan and ledger; submit nothing")
+    ap.add_argument("--dryrun", type=switch, default="", help="1: print sbatch script, plan and ledger; submit nothing")
     ap.add_argument("--preflight", default="", help="1: stop after the in-job preflight; env: also skip the re-audit")
     ap.add_argument("--run", default="", help="run directory for status/logs/cancel (default: the latest)")
     add_run_options(ap)
@@ -111,8 +112,11 @@ def do_run_dir_action(args) -> int:
         if len(chain.job_ids(info)) == 1:
             print(f"preflight: {pre.read_text().strip() if pre.exists() else 'not written yet'}")
     elif args.action == "logs":
-        for f in submit.log_files(info):
+        logs = submit.log_files(info)
+        for f in logs:
             print(f"==> {f} <==\n{f.read_text(errors='replace')}")
+        if not logs:
+            print(f"no logs yet in {info['experiment_dir']} (job {info['job_id']}: make status says its state)")
     elif len(chain.job_ids(info)) > 1:
         print("\n".join(f"{line} ({run_dir.name})" for line in chain.cancel(info)))
     elif ended := slurm.cancel(info["job_id"]):
@@ -135,10 +139,14 @@ def checked(args):
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
         if bad := slurm.request_problems(profile, nodes, profile.time_limit):
             raise ValueError(f"{bad[0]}; nothing submitted")
-        # a live run on the checkpoint directory, before the import too (submit asks again under the lock)
+        if missing := submit.secrets_problem(profile):
+            raise ValueError(f"{missing}; nothing submitted")
+    if args.action == "sbatch" or (args.action == "submit" and not args.dryrun):
+        # a live run on the checkpoint directory, before the import too (submit asks again under the lock); a
+        # script for sbatch would start a second training on it just the same
         where = dataclasses.replace(req.run, job_dir=str(profile.job_path)).checkpoint_dir
         if where and (live := runlock.live_problem(Path(where), req.run.run_name)):
-            raise ValueError(f"{live}; nothing submitted")
+            raise ValueError(f"{live}; nothing {'submitted' if args.action == 'submit' else 'written'}")
     return req, profile
 
 
@@ -155,13 +163,13 @@ def main(argv=None) -> int:
         stack.import_bridge()
         return do_run_local(args, out, req) if args.action == "run-local" else do_submit(args, out, req, profile)
     except submit.AuditFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     except submit.Interrupted as exc:
         print(f"error: {exc}; the run directory (if any) says what became of the submission", file=sys.stderr)
         return 128 + exc.signum
     except (KeyError, ValueError, RuntimeError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
 
 

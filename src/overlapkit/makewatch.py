@@ -10,7 +10,9 @@ Linux /proc is how a pid's ancestry and state are read; elsewhere the watcher do
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -52,10 +54,32 @@ def watch_make(parent_var: str = MAKE_PID) -> None:
     the variable is inherited by everything make starts, Slurm jobs included (sbatch exports the caller's
     environment), and the plan server's workers, where that pid means nothing (their client watches instead)."""
     pid = os.environ.get(parent_var, "")
-    if pid.isdigit() and is_ancestor(int(pid)) and not _WATCHING:
+    if re.fullmatch(r"[0-9]{1,9}", pid) and is_ancestor(int(pid)) and not _WATCHING:
         # one watcher a process (a served client that then runs the command here)
         _WATCHING.append(threading.Thread(target=_watch_parent, args=(int(pid),), daemon=True))
         _WATCHING[0].start()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_FORKER: list[int] = []
+
+
+def children_die_with_me() -> None:
+    """Every process this one forks from now on (a pool of tokenizing workers) is killed when this one dies, however
+    it dies (os._exit after a signal, kill -9): Linux's PR_SET_PDEATHSIG, set in the child just after fork(2), so a
+    pool's workers never outlive their owner, and a pool still refilling itself cannot leave new ones behind.
+    Elsewhere: nothing."""
+    if _FORKER or not hasattr(os, "register_at_fork"):
+        return
+    _FORKER.append(os.getpid())
+    os.register_at_fork(after_in_child=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent was already gone before the prctl took
+        os._exit(128 + signal.SIGKILL)
 
 
 def stop_watching() -> None:
@@ -75,7 +99,7 @@ def is_ancestor(pid: int) -> bool:
         if current <= 1:
             return False
         stat = proc_stat(current)
-        if stat is None or not stat[1].isdigit():
+        if stat is None or not re.fullmatch(r"[0-9]+", stat[1]):
             return False
         current = int(stat[1])
     return False

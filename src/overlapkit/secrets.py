@@ -5,7 +5,7 @@ NCCL_*-style variables the env ledger records: plan/env.py). A credential is nev
 (plan.json, ledger.json, overrides.json, the sbatch script, submission.json, the logs we write) nor printed: where it
 arrives it is refused in one line that names where it was and the fix (FIX), never its value. A secret travels by
 name only: a profile lists it (`secrets = ["WANDB_API_KEY"]`), the submitting shell exports it, and sbatch
-(--export=ALL) hands it to the job; the ledger says "<from caller env>".
+(--export=PATH,<its name>: cluster/slurm.py export_list) hands it to the job; the ledger says "<from caller env>".
 
 Which names count (`is_secret`): KEY, TOKEN (not TOKENS, a count), SECRET, PASS, CREDENTIAL anywhere in the name.
 

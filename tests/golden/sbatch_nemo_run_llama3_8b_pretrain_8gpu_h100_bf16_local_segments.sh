@@ -7,6 +7,7 @@
 # Parameters
 #SBATCH --account=root
 #SBATCH --exclusive
+#SBATCH --export=PATH
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=root-root.train-seg1
 #SBATCH --nodes=1
@@ -32,6 +33,7 @@ nodes_array=($nodes)
 head_node=${nodes_array[0]}
 head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
+export SLURM_EXPORT_ENV=ALL
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export NVTE_FWD_LAYERNORM_SM_MARGIN=20
 export NVTE_BWD_LAYERNORM_SM_MARGIN=20
@@ -67,6 +69,7 @@ fi
 # Parameters
 #SBATCH --account=root
 #SBATCH --exclusive
+#SBATCH --export=PATH
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=root-root.train-seg2
 #SBATCH --nodes=1
@@ -92,6 +95,7 @@ nodes_array=($nodes)
 head_node=${nodes_array[0]}
 head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
+export SLURM_EXPORT_ENV=ALL
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export NVTE_FWD_LAYERNORM_SM_MARGIN=20
 export NVTE_BWD_LAYERNORM_SM_MARGIN=20

@@ -7,6 +7,7 @@
 # Parameters
 #SBATCH --account=root
 #SBATCH --exclusive
+#SBATCH --export=PATH
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=root-root.train
 #SBATCH --nodes=1
@@ -31,6 +32,7 @@ nodes_array=($nodes)
 head_node=${nodes_array[0]}
 head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
+export SLURM_EXPORT_ENV=ALL
 export CUDA_DEVICE_MAX_CONNECTIONS=32
 export NVTE_FWD_LAYERNORM_SM_MARGIN=20
 export NVTE_BWD_LAYERNORM_SM_MARGIN=20

@@ -7,6 +7,7 @@
 # Parameters
 #SBATCH --account=my-account
 #SBATCH --exclusive
+#SBATCH --export=PATH,WANDB_API_KEY,HF_TOKEN
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=my-account-my-account.train
 #SBATCH --nodes=32
@@ -31,6 +32,7 @@ nodes_array=($nodes)
 head_node=${nodes_array[0]}
 head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
+export SLURM_EXPORT_ENV=ALL
 export CUDA_DEVICE_MAX_CONNECTIONS=8
 export NVTE_FWD_LAYERNORM_SM_MARGIN=16
 export NVTE_BWD_LAYERNORM_SM_MARGIN=16

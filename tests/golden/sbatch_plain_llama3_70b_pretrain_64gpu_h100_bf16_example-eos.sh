@@ -9,11 +9,13 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --time=04:00:00
 #SBATCH --output=<RUN_DIR>/slurm-%j.out
+#SBATCH --export=PATH,WANDB_API_KEY,HF_TOKEN
 #SBATCH --exclusive
 # (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)
 # (no NSYS: no Nsight Systems profile)
 set -euo pipefail
-# sbatch exports the submitting shell's environment (--export=ALL); secrets travel that way, by name only: WANDB_API_KEY, HF_TOKEN
+# sbatch passes PATH and the profile's secrets from the submitting shell, by name, nothing else (--export above;
+# the node adds your login environment); secrets: WANDB_API_KEY, HF_TOKEN
 
 # Launch-time environment from the ledger: exported here so every rank has it before CUDA initialises.
 export CUDA_DEVICE_MAX_CONNECTIONS=1  # derived: TP=4/CP=2 comm overlap needs compute and comm kernels kept in issue order (one hardware queue); megatron.bridge.perf_recipes.llama.h100.llama3 sets 1 for its TP4 and CP2 layouts
@@ -29,5 +31,7 @@ export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_6,mlx5_7,mlx5_8,mlx5_9  # cl
 export NCCL_SOCKET_IFNAME=bond0  # cluster: site setting in slurm/profiles/example-eos.toml
 export NCCL_IB_TIMEOUT=22  # cluster: site setting in slurm/profiles/example-eos.toml
 export NCCL_IB_SL=1  # cluster: site setting in slurm/profiles/example-eos.toml
+# srun reads SLURM_EXPORT_ENV (sbatch set it to the --export list) as its own --export: the ranks get all of the above.
+export SLURM_EXPORT_ENV=ALL
 
 srun --mpi=pmix --container-image=nvcr.io/nvidia/nemo:26.08 --container-mounts=/lustre:/lustre,<REPO>:<REPO>,<RUN_DIR>:<RUN_DIR> --chdir=<REPO> bash -c 'exec python launch/entry.py --recipe llama3_70b_pretrain_64gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 8 --checks full --segment 1 --segments 1 --preflight-only'

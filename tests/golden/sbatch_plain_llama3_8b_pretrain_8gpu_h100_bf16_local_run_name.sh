@@ -9,11 +9,13 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --time=00:30:00
 #SBATCH --output=<RUN_DIR>/slurm-%j.out
+#SBATCH --export=PATH
 #SBATCH --exclusive
 #SBATCH --signal=TERM@300
 # NSYS=10:12 NSYS_RANKS=0,4: launch/entry.py runs those ranks under nsys profile and exports each report: <RUN_DIR>/nsys/rank<R>.{nsys-rep,sqlite}, then <RUN_DIR>/{overlap_report.json,overlap_timeline.png}
 set -euo pipefail
-# sbatch exports the submitting shell's environment (--export=ALL); secrets travel that way, by name only: none
+# sbatch passes PATH and the profile's secrets from the submitting shell, by name, nothing else (--export above;
+# the node adds your login environment); secrets: none
 
 # Launch-time environment from the ledger: exported here so every rank has it before CUDA initialises.
 export CUDA_DEVICE_MAX_CONNECTIONS=1  # derived: TP=1/CP=2 comm overlap needs compute and comm kernels kept in issue order (one hardware queue); megatron.bridge.perf_recipes.llama.h100.llama3 sets 1 for its TP4 and CP2 layouts
@@ -25,5 +27,7 @@ export NCCL_NVLS_ENABLE=0  # bridge: Bridge base recipe's cfg.env_vars: common d
 export NCCL_GRAPH_REGISTER=0  # bridge: Bridge base recipe's cfg.env_vars: common default (megatron.bridge.recipes.utils.environment_utils.COMMON_RECIPE_ENV_VARS)
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # bridge: Bridge base recipe's cfg.env_vars: common default (megatron.bridge.recipes.utils.environment_utils.COMMON_RECIPE_ENV_VARS)
 export NCCL_SOCKET_IFNAME=lo  # cluster: site setting in slurm/profiles/local.toml
+# srun reads SLURM_EXPORT_ENV (sbatch set it to the --export list) as its own --export: the ranks get all of the above.
+export SLURM_EXPORT_ENV=ALL
 
 srun --mpi=pmix --chdir=<REPO> bash -c 'exec <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 1 --checks full --segment 1 --segments 2 --preflight-only'

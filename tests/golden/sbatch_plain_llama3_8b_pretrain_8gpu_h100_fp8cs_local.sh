@@ -9,11 +9,13 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --time=00:30:00
 #SBATCH --output=<RUN_DIR>/slurm-%j.out
+#SBATCH --export=PATH
 #SBATCH --exclusive
 # (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)
 # (no NSYS: no Nsight Systems profile)
 set -euo pipefail
-# sbatch exports the submitting shell's environment (--export=ALL); secrets travel that way, by name only: none
+# sbatch passes PATH and the profile's secrets from the submitting shell, by name, nothing else (--export above;
+# the node adds your login environment); secrets: none
 
 # Launch-time environment from the ledger: exported here so every rank has it before CUDA initialises.
 export CUDA_DEVICE_MAX_CONNECTIONS=32  # derived: TP=CP=1: 1 would serialise DP grad-reduce/param-gather with compute; megatron.bridge.perf_recipes.llama.h100.llama3 8B fp8cs uses 32
@@ -28,5 +30,7 @@ export NVTE_NORM_FWD_USE_CUDNN=1  # recipe: cuDNN LayerNorm kernels, as in NVIDI
 export NVTE_NORM_BWD_USE_CUDNN=1  # recipe: cuDNN LayerNorm kernels, as in NVIDIA's measured 8B FP8 baseline (megatron.bridge.perf_recipes.llama.h100.llama3)
 export NCCL_CTA_POLICY=1  # recipe: NCCL CTA scheduling policy of NVIDIA's measured 8B FP8 baseline (megatron.bridge.perf_recipes.llama.h100.llama3)
 export NCCL_SOCKET_IFNAME=lo  # cluster: site setting in slurm/profiles/local.toml
+# srun reads SLURM_EXPORT_ENV (sbatch set it to the --export list) as its own --export: the ranks get all of the above.
+export SLURM_EXPORT_ENV=ALL
 
 srun --mpi=pmix --chdir=<REPO> bash -c 'exec <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_fp8cs --run-dir <RUN_DIR> --nodes 1 --checks full --segment 1 --segments 1 --preflight-only'

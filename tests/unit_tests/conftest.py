@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+
+# A plan.json that make submit wrote (llama3_8b fp8, 1 node), for tests that need a run directory's plan.
+PLAN_FIXTURE = Path(__file__).parent / "regress" / "fixtures" / "preflight_submit_run" / "plan.json"
+
+
+@pytest.fixture
+def write_plan():
+    """`write_plan(run_dir, **run)`: the fixture plan.json in `run_dir`, its `run` key updated with `run`; returns
+    the plan."""
+
+    def write(run_dir: Path, **run) -> dict:
+        plan = json.loads(PLAN_FIXTURE.read_text())
+        plan["run"] = {**(plan.get("run") or {}), **run}
+        (run_dir / "plan.json").write_text(json.dumps(plan))
+        return plan
+
+    return write
 
 
 @pytest.fixture(scope="module")

@@ -4,18 +4,48 @@ a segment that finds training over cancels the segments after it (they would onl
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from overlapkit import jsonio
 from overlapkit.cluster import resume, slurm
+from overlapkit.errors import BadInput
+from overlapkit.plan import planfile
 
 MARKER = "submission.json"  # a run directory's record of its submission (cluster/submit.py writes it)
+ROLE = "the run's submission record that make submit writes"
+PATHS = ("experiment_dir", "checkpoint_dir", "run_dir", "script", "host", "cluster", "at", "reason")
+
+
+def checked_marker(run_dir: Path, info: dict) -> dict:
+    """A run's submission record, every field a reader uses of its type (job ids that Slurm's tools may be handed:
+    never an option), or one line naming the file, the field and the fix."""
+    path, fix = Path(run_dir) / MARKER, "it was edited or written by another tool: restore it, or give another RUN="
+
+    def bad(what: str):
+        return jsonio.file_problem(path, what, ROLE, fix)
+
+    if not isinstance(info.get("state", ""), str):
+        raise bad(f"state is {info['state']!r}, not a word")
+    for key in PATHS:
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise bad(f"{key} is {info[key]!r}, not text")
+    pid = info.get("pid")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 1):
+        raise bad(f"pid is {pid!r}, not a process id")
+    ids = info.get("job_ids")
+    if ids is not None and not isinstance(ids, list):
+        raise bad(f"job_ids is {ids!r}, not a list")
+    for key, value in [("job_id", info.get("job_id"))] * ("job_id" in info) + [("job_ids", j) for j in ids or []]:
+        try:
+            slurm.checked_id(value, key)
+        except BadInput as exc:
+            raise bad(str(exc).partition(": nothing")[0]) from None
+    return info
 
 
 def job_ids(info: dict) -> list[str]:
-    """Every job of a submission, in segment order (a run submitted before chains has one)."""
-    return list(info.get("job_ids") or [info["job_id"]])
+    """Every job of a submission, in segment order (a run submitted before chains has one), each a checked id."""
+    return [slurm.checked_id(j, f"{MARKER}'s job id") for j in list(info.get("job_ids") or [info.get("job_id")])]
 
 
 def status_lines(run_dir: Path, info: dict) -> list[str]:
@@ -27,12 +57,15 @@ def status_lines(run_dir: Path, info: dict) -> list[str]:
         label = f"segment {i}/{len(ids)}: job {job} {state}" if len(ids) > 1 else f"job {job} {state}"
         pre = run_dir / (f"segment-{i}" if len(ids) > 1 else "") / "preflight.json"
         if pre.is_file():
-            label += f"; preflight {'OK' if json.loads(pre.read_text()).get('ok') else 'FAILED'}"
+            verdict = (jsonio.read_json(pre) or {}).get("ok")
+            label += f"; preflight {'OK' if verdict is True else 'FAILED' if verdict is False else 'unreadable'}"
         out.append(label)
     ckdir = info.get("checkpoint_dir")
     if ckdir:
-        run = json.loads((run_dir / "plan.json").read_text()).get("run") or {}
+        run = planfile.read_plan(run_dir).get("run") or {}
         st, iters = resume.state(ckdir, run.get("ckpt_format") or "torch_dist"), run.get("train_iters")
+        if st.problem:
+            return [*out, f"checkpoints: {ckdir}: {st.problem}; a resume stops on it"]
         step = st.named
         last = f"iteration {step}" + (f" of {iters}" if iters else "") if step is not None else "none yet"
         if step is not None and st.lacks(step):
@@ -58,8 +91,12 @@ def cancel(info: dict) -> list[str]:
 def cancel_after(run_dir: Path, segment: int) -> list[str]:
     """Training is over: cancel the chain's segments after `segment` that have not ended; one line each."""
     info = jsonio.read_json(run_dir / MARKER) or {}
+    try:
+        later = job_ids(info)[segment:] if info.get("job_id") else []
+    except BadInput as exc:  # an edited record: nothing is handed to scancel, and the job says so
+        return [f"later segments not cancelled: {exc}; make cancel RUN={run_dir}"]
     out = []
-    for i, job in enumerate(job_ids(info)[segment:] if info.get("job_id") else [], segment + 1):
+    for i, job in enumerate(later, segment + 1):
         try:
             ended = slurm.cancel(job)
         except RuntimeError as exc:  # scancel missing inside a container, the controller away: say so, go on

@@ -15,7 +15,8 @@ class EnvVarPlugin(run.Plugin):
     """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars.
 
     nemo_run writes executor.env_vars as `export NAME=value` lines into the sbatch script, so secrets are refused
-    here: they reach the job from the submitting shell (sbatch --export=ALL), never from a file."""
+    here: they reach the job from the submitting shell by name (sbatch --export: cluster/slurm.py), never from a
+    file."""
 
     env: dict[str, str] = field(default_factory=dict)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -20,7 +21,7 @@ NSYS_FIX = "run in a container image with Nsight Systems (the NeMo container has
 def env_int(*names: str, environ=os.environ) -> int | None:
     """The first of `names` set to a whole number (Slurm's variable, then torchrun's), else None."""
     for n in names:
-        if environ.get(n, "").isdigit():
+        if re.fullmatch(r"[0-9]{1,9}", environ.get(n, "")):  # ASCII: "²".isdigit() holds, int("²") fails
             return int(environ[n])
     return None
 

@@ -2,17 +2,20 @@
 
 One TOML file per cluster in `slurm/profiles/<name>.toml`, loaded into a frozen `ClusterProfile`. Every error is one
 line that names the fix. Secrets are listed by *name* only (`secrets = ["WANDB_API_KEY"]`): their values stay in the
-submitting shell, which sbatch exports to the job (`--export=ALL` is its default), and are never written anywhere.
+submitting shell, which sbatch passes to the job by name (`--export=PATH,<secrets>`: cluster/slurm.py export_list),
+and are never written anywhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from overlapkit.plan.runopts import directory_problem
 from overlapkit.secrets import FIX, credential_kind, secret_problem
 from overlapkit.stack import REPO_ROOT, repo_relative
 
@@ -165,7 +168,16 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
     both = set(out.get("env", {})) & set(out.get("secrets", ()))
     if both:
         fail(f"{sorted(both)[0]} is in both env and secrets: keep it in secrets only")
-    return ClusterProfile(**out)
+    return with_job_dir(ClusterProfile(**out), out.get("job_dir"), where)
+
+
+def with_job_dir(profile: ClusterProfile, job_dir: str | None, where: str = "JOB_DIR") -> ClusterProfile:
+    """`profile` with its job directory `job_dir` (None: its own), which must be a directory or not exist yet: runs,
+    checkpoints and logs all go under it."""
+    out = dataclasses.replace(profile, job_dir=job_dir) if job_dir else profile
+    if problem := directory_problem(str(out.job_path)):
+        raise ProfileError(f"{where}: job_dir: {problem}: give job_dir a directory on the shared filesystem")
+    return out
 
 
 def _env(table, fail) -> dict[str, str]:

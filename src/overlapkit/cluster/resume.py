@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio
+from overlapkit.errors import BadInput
+from overlapkit.plan.runopts import directory_problem
 
 # Bridge's checkpoint tracker (megatron/bridge/training/checkpointing.py: TRACKER_PREFIX + train_state.pt), and the
 # Megatron-LM one Bridge writes beside it (save_checkpoint's train_state_finalize_fn: "Write Megatron-LM tracker file
@@ -38,8 +41,11 @@ LAYOUTS = "overlapkit-layouts.json"
 LAYOUT_KEYS = ("nodes", "gpus", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "gbs", "seq")
 
 
+DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+
+
 def _iteration(name: str) -> int | None:
-    return int(name[5:]) if name.startswith("iter_") and name[5:].isdigit() else None
+    return int(name[5:]) if name.startswith("iter_") and DIGITS.fullmatch(name[5:]) else None
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class State:
     tracker: bool = False
     named: int | None = None  # the tracker's iteration
     missing: dict[int, tuple[str, ...]] = field(default_factory=dict)  # iteration → files it lacks (none: complete)
+    problem: str | None = None  # why nothing here can be resumed (the directory, or its tracker, is not usable)
 
     @property
     def complete(self) -> list[int]:
@@ -66,6 +73,8 @@ class State:
 
 
 def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
+    if directory and (problem := directory_problem(directory)):
+        return State(directory, problem=problem)
     if not directory or not Path(directory).is_dir():
         return State(directory)
     d, need = Path(directory), COMPLETE.get(ckpt_format, COMPLETE_OTHER)
@@ -74,12 +83,16 @@ def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
         if (it := _iteration(p.name)) is not None and p.is_dir():
             missing[it] = tuple(f for f in need if not (p / f).is_file() or not (p / f).stat().st_size)
     legacy = d / TRACKERS[1]
-    text = legacy.read_text().strip() if legacy.is_file() else ""
+    text = legacy.read_bytes().decode("utf-8", "replace").strip() if legacy.is_file() else ""
     # Without the text tracker (an older Bridge): the last iteration whose train_state.pt is written, which Bridge
     # writes just before the trackers.
     written = [i for i in missing if "train_state.pt" not in missing[i]]
-    named = int(text) if text.isdigit() else max(written, default=None)
-    return State(directory, any((d / t).is_file() for t in TRACKERS), named, missing)
+    named = int(text) if DIGITS.fullmatch(text) else max(written, default=None)
+    tracked = any((d / t).is_file() for t in TRACKERS)
+    problem = None
+    if text and not DIGITS.fullmatch(text):  # -5, "²", junk: never ignored for another iteration
+        problem = f"{legacy} holds {text[:40]!r}, not an iteration number (Bridge writes one, e.g. 50)"
+    return State(directory, tracked, named, missing, problem)
 
 
 @dataclass
@@ -99,6 +112,10 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
     falls back or stops; a finished run exits 0; a changed layout stops unless opted in."""
     d, v = run.get("checkpoint_dir"), Verdict()
     st = state(d, run.get("ckpt_format") or "torch_dist")
+    if st.problem:
+        v.code = 1
+        v.lines.append((f"error: {where}: {st.problem}: fix it, or use another RUN_NAME to start over", True))
+        return v
     if not st.tracker:
         if later_segment:
             v.code = 1
@@ -158,7 +175,11 @@ def _resumable(v: Verdict, st: State, run: dict, layout: dict, where: str) -> Ve
         v.code, v.finished = 0, True
         v.lines.append((f"{where}: training finished at iteration {at} (train_iters {iters}): nothing to run", False))
         return v
-    if problem := layout_problem(d, at, layout, run):
+    try:
+        problem = layout_problem(d, at, layout, run)
+    except BadInput as exc:  # the layout record is not ours to read: stop, saying which file and field
+        problem = str(exc)
+    if problem:
         v.code = 1
         v.lines.append((f"error: {where}: {problem}", True))
         return v
@@ -166,8 +187,27 @@ def _resumable(v: Verdict, st: State, run: dict, layout: dict, where: str) -> Ve
     return v
 
 
+LAYOUTS_ROLE = "the layouts each run trained with, which the job records beside its checkpoints"
+
+
 def layouts(directory: str | None) -> list[dict]:
-    return (jsonio.read_json(Path(directory) / LAYOUTS, list) or []) if directory else []
+    """The layout record beside the checkpoints (none yet: []); each entry {from_iteration: a whole number,
+    layout: an object}, or a FileProblem naming the file, the entry and the fix."""
+    if not directory:
+        return []
+    path = Path(directory) / LAYOUTS
+    fix = "restore it (or remove it to resume without the layout check)"
+    entries = jsonio.read_json(path, list, role=LAYOUTS_ROLE, fix=fix, missing_ok=True) or []
+    for i, e in enumerate(entries):
+        it = e.get("from_iteration", 0) if isinstance(e, dict) else None
+        what = None
+        if not isinstance(e, dict) or not isinstance(e.get("layout"), dict):
+            what = f"entry {i} is {str(e)[:40]}, not {{from_iteration, layout}}"
+        elif isinstance(it, bool) or not isinstance(it, int) or it < 0:
+            what = f"entry {i}'s from_iteration is {it!r}, not an iteration"
+        if what:
+            raise jsonio.file_problem(path, what, LAYOUTS_ROLE, fix)
+    return entries
 
 
 def layout_at(directory: str | None, iteration: int) -> dict | None:

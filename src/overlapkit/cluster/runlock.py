@@ -28,6 +28,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, makewatch
 from overlapkit.cluster import slurm
+from overlapkit.errors import BadInput
 
 LOCK = "overlapkit-submit.lock"
 RECORD = "overlapkit-runs.json"  # every submission onto this directory: run directory, job ids, time
@@ -69,8 +70,9 @@ def _age(path: Path) -> float:
 def stale(path: Path, holder: dict | None, stale_s: float = STALE_S) -> bool:
     """Is the lock at `path` (its content `holder`; None while its creator is still writing it) left by a dead
     submitter? Same host: its pid is gone. Another host, or no readable holder: older than `stale_s`."""
-    if holder and holder.get("host") == socket.gethostname() and str(holder.get("pid", "")).isdigit():
-        return not makewatch.alive(int(holder["pid"]))
+    pid = holder.get("pid") if holder else None
+    if holder and holder.get("host") == socket.gethostname() and isinstance(pid, int) and not isinstance(pid, bool):
+        return not makewatch.alive(pid)  # a pid of another type ("abc", "²"): not ours to ask; age decides
     return _age(path) > (stale_s if holder else max(stale_s / 60, 5.0))
 
 
@@ -137,9 +139,12 @@ def record(directory: Path, run_dir: Path, job_ids: list[str]) -> None:
 def live_problem(directory: Path, run_name: str) -> str | None:
     """Why a new run may not start on `directory` now (one line naming the fix), or None. Slurm decides what is
     live; when it does not answer, nothing can be decided and that is the answer."""
-    subs = submissions(directory)
+    subs = [s for s in submissions(directory) if isinstance(s, dict) and isinstance(s.get("job_ids", []), list)]
     ids = [job for sub in subs for job in sub.get("job_ids", [])]
-    live = slurm.live_jobs(ids)
+    try:
+        live = slurm.live_jobs(ids)
+    except BadInput as exc:  # an edited record: its ids are never handed to squeue
+        raise BadInput(f"{Path(directory) / RECORD}: {exc}") from None
     if live is None:
         return f"RUN_NAME={run_name}: Slurm does not answer (squeue), so whether its run is live is unknown: retry"
     if not live:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import shlex
 from string import Template
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
+from overlapkit.cluster import slurm
 from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
 from overlapkit.plan import runopts
 from overlapkit.plan.runopts import PREEMPT_S
@@ -44,6 +45,8 @@ def render(sub: Submission) -> str:
         else "# (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)",
         nsys=_nsys_line(plan, sub.run_dir),
         secrets=" " + ", ".join(plan.ledger.secrets) if plan.ledger.secrets else " none",
+        export=slurm.export_list(plan.ledger.secrets),
+        step_export="\n".join(f"export {k}={v}" for k, v in slurm.STEP_EXPORT.items()),
         exports=exports,
         srun_args=shlex.join(srun),
         code_dir=shlex.quote(str(stack.REPO_ROOT)),
@@ -64,7 +67,4 @@ def _nsys_line(plan, run_dir) -> str:
 
 
 def write(sub: Submission) -> str:
-    path = sub.run_dir / "sbatch.sh"
-    path.write_text(render(sub))
-    path.chmod(0o755)
-    return str(path)
+    return str(jsonio.write_text(sub.run_dir / "sbatch.sh", render(sub), mode=0o755))

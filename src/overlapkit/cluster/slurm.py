@@ -1,5 +1,7 @@
 """What we ask Slurm directly (sacct, squeue, sinfo, scancel, sbatch --wrap): job states, partition size, cancel,
-and the one small CPU job the nightly submits without nemo_run. Every call has a timeout; none needs a shell."""
+and the one small CPU job the nightly submits without nemo_run. Every call has a timeout; none needs a shell; every
+job id handed to a tool is checked by `checked_id` first, so a value read from a file is never taken as an option
+(`scancel --me` would cancel every job of the user)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,40 @@ import re
 import subprocess
 import time
 
+from overlapkit.errors import BadInput
+
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
+
+
+# A Slurm job id as sbatch, squeue and sacct print it: digits; an array task <job>_<task>; a heterogeneous job's
+# component <job>+<offset> (Slurm's job_array and heterogeneous_jobs documentation).
+JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
+
+
+def checked_id(value, where: str = "a job id") -> str:
+    """`value` as a job id to hand to Slurm's tools; BadInput (one line naming `where`) for anything else."""
+    if isinstance(value, str) and JOB_ID.fullmatch(value):
+        return value
+    shown = repr(value) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
+    raise BadInput(
+        f"{where} is {shown[:80]}, not a Slurm job id (digits, or <job>_<task> / <job>+<offset>): nothing is handed "
+        "to Slurm; fix or remove the record"
+    )
+
+
+# What sbatch hands a job from the submitting shell (sbatch --export): PATH, so the script and its steps find the
+# cluster's tools as the submitter does, and the profile's secrets, by name; nothing else. With --export=ALL every
+# variable of the submitting shell, tokens included, was stored in slurmctld's job state. Without ALL the job gets
+# the named variables, SLURM_*, and the user's login environment on the node (sbatch sets SLURM_GET_USER_ENV; sbatch
+# (1), --export); and sbatch sets SLURM_EXPORT_ENV to the same list, which srun reads as its own --export, so a
+# script whose ranks need its own exports sets SLURM_EXPORT_ENV=ALL before srun (STEP_EXPORT).
+PASSED = ("PATH",)
+STEP_EXPORT = {"SLURM_EXPORT_ENV": "ALL"}
+
+
+def export_list(secrets=()) -> str:
+    """sbatch's --export value: PASSED and the secrets' names."""
+    return ",".join(dict.fromkeys([*PASSED, *secrets]))
 
 
 def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
@@ -19,7 +54,7 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | 
 
 def job_state(job_id: str) -> str:
     """Slurm's final word from sacct (needs slurmdbd), else squeue's, else UNKNOWN."""
-    out = _run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"])
+    out = _run(["sacct", "-X", "-n", "-P", "-j", checked_id(job_id), "-o", "State"])
     state = out.stdout.strip().splitlines()[0].split()[0] if out and out.returncode == 0 and out.stdout.strip() else ""
     if not state:
         out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
@@ -33,7 +68,7 @@ def live_jobs(job_ids: list[str]) -> list[tuple[str, str]] | None:
     ids ("Invalid job id specified"), which is an answer too."""
     if not job_ids:
         return []
-    out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    out = _run(["squeue", "-h", "-j", ",".join(map(checked_id, job_ids)), "-o", "%i|%T"])
     if out is None or out.returncode != 0:
         return [] if out is not None and "Invalid job id" in out.stderr else None
     rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 1]
@@ -119,7 +154,7 @@ def cancel(job_id: str) -> str | None:
     state = job_state(job_id)
     if state.startswith(TERMINAL):
         return state.split()[0]
-    out = _run(["scancel", job_id])
+    out = _run(["scancel", checked_id(job_id)])
     if out is None or out.returncode != 0:
         raise RuntimeError(f"scancel {job_id} failed: {out.stderr.strip() if out else 'scancel did not answer'}")
     return None
@@ -136,12 +171,15 @@ def sbatch_wrap(
     time_limit: str = "00:30:00",
     begin: str | None = None,
     comment: str | None = None,
+    secrets=(),
 ) -> str:
     """Submit `cmd` as a one-task CPU job (`sbatch --wrap`), after every job in `after` ends (afterany), held until
-    `begin` (any `sbatch --begin` time) when given; `comment` is shown by squeue (queued() reads it back)."""
+    `begin` (any `sbatch --begin` time) when given; `comment` is shown by squeue (queued() reads it back). It gets
+    PATH and `secrets` from this environment (export_list): a job that submits others passes their secrets on."""
     argv = [
         "sbatch",
         "--parsable",
+        f"--export={export_list(secrets)}",
         f"--account={account}",
         f"--partition={partition}",
         "--nodes=1",
@@ -153,7 +191,7 @@ def sbatch_wrap(
         cmd,
     ]
     if after:
-        argv.insert(2, f"--dependency=afterany:{':'.join(after)}")
+        argv.insert(2, f"--dependency=afterany:{':'.join(map(checked_id, after))}")
     if begin:
         argv.insert(2, f"--begin={begin}")
     if comment:

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, makewatch, stack
-from overlapkit.cluster import resume, runlock, slurm
-from overlapkit.cluster.chain import MARKER
+from overlapkit.cluster import chain, resume, runlock, slurm
+from overlapkit.cluster.chain import MARKER, checked_marker
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
+from overlapkit.errors import BadInput
 from overlapkit.plan import request, runopts
 from overlapkit.plan.build import Plan, plan_for, write_run_dir
 from overlapkit.plan.request import PlanRequest
@@ -102,9 +103,8 @@ def read_marker(run_dir: Path, strict: bool = False) -> dict:
     saying what is wrong with it."""
     if not strict:
         return jsonio.read_json(run_dir / MARKER) or {}
-    role = "the run's submission record that make submit writes"
     fix = "give RUN=<a run directory under <job_dir>/runs> (none: the latest run)"
-    return jsonio.read_json(run_dir / MARKER, role=role, fix=fix, keys=("state",))
+    return checked_marker(run_dir, jsonio.read_json(run_dir / MARKER, role=chain.ROLE, fix=fix, keys=("state",)))
 
 
 @dataclass
@@ -190,6 +190,8 @@ def submission(
     limit = profile.time_limit or plan.recipe.time_limit
     if check_partition and (bad := slurm.request_problems(profile, plan.target.nodes, limit)):
         raise SubmitError(f"{bad[0]}; nothing submitted")
+    if check_partition and (missing := secrets_problem(profile, caller_env)):
+        raise SubmitError(f"{missing}; nothing submitted")
     if check_partition:  # what the job's resume guard would stop on, said before anything is queued
         for line in resume_lines(plan):
             print(line, file=sys.stderr)
@@ -197,6 +199,20 @@ def submission(
     mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
     command = entry_command(plan, profile, run_dir, preflight_only, checks)
     return Submission(plan, profile, run_dir, command, preflight_only, checks)
+
+
+def secrets_problem(profile: ClusterProfile, caller_env=None) -> str | None:
+    """A secret the profile lists that this shell does not export (or exports empty): the job's preflight would fail
+    on it after its wait in the queue, so a real submission stops before sbatch. One line naming the variable and
+    the profile, never a value."""
+    env = os.environ if caller_env is None else caller_env
+    if missing := [name for name in profile.secrets if not env.get(name)]:
+        return (
+            f"secret {missing[0]} (listed in {profile.source}) is not exported in this shell"
+            + (f" (nor {', '.join(missing[1:])})" if missing[1:] else "")
+            + ": export it, or remove it from the profile's secrets"
+        )
+    return None
 
 
 def resume_lines(plan: Plan) -> list[str]:
@@ -270,6 +286,9 @@ def slurm_executor(sub: Submission):
         container_image=p.container_image or None,
         container_mounts=list(p.container_mounts),
         srun_args=list(p.srun_args),
+        # PATH and the secrets by name, not the whole shell (slurm.export_list); the ranks get the script's exports
+        additional_parameters={"export": slurm.export_list(sub.plan.ledger.secrets)},
+        env_vars=dict(slurm.STEP_EXPORT),
         tunnel=run.LocalTunnel(job_dir=str(p.job_path / "experiments")),
         packager=run.GitArchivePackager(),  # ships this repo at its committed HEAD
     )
@@ -419,7 +438,7 @@ def load_submission(run_dir: Path) -> dict:
     info = read_marker(run_dir)
     if not info:
         raise SubmitError(f"{run_dir} has no {MARKER}: not a submitted run (make submit writes it)")
-    if info.get("job_id"):
+    if checked_marker(run_dir, info).get("job_id"):
         return info
     raise SubmitError(f"{run_dir.name} has no job: {describe(info)}")
 
@@ -434,7 +453,8 @@ def describe(info: dict) -> str:
     if state == "sbatch-script":
         return f"a plain sbatch script, not submitted by make: sbatch {info.get('script')}"
     if state == "submitting":
-        if info.get("host") == socket.gethostname() and not makewatch.alive(int(info.get("pid", 0)) or -1):
+        pid = info.get("pid") if isinstance(info.get("pid"), int) else -1  # checked_marker refuses another pid
+        if info.get("host") == socket.gethostname() and not makewatch.alive(pid):
             return (
                 f"orphan: its submitting process (pid {info.get('pid')}) died at an unknown point before "
                 "recording a job id; resubmit with make submit"
@@ -457,6 +477,17 @@ def latest_run(root: Path, submitted: bool = True) -> Path:
 
 
 def log_files(info: dict) -> list[Path]:
-    return sorted(Path(info["experiment_dir"]).glob("*/log-*.out")) + sorted(
-        Path(info["experiment_dir"]).glob("*/sbatch_*.out")
-    )
+    """The job's logs in nemo_run's experiment directory (its _CONFIG file marks one); a BadInput when the record
+    names none, or a directory that is gone or is not nemo_run's (the record was edited, or the directory deleted);
+    none yet (a pending job) is an empty list."""
+    where = info.get("experiment_dir")
+    fix = "the job's logs are in the experiment directory nemo_run made at submission; if it was removed they are gone"
+    if not where:
+        raise BadInput(f"{info.get('run_dir') or 'the run'}: its {MARKER} names no experiment_dir: {fix}")
+    exp = Path(where)
+    if not exp.is_dir():
+        raise BadInput(f"experiment directory {exp} (from {MARKER}) no longer exists: {fix}")
+    logs = sorted(exp.glob("*/log-*.out")) + sorted(exp.glob("*/sbatch_*.out"))
+    if not logs and not (exp / "_CONFIG").is_file():  # none yet is a pending job's answer; no _CONFIG, not nemo_run's
+        raise BadInput(f"{exp} (from {MARKER}) is not a nemo_run experiment directory (no _CONFIG in it): {fix}")
+    return logs

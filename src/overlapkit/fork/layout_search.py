@@ -18,6 +18,7 @@ and experts by EP and GPUs by EP·PP must divide, plan/moe.py); the largest VPP 
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -157,13 +158,23 @@ def _eps(s: ModelShape, fixed: dict) -> list[int]:
     return [e for e in (2**i for i in range(1, 11)) if s.experts % e == 0] if s.is_moe else [1]
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of `n` ≥ 1, ascending: √n steps, so a split search never walks every number up to n."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def _splits(s: ModelShape, gpus: int, fixed: dict):
+    """Every split to try. PP ranges over the divisors of GPUs/(TP·CP) up to the pipeline units, VPP over the
+    divisors ≥ 2 of units/PP (PP·VPP must divide the units: audit.split_violations), so the walk is over divisors,
+    not over every number up to the layer count."""
     units = s.pipeline_units
     for tp in [fixed["tp"]] if "tp" in fixed else TPS:
         for cp in [fixed["cp"]] if "cp" in fixed else CPS:
-            pps = [fixed["pp"]] if "pp" in fixed else [p for p in range(1, units + 1) if gpus % (tp * cp * p) == 0]
+            per = gpus // (tp * cp) if gpus % (tp * cp) == 0 else 0
+            pps = [fixed["pp"]] if "pp" in fixed else [p for p in divisors(per) if p <= units] if per else []
             for pp in pps:
-                vpps = [None] if pp == 1 else range(2, units // pp + 1)
+                vpps = [None] if pp == 1 else [v for v in divisors(max(units // pp, 1)) if v >= 2]
                 for vpp in [fixed["vpp"]] if "vpp" in fixed else vpps:
                     for mbs in [fixed["mbs"]] if "mbs" in fixed else MBSS:
                         for ep in _eps(s, fixed):

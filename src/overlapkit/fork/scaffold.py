@@ -17,9 +17,9 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.fork import layout_search
-from overlapkit.plan import registry
+from overlapkit.plan import inputs, registry
 from overlapkit.plan.build import make_plan
 from overlapkit.shape import ModelShape, head_dim_follows
 from overlapkit.sizing import hardware, memory
@@ -30,6 +30,15 @@ NAME_RE = re.compile(
     re.ASCII,  # \d is 0-9 only: a full-width ８ is no digit of a recipe name (nor of a Python module's)
 )
 SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq", "experts", "topk")
+# Each shape flag's config field, whose size rule (plan/inputs.py: SIZES, CEILINGS) it answers to before any search.
+SHAPE_KEYS = dict(
+    zip(
+        SHAPE_FIELDS,
+        ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length")
+        + ("num_moe_experts", "moe_router_topk"),
+        strict=True,
+    )
+)
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "mbs", "ep")
 MOE_SHAPE = ("experts", "topk")  # only for a FROM recipe with experts
 RECIPES_DIR = registry.RECIPES_DIR
@@ -86,6 +95,11 @@ def check_request(req: ForkRequest) -> tuple[str, int, str]:
         raise ForkError(f"--dtype {req.dtype} contradicts the name's _{dtype} suffix")
     if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
         raise ForkError(f"{gpus} GPUs: use a multiple of {GPUS_PER_NODE} (whole H100 nodes)")
+    if gpus > inputs.MAX_NODES * GPUS_PER_NODE:
+        raise ForkError(f"{gpus} GPUs: at most {inputs.MAX_NODES * GPUS_PER_NODE:,} ({inputs.MAX_NODES:,} nodes)")
+    for flag, value in req.shape.items():
+        if value is not None and (problem := inputs.size_problem(f"model.{SHAPE_KEYS[flag]}", value)):
+            raise ForkError(f"{flag.upper()}={value}: {problem.partition(': ')[2]} ({SHAPE_KEYS[flag]})")
     if not Path(req.recipes_dir).is_dir():
         raise ForkError(f"--recipes-dir {req.recipes_dir} is not a directory")
     for where in {Path(req.recipes_dir), RECIPES_DIR}:
@@ -240,7 +254,12 @@ def fork(req: ForkRequest) -> ForkResult:
     text = render(req, model, gpus, dtype, shape, cands[0], base_module)
     out_dir = Path(req.recipes_dir)
     final, tmp = out_dir / f"{req.name}.py", out_dir / f".{req.name}.py.tmp"
-    tmp.write_text(text)
+    try:
+        jsonio.create_new(tmp, text)
+    except FileExistsError:
+        raise ForkError(
+            f"{tmp} exists (another make new-recipe NAME={req.name} under way, or left by one): remove it"
+        ) from None
     try:
         mod = registry.load_file(tmp, req.name)
         plan = make_plan(req.name, gpu=req.gpu)

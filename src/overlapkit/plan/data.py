@@ -166,7 +166,7 @@ def _prefixes(entries, base: Path, where: str, vocab: int) -> tuple[Prefix, ...]
         w = e.get("weight", 1.0)
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
             _fail(where, f"weight {w!r} of {e['prefix']}: weights must be positive numbers below infinity")
-        prefix = str((base / e["prefix"]).resolve()).removesuffix(".bin").removesuffix(".idx")
+        prefix = str(resolved(base / e["prefix"], where)).removesuffix(".bin").removesuffix(".idx")
         if prefix in [p.path for p in out]:
             _fail(
                 where, f"{e['prefix']} is listed twice in one blend: list each dataset once (its weight sets its share)"
@@ -182,8 +182,20 @@ def _prefixes(entries, base: Path, where: str, vocab: int) -> tuple[Prefix, ...]
     return tuple(out)
 
 
+def resolved(path: Path, where: str) -> Path:
+    """`path` made absolute through its links; a link loop is one line, not Python's RuntimeError."""
+    try:
+        return path.resolve()
+    except RuntimeError:  # pathlib (Python 3.12): "Symlink loop from ..."
+        _fail(where, f"{path} is behind a symbolic link loop: fix the link")
+    except OSError as exc:
+        _fail(where, f"{path} cannot be resolved ({exc.strerror}): fix the path")
+
+
 def _cache(value, base: Path, where: str) -> str:
-    path = (base / value).resolve()
+    if not isinstance(value, str):
+        _fail(where, f'cache = {value!r}: a directory path, e.g. cache = "index-cache"')
+    path = resolved(base / value, where)
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -207,8 +219,8 @@ def check_split(split: str, where: str) -> None:
 
 def load(path: str | Path) -> DataSpec:
     """Parse and check a data.toml (files, headers, dtype against the tokenizer, weights, cache)."""
-    src = Path(path).expanduser().resolve()
     where = f"DATA={path}"
+    src = resolved(Path(path).expanduser(), where)
     if not src.is_file():
         _fail(where, "no such file: give the data.toml that make prep-data wrote (OUT/data.toml)")
     try:
@@ -222,7 +234,7 @@ def load(path: str | Path) -> DataSpec:
     if not isinstance(raw.get("tokenizer"), str):
         _fail(where, 'tokenizer = "<local Hugging Face tokenizer directory>" is required')
     base = src.parent
-    tok = (base / raw["tokenizer"]).resolve()
+    tok = resolved(base / raw["tokenizer"], where)
     vocab = tokenizer_vocab(tok, where)
     cache = _cache(raw.get("cache", "index-cache"), base, where)
     if "blend" in raw:

@@ -13,6 +13,7 @@ import datetime as dt
 import gzip
 import json
 import os
+import re
 import shutil
 import socket
 import zlib
@@ -145,17 +146,26 @@ def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force:
     eod_token(Path(tokenizer).expanduser(), f"TOKENIZER={tokenizer}")
     if not out:
         raise PrepError("OUT= is required: the directory for the .bin/.idx files and data.toml")
-    if not (workers or "1").isdigit() or int(workers or 1) < 1:
-        raise PrepError(f"WORKERS={workers!r}: a whole number of tokenizing processes ≥ 1")
+    worker_count(workers)
     if not key:
         raise PrepError("KEY= is empty: the JSON key holding each document's text (default text)")
-    target = Path(out).expanduser().resolve()
+    target = data.resolved(Path(out).expanduser(), f"OUT={out}")
     if target.exists() and not target.is_dir():
         raise PrepError(f"OUT={out} is a file: give a directory")
     existing = [target / SPEC] + [target / f"{_stem(f)}_{key}.{ext}" for f in files for ext in ("bin", "idx")]
     if not force and (clash := [p for p in existing if p.exists()]):
         raise PrepError(f"{clash[0]} exists: FORCE=1 overwrites it (or choose another OUT=)")
     return files, target
+
+
+def worker_count(workers: str) -> int:
+    """WORKERS= as a number of tokenizing processes: 1 up to this machine's CPUs (each is one busy process: more only
+    queue for the same cores, and WORKERS=100000 would fork until the machine stops)."""
+    cap = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    text = (workers or "1").strip()
+    if not re.fullmatch(r"[0-9]{1,6}", text) or not 1 <= int(text) <= cap:
+        raise PrepError(f"WORKERS={workers!r}: a whole number of tokenizing processes from 1 to {cap} (the CPUs here)")
+    return int(text)
 
 
 def _stem(f: Path) -> str:
@@ -174,7 +184,7 @@ def clear_stale(out: Path) -> list[Path]:
     gone = []
     for d in out.glob(f"{WORK_PREFIX}*"):
         host, _, pid = d.name[len(WORK_PREFIX) :].rpartition("-")
-        if host == socket.gethostname() and pid.isdigit() and not makewatch.alive(int(pid)):
+        if host == socket.gethostname() and re.fullmatch(r"[0-9]{1,9}", pid) and not makewatch.alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
     return gone
@@ -205,6 +215,7 @@ def prep(in_path, tokenizer, out, key="text", workers="1", force=False, log=prin
     for d in clear_stale(target):
         log(f"removed {d.name}: the work directory of an earlier run that was killed")
     work = work_dir(target)
+    makewatch.children_die_with_me()  # its pool's workers end with this process, whatever ends it
     stack.offline_env()
     stack.quiet_logs()  # the preprocessor imports Megatron Core: its CPU-only notices are not news here
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -221,7 +232,7 @@ def prep(in_path, tokenizer, out, key="text", workers="1", force=False, log=prin
                     tokenizer_name_or_path=str(tok),
                     json_keys=[key],
                     append_eod=True,
-                    workers=int(workers or 1),
+                    workers=worker_count(workers),
                     log_interval=max(1, docs[f] // 20),
                 )
         return _publish(made, work, target, tok, [docs[f] for f in files], log)
@@ -242,9 +253,6 @@ def _publish(made: list[str], work: Path, target: Path, tok: Path, docs: list[in
     for name, _ in checked:  # .bin first: an .idx in OUT always has its .bin
         for ext in ("bin", "idx"):
             os.replace(work / f"{name}.{ext}", target / f"{name}.{ext}")
-    spec = target / SPEC
-    tmp = target / f"{SPEC}.tmp"
-    tmp.write_text(spec_text(tok, checked, sum(docs)))
-    tmp.replace(spec)
+    spec = jsonio.write_text(target / SPEC, spec_text(tok, checked, sum(docs)))
     log(f"wrote {len(checked)} dataset(s), {sum(t for _, t in checked):,} tokens, and {spec}")
     return spec

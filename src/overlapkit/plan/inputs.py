@@ -66,6 +66,20 @@ SIGNED: dict[str, tuple[float, bool, str]] = {
     "optimizer.clip_grad": (0.0, True, "a bound on the gradient norm (0: no clipping)"),
     "model.init_method_std": (0.0, False, "a standard deviation"),
 }
+# Shape sizes beyond these are a typing error, not a model: each is 16× the largest value among the models this repo
+# plans (Llama 3.1 405B: 126 layers, hidden 16384, FFN 53248, 128 heads, 131072 tokens of context; DeepSeek-V3:
+# 256 experts, top-8 routing). A bound a number cannot make astronomical: the layout search walks the pipeline
+# splits of the layers, and the memory and throughput models multiply these.
+CEILINGS: dict[str, int] = {
+    "model.num_layers": 16 * 126,
+    "model.hidden_size": 16 * 16384,
+    "model.ffn_hidden_size": 16 * 53248,
+    "model.num_attention_heads": 16 * 128,
+    "model.num_query_groups": 16 * 128,
+    "model.seq_length": 16 * 131072,
+    "model.num_moe_experts": 16 * 256,
+    "model.moe_router_topk": 16 * 256,  # at most the experts (config_problems says so, naming them)
+}
 # NODES beyond this is a typing error, not a cluster: 8× the 16,384 H100s (2,048 nodes) that trained Llama 3 405B,
 # the largest published H100 run ("The Llama 3 Herd of Models", Meta 2024, section 3.3.1).
 MAX_NODES = 16384
@@ -80,9 +94,10 @@ def size_problem(key: str, value) -> str | None:
     low, none_ok = SIZES[key]
     if value is None and none_ok:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= low:
+    high = CEILINGS.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high):
         return None
-    allowed = f"a whole number ≥ {low}" + (" or null" if none_ok else "")
+    allowed = f"a whole number ≥ {low}" + (f" and ≤ {high:,}" if high else "") + (" or null" if none_ok else "")
     return f"{key}={value!r}: must be {allowed}"
 
 

@@ -7,6 +7,7 @@ ill-typed is a one-line OverrideError naming the nearest valid key.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import difflib
 import json
 import math
@@ -116,11 +117,14 @@ def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
     if isinstance(value, str) and "float" in kinds and _EXPONENT.fullmatch(raw):
         value = float(raw)  # 3e-4: YAML 1.1 reads an exponent without a dot as a string; YAML 1.2 and Python do not
     out = _as_kind(value, kinds)
-    if out is _REFUSED and "str" in kinds and not isinstance(value, (list, dict)):
-        out = raw  # a path, time or name that YAML read as a number or date: keep what was typed
+    if out is _REFUSED and "str" in kinds and _text_read_as_time(value, raw):
+        out = raw  # a time or date that YAML 1.1 read as sexagesimal seconds or a date: keep what was typed
     if out is _REFUSED:
         wanted = " or ".join(_READABLE[k] for k in sorted(kinds) if k in _READABLE) or "a value set in Python"
-        raise OverrideError(f"{key}={raw!r}: expected {wanted}")
+        # null, true/false or a number given to a text field is never the text "null", "false" or "0" (the audit
+        # would pass a setting that means nothing): YAML's reading is refused, and quoting gives the text
+        quote = f"; to mean the text, quote it inside SET: {key}=\"'{raw}'\"" if "str" in kinds else ""
+        raise OverrideError(f"{key}={raw!r}: expected {wanted}, not {_READABLE.get(kind_of(value), 'this')}{quote}")
     if choices and out not in choices:
         raise OverrideError(f"{key}={raw!r}: expected one of {', '.join(map(str, choices))}")
     if msg := number_problem(out):
@@ -139,6 +143,11 @@ def number_problem(value) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return "not a finite number (inf and nan are never a setting)"
     return None
+
+
+def _text_read_as_time(value, raw: str) -> bool:
+    """YAML 1.1 reads 04:00:00 as seconds and 2026-12-03 as a date: text a string field keeps as typed."""
+    return isinstance(value, (dt.date, dt.datetime)) or (isinstance(value, (int, float)) and ":" in raw)
 
 
 _REFUSED = object()

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,10 @@ PREEMPT_S = 300
 # exit_duration_in_mins stops training (with a save) this long before the limit: the second guard when a signal is
 # lost (srun not forwarding it, a data-loader hang at that moment). It must fire before the signal would.
 GUARD_MIN = 15
+# What Bridge's PreemptionPlugin appends to the job's arguments for a RUN_NAME run (megatron/bridge/recipes/
+# run_plugins.py, _default_preemption_converter: PreemptionPluginScriptArgs' defaults), after the user's SET: the job
+# runs these whatever SET says, so `apply` puts them in the plan and the audit refuses a SET that says otherwise.
+PREEMPTION_TRAIN = {"exit_signal_handler": True, "exit_signal_handler_for_dataloader": False}
 
 
 @dataclass(frozen=True)
@@ -180,8 +186,9 @@ def apply(cfg, opts: RunOptions) -> None:
             cfg.logger.wandb_project, cfg.logger.wandb_entity = opts.wandb["project"], opts.wandb.get("entity")
             cfg.logger.wandb_exp_name = opts.run_name
             cfg.logger.wandb_save_dir = str(Path(opts.job_dir) / "wandb" / opts.run_name)
+        for field, value in PREEMPTION_TRAIN.items():
+            setattr(cfg.train, field, value)
         if opts.time_limit_min:
-            cfg.train.exit_signal_handler = True
             cfg.train.exit_duration_in_mins = opts.time_limit_min - GUARD_MIN
     if opts.nsys:
         from megatron.bridge.training.config import ProfilingConfig
@@ -202,11 +209,44 @@ def _under(path: str, root: str) -> bool:
 
 def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
     """(level, code, message) for the run's checkpoint, logging and data settings."""
-    return _checkpoint_findings(cfg.checkpoint, opts) + _logging_findings(opts, profile) + _data_findings(cfg, opts)
+    out = _checkpoint_findings(cfg.checkpoint, opts) + _logging_findings(opts, profile) + _data_findings(cfg, opts)
+    return out + _preemption_findings(cfg, opts)
+
+
+def _preemption_findings(cfg, opts: RunOptions) -> list[tuple[str, str, str]]:
+    """A SET that PREEMPTION_TRAIN overrides in the job: refused, so what plan.json records is what runs."""
+    if not opts.checkpoint_dir:
+        return []
+    return [
+        (
+            "error",
+            "set_overridden_by_preemption",
+            f"train.{field}={getattr(cfg.train, field)} (SET): with RUN_NAME the job runs train.{field}={value} "
+            "(Bridge's PreemptionPlugin appends it after SET, to save a checkpoint on the time limit's SIGTERM); "
+            f"drop train.{field} from SET, or leave RUN_NAME empty",
+        )
+        for field, value in PREEMPTION_TRAIN.items()
+        if getattr(cfg.train, field) != value
+    ]
+
+
+def directory_problem(path: str) -> str | None:
+    """Why `path` cannot be a checkpoint directory (a file, a link loop, unreadable), or None (a directory, or
+    nothing there yet). The audit's rule, and the job's resume guard's (cluster/resume.py)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symbolic link loop; ENOTDIR: a file on the way; EACCES
+        return f"{path} cannot be used as a directory ({exc.strerror})"
+    return None if stat.S_ISDIR(st.st_mode) else f"{path} is a file, not a directory"
 
 
 def _checkpoint_findings(ck, opts: RunOptions) -> list[tuple[str, str, str]]:
     """Where checkpoints go, whether segments can resume from them, how they are saved and how often."""
+    if ck.save and (problem := directory_problem(ck.save)):
+        fix = "move it away, or use another RUN_NAME"
+        return [("error", "checkpoint_not_a_directory", f"checkpoint.save: {problem}: {fix}")]
     out = []
     if opts.job_dir and ck.save and not _under(ck.save, opts.job_dir):
         out.append(

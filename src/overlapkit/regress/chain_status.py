@@ -4,7 +4,6 @@ broken?), then the last night's directory and verdict."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm
 from overlapkit.regress.begin import iso, local_now, parse_iso
-from overlapkit.regress.nightly import latest_night
+from overlapkit.regress.nightly import latest_night, read_night
 from overlapkit.regress.schedule import LATE_AFTER, chain_jobs, read, restart_command, schedule_path, scheduler_log
 
 
@@ -165,7 +164,7 @@ def _last_night(root: Path) -> list[str]:
         night_dir = latest_night(root)
     except FileNotFoundError:
         return [f"last night: none yet under {stack.repo_relative(root)}"]
-    night = json.loads((night_dir / "night.json").read_text())
+    night = read_night(night_dir)
     # a list, one verdict per recipe; None: the report job has not written it (yet)
     results = jsonio.read_json(night_dir / "results.json", kind=list)
     rid = night.get("report_job_id")

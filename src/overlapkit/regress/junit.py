@@ -13,10 +13,12 @@ that is not a pass, infrastructure failures included, is a failure of the night.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from overlapkit import jsonio
 from overlapkit.regress import rules as regress
 
 
@@ -76,11 +78,9 @@ def to_xml(night: dict, results: list[dict]) -> ET.Element:
 
 
 def write(night_dir: Path, night: dict, results: list[dict]) -> Path:
-    """`<night>/junit.xml`, written to a temp file and renamed: a dashboard never reads half a file."""
+    """`<night>/junit.xml`, written atomically (jsonio.write_text): a dashboard never reads half a file."""
     tree = ET.ElementTree(to_xml(night, results))
     ET.indent(tree)
-    out = Path(night_dir) / "junit.xml"
-    tmp = out.with_name(out.name + ".tmp")
-    tree.write(tmp, encoding="utf-8", xml_declaration=True)
-    tmp.replace(out)
-    return out
+    buf = io.BytesIO()
+    tree.write(buf, encoding="utf-8", xml_declaration=True)
+    return jsonio.write_text(Path(night_dir) / "junit.xml", buf.getvalue())

@@ -29,7 +29,7 @@ def append_history(path: Path, records: list[dict]) -> None:
     atomic too, but rewrites every past night each time and needs the directory fsync as well."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(json.dumps(logparse._clean(r), sort_keys=True) + "\n" for r in records).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         if os.fstat(fd).st_size and not _ends_with_newline(path):
             data = b"\n" + data  # a previous crash left a torn line: start ours on a fresh one
@@ -83,7 +83,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         worth=worth,
     )
     if parsed is not None:
-        (run_dir / "parsed.json").write_text(logparse.to_json(parsed) + "\n")  # what make bless reads
+        jsonio.write_text(run_dir / "parsed.json", logparse.to_json(parsed) + "\n")  # what make bless reads
     return {
         "recipe": entry["recipe"],
         "nodes": entry["nodes"],
@@ -278,7 +278,7 @@ def write_report(night_dir: Path, night: dict, results: list[dict], history_path
     append_history(history_path, history_records(night, results))
     plots = nightly_plots.draw(night_dir / "plots", results, read_history(history_path))
     rel = {title: str(Path(p).relative_to(night_dir)) for title, p in plots.items()}
-    (night_dir / "results.json").write_text(logparse.to_json(results) + "\n")
+    jsonio.write_text(night_dir / "results.json", logparse.to_json(results) + "\n")
     out = night_dir / "report.md"
-    out.write_text(render(night, results, rel, night_dir))
+    jsonio.write_text(out, render(night, results, rel, night_dir))
     return out

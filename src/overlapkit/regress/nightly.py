@@ -22,11 +22,23 @@ from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
 from overlapkit.regress.exposed import profile_window, profiled_ranks
 from overlapkit.regress.rules import NIGHTLY_ITERS, NIGHTLY_SEED
+from overlapkit.sizing import hardware
 from overlapkit.topology import GPUS_PER_NODE
 
 # DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
 # an overlap that silently stops working there is exactly what the nightly is for. MIN_DP=1 gives the smallest run.
 MIN_DP = 2
+
+
+def check_gpu(text: str) -> None:
+    """GPU= on the nightly: refused as make plan refuses it (sizing/hardware.py), and anything but the default too:
+    each night is compared with goldens measured on the recipes' own GPU, so another would be judged against them."""
+    gpu = hardware.parse_gpu(text)
+    if gpu != hardware.DEFAULT_GPU:
+        raise hardware.GpuError(
+            f"GPU={text}: the nightly runs each recipe on the GPU its goldens were measured on "
+            f"({hardware.DEFAULT_GPU}); leave GPU= empty (plan an {gpu} run with make plan/submit GPU={gpu})"
+        )
 
 
 @dataclass(frozen=True)
@@ -213,6 +225,7 @@ def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
         name="nightly-report",
         output=f"{night_dir}/report-%j.out",
         after=ids,
+        secrets=profile.secrets,  # it resubmits an infrastructure failure, whose job needs them
     )
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
+
+from overlapkit import jsonio
 
 
 def _finite(x) -> bool:
@@ -35,7 +38,7 @@ def draw(out_dir: Path, results: list[dict], history: list[dict]) -> dict[str, s
         ax.grid(alpha=0.3)
         path = out_dir / f"loss_{res['recipe']}.png"
         fig.tight_layout()
-        fig.savefig(path)
+        _save(fig, path)
         plt.close(fig)
         plots[f"{res['recipe']} loss vs golden"] = str(path)
     series: dict[str, list] = {}
@@ -53,7 +56,14 @@ def draw(out_dir: Path, results: list[dict], history: list[dict]) -> dict[str, s
         ax.grid(alpha=0.3)
         path = out_dir / "step_time_history.png"
         fig.tight_layout()
-        fig.savefig(path)
+        _save(fig, path)
         plt.close(fig)
         plots["step time history"] = str(path)
     return plots
+
+
+def _save(fig, path: Path) -> None:
+    """The PNG rendered in memory, then written atomically without following a link planted at `path`."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    jsonio.write_text(path, buf.getvalue())

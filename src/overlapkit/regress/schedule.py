@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
-import json
 import os
 import shlex
 import shutil
@@ -57,12 +56,9 @@ def schedule_path(profile) -> Path:
 
 
 def read(path: Path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return None
-    except json.JSONDecodeError as exc:
-        raise ScheduleError(f"{path}: not valid JSON ({exc}); move it away and schedule again") from None
+    """The schedule record (None: never scheduled); a FileProblem (one line) for one that is not an object."""
+    role, fix = "the nightly schedule that make nightly-schedule writes", "move it away and schedule again"
+    return jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -199,6 +195,7 @@ def submit_scheduler(sched: dict, path: Path, begin: dt.datetime) -> str:
         time_limit=SCHEDULER_TIME,
         begin=iso(begin),
         comment=str(path),
+        secrets=sched.get("secrets", ()),  # the night it launches submits jobs that need them
     )
 
 
@@ -219,12 +216,25 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
         "iters": req.iters,
         "min_dp": req.min_dp,
         "python": req.python,
+        "secrets": list(p.secrets),  # names only: sbatch passes their values on from the shell (slurm.export_list)
         "active": True,
         "scheduled_at": iso(now),
         "job_id": None,
         "begin": None,
         "history": (old or {}).get("history", []),
     }
+
+
+def dryrun_lines(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
+    """What `schedule` would queue (DRYRUN=1), queueing and writing nothing."""
+    new_schedule(req, None, now or local_now())  # what it would refuse, it refuses now
+    begin = first_begin(req.at, now or local_now())
+    night = f"RECIPES={req.recipes}" if req.recipes else "every recipe"
+    return [
+        f"dry run: would queue {SCHEDULER_NAME} on partition {req.profile.partition}, held until {iso(begin)}, "
+        f"then one a day; each runs make nightly ({night}) and records {schedule_path(req.profile)}",
+        "dry run: nothing queued, nothing written",
+    ]
 
 
 def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> tuple[dict, list[dict]]:

@@ -10,12 +10,12 @@ from ckpt_fixtures import save_iteration
 from overlapkit.cluster import chain
 
 
-def test_status_lists_every_segment_and_the_last_checkpointed_iteration(tmp_path):
+def test_status_lists_every_segment_and_the_last_checkpointed_iteration(tmp_path, write_plan):
     ck = tmp_path / "ck"
     for step in (100, 200):
         save_iteration(ck, step)
     (ck / "iter_0000300").mkdir()  # a save cut short: no train_state.pt, not counted
-    (tmp_path / "plan.json").write_text(json.dumps({"run": {"train_iters": 1000}}))
+    write_plan(tmp_path, train_iters=1000)
     (tmp_path / "segment-1").mkdir()
     (tmp_path / "segment-1" / "preflight.json").write_text(json.dumps({"ok": True}))
     info = {"job_id": "999990", "job_ids": ["999990", "999991", "999992"], "checkpoint_dir": str(ck)}

@@ -60,7 +60,10 @@ def test_nemo_run_sbatch_matches_golden(prepared, recipe, cluster):
     sub = prepared(recipe, cluster)
     text = normalise(submit.dryrun(sub), sub)
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=" in text and "--mpi=pmix" in text
-    assert "s3cr3t-value" not in text and "WANDB_API_KEY" not in text  # secrets travel by name from the shell
+    assert "s3cr3t-value" not in text  # secrets travel by name from the shell: sbatch's --export, nothing else
+    named = [line for line in text.splitlines() if "WANDB_API_KEY" in line or "--export" in line]
+    want = ",".join(["PATH", *sub.profile.secrets])
+    assert named == [f"#SBATCH --export={want}"] and "export SLURM_EXPORT_ENV=ALL" in text
     check(f"sbatch_nemo_run_{recipe}_{cluster}.sh", text)
 
 

@@ -54,7 +54,7 @@ def test_bad_sizes_never_reach_a_division_after_the_import(key, value):
 def test_a_bad_size_in_the_built_config_is_a_plan_error():
     cfg = registry.get(R70).build()
     cfg.train.micro_batch_size, cfg.model.num_layers = 0, -2
-    assert inputs.size_problems(cfg) == ["model.num_layers=-2: must be a whole number ≥ 1",
+    assert inputs.size_problems(cfg) == ["model.num_layers=-2: must be a whole number ≥ 1 and ≤ 2,016",
                                          "train.micro_batch_size=0: must be a whole number ≥ 1"]  # fmt: skip
 
 

@@ -200,7 +200,8 @@ def test_last_night_lines(tmp_path):
 def test_last_night_reads_the_results_the_summary_job_writes(tmp_path):
     night_dir = tmp_path / "20261202-020000"
     night_dir.mkdir()
-    night = {"entries": [{"recipe": "a", "job_id": "1"}], "report_job_id": "3", "preflight_only": True}
+    entry = {"recipe": "a", "job_id": "1", "run_dir": str(tmp_path / "run")}
+    night = {"entries": [entry], "report_job_id": "3", "preflight_only": True, "job_dir": str(tmp_path)}
     (night_dir / "night.json").write_text(json.dumps(night))
     # as night_report writes it: a JSON list, one verdict per recipe
     (night_dir / "results.json").write_text(logparse.to_json([_result("a", "pass", True)]) + "\n")

@@ -1,0 +1,246 @@
+"""Files a run leaves on disk, edited or planted by a careless or hostile hand (submission.json, plan.json, the
+checkpoint trackers and layout record), and what is written beside them: each read is a typed value or one line
+naming the file, the field and the fix (exit 2); a job id read from a file is never handed to Slurm as an option;
+no write goes through a planted link. In process (the entry's main, the make variables as the Makefile passes
+them); the live-run refusal of `make sbatch` asks the real local Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+from ckpt_fixtures import save_iteration
+
+from overlapkit import jsonio, stack
+from overlapkit.cluster import chain, resume, runlock, slurm
+from overlapkit.errors import BadInput
+from overlapkit.plan import runopts
+
+
+@pytest.fixture
+def slurm_calls(monkeypatch):
+    """Every argv handed to Slurm's tools (none is run: a job id that reached scancel would cancel for real)."""
+    calls = []
+    monkeypatch.setattr(slurm, "_run", lambda argv, timeout=30: calls.append(argv))
+    return calls
+
+
+@pytest.fixture
+def run_with(tmp_path, write_plan):
+    """`run_with(**marker)`: a run directory with the fixture plan.json and a submission.json holding `marker`."""
+
+    def make(**marker):
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(exist_ok=True)
+        write_plan(run_dir)
+        (run_dir / chain.MARKER).write_text(json.dumps({"state": "submitted", **marker}))
+        return run_dir
+
+    return make
+
+
+def _one_line(err: str) -> str:
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "marker, said",
+    [
+        ({"job_id": "--user=root"}, "job_id is '--user=root', not a Slurm job id"),
+        ({"job_id": "7", "job_ids": ["7", "--me"]}, "job_ids is '--me', not a Slurm job id"),
+        ({"job_id": 7}, "job_id is int 7, not a Slurm job id"),
+        ({"job_id": ["7"]}, "job_id is list ['7'], not a Slurm job id"),
+        ({"job_id": "7", "job_ids": "7"}, "job_ids is '7', not a list"),
+        ({"job_id": "7 8"}, "job_id is '7 8', not a Slurm job id"),
+    ],
+)
+@pytest.mark.parametrize("action", ["cancel", "status", "logs"])
+def test_a_job_id_that_is_not_one_is_refused_before_slurm_hears_of_it(
+    tmp_path, make_here, slurm_calls, marker, said, action, run_with
+):
+    run_dir = run_with(**marker)
+    code, out, err = make_here(action, f"RUN={run_dir}")
+    assert code == 2 and not out and not slurm_calls
+    assert said in _one_line(err) and f"{run_dir / chain.MARKER}: " in err
+
+
+def test_job_ids_take_only_slurms_shapes():
+    for good in ("1", "123456", "12_3", "12+1"):
+        assert slurm.checked_id(good) == good
+    for bad in ("", "-1", "--me", "1,2", "1_", "abc", " 1", "١٢", None, 1, True):
+        with pytest.raises(BadInput):
+            slurm.checked_id(bad)
+    with pytest.raises(BadInput, match="not a Slurm job id"):
+        chain.job_ids({"job_ids": ["7", "-u root"]})
+
+
+def test_a_submitting_record_with_a_pid_that_is_not_one(tmp_path, make_here):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for pid in ("abc", -3, 1.5, True):
+        (run_dir / chain.MARKER).write_text(json.dumps({"state": "submitting", "pid": pid, "host": "x"}))
+        code, out, err = make_here("status", f"RUN={run_dir}")
+        assert code == 2 and f"pid is {pid!r}, not a process id" in _one_line(err)
+
+
+def test_make_logs_says_where_the_logs_are_not(tmp_path, make_here, run_with):
+    gone = tmp_path / "experiments" / "deleted"
+    for where, said in [
+        ("/etc", "/etc (from submission.json) is not a nemo_run experiment directory"),
+        (str(gone), f"experiment directory {gone} (from submission.json) no longer exists"),
+    ]:
+        run_dir = run_with(job_id="7", experiment_dir=where)
+        code, out, err = make_here("logs", f"RUN={run_dir}")
+        assert code == 2 and not out and said in _one_line(err)
+    run_dir = run_with(job_id="7")  # a record from before experiment_dir was written
+    code, _, err = make_here("logs", f"RUN={run_dir}")
+    assert code == 2 and "names no experiment_dir" in _one_line(err)
+    gone.mkdir(parents=True)
+    (gone / "_CONFIG").write_text("{}")  # nemo_run's, the job not started yet: no logs, said, exit 0
+    run_dir = run_with(job_id="7", experiment_dir=str(gone))
+    code, out, err = make_here("logs", f"RUN={run_dir}")
+    assert code == 0 and out.startswith(f"no logs yet in {gone} (job 7") and not err
+
+
+def test_make_status_on_a_broken_plan_json_is_one_line(tmp_path, make_here, monkeypatch, run_with):
+    monkeypatch.setattr(slurm, "job_state", lambda job: "RUNNING")
+    run_dir = run_with(job_id="7", checkpoint_dir=str(tmp_path / "ck"))
+    plan = json.loads((run_dir / "plan.json").read_text())
+    plan["run"] = "x"
+    (run_dir / "plan.json").write_text(json.dumps(plan))
+    code, _, err = make_here("status", f"RUN={run_dir}")
+    assert code == 2 and "run is str 'x', not an object" in _one_line(err)
+
+
+# --- the checkpoint directory: trackers, iteration directories, the layout record ---------------------------------
+
+RUN = {"train_iters": 1000}
+LAYOUT = {k: 1 for k in resume.LAYOUT_KEYS}
+
+
+@pytest.mark.parametrize("text", ["-5", "²", "5.0", "abc", "1e3", "\x1b[31m9"])
+def test_a_tracker_that_is_not_an_iteration_stops_the_resume(tmp_path, write_plan, text):
+    ck = tmp_path / "ck"
+    save_iteration(ck, 50)
+    (ck / resume.TRACKERS[1]).write_text(text)
+    v = resume.guard({**RUN, "checkpoint_dir": str(ck)}, LAYOUT, "RUN_NAME=x")
+    [(line, error)] = v.lines
+    assert v.code == 1 and error and v.resume is None  # never "resuming from iteration 50"
+    assert f"holds {text!r}, not an iteration number" in line and "\n" not in line
+    write_plan(tmp_path)
+    last = chain.status_lines(tmp_path, {"job_id": "7", "checkpoint_dir": str(ck)})[-1]  # status says it too
+    assert last.startswith(f"checkpoints: {ck}: ") and last.endswith("a resume stops on it")
+
+
+def test_an_iteration_directory_that_is_not_one_is_not_an_iteration(tmp_path):
+    ck = tmp_path / "ck"
+    save_iteration(ck, 50)
+    (ck / "iter_²").mkdir()
+    (ck / "iter_-5").mkdir()
+    assert resume.state(str(ck)).complete == [50]
+    assert resume.guard({**RUN, "checkpoint_dir": str(ck)}, LAYOUT, "w").resume == 50
+
+
+@pytest.mark.parametrize(
+    "record, said",
+    [
+        ([1, 2], "entry 0 is 1, not {from_iteration, layout}"),
+        ([{"from_iteration": "abc", "layout": LAYOUT}], "entry 0's from_iteration is 'abc', not an iteration"),
+        ([{"from_iteration": -1, "layout": LAYOUT}], "from_iteration is -1"),
+        ([{"from_iteration": 0, "layout": None}], "entry 0 is {'from_iteration': 0, 'layout': None}"),
+        ({"a": 1}, "holds an object, not a list"),
+    ],
+)
+def test_a_broken_layout_record_stops_the_resume_in_one_line(tmp_path, record, said):
+    ck = tmp_path / "ck"
+    save_iteration(ck, 50)
+    (ck / resume.LAYOUTS).write_text(json.dumps(record))
+    v = resume.guard({**RUN, "checkpoint_dir": str(ck)}, LAYOUT, "RUN_NAME=x")
+    assert v.code == 1 and said in v.lines[-1][0] and resume.LAYOUTS in v.lines[-1][0]
+
+
+def test_a_checkpoint_path_that_is_no_directory(tmp_path):
+    afile, loop = tmp_path / "ck-file", tmp_path / "loop"
+    afile.write_text("not a checkpoint")
+    loop.symlink_to(loop)
+    assert runopts.directory_problem(str(afile)) == f"{afile} is a file, not a directory"
+    assert "Too many levels of symbolic links" in runopts.directory_problem(str(loop / "ck"))
+    assert runopts.directory_problem(str(tmp_path / "new")) is None and runopts.directory_problem(str(tmp_path)) is None
+    for where in (afile, loop / "ck"):
+        v = resume.guard({**RUN, "checkpoint_dir": str(where)}, LAYOUT, "RUN_NAME=x")
+        assert v.code == 1 and "use another RUN_NAME" in v.lines[0][0]
+
+
+# --- writes never follow a planted link ----------------------------------------------------------------------------
+
+
+def test_writes_go_through_no_planted_link(tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "submission.json.tmp").symlink_to(target)  # the fixed temp name the writer once used
+    (run_dir / "plan.json").symlink_to(target)  # the final name itself
+    jsonio.write_json(run_dir / "submission.json", {"state": "dryrun"})
+    jsonio.write_json(run_dir / "plan.json", {"recipe": "x"})
+    assert target.read_text() == "keep"
+    assert not (run_dir / "plan.json").is_symlink() and json.loads((run_dir / "plan.json").read_text()) == {
+        "recipe": "x"
+    }
+    assert json.loads((run_dir / "submission.json").read_text()) == {"state": "dryrun"}
+    assert sorted(p.name for p in run_dir.iterdir()) == ["plan.json", "submission.json", "submission.json.tmp"]
+
+
+def test_written_files_keep_the_umask(tmp_path):
+    modes = []
+    for mask in (0o077, 0o002):
+        old = os.umask(mask)
+        try:
+            modes.append(jsonio.write_text(tmp_path / "a", "x").stat().st_mode & 0o777)
+        finally:
+            os.umask(old)
+    assert modes == [0o600, 0o664]  # as open() leaves a new file: 0o666 less the umask
+
+
+# --- make sbatch while the run is live (the real local Slurm) ------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_make_sbatch_is_refused_while_its_run_name_is_live(make_here):
+    name = f"hostile-{uuid.uuid4().hex[:8]}"
+    ck = stack.REPO_ROOT / "runs" / "slurm" / "checkpoints" / name
+    held = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "--partition=local", "--account=root", "--output=/dev/null", "--wrap=true"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        runlock.record(ck, ck.parent / "run", [held])
+        code, out, err = make_here("sbatch", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16", f"RUN_NAME={name}")
+        assert code == 2 and not out
+        assert f"RUN_NAME={name} is live in {ck} (job {held} PENDING" in _one_line(err) and "nothing written" in err
+    finally:
+        subprocess.run(["scancel", held], check=False)
+        for f in ck.iterdir():
+            f.unlink()
+        ck.rmdir()
+
+
+def test_the_job_cancels_no_later_segment_from_an_edited_record(tmp_path, slurm_calls):
+    (tmp_path / chain.MARKER).write_text(json.dumps({"job_id": "7", "job_ids": ["7", "--me"]}))
+    [line] = chain.cancel_after(tmp_path, 1)
+    assert line.startswith("later segments not cancelled: ") and "--me" in line and not slurm_calls
+
+
+def test_an_edited_run_record_names_itself_and_reaches_no_squeue(tmp_path, slurm_calls):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / runlock.RECORD).write_text(json.dumps([{"run_dir": "r", "job_ids": ["7", "--me"]}, "junk", {"job_ids": 3}]))
+    with pytest.raises(BadInput, match=f"{ck / runlock.RECORD}: a job id is '--me', not a Slurm job id") as exc:
+        runlock.live_problem(ck, "x")
+    assert "\n" not in str(exc.value) and not slurm_calls
