@@ -5,18 +5,16 @@ imports every module of the `recipes` package, so a fork written by `make new-re
 planned by the next command without being listed anywhere. A module that fails to import is one line naming the
 file (`load_errors()`), its partial registrations are dropped, and every other recipe still lists.
 
-The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), declared once in
-`register(intent=...)`. While a registered builder runs, `current_intent()` returns it, so the shared builder step
-that applies the overlap stack (recipes._base.h100_pretrain) needs no second copy; the recipe's own edits after that
-step stand (the stack never silently undoes them).
+The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), given in
+`register(intent=...)`; the recipe hands the same value to the shared builder step that applies the overlap stack
+(recipes._base.h100_pretrain's `intent` argument), so its own edits after that step stand (the stack never silently
+undoes them). tests/unit_tests/plan/test_registry.py checks that every recipe applies the intent it registers.
 """
 
 from __future__ import annotations
 
 import ast
-import contextvars
 import difflib
-import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -66,38 +64,24 @@ class UnknownRecipe(KeyError):
 
 
 REGISTRY: dict[str, Recipe] = {}
-_INTENT: contextvars.ContextVar[OverlapIntent | None] = contextvars.ContextVar("overlap_intent", default=None)
 _ERRORS: dict[str, str] = {}  # module name → one-line import error naming its file
 _DISCOVERED = False
 
 
 def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00", env=None, intent=None):
     """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder whose overlap stack follows `intent` (an
-    OverlapIntent; default: every overlap on, presets selected by shape)."""
-    intent = intent or OverlapIntent()
+    OverlapIntent, which the builder passes to h100_pretrain too; default: every overlap on, presets by shape)."""
 
-    def wrap(fn: Callable):
-        name = fn.__name__
+    def wrap(build: Callable):
+        name = build.__name__
         if name in REGISTRY:
             raise ValueError(f"recipe {name} is registered twice ({REGISTRY[name].build.__module__})")
-
-        @functools.wraps(fn)
-        def build():
-            token = _INTENT.set(intent)
-            try:
-                return fn()
-            finally:
-                _INTENT.reset(token)
-
-        REGISTRY[name] = Recipe(name, build, model, nodes, time_limit, dict(env or {}), source, intent)
+        REGISTRY[name] = Recipe(
+            name, build, model, nodes, time_limit, dict(env or {}), source, intent or OverlapIntent()
+        )
         return build
 
     return wrap
-
-
-def current_intent() -> OverlapIntent:
-    """The intent of the registered builder now running (the default outside one)."""
-    return _INTENT.get() or OverlapIntent()
 
 
 def _one_line(exc: BaseException) -> str:
