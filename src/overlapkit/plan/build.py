@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
-from overlapkit.plan import data, inputs, overrides, presets, registry, runopts
+from overlapkit.plan import data, inputs, overrides, presets, registry, request, runopts
 from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
 from overlapkit.plan.moe import expert_dp
@@ -142,6 +142,8 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     its SET pairs, resolve for its nodes, lay out the launch environment (with `profile`'s layer when given) and
     audit the whole stack, env rules included."""
     entry = registry.get(req.recipe)
+    if req.profile is not None:  # bound here, where the recipe's time limit (the profile's default) is known
+        req = request.bind(req, req.profile, entry.time_limit)
     if req.nodes is not None and req.nodes < 1:
         raise PlanError(f"NODES={req.nodes}: must be a positive number of 8-GPU nodes")
     with stack.silenced():

@@ -149,6 +149,20 @@ def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptio
     return RunOptions(run_name=name, segments=seg, nsys=window, nsys_ranks=ranks, data=spec)
 
 
+def minutes(limit: str) -> int | None:
+    """Slurm's time formats (sbatch --time, sinfo %l) in minutes; None for infinite/unlimited."""
+    text = limit.strip()
+    if text.lower() in ("infinite", "unlimited", "n/a", ""):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, s = (parts + [0, 0])[:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        h, m, s = (0, parts[0], 0) if len(parts) == 1 else ([0] * (3 - len(parts)) + parts)
+    return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
+
+
 def for_profile(opts: RunOptions, profile, time_limit_min: int | None) -> RunOptions:
     """The options bound to a cluster: its shared job directory, its time limit, its W&B project."""
     wandb = {"project": profile.wandb_project, "entity": profile.wandb_entity} if profile.wandb_project else None
