@@ -84,11 +84,6 @@ def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00
     return wrap
 
 
-def _one_line(exc: BaseException) -> str:
-    where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
-    return f"{type(exc).__name__}{where}: {' '.join(str(exc).split())}"
-
-
 def _import(module: str, path: Path) -> None:
     """Import one recipe module; on failure drop what it registered and record one line naming the file."""
     before = set(REGISTRY)
@@ -99,20 +94,13 @@ def _import(module: str, path: Path) -> None:
         sys.modules.pop(module, None)
         for name in set(REGISTRY) - before:
             del REGISTRY[name]
-        _ERRORS[module] = f"{stack.repo_relative(path)} does not import: {_one_line(exc)}"
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        why = f"{type(exc).__name__}{where}: {' '.join(str(exc).split())}"  # one line, whatever the error printed
+        _ERRORS[module] = f"{stack.repo_relative(path)} does not import: {why}"
 
 
 def _extra_dirs() -> list[str]:
     return [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
-
-
-def _recipe_dirs(pkg) -> list[str]:
-    for d in _extra_dirs():
-        if not Path(d).is_dir():
-            _ERRORS[f"path:{d}"] = f"{PATH_VAR} entry {d} is not a directory: fix or remove it"
-        elif str(Path(d).resolve()) not in map(str, pkg.__path__):
-            pkg.__path__.append(str(Path(d).resolve()))
-    return list(pkg.__path__)
 
 
 def discover() -> None:
@@ -123,8 +111,13 @@ def discover() -> None:
     _DISCOVERED = True
     stack.import_bridge()
     pkg = importlib.import_module(PACKAGE)
+    for d in _extra_dirs():  # RECIPES_PATH's directories join the package's path
+        if not Path(d).is_dir():
+            _ERRORS[f"path:{d}"] = f"{PATH_VAR} entry {d} is not a directory: fix or remove it"
+        elif str(Path(d).resolve()) not in map(str, pkg.__path__):
+            pkg.__path__.append(str(Path(d).resolve()))
     seen: dict[str, Path] = {}
-    for directory in _recipe_dirs(pkg):
+    for directory in list(pkg.__path__):
         for info in sorted(pkgutil.iter_modules([directory]), key=lambda i: i.name):
             path = Path(directory) / (info.name if info.ispkg else f"{info.name}.py")
             if info.name.startswith("_"):
