@@ -82,15 +82,6 @@ def _load_errors() -> int:
     return 1 if errors else 0
 
 
-def bound_options(args, req):
-    """The request on CLUSTER's profile (its job_dir holds the checkpoints; its time limit sets the guards). The plan
-    itself is not laid out for that profile (`make submit` does that)."""
-    from overlapkit.cluster import submit
-    from overlapkit.cluster.profiles import load_profile
-
-    return submit.bind(req, load_profile(args.cluster))
-
-
 def main(argv=None) -> int:
     args = _args(argv)
     from overlapkit.plan.report import console
@@ -98,6 +89,10 @@ def main(argv=None) -> int:
     out = console()
     try:
         req = request_of(args, listing=args.list)  # parsed once: every check before the Bridge import
+        if not args.list:  # CLUSTER's profile: its job_dir holds RUN_NAME's checkpoints, its limit sets the guards
+            from overlapkit.cluster.profiles import load_profile
+
+            req = req.with_profile(load_profile(args.cluster))  # bound by plan_for; the plan is not laid out for it
         stack.import_bridge()
         if args.list:
             return list_recipes(console(width=max(out.width, 172)), req.gpu)  # one row per recipe, never wrapped
@@ -105,7 +100,7 @@ def main(argv=None) -> int:
         from overlapkit.plan.build import plan_for, write_run_dir
         from overlapkit.plan.report import render_plan
 
-        plan = plan_for(bound_options(args, req))
+        plan = plan_for(req)
     except (KeyError, ValueError) as exc:  # UnknownRecipe, OverrideError, PresetError, LayoutError, PlanError
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
 """What every H100 recipe shares: the layout knobs, the precision and the overlap stack; `register` (overlapkit's
-registry) records the entry and the recipe's overlap intent.
+registry) records the entry and the recipe's overlap intent, which the recipe also hands to the builder below.
 
 A recipe file only names its Bridge base function, its layout, and what differs. Forking a size = one small file.
 """
@@ -14,7 +14,7 @@ from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_fp8_current_scaling_mixed
 
 from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack
-from overlapkit.plan.registry import EnvVar, current_intent, register
+from overlapkit.plan.registry import EnvVar, register
 from overlapkit.topology import Layout
 
 DTYPES = ("bf16", "fp8cs")
@@ -41,8 +41,11 @@ def precision(dtype: str):
     raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
 
 
-def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layout) -> ConfigContainer:
-    """Bridge base recipe → our dtype and layout → the full overlap stack, for the intent the recipe registered."""
+def h100_pretrain(
+    base: Callable[[], ConfigContainer], dtype: str, layout: Layout, intent: OverlapIntent | None = None
+) -> ConfigContainer:
+    """Bridge base recipe → our dtype and layout → the full overlap stack for `intent` (the one the recipe registers;
+    None: every overlap on, presets selected by shape)."""
     cfg = base()
     cfg.mixed_precision = precision(dtype)
     m = cfg.model
@@ -59,7 +62,7 @@ def h100_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layou
         # Mock-data runs: keep the real model's vocabulary (NVIDIA's perf recipes set 128256 for Llama3) so the
         # output layer, and so step time and TFLOP/s, match the published numbers.
         cfg.tokenizer.vocab_size = m.vocab_size
-    return apply_overlap_stack(cfg, current_intent())
+    return apply_overlap_stack(cfg, intent)
 
 
 def with_shape(base: Callable[[], ConfigContainer], shape: dict) -> Callable[[], ConfigContainer]:
@@ -90,7 +93,9 @@ HYBRIDEP_ENV = {
 }
 
 
-def moe_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layout, moe: MoE) -> ConfigContainer:
+def moe_pretrain(
+    base: Callable[[], ConfigContainer], dtype: str, layout: Layout, moe: MoE, intent: OverlapIntent | None = None
+) -> ConfigContainer:
     """An MoE base recipe at NVIDIA's H100 layout with its dispatcher, fused kernels and recompute, then the overlap
     stack (EP all-to-all overlap included, plan/overlap.py). Routing stays the learned router's: the perf recipes'
     moe_router_force_load_balancing is a benchmark device (tests/unit_tests/recipes/test_moe_recipes.py lists it)."""
@@ -114,7 +119,7 @@ def moe_pretrain(base: Callable[[], ConfigContainer], dtype: str, layout: Layout
             m.cuda_graph_scope = []  # type (megatron/bridge/perf_recipes/_common.py `_benchmark_common`)
         return cfg
 
-    return h100_pretrain(tuned, dtype, layout)
+    return h100_pretrain(tuned, dtype, layout, intent)
 
 
 __all__ = [

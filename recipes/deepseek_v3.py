@@ -42,7 +42,7 @@ ENV = {
 
 
 def _build(dtype: str):
-    cfg = moe_pretrain(base, dtype, LAYOUT, KNOBS)
+    cfg = moe_pretrain(base, dtype, LAYOUT, KNOBS, INTENT)
     set_deepseek_v3_pipeline_model_parallel_layout(cfg.model, PIPELINE)
     cfg.dist.enable_megatron_core_experimental = True  # MLA RoPE fusion is experimental in Megatron Core
     return cfg

@@ -28,10 +28,10 @@ INTENT = OverlapIntent(
 @register(model="GPT-OSS 120B", nodes=8, intent=INTENT, source=f"{SRC}.gpt_oss_120b_pretrain_64gpu_h100_bf16_config")
 def gpt_oss_120b_pretrain_64gpu_h100_bf16():
     """BF16, TP1 PP4 EP8 (DP=16), MBS1 GBS1280, seq 4096, alltoall, selective recompute."""
-    return moe_pretrain(base, "bf16", LAYOUT, KNOBS)
+    return moe_pretrain(base, "bf16", LAYOUT, KNOBS, INTENT)
 
 
 @register(model="GPT-OSS 120B", nodes=8, intent=INTENT, source=f"{SRC}.gpt_oss_120b_pretrain_64gpu_h100_fp8cs_config")
 def gpt_oss_120b_pretrain_64gpu_h100_fp8cs():
     """FP8 current scaling, TP1 PP4 EP8 (DP=16), MBS1 GBS1280, seq 4096, alltoall, selective recompute."""
-    return moe_pretrain(base, "fp8cs", LAYOUT, KNOBS)
+    return moe_pretrain(base, "fp8cs", LAYOUT, KNOBS, INTENT)

@@ -28,7 +28,7 @@ KNOBS = MoE(dispatcher="alltoall")
 
 
 def _build(dtype: str):
-    return moe_pretrain(base, dtype, LAYOUT, KNOBS)
+    return moe_pretrain(base, dtype, LAYOUT, KNOBS, INTENT)
 
 
 @register(

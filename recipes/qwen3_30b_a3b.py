@@ -18,6 +18,7 @@ LAYOUT = Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=1024, seq=4096, ep=16, et
 KNOBS = MoE(dispatcher="flex", backend="hybridep")
 base = bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config  # what `make new-recipe FROM=` one of these forks
 FP8_NO_EP_OVERLAP = f"NVIDIA's measured FP8 baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"
+FP8_INTENT = OverlapIntent(off=(("ep_a2a_overlap", FP8_NO_EP_OVERLAP),))
 
 
 @register(
@@ -33,8 +34,8 @@ def qwen3_30b_a3b_pretrain_16gpu_h100_bf16():
     nodes=2,
     source=f"{SRC}.qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config",
     env=HYBRIDEP_ENV,
-    intent=OverlapIntent(off=(("ep_a2a_overlap", FP8_NO_EP_OVERLAP),)),
+    intent=FP8_INTENT,
 )
 def qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs():
     """FP8 current scaling, TP1 PP1 EP16 (DP=16), MBS1 GBS1024, seq 4096, HybridEP."""
-    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS)
+    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS, FP8_INTENT)

@@ -1,9 +1,11 @@
 """Defer, in planning processes, the imports of packages that no command of ours uses (a faster cold start).
 
-Why: `import megatron.bridge` costs ~37 s of CPU here; some of it goes to packages that Bridge/Core/ModelOpt import at
-module top for training, logging or other libraries' models, never for building and auditing a recipe. Each
-deferral names the file (in the installed packages) whose import statement it defers, and why planning doesn't need
-it. Found with `python -X importtime -c "from overlapkit import stack; stack.import_bridge()"`.
+Why: `import megatron.bridge` costs about 30 s (docs/architecture.md, measured facts); some of it goes to packages
+that Bridge/Core/ModelOpt import at module top for training, logging or other libraries' models, never for building
+and auditing a recipe. Each deferral names the file (in the installed packages) whose import statement it defers,
+and why planning doesn't need it. Found with `python -X importtime -c "from overlapkit import stack;
+stack.import_bridge()"`. Kept because it still pays for its reading: deferring wandb saves every cold `make plan`
+seconds (how many: the measured facts), against these 150 lines read once.
 
 How: a meta-path finder serves the real module, whose body runs on first use (any attribute other than the import
 system's own metadata), to the one named importer only. `importlib.util.find_spec`, `inspect.getmodule` and a

@@ -1,7 +1,7 @@
 """The one place that prepares the process for Megatron Bridge and imports it (once).
 
-Import cost on a 2-core machine is ~30 s and ~1.3 GB, so every entry point (CLI, tests, bench) goes through
-`import_bridge()` exactly once per process.
+The import costs about 30 s and 1.3 GB (docs/architecture.md, measured facts), so every entry point (CLI, tests,
+bench) goes through `import_bridge()` exactly once per process.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # AutoBridge.from_hf_pretrained("meta-llama/..."), which reads just the config. Offline, a recipe builds in ms.
 HF_CACHE = REPO_ROOT / "recipes" / "hf_cache"
 
-# Exact pins; a drifted lock must fail loudly (tests/unit_tests/test_stack.py, `make plan` header).
+# Exact pins; a drifted install fails tests/unit_tests/test_stack.py and is a warning line under `make plan`'s header
+# (plan/report.py render_plan: the plan stands, its numbers may not).
 PINNED = {"megatron-bridge": "0.6.2", "megatron-core": "0.19.2", "nemo-run": "0.11.1"}
 
 _BRIDGE = None

@@ -398,7 +398,7 @@ def test_the_cold_plan_becomes_the_server_and_the_plan_typed_at_once_after_it_is
     log = server.paths.log.read_text()
     assert f"[{pid}] serving from the process that imported Megatron Bridge for its own command" in log
     assert "imported Megatron Bridge in" not in log  # no second import in this session: the first plan's serves
-    assert took < 30  # far below an import (about 50 s here); `make bench` measures it side by side
+    assert took < 30  # far below an import (docs/architecture.md, measured facts)
 
 
 @pytest.mark.stops_server

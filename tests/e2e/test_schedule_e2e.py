@@ -67,7 +67,7 @@ def test_bad_input_is_one_line_answered_before_bridge_and_submits_nothing(tmp_pa
         lines = [ln for ln in out.stderr.splitlines() if not re.match(r"make(\[\d+\])?: \*\*\*", ln)]
         assert out.returncode != 0 and "Error 2" in out.stderr and out.stdout == "", out.stderr
         assert len(lines) == 1 and lines[0].startswith(says), lines
-        assert time.monotonic() - t0 < 20  # before the Bridge import (~50 s here) that RECIPES= would need
+        assert time.monotonic() - t0 < 20  # before the Bridge import (measured facts: ~30 s) RECIPES= needs
     assert not (jobs / "nightly" / "schedule.json").exists()
     assert {j["job_id"] for j in slurm.queued(schedule.SCHEDULER_NAME)} == before
 

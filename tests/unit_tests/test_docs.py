@@ -25,7 +25,7 @@ UNTESTED = {
     "setup": "uv sync --frozen: the suite already runs inside the venv it installs",
     "test": "the suite itself: it cannot run itself",
     "lint": "ruff check and format check over the tree: a style gate run before a commit, not a behaviour",
-    "bench": "about 9 minutes of timed Bridge imports (bench/plan_all.py): a measurement, not a check",
+    "bench": "minutes of timed Bridge imports (docs/architecture.md, measured facts): a measurement, not a check",
     "slurm-up": "installs Debian packages as root and starts the local Slurm that the e2e tests need",
     "slurm-down": "stops the local Slurm the e2e tests need",
     "logs": "prints a run's Slurm job logs (launch.submit logs); no test reads them through make yet",

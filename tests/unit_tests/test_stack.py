@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import io
 import sys
 import tomllib
 
@@ -15,6 +16,17 @@ from overlapkit import stack, te_stub
 def test_installed_versions_equal_the_pins():
     assert stack.versions(stack.PINNED) == stack.PINNED
     assert stack.version_drift() == []
+
+
+def test_a_drifted_install_is_a_warning_under_the_plan_header(monkeypatch):
+    from overlapkit.plan.build import make_plan
+    from overlapkit.plan.report import console, render_plan
+
+    monkeypatch.setitem(stack.PINNED, "megatron-core", "0.0.1")  # as if the lock had moved past the installed one
+    out = io.StringIO()
+    render_plan(make_plan("llama3_8b_pretrain_8gpu_h100_bf16"), console(file=out, width=200))
+    header = out.getvalue().splitlines()[:3]  # the recipe, its source, then the drift
+    assert header[2] == "warning megatron-core 0.19.2 is installed but this repo pins 0.0.1: run `make setup`"
 
 
 def test_pins_in_pyproject_match_stack_pins():

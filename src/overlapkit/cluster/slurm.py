@@ -10,6 +10,7 @@ import subprocess
 import time
 
 from overlapkit.errors import BadInput
+from overlapkit.plan.runopts import minutes  # the time-limit rule's home: a segment's guards are there too
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
 
@@ -109,20 +110,6 @@ def partition_info(partition: str) -> dict | None:
 def partition_nodes(partition: str) -> int | None:
     """Nodes in `partition` (sinfo), or None when Slurm does not answer or has no such partition."""
     return (partition_info(partition) or {}).get("nodes") or None
-
-
-def minutes(limit: str) -> int | None:
-    """Slurm's time formats (sbatch --time, sinfo %l) in minutes; None for infinite/unlimited."""
-    text = limit.strip()
-    if text.lower() in ("infinite", "unlimited", "n/a", ""):
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        h, m, s = (parts + [0, 0])[:3]
-    else:  # MM, MM:SS, HH:MM:SS
-        h, m, s = (0, parts[0], 0) if len(parts) == 1 else ([0] * (3 - len(parts)) + parts)
-    return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
 
 
 def request_problems(profile, nodes: int, time_limit: str | None) -> list[str]:

@@ -254,9 +254,7 @@ def registry_time_limit(recipe: str) -> str | None:
 def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
     """The request on this cluster: its job directory, the per-segment time limit (profile, else recipe), its W&B
     project. The recipe's limit is looked up even when the profile has one: an unknown recipe is that error first."""
-    recipe_limit = registry_time_limit(req.recipe)
-    minutes = slurm.minutes(profile.time_limit or recipe_limit or "") or None
-    return req.with_run(runopts.for_profile(req.run, profile, minutes))
+    return request.bind(req, profile, registry_time_limit(req.recipe))
 
 
 LOCAL_RUNS = stack.REPO_ROOT / "runs" / "local"  # run-local's job directory: its checkpoints and run directories

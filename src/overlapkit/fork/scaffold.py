@@ -152,7 +152,7 @@ base = with_shape(_from_base, SHAPE)
 @register(model="{model}", nodes={nodes}, source="forked from {from_name}", intent=INTENT)
 def {name}():
     """{dtype_word}, {layout}, seq {s.seq}."""
-    return h100_pretrain(base, "{dtype}", LAYOUT)
+    return h100_pretrain(base, "{dtype}", LAYOUT, INTENT)
 '''
 
 
@@ -174,7 +174,7 @@ base = with_shape(_from_base, SHAPE)
 @register(model="{model}", nodes={nodes}, source="forked from {from_name}", intent=INTENT)
 def {name}():
     """{dtype_word}, {layout}, seq {s.seq}, top-{s.topk} of {s.experts} experts."""
-    return moe_pretrain(base, "{dtype}", LAYOUT, KNOBS)
+    return moe_pretrain(base, "{dtype}", LAYOUT, KNOBS, INTENT)
 '''
 
 

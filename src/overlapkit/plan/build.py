@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
-from overlapkit.plan import data, inputs, overrides, presets, registry, runopts
+from overlapkit.plan import data, inputs, overrides, presets, registry, request, runopts
 from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
 from overlapkit.plan.moe import expert_dp
@@ -89,12 +89,9 @@ class Plan:
             "params_b": round(shape.total_params / 1e9, 1),
         }
 
-    def memory_dict(self) -> dict:
+    def to_dict(self) -> dict:
         est = self.memory
         rows = [{"component": c, "gb": round(gb, 2), "note": n} for c, gb, n in est.rows()]
-        return {"total_gb": round(est.total_gb, 2), "fits": est.fits, "budget_gb": est.budget_gb, "rows": rows}
-
-    def to_dict(self) -> dict:
         return {
             "recipe": self.recipe.name,
             "source": self.recipe.source,
@@ -102,7 +99,7 @@ class Plan:
             "layout": self.layout,
             "overrides": [{"key": k, "old": _jsonable(o), "new": _jsonable(n)} for k, o, n in self.changes],
             "audit": self.report.to_dict(),
-            "memory": self.memory_dict(),
+            "memory": {"total_gb": round(est.total_gb, 2), "fits": est.fits, "budget_gb": est.budget_gb, "rows": rows},
             "gpu": self.target.gpu,
             "gpu_note": self.gpu_note,
             "throughput": self.throughput.to_dict() | {"overlap_worth": worth.to_dict(self.worth)}
@@ -142,6 +139,8 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     its SET pairs, resolve for its nodes, lay out the launch environment (with `profile`'s layer when given) and
     audit the whole stack, env rules included."""
     entry = registry.get(req.recipe)
+    if req.profile is not None:  # bound here, where the recipe's time limit (the profile's default) is known
+        req = request.bind(req, req.profile, entry.time_limit)
     if req.nodes is not None and req.nodes < 1:
         raise PlanError(f"NODES={req.nodes}: must be a positive number of 8-GPU nodes")
     with stack.silenced():
@@ -211,14 +210,6 @@ def predict_throughput(plan: Plan) -> throughput.Prediction:
     return prediction_inputs(plan).predict()
 
 
-def resolved_config(plan: Plan):
-    """The recipe config with Bridge's resolved model/optimizer/ddp/comm_overlap swapped in."""
-    cfg = copy.copy(plan.cfg)
-    r = plan.resolved
-    cfg.model, cfg.optimizer, cfg.ddp, cfg.comm_overlap = r.model, r.optimizer, r.ddp, r.comm
-    return cfg
-
-
 def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     """runs/<recipe>-<UTC time>/{plan.json,config.yaml}; never overwrites an earlier run."""
     stamp = stamp or dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
@@ -232,7 +223,9 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
         except FileExistsError:
             run_dir, i = Path(f"{base}.{i}"), i + 1
     plan.run_dir = run_dir
-    resolved_config(plan).to_yaml(str(run_dir / "config.yaml"))
+    cfg, r = copy.copy(plan.cfg), plan.resolved  # the recipe's config with Bridge's resolved parts swapped in
+    cfg.model, cfg.optimizer, cfg.ddp, cfg.comm_overlap = r.model, r.optimizer, r.ddp, r.comm
+    cfg.to_yaml(str(run_dir / "config.yaml"))
     jsonio.write_json(run_dir / "plan.json", plan.to_dict())
     # What the in-job preflight compares each rank's environment with (secrets by name only).
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}

@@ -1,4 +1,4 @@
-"""What a user types, checked before the Bridge import (about 50 s here), and the one table of size rules.
+"""What a user types, checked before the Bridge import (docs/architecture.md: measured facts), and the size rules.
 
 NODES, SET (syntax, known keys, value types, sizes, no credentials) and recipe names are answered in well under a
 second. SET is checked against the recorded schema (overrides.schema(), plan/config_schema.json): every

@@ -5,18 +5,16 @@ imports every module of the `recipes` package, so a fork written by `make new-re
 planned by the next command without being listed anywhere. A module that fails to import is one line naming the
 file (`load_errors()`), its partial registrations are dropped, and every other recipe still lists.
 
-The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), declared once in
-`register(intent=...)`. While a registered builder runs, `current_intent()` returns it, so the shared builder step
-that applies the overlap stack (recipes._base.h100_pretrain) needs no second copy; the recipe's own edits after that
-step stand (the stack never silently undoes them).
+The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), given in
+`register(intent=...)`; the recipe hands the same value to the shared builder step that applies the overlap stack
+(recipes._base.h100_pretrain's `intent` argument), so its own edits after that step stand (the stack never silently
+undoes them). tests/unit_tests/plan/test_registry.py checks that every recipe applies the intent it registers.
 """
 
 from __future__ import annotations
 
 import ast
-import contextvars
 import difflib
-import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -66,43 +64,24 @@ class UnknownRecipe(KeyError):
 
 
 REGISTRY: dict[str, Recipe] = {}
-_INTENT: contextvars.ContextVar[OverlapIntent | None] = contextvars.ContextVar("overlap_intent", default=None)
 _ERRORS: dict[str, str] = {}  # module name → one-line import error naming its file
 _DISCOVERED = False
 
 
 def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00", env=None, intent=None):
     """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder whose overlap stack follows `intent` (an
-    OverlapIntent; default: every overlap on, presets selected by shape)."""
-    intent = intent or OverlapIntent()
+    OverlapIntent, which the builder passes to h100_pretrain too; default: every overlap on, presets by shape)."""
 
-    def wrap(fn: Callable):
-        name = fn.__name__
+    def wrap(build: Callable):
+        name = build.__name__
         if name in REGISTRY:
             raise ValueError(f"recipe {name} is registered twice ({REGISTRY[name].build.__module__})")
-
-        @functools.wraps(fn)
-        def build():
-            token = _INTENT.set(intent)
-            try:
-                return fn()
-            finally:
-                _INTENT.reset(token)
-
-        REGISTRY[name] = Recipe(name, build, model, nodes, time_limit, dict(env or {}), source, intent)
+        REGISTRY[name] = Recipe(
+            name, build, model, nodes, time_limit, dict(env or {}), source, intent or OverlapIntent()
+        )
         return build
 
     return wrap
-
-
-def current_intent() -> OverlapIntent:
-    """The intent of the registered builder now running (the default outside one)."""
-    return _INTENT.get() or OverlapIntent()
-
-
-def _one_line(exc: BaseException) -> str:
-    where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
-    return f"{type(exc).__name__}{where}: {' '.join(str(exc).split())}"
 
 
 def _import(module: str, path: Path) -> None:
@@ -115,20 +94,13 @@ def _import(module: str, path: Path) -> None:
         sys.modules.pop(module, None)
         for name in set(REGISTRY) - before:
             del REGISTRY[name]
-        _ERRORS[module] = f"{stack.repo_relative(path)} does not import: {_one_line(exc)}"
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        why = f"{type(exc).__name__}{where}: {' '.join(str(exc).split())}"  # one line, whatever the error printed
+        _ERRORS[module] = f"{stack.repo_relative(path)} does not import: {why}"
 
 
 def _extra_dirs() -> list[str]:
     return [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
-
-
-def _recipe_dirs(pkg) -> list[str]:
-    for d in _extra_dirs():
-        if not Path(d).is_dir():
-            _ERRORS[f"path:{d}"] = f"{PATH_VAR} entry {d} is not a directory: fix or remove it"
-        elif str(Path(d).resolve()) not in map(str, pkg.__path__):
-            pkg.__path__.append(str(Path(d).resolve()))
-    return list(pkg.__path__)
 
 
 def discover() -> None:
@@ -139,8 +111,13 @@ def discover() -> None:
     _DISCOVERED = True
     stack.import_bridge()
     pkg = importlib.import_module(PACKAGE)
+    for d in _extra_dirs():  # RECIPES_PATH's directories join the package's path
+        if not Path(d).is_dir():
+            _ERRORS[f"path:{d}"] = f"{PATH_VAR} entry {d} is not a directory: fix or remove it"
+        elif str(Path(d).resolve()) not in map(str, pkg.__path__):
+            pkg.__path__.append(str(Path(d).resolve()))
     seen: dict[str, Path] = {}
-    for directory in _recipe_dirs(pkg):
+    for directory in list(pkg.__path__):
         for info in sorted(pkgutil.iter_modules([directory]), key=lambda i: i.name):
             path = Path(directory) / (info.name if info.ispkg else f"{info.name}.py")
             if info.name.startswith("_"):

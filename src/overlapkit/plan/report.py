@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from overlapkit import stack
 from overlapkit.plan.env import LAYERS
 from overlapkit.plan.runopts import lines as run_lines
 
@@ -52,6 +53,8 @@ def render_plan(plan, con: Console) -> None:
     d = plan.to_dict()
     con.print(f"[bold]{d['recipe']}[/]  {d['layout']['model']}")
     con.print(f"source: {escape(d['source'])}")
+    for line in stack.version_drift():  # a drifted install: the plan stands, Bridge's resolution may differ
+        con.print(f"[yellow]warning[/] {escape(line)}")
     con.print(layout_line(d["layout"]))
     if d["gpu_note"]:
         con.print(escape(d["gpu_note"]))

@@ -1,10 +1,12 @@
 """The request a plan is made from: what the user typed, parsed once and bound once, then passed down as plain data.
 
 `parse` checks everything that can be checked before the Bridge import (NODES, the recipe's name, SET's syntax, keys,
-types and sizes, RUN_NAME, SEGMENTS, NSYS, DATA): one line per bad value. Binding the request to where it runs (a
-cluster profile's job directory, its time limit, its W&B project) is the cluster stage's (overlapkit.cluster.submit
-`bind`): this stage never reads a profile's file, it receives the values in `run`. The plan (plan/build.py `plan_for`),
-its run directory's overrides.json and the job's rebuild (`from_record`) all carry the same request.
+types and sizes, RUN_NAME, SEGMENTS, NSYS, DATA): one line per bad value. The request carries the cluster profile it
+runs on when the caller loaded one (make plan's CLUSTER, before the import: `with_profile`); `bind` is the one home of
+binding the run options to it (its job directory, the per-segment time limit, its W&B project): plan/build.py
+`plan_for` binds a request that carries a profile, where the recipe's own time limit is known, and
+overlapkit.cluster.submit binds through it for make submit/sbatch and the nightly. The plan, its run directory's
+overrides.json and the job's rebuild (`from_record`) all carry the same bound request.
 
 Standard library only at import: the pre-import checks must answer in well under a second.
 """
@@ -25,9 +27,21 @@ class PlanRequest:
     sets: tuple[tuple[str, str], ...] = ()  # the SET pairs as typed: (key, raw text)
     run: runopts.RunOptions = runopts.RunOptions()  # bound: job_dir, time_limit_min, wandb filled in by the binder
     gpu: str = hardware.DEFAULT_GPU  # GPU=: the HARDWARE entry memory and throughput are sized for
+    profile: object = None  # cluster.profiles.ClusterProfile the run options are bound to by plan_for; None: bound
 
     def with_run(self, run: runopts.RunOptions) -> PlanRequest:
         return dataclasses.replace(self, run=run)
+
+    def with_profile(self, profile) -> PlanRequest:
+        """The request to be bound to `profile` (a loaded ClusterProfile) once its recipe is known (plan_for)."""
+        return dataclasses.replace(self, profile=profile)
+
+
+def bind(req: PlanRequest, profile, recipe_time_limit: str | None) -> PlanRequest:
+    """The request on this cluster: its job directory, the per-segment time limit (the profile's, else the recipe's),
+    its W&B project."""
+    limit = runopts.minutes(profile.time_limit or recipe_time_limit or "") or None
+    return dataclasses.replace(req, run=runopts.for_profile(req.run, profile, limit), profile=None)
 
 
 def parse(

@@ -75,44 +75,6 @@ def whole(text: str) -> int | None:
     return int(t) if t.isascii() and t.isdigit() else None
 
 
-def parse_run_name(text: str) -> str:
-    name = (text or "").strip()
-    if name and not _NAME.match(name):
-        raise ValueError(
-            f"RUN_NAME={text!r}: letters, digits, '.', '_' or '-', up to 64, starting with a letter or "
-            "digit (it names a directory)"
-        )
-    return name
-
-
-def parse_segments(text: str, run_name: str) -> int:
-    t = (text or "").strip()
-    if not t:
-        return 1
-    if (n := whole(t)) is None or not 1 <= n <= MAX_SEGMENTS:
-        raise ValueError(f"SEGMENTS={text!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
-    if n > 1 and not run_name:
-        raise ValueError(f"SEGMENTS={t} needs RUN_NAME=<name>: later segments resume from its checkpoints")
-    return n
-
-
-def parse_nsys(text: str, ranks: str) -> tuple[tuple[int, int] | None, tuple[int, ...]]:
-    t = (text or "").strip()
-    if not t:
-        if (ranks or "").strip():
-            raise ValueError("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
-        return None, (0,)
-    m = re.fullmatch(r"(\d+):(\d+)", t, re.ASCII)
-    if not m or int(m.group(1)) >= int(m.group(2)):
-        raise ValueError(f"NSYS={text!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
-    if int(m.group(2)) > INT64_MAX:
-        raise ValueError(f"NSYS={text!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
-    parts = [whole(p) for p in (ranks or "0").split(",")]
-    if None in parts:
-        raise ValueError(f"NSYS_RANKS={ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
-    return (int(m.group(1)), int(m.group(2))), tuple(sorted(set(parts)))
-
-
 def nsys_problem(opts: RunOptions, train_iters: int | None, world: int) -> str | None:
     """The Nsight window against the built run: its steps within train.train_iters (Bridge's profiler never starts
     past the last step, so the job would end with no profile), its ranks within the world size."""
@@ -145,14 +107,52 @@ def perturbed_iterations(window: tuple[int, int] | None) -> range:
 
 
 def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptions:
-    """Everything typed, checked before the Bridge import (DATA's files and headers too)."""
+    """Everything typed, checked before the Bridge import (DATA's files and headers too), in the order a later
+    check needs an earlier one: RUN_NAME, SEGMENTS (more than one needs RUN_NAME), NSYS with NSYS_RANKS, DATA."""
     from overlapkit.plan import data as data_spec
 
-    name = parse_run_name(run_name)
-    seg = parse_segments(segments, name)
-    window, ranks = parse_nsys(nsys, nsys_ranks)
+    name = (run_name or "").strip()
+    if name and not _NAME.match(name):
+        raise ValueError(
+            f"RUN_NAME={run_name!r}: letters, digits, '.', '_' or '-', up to 64, starting with a letter or "
+            "digit (it names a directory)"
+        )
+    seg = whole(segments) if (segments or "").strip() else 1
+    if seg is None or not 1 <= seg <= MAX_SEGMENTS:
+        raise ValueError(f"SEGMENTS={segments!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
+    if seg > 1 and not name:
+        raise ValueError(
+            f"SEGMENTS={segments.strip()} needs RUN_NAME=<name>: later segments resume from its checkpoints"
+        )
+    window, ranks = None, (0,)
+    if (t := (nsys or "").strip()) or (nsys_ranks or "").strip():
+        m = re.fullmatch(r"(\d+):(\d+)", t, re.ASCII)
+        if not t:
+            raise ValueError("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
+        if not m or int(m.group(1)) >= int(m.group(2)):
+            raise ValueError(f"NSYS={nsys!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
+        if int(m.group(2)) > INT64_MAX:
+            raise ValueError(f"NSYS={nsys!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
+        parts = [whole(p) for p in (nsys_ranks or "0").split(",")]
+        if None in parts:
+            raise ValueError(f"NSYS_RANKS={nsys_ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
+        window, ranks = (int(m.group(1)), int(m.group(2))), tuple(sorted(set(parts)))
     spec = data_spec.load(data).to_dict() if (data or "").strip() else None
     return RunOptions(run_name=name, segments=seg, nsys=window, nsys_ranks=ranks, data=spec)
+
+
+def minutes(limit: str) -> int | None:
+    """Slurm's time formats (sbatch --time, sinfo %l) in minutes; None for infinite/unlimited."""
+    text = limit.strip()
+    if text.lower() in ("infinite", "unlimited", "n/a", ""):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, s = (parts + [0, 0])[:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        h, m, s = (0, parts[0], 0) if len(parts) == 1 else ([0] * (3 - len(parts)) + parts)
+    return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
 
 
 def for_profile(opts: RunOptions, profile, time_limit_min: int | None) -> RunOptions:
@@ -203,10 +203,6 @@ def apply(cfg, opts: RunOptions) -> None:
         data_spec.apply(cfg, spec)
 
 
-def _under(path: str, root: str) -> bool:
-    return Path(path).resolve().is_relative_to(Path(root).resolve())
-
-
 def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
     """(level, code, message) for the run's checkpoint, logging and data settings."""
     out = _checkpoint_findings(cfg.checkpoint, opts) + _logging_findings(opts, profile) + _data_findings(cfg, opts)
@@ -248,7 +244,7 @@ def _checkpoint_findings(ck, opts: RunOptions) -> list[tuple[str, str, str]]:
         fix = "move it away, or use another RUN_NAME"
         return [("error", "checkpoint_not_a_directory", f"checkpoint.save: {problem}: {fix}")]
     out = []
-    if opts.job_dir and ck.save and not _under(ck.save, opts.job_dir):
+    if opts.job_dir and ck.save and not Path(ck.save).resolve().is_relative_to(Path(opts.job_dir).resolve()):
         out.append(
             (
                 "error",
@@ -309,7 +305,9 @@ def _logging_findings(opts: RunOptions, profile) -> list[tuple[str, str, str]]:
 
 def _data_findings(cfg, opts: RunOptions) -> list[tuple[str, str, str]]:
     """The data spec against the run's length: epochs of the train split it reads."""
-    if not (opts.data and (eps := _epochs(cfg, opts)) and eps > 1):
+    from overlapkit.plan import data as data_spec
+
+    if not (opts.data and (eps := data_spec.consumption(cfg, spec_of(opts)).get("epochs")) and eps > 1):
         return []
     return [
         (
@@ -319,12 +317,6 @@ def _data_findings(cfg, opts: RunOptions) -> list[tuple[str, str, str]]:
             "fewer train.train_iters, if repeating it is not intended",
         )
     ]
-
-
-def _epochs(cfg, opts: RunOptions) -> float | None:
-    from overlapkit.plan import data as data_spec
-
-    return data_spec.consumption(cfg, spec_of(opts)).get("epochs")
 
 
 def summary(plan, opts: RunOptions) -> dict:

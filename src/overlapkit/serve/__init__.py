@@ -1,8 +1,9 @@
 """The plan server (`python -m launch.plan_server` is its command line): `make plan`, `recipes`, `new-recipe`,
 `submit`, `sbatch` and `nightly` in about a second once torch and Megatron Bridge are loaded.
 
-Why: `import megatron.bridge` (torch, Megatron Core, every model bridge, modelopt, ...) costs about 50 s here, and
-a command after it about 1 s. One process pays the import; each later command forks from it.
+Why: `import megatron.bridge` (torch, Megatron Core, every model bridge, modelopt, ...) costs about 30 s
+(docs/architecture.md, measured facts), and a command after it about 1 s. One process pays the import; each later
+command forks from it.
 
 When: a command that finds no server runs in its own process, as before, paying the import; once it has printed
 its result it forks, and the child (own session, output to the log beside the socket) becomes the server, saying

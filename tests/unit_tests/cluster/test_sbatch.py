@@ -156,13 +156,26 @@ def test_a_signal_while_sbatch_is_in_flight_waits_for_the_job_id(tmp_path):
 
 def test_an_inherited_make_pid_is_watched_only_by_makes_descendants():
     """The Makefile's OVERLAPKIT_MAKE_PID reaches every process make starts, Slurm jobs included (sbatch exports the
-    caller's environment); a process that make did not start must not stop because that pid is gone."""
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    code = "import time; from overlapkit.cluster import submit; submit.install_signal_handlers(); time.sleep(1.5)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=stack.REPO_ROOT, capture_output=True, text=True,
-                         env={"PYTHONPATH": "src:.", "OVERLAPKIT_MAKE_PID": str(gone.pid)}, timeout=60)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-500:]
+    caller's environment); a process that make did not start must not stop because that pid is gone. Here the pid
+    is a live process that is not the child's ancestor (a make on another machine, say): the child starts no watcher,
+    and when that process dies the child sleeps on past the watcher's poll and ends normally (the next test is the
+    positive side: a watcher that stopped every process would fail here)."""
+    stranger = subprocess.Popen(["sleep", "60"])
+    code = (
+        "import sys, time; from overlapkit import makewatch; from overlapkit.cluster import submit; "
+        "submit.install_signal_handlers(); print('watching' if makewatch._WATCHING else 'not watching', flush=True); "
+        "sys.stdin.readline(); time.sleep(4 * makewatch.POLL_S); print('ran to the end', flush=True)"
+    )
+    env = {"PYTHONPATH": "src:.", "OVERLAPKIT_MAKE_PID": str(stranger.pid)}
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=stack.REPO_ROOT, env=env, text=True, **pipes)
+    try:
+        assert child.stdout.readline().strip() == "not watching", child.stderr.read()[-500:]
+    finally:
+        stranger.kill()
+        stranger.wait()
+    out, err = child.communicate("\n", timeout=60)  # the pid is gone now
+    assert child.returncode == 0 and out.strip() == "ran to the end", err[-500:]
 
 
 def test_a_descendant_of_make_is_stopped_by_sigterm_once_make_is_killed():

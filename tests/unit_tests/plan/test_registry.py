@@ -3,6 +3,7 @@ recipes/ and RECIPES_PATH by itself, reporting a broken module in one line while
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 from overlapkit import stack
 from overlapkit.plan import registry
-from overlapkit.plan.overlap import OverlapIntent
+from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack
 
 GOOD = """
 from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
@@ -20,9 +21,12 @@ from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
 from recipes._base import Layout, OverlapIntent, h100_pretrain, register
 
 
-@register(model="Llama3 8B", nodes=2, source="mine", intent=OverlapIntent(param_gather_with_optimizer_step=True))
+INTENT = OverlapIntent(param_gather_with_optimizer_step=True)
+
+
+@register(model="Llama3 8B", nodes=2, source="mine", intent=INTENT)
 def mine_8b_pretrain_16gpu_h100_bf16():
-    return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=128, seq=8192))
+    return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=128, seq=8192), INTENT)
 """
 BROKEN = "from recipes._base import register\n\nraise RuntimeError('half-written\\nfile')\n"
 
@@ -32,7 +36,23 @@ def test_shipped_recipes_register_their_default_intent():
     assert len(names) >= 10 and registry.load_errors() == []
     r = registry.get("llama3_70b_pretrain_64gpu_h100_bf16")
     assert r.intent == OverlapIntent() and r.gpus == 64 and r.build.__module__ == "recipes.llama3_70b"
-    assert registry.current_intent() == OverlapIntent()  # outside a builder: the default
+
+
+def test_every_shipped_recipe_applies_the_overlap_intent_it_registers():
+    # The recipe hands its intent to recipes._base.h100_pretrain as an argument and registers the same value for the
+    # plan and the audit. A builder that handed over another one (or none) leaves overlap settings that the
+    # registered intent, applied again, changes.
+    for name in [n for n in registry.names() if registry.shipped(n)]:
+        entry = registry.get(name)
+        with stack.silenced():
+            built, again = entry.build(), apply_overlap_stack(entry.build(), entry.intent)
+        ours = (built.comm_overlap, built.ddp, _data(built.model))
+        assert ours == (again.comm_overlap, again.ddp, _data(again.model)), name
+
+
+def _data(model) -> dict:
+    """The model config's fields but the callables (a layer-spec function is made anew by every build)."""
+    return {f.name: v for f in dataclasses.fields(model) if not callable(v := getattr(model, f.name))}
 
 
 def test_unknown_recipe_names_the_closest():

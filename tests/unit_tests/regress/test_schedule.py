@@ -209,7 +209,7 @@ def test_last_night_reads_the_results_the_summary_job_writes(tmp_path):
     assert lines[1] == "verdict: no failures; 1 pass; report.md there", lines
 
 
-# --- the scheduler's bookkeeping, Slurm replaced ------------------------------------------------------------------
+# --- the scheduler's bookkeeping: the real local Slurm, or Slurm replaced where a test needs it to fail on cue ---
 
 
 @pytest.fixture
@@ -239,17 +239,29 @@ def _request(profile, at="02:00"):
                                     preflight="1")  # fmt: skip
 
 
-def test_scheduling_twice_leaves_one_chain_and_unschedule_ends_it(fake_slurm):
-    profile, path, queue = fake_slurm
-    first, replaced = schedule.schedule(_request(profile), now=NOW)
-    assert replaced == [] and [j["job_id"] for j in queue] == [first["job_id"]] == ["100"]
-    second, replaced = schedule.schedule(_request(profile, "now+60"), now=NOW)
-    assert [j["job_id"] for j in replaced] == ["100"] and [j["job_id"] for j in queue] == ["101"]
-    saved = json.loads(path.read_text())
-    assert saved["job_id"] == "101" and saved["begin"] == "2026-12-01T01:31:00" and saved["at"] == "now+60"
-    sched, cancelled, running = schedule.unschedule(profile, now=NOW)
-    assert [j["job_id"] for j in cancelled] == ["101"] and running == [] and queue == []
-    assert json.loads(path.read_text())["active"] is False
+@pytest.mark.slurm
+def test_scheduling_twice_leaves_one_chain_and_unschedule_ends_it(tmp_path):
+    """On the real local Slurm: each scheduler job is held by sbatch --begin an hour or two ahead, so none fires
+    here; scheduling again replaces the queued one (scancel), unscheduling cancels the last."""
+    profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
+    path = schedule.schedule_path(profile)
+
+    def chain() -> list[str]:
+        return [j["job_id"] for j in slurm.queued(schedule.SCHEDULER_NAME) if j["comment"] == str(path)]
+
+    try:
+        first, replaced = schedule.schedule(_request(profile, "now+3600"))
+        assert replaced == [] and chain() == [first["job_id"]]
+        second, replaced = schedule.schedule(_request(profile, "now+7200"))
+        assert [j["job_id"] for j in replaced] == [first["job_id"]] and chain() == [second["job_id"]]
+        saved = json.loads(path.read_text())
+        assert saved["job_id"] == second["job_id"] and saved["at"] == "now+7200" and saved["active"] is True
+        sched, cancelled, running = schedule.unschedule(profile)
+        assert [j["job_id"] for j in cancelled] == [second["job_id"]] and running == [] and chain() == []
+        assert json.loads(path.read_text())["active"] is False
+    finally:
+        for job_id in chain():
+            slurm.cancel(job_id)
 
 
 def test_fire_queues_the_successor_then_launches_the_night(fake_slurm, monkeypatch):
