@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from overlapkit.errors import BadInput
+
 
 def dumps(data) -> str:
     return json.dumps(data, indent=2) + "\n"
@@ -21,7 +23,7 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
-class FileProblem(ValueError):
+class FileProblem(BadInput):
     """A JSON file a command needs is missing or not what it should be: one line naming the file, what it is (its
     role), what is wrong with it, and what to do."""
 

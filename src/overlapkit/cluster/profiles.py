@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from overlapkit.errors import BadInput
 from overlapkit.secrets import FIX, credential_kind, secret_problem
 from overlapkit.stack import REPO_ROOT, repo_relative
 
@@ -33,7 +34,7 @@ _TIME = re.compile(r"^(\d+-([01]?\d|2[0-3])|\d+):[0-5]\d:[0-5]\d$")  # HH:MM:SS 
 _UNSAFE = re.compile(r"[\s'\"`$;&|<>()\\]")
 
 
-class ProfileError(ValueError):
+class ProfileError(BadInput):
     """One-line, user-facing."""
 
 

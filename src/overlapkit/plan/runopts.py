@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapkit.errors import BadInput
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", re.ASCII)
 MAX_SEGMENTS = 100
 # The largest integer a config field or an iteration count can hold: Megatron and torch keep them as int64 (a value
@@ -72,7 +74,7 @@ def whole(text: str) -> int | None:
 def parse_run_name(text: str) -> str:
     name = (text or "").strip()
     if name and not _NAME.match(name):
-        raise ValueError(
+        raise BadInput(
             f"RUN_NAME={text!r}: letters, digits, '.', '_' or '-', up to 64, starting with a letter or "
             "digit (it names a directory)"
         )
@@ -84,9 +86,9 @@ def parse_segments(text: str, run_name: str) -> int:
     if not t:
         return 1
     if (n := whole(t)) is None or not 1 <= n <= MAX_SEGMENTS:
-        raise ValueError(f"SEGMENTS={text!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
+        raise BadInput(f"SEGMENTS={text!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
     if n > 1 and not run_name:
-        raise ValueError(f"SEGMENTS={t} needs RUN_NAME=<name>: later segments resume from its checkpoints")
+        raise BadInput(f"SEGMENTS={t} needs RUN_NAME=<name>: later segments resume from its checkpoints")
     return n
 
 
@@ -94,16 +96,16 @@ def parse_nsys(text: str, ranks: str) -> tuple[tuple[int, int] | None, tuple[int
     t = (text or "").strip()
     if not t:
         if (ranks or "").strip():
-            raise ValueError("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
+            raise BadInput("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
         return None, (0,)
     m = re.fullmatch(r"(\d+):(\d+)", t, re.ASCII)
     if not m or int(m.group(1)) >= int(m.group(2)):
-        raise ValueError(f"NSYS={text!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
+        raise BadInput(f"NSYS={text!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
     if int(m.group(2)) > INT64_MAX:
-        raise ValueError(f"NSYS={text!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
+        raise BadInput(f"NSYS={text!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
     parts = [whole(p) for p in (ranks or "0").split(",")]
     if None in parts:
-        raise ValueError(f"NSYS_RANKS={ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
+        raise BadInput(f"NSYS_RANKS={ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
     return (int(m.group(1)), int(m.group(2))), tuple(sorted(set(parts)))
 
 
@@ -153,7 +155,7 @@ def for_profile(opts: RunOptions, profile, time_limit_min: int | None) -> RunOpt
     """The options bound to a cluster: its shared job directory, its time limit, its W&B project."""
     wandb = {"project": profile.wandb_project, "entity": profile.wandb_entity} if profile.wandb_project else None
     if opts.segments > 1 and time_limit_min is not None and time_limit_min <= GUARD_MIN + PREEMPT_S // 60:
-        raise ValueError(
+        raise BadInput(
             f"SEGMENTS needs a time limit above {GUARD_MIN + PREEMPT_S // 60} minutes (the save "
             f"window): {profile.source} has {time_limit_min}"
         )

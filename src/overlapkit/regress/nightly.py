@@ -17,6 +17,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm, submit
+from overlapkit.errors import BadInput
 from overlapkit.plan import registry, runopts
 from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
@@ -222,7 +223,7 @@ def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
 def latest_night(root: Path) -> Path:
     nights = sorted(root.glob("*/night.json"))
     if not nights:
-        raise FileNotFoundError(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
+        raise BadInput(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
     return nights[-1].parent
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm
+from overlapkit.errors import ClusterFailure
 from overlapkit.regress.begin import At, ScheduleError, first_begin, iso, local_now, next_begin, parse_iso
 from overlapkit.regress.nightly import MIN_DP
 from overlapkit.regress.rules import NIGHTLY_ITERS
@@ -177,7 +178,7 @@ def _cancel(job_id: str) -> bool:
 def _queued_or_fail(path: Path, doing: str) -> list[dict]:
     jobs = chain_jobs(path)
     if jobs is None:
-        raise ScheduleError(f"squeue did not answer, so the queued scheduler jobs are unknown; {doing} (sinfo?)")
+        raise ClusterFailure(f"squeue did not answer, so the queued scheduler jobs are unknown; {doing} (sinfo?)")
     return jobs
 
 
