@@ -205,7 +205,7 @@ def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
     """A plain `sbatch --wrap` (one CPU task): it only reads files and sacct, so it needs no nemo_run packaging."""
     cmd = (
         f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(submit.python_for(profile))} "
-        f"-m launch.nightly report --night {shlex.quote(str(night_dir))}"
+        f"-m launch nightly-report --night {shlex.quote(str(night_dir))}"
     )
     return slurm.sbatch_wrap(
         cmd,

@@ -105,8 +105,8 @@ def night_argv(sched: dict) -> list[str]:
     return [
         sched["python"],
         "-m",
-        "launch.nightly",
-        "submit",
+        "launch",
+        "nightly",
         "--cluster",
         sched["profile"],
         "--job-dir",
@@ -187,7 +187,7 @@ def submit_scheduler(sched: dict, path: Path, begin: dt.datetime) -> str:
     that scheduled it (the one `make nightly` uses: it plans with Bridge and submits with nemo_run)."""
     cmd = (
         f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(sched['python'])} "
-        f"-m launch.nightly schedule-run --cluster {shlex.quote(sched['profile'])} "
+        f"-m launch nightly-schedule-run --cluster {shlex.quote(sched['profile'])} "
         f"--job-dir {shlex.quote(sched['job_dir'])}"
     )
     return slurm.sbatch_wrap(
