@@ -1,44 +1,25 @@
-"""The plan server: one process per user and checkout that keeps torch and Megatron Bridge loaded, so a command
-that needs them (launch/commands.py: `check` said so) runs in about a second instead of paying the import.
-
-The standard library does the work: socketserver.ForkingUnixStreamServer forks one worker per request (and reaps
-it), socket.send_fds hands over the client's stdin/stdout/stderr. A worker becomes the client (its checked
-arguments, environment, working directory, umask, resource limits and terminal), runs the command's `run` through
-the dispatcher's `execute`, and sends its exit status back. The server imported Bridge, the command modules and
-the third-party modules they and the recipe files name (preload); recipes/ and whatever else a command imports
-lazily are imported by the worker itself, fresh from disk, so an edited recipe shows in the next command. Nothing
-of ours is ever imported twice in one process: what the server loaded is watched instead (stale()).
-
-A worker dies with its server (PR_SET_PDEATHSIG) and with its client (the connection closes: SIGTERM), so kill -9
-of either, or of make (the client watches make, overlapkit/makewatch.py), leaves nothing running. A command is
-started only after the worker has said "accepted": a client that never read it runs the command itself (it never
-started); one that read it and then lost the server reports that and runs nothing again (a plan may have written
-its run directory, a submission may have reached Slurm). docs/plan.md says when a server is used.
-"""
+"""The plan server's client and its place (the server: launch/serve.py). `forward` hands a checked command that
+needs Bridge to this checkout's server, starting one when none runs, with the client's environment, working
+directory, umask, resource limits and terminal, and returns its exit status. The command starts only once the
+worker said "accepted": a client that never read it runs the command itself (it never started); one that read it
+and then lost the server reports that and runs nothing twice. docs/plan.md says when a server is used."""
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import ctypes
 import fcntl
 import hashlib
-import importlib
 import os
 import pickle
 import pwd
 import resource
 import signal
 import socket
-import socketserver
 import stat
 import struct
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-import traceback
 from pathlib import Path
 
 from launch.args import Parser
@@ -55,7 +36,6 @@ IMPORT_ENV = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTO
 IMPORT_ENV += ("NEMO", "WANDB", "PYTHON", "OMP_", "MKL_", "LD_", "LC_", "LANG", "TRITON", "XDG_CACHE")
 LIMITS = sorted(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
 HEADER = struct.Struct("!I")
-PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def wanted(args, environ=os.environ) -> bool:
@@ -121,9 +101,6 @@ def holder(lock: Path) -> int | None:
 
 def note(text: str) -> None:
     print(f"note: {text}", file=sys.stderr, flush=True)
-
-
-# --- the client --------------------------------------------------------------------------------------------------
 
 
 def forward(name: str, args) -> int | None:
@@ -203,176 +180,10 @@ def ready(sock: Path, lock: Path, proc: subprocess.Popen | None, timeout: float 
     return False
 
 
-# --- the server --------------------------------------------------------------------------------------------------
-
-
-def preload() -> dict[str, tuple]:
-    """Bridge, the command modules, and every module the command modules and the recipe files name (their lazy
-    imports too; recipes/ itself stays unloaded). Returns the loaded files with their (mtime, size)."""
-    from launch.commands import COMMANDS
-
-    stack.import_bridge()
-    names = {c.module for c in COMMANDS.values()}
-    for path in [*ROOT.glob("launch/*.py"), *ROOT.glob("recipes/*.py")]:
-        for node in ast.walk(ast.parse(path.read_bytes())):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module)
-            elif isinstance(node, ast.Import):
-                names.update(a.name for a in node.names)
-    with stack.silenced():
-        for name in sorted(n for n in names if n.split(".")[0] not in ("recipes", "launch")):
-            with contextlib.suppress(Exception):  # a module that imports only in context: the worker's then
-                importlib.import_module(name)
-    return {f: file_id(f) for m in list(sys.modules.values()) if (f := getattr(m, "__file__", None))}
-
-
-def file_id(path: str) -> tuple | None:
-    with contextlib.suppress(OSError):
-        st = os.stat(path)
-        return st.st_mtime_ns, st.st_size
-    return None
-
-
-class Server(socketserver.ForkingUnixStreamServer):
-    timeout = 30  # handle_request() returns after this long idle: handle_timeout() checks idleness and staleness
-
-    def __init__(self, sock: Path, stamp0: str):
-        self.pid, self.stamp0, self.files, self.last, self.done = os.getpid(), stamp0, preload(), time.monotonic(), ""
-        self.idle = float(os.environ.get(IDLE_VAR) or 900)
-        if sock.exists() or sock.is_symlink():
-            if not stat.S_ISSOCK(os.lstat(sock).st_mode):  # a file or link put there: not ours to remove
-                raise BadInput(f"{sock} is not a socket: left as it is, remove it")
-            sock.unlink()  # a dead server's: we hold the lock
-        super().__init__(str(sock), Worker)
-
-    def stale(self) -> str:
-        changed = next((f for f, fid in self.files.items() if file_id(f) != fid), None)
-        return f"{changed} changed since it was loaded" if changed else ""
-
-    def verify_request(self, request, client_address) -> bool:
-        return struct.unpack("3i", request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1] == os.getuid()
-
-    def handle_timeout(self) -> None:
-        super().handle_timeout()  # reaps finished workers
-        if self.active_children:
-            self.last = time.monotonic()
-        elif time.monotonic() - self.last > self.idle:
-            self.done = f"idle for {self.idle:.0f} s"
-        else:
-            self.done = self.stale()
-
-
-class Worker(socketserver.BaseRequestHandler):
-    """One request, in the forked child: become the client, say "accepted", run the command, send its status."""
-
-    def handle(self) -> None:
-        server, conn = self.server, self.request
-        if sys.platform == "linux":
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != server.pid:  # the server died before the line above: no one would end this worker
-            os._exit(1)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        data, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
-        if len(data) < HEADER.size:  # a client that only checked the server listens (ready())
-            return
-        body = b""
-        while len(body) < HEADER.unpack(data)[0] and (chunk := conn.recv(1 << 20)):
-            body += chunk
-        req = pickle.loads(body)
-        why = "the client's stack differs (interpreter, sys.path, uv.lock or import-time environment)"
-        if (why := (why if req["stamp"] != server.stamp0 else server.stale())) or len(fds) != 3:
-            self.say(stale=why or "no terminal received")
-            return os.kill(os.getppid(), signal.SIGTERM)  # the server exits; the next command starts a fresh one
-        try:
-            for r, (soft, hard) in req["limits"].items():
-                resource.setrlimit(r, (soft, hard))
-        except (ValueError, OSError) as exc:
-            return self.say(refused=f"the client's resource limits are above the server's ({exc})")
-        self.become(req, fds)
-        threading.Thread(target=self.watch, daemon=True).start()
-        self.say(accepted=os.getpid())
-        from launch import commands
-
-        module = importlib.import_module(commands.COMMANDS[req["name"]].module)
-        code = 1
-        try:
-            if handlers := getattr(module, "handlers", None):
-                handlers()
-            code = commands.execute(module, req["args"])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except KeyboardInterrupt:
-            code = 130
-        except BaseException:  # a bug: its traceback, as on the plain path
-            traceback.print_exc()
-        for s in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                s.flush()
-        self.say(rc=code)
-        os._exit(code)
-
-    def become(self, req: dict, fds: list[int]) -> None:
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        for (enc, errors), fd, name in zip(req["streams"], (0, 1, 2), ("stdin", "stdout", "stderr"), strict=True):
-            mode = "r" if fd == 0 else "w"
-            stream = open(fd, mode, buffering=1 if os.isatty(fd) else -1, encoding=enc, errors=errors, closefd=False)
-            setattr(sys, name, stream)
-            setattr(sys, f"__{name}__", stream)
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
-        os.umask(req["umask"])
-        tempfile.tempdir = None  # computed again from the client's TMPDIR
-        time.tzset()
-
-    def watch(self) -> None:
-        """The client went away (Ctrl-C, killed, its make killed): end this worker."""
-        with contextlib.suppress(OSError):
-            while self.request.recv(1):
-                pass
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    def say(self, **msg) -> None:
-        with contextlib.suppress(OSError):
-            self.request.sendall(pickle.dumps(msg).hex().encode() + b"\n")
-
-
-def serve() -> int:
-    """The server's main (`python -m launch plan-server --serve`, started by a client): lock, preload, serve."""
-    sock, lock, log = paths(directory())
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another server holds this checkout
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    t0, stamp0 = time.monotonic(), stamp(os.environ)
-    server = Server(sock, stamp0)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # make plan-server-stop, or a stale request
-    print(f"{time.strftime('%F %T')} pid {os.getpid()}: ready in {time.monotonic() - t0:.1f} s", flush=True)
-    try:
-        while not server.done:
-            server.handle_request()
-    finally:
-        print(f"{time.strftime('%F %T')} pid {os.getpid()}: exits ({server.done or 'stopped'})", flush=True)
-        with contextlib.suppress(OSError):
-            sock.unlink()
-        server.server_close()  # waits for the commands in flight
-    return 0
-
-
-# --- `python -m launch plan-server --serve | --stop | --status` (make plan-server-stop) ---------------------------
-
-
 def parse(argv):
-    p = Parser(prog="make plan-server-stop", description=__doc__.splitlines()[0])
-    g = p.add_mutually_exclusive_group(required=True)
-    for flag, why in (("serve", "run the server"), ("stop", "stop this checkout's"), ("status", "its pid, if any")):
-        g.add_argument(f"--{flag}", action="store_true", help=why)
+    p = Parser(prog="make plan-server-stop", description="stop this checkout's plan server (--serve: run it)")
+    p.add_argument("--serve", action="store_true", help="run the server (a client starts it)")
+    p.add_argument("--stop", action="store_true", help="stop this checkout's server")
     return p.parse_args(argv)
 
 
@@ -382,16 +193,17 @@ def check(args) -> bool:
 
 
 def run(args) -> int:
-    sock, lock, log = args.paths
     if args.serve:
-        os._exit(serve())  # no interpreter teardown of torch
-    pid = holder(lock)
-    if args.status or pid is None:
-        print(f"plan server pid {pid} ({sock}; log {log})" if pid else "no plan server runs for this checkout")
+        from launch import serve
+
+        os._exit(serve.serve())  # no interpreter teardown of torch
+    sock, lock, log = args.paths
+    if (pid := holder(lock)) is None:
+        print("no plan server runs for this checkout")
         return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
     while holder(lock) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
-    print(f"stopped the plan server (pid {pid})" if holder(lock) is None else f"plan server pid {pid} still stopping")
+    print(f"stopped the plan server (pid {pid}; log {log})" if holder(lock) is None else f"pid {pid} still stopping")
     return 0
