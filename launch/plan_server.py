@@ -123,6 +123,8 @@ def forward(name: str, args) -> int | None:
     except (BadInput, OSError) as exc:
         note(f"plan server not used: {exc}; running in this process")
         return None
+    except KeyboardInterrupt:  # Ctrl-C: the closed connection ends the worker
+        return 130
     if reply is None:
         note(f"the plan server did not take this command (log: {log}); running in this process")
     if reply is None or "rc" in reply:
@@ -201,7 +203,8 @@ def run(args) -> int:
     if (pid := holder(lock)) is None:
         print("no plan server runs for this checkout")
         return 0
-    os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):  # gone since
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
     while holder(lock) is not None and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -176,6 +176,8 @@ def serve() -> int:
         return 0  # another server holds this checkout
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
+    pid = os.getpid()  # the lock is the server's alone (held means a server lives): its children close their copy
+    os.register_at_fork(after_in_child=lambda: os.getppid() == pid and os.close(fd))
     t0, stamp0 = time.monotonic(), stamp(os.environ)
     server = Server(sock, stamp0)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # make plan-server-stop, or a stale request

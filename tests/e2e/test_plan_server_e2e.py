@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import commands, plan_server
+from launch import commands, plan_server, serve
 from overlapkit import stack
 
 ROOT = stack.REPO_ROOT
@@ -205,7 +205,7 @@ def test_a_client_of_another_stack_stops_the_server_and_runs_its_command_itself(
     request = {"name": "plan", "args": None, "stamp": "another interpreter or environment", "limits": {}}
     reply = plan_server.ask(served.sock, request)
     assert reply and "differs" in reply["stale"]
-    assert gone(pid) and plan_server.holder(served.lock) is None
+    assert gone(pid) and plan_server.holder(served.lock) is None  # the lock is the server's alone
 
 
 def test_kill_9_of_the_server_ends_its_worker_and_the_command_is_not_run_again(served, tmp_path):
@@ -239,7 +239,7 @@ def test_with_the_server_off_none_is_asked_or_started(served, tmp_path):
 
 
 def test_an_idle_server_exits():
-    server = plan_server.Server.__new__(plan_server.Server)  # its idleness rule alone: no socket, no preload
+    server = serve.Server.__new__(serve.Server)  # its idleness rule alone: no socket, no preload
     server.active_children, server.idle, server.files, server.done = None, 60, {}, ""
     server.last = time.monotonic() - 61
     server.handle_timeout()
@@ -247,3 +247,12 @@ def test_an_idle_server_exits():
     server.last, server.done = time.monotonic(), ""
     server.handle_timeout()
     assert server.done == ""
+
+
+def test_make_plan_server_stop_stops_it(served):
+    pid = served.pid()
+    out = subprocess.run(
+        ["make", "-s", "plan-server-stop"], cwd=ROOT, env=served.env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.startswith(f"stopped the plan server (pid {pid}; log "), out.stderr
+    assert gone(pid) and plan_server.holder(served.lock) is None

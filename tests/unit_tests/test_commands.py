@@ -4,6 +4,8 @@ refusal 3 with the cluster's own message, and anything else a traceback, as a bu
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import re
 import subprocess
 import sys
@@ -12,6 +14,8 @@ import pytest
 
 from launch import commands
 from overlapkit import stack
+from overlapkit.errors import AuditFailed, BadInput, ClusterFailure
+from overlapkit.makewatch import Interrupted
 from overlapkit.plan import build
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
@@ -71,7 +75,7 @@ def test_a_refused_sbatch_shows_the_clusters_message_and_exits_3(tmp_path, monke
     refusal = "sbatch: error: Batch job submission failed: Invalid qos specification"
     for tool, body in {
         "sbatch": f"echo '{refusal}' >&2; exit 1",
-        "sinfo": "echo '8|gpu:8|30:00'",
+        "sinfo": "echo '8|gpu:8|1-00:00:00'",
         "squeue": "exit 0",
     }.items():
         (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
@@ -81,3 +85,18 @@ def test_a_refused_sbatch_shows_the_clusters_message_and_exits_3(tmp_path, monke
     err = capsys.readouterr().err
     assert code == 3, err
     assert err.startswith("error: ") and refusal in err and err.count("\n") == 1
+
+
+def test_every_error_class_of_ours_is_bad_input_an_audit_or_the_clusters():
+    """The dispatcher catches these three (and a signal's Interrupted) and nothing wider: a class of ours outside
+    them would reach the user as a traceback."""
+    ours = {BadInput, AuditFailed, ClusterFailure, Interrupted}
+    found = []
+    src = stack.REPO_ROOT / "src"
+    for path in sorted((src / "overlapkit").rglob("*.py")):
+        name = ".".join(path.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+        for _, cls in inspect.getmembers(importlib.import_module(name), inspect.isclass):
+            if issubclass(cls, BaseException) and cls.__module__ == name:
+                found.append(cls)
+                assert issubclass(cls, tuple(ours)), f"{name}.{cls.__name__} is none of ours"
+    assert len(found) > 15  # the walk reached the library's classes (ForkError, FileProblem, LiveRun, ...)

@@ -40,6 +40,7 @@ COVERED_BY = {
     "regress/begin": "regress/test_schedule.py",
     "regress/chain_status": "regress/test_schedule.py",
     "topology": "training/test_comm_overlap.py",
+    "errors": "test_commands.py",  # the exit status each class gets, through the dispatcher
     "shape": "recipes/test_recipes.py",
     # the overlap report's parts, tested together on one set of Nsight SQLite fixtures
     "regress/nsys_sqlite": "regress/test_overlap_report.py",
