@@ -185,6 +185,8 @@ def serve() -> int:
     try:
         while not server.done:
             server.handle_request()
+    except SystemExit:  # SIGTERM: stop now (the caller exits without the interpreter's teardown of torch)
+        server.done = server.done or "stopped"
     finally:
         print(f"{time.strftime('%F %T')} pid {os.getpid()}: exits ({server.done or 'stopped'})", flush=True)
         with contextlib.suppress(OSError):

@@ -22,6 +22,7 @@ from launch import commands
 from overlapkit import stack
 from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.errors import AuditFailed
 from overlapkit.plan import runopts
 
 GOLDEN = stack.REPO_ROOT / "tests" / "golden"
@@ -90,7 +91,7 @@ def test_8b_fp8_gets_32_connections_and_8b_bf16_with_cp2_gets_1(prepared, recipe
 
 def test_audit_errors_submit_nothing(tmp_path):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
-    with pytest.raises(submit.SubmitError, match="nothing submitted: TP overlap requested but Bridge drops it"):
+    with pytest.raises(AuditFailed, match="nothing submitted: TP overlap requested but Bridge drops it"):
         submit.prepare("llama3_70b_pretrain_64gpu_h100_bf16", profile, sets="model.sequence_parallel=false")
     assert not (tmp_path / "jobs").exists()
 
