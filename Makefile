@@ -95,7 +95,7 @@ plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overla
 overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, GPU=, FORMAT=json, PNG=)
 	@$(PY) -m launch overlap-report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --gpu="$$GPU" --format="$$FORMAT" --png="$$PNG"
 
-plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for plan/recipes; OVERLAPKIT_PLAN_SERVER=0: none)
+plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded between commands: docs/plan.md; OVERLAPKIT_PLAN_SERVER=0|1)
 	@$(PY) -m launch plan-server --stop
 
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)

@@ -11,6 +11,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -87,3 +88,26 @@ def test_a_listener_of_another_user_is_sent_nothing():
     os.waitpid(pid, 0)
     assert os.read(r, 1 << 16) == b"nothing"
     shutil.rmtree(where)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "environ", "on"),
+    [
+        ("local", {}, True),  # a developer's machine: its profile says plan_server = true
+        ("example-eos", {}, False),  # a cluster's login node: off unless asked for
+        ("example-eos", {plan_server.SWITCH: "1"}, True),
+        ("local", {plan_server.SWITCH: "0"}, False),
+        ("local", {plan_server.SWITCH: "1", "SLURM_JOB_ID": "7"}, False),  # never inside a job
+        ("nosuch", {}, False),  # the command itself says what is wrong with CLUSTER=
+    ],
+)
+def test_the_profile_decides_unless_the_switch_does(cluster, environ, on):
+    assert plan_server.wanted(SimpleNamespace(cluster=cluster), environ) is on
+
+
+def test_plan_server_in_a_profile_is_true_or_false(tmp_path):
+    from overlapkit.cluster.profiles import load_profile
+
+    (tmp_path / "p.toml").write_text('account = "a"\npartition = "p"\nplan_server = "yes"\n')
+    with pytest.raises(BadInput, match=r"plan_server = 'yes': expected true or false"):
+        load_profile(tmp_path / "p.toml")
