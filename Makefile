@@ -87,19 +87,19 @@ lint: ## ruff check + format check
 	@$(UV) run --frozen --quiet ruff check . && $(UV) run --frozen --quiet ruff format --check .
 
 recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
-	@$(PY) -m launch.plan --list --gpu="$$GPU"
+	@$(PY) -m launch recipes --gpu="$$GPU"
 
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
-	@$(PY) -m launch.plan --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --cluster="$$CLUSTER" $(RUN_FLAGS) -- "$$RECIPE"
+	@$(PY) -m launch plan --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --cluster="$$CLUSTER" $(RUN_FLAGS) -- "$$RECIPE"
 
 overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, GPU=, FORMAT=json, PNG=)
-	@$(PY) -m launch.overlap_report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --gpu="$$GPU" --format="$$FORMAT" --png="$$PNG"
+	@$(PY) -m launch overlap-report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --gpu="$$GPU" --format="$$FORMAT" --png="$$PNG"
 
-plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for plan/recipes; OVERLAPKIT_PLAN_SERVER=0: none)
-	@$(PY) -m launch.plan_server --stop
+plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded between commands: docs/plan.md; OVERLAPKIT_PLAN_SERVER=0|1)
+	@$(PY) -m launch plan-server --stop
 
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
-	@$(PY) -m launch.new_recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" $(FORK_FLAGS) --args="$$ARGS"
+	@$(PY) -m launch new-recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" $(FORK_FLAGS) --args="$$ARGS"
 
 bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side
 	@$(PY) bench/plan_all.py
@@ -108,25 +108,25 @@ gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by si
 	@$(PY) bench/gpu_cut.py --cuts="$$CUTS" --args="$$ARGS"
 
 submit: ## submit RECIPE to CLUSTER via nemo_run (NODES=, SET=, DRYRUN=1 prints the sbatch, PREFLIGHT=1 checks only)
-	@$(PY) -m launch.submit submit --recipe="$$RECIPE" --cluster="$$CLUSTER" --nodes="$$NODES" --set="$$SET" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
+	@$(PY) -m launch submit --recipe="$$RECIPE" --cluster="$$CLUSTER" --nodes="$$NODES" --set="$$SET" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
 
 status: ## state and preflight result of RUN= (default: the latest run on CLUSTER)
-	@$(PY) -m launch.submit status --cluster="$$CLUSTER" --run="$$RUN"
+	@$(PY) -m launch status --cluster="$$CLUSTER" --run="$$RUN"
 
 logs: ## print the job logs of RUN= (default: the latest run on CLUSTER)
-	@$(PY) -m launch.submit logs --cluster="$$CLUSTER" --run="$$RUN"
+	@$(PY) -m launch logs --cluster="$$CLUSTER" --run="$$RUN"
 
 cancel: ## cancel RUN= (default: the latest run on CLUSTER)
-	@$(PY) -m launch.submit cancel --cluster="$$CLUSTER" --run="$$RUN"
+	@$(PY) -m launch cancel --cluster="$$CLUSTER" --run="$$RUN"
 
 sbatch: ## write a standalone sbatch script for RECIPE on CLUSTER (plain-sbatch path, no nemo_run)
-	@$(PY) -m launch.submit sbatch --recipe="$$RECIPE" --cluster="$$CLUSTER" --nodes="$$NODES" --set="$$SET" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
+	@$(PY) -m launch sbatch --recipe="$$RECIPE" --cluster="$$CLUSTER" --nodes="$$NODES" --set="$$SET" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
 
 run-local: ## run RECIPE on this 8-GPU node with torchrun (nemo_run LocalExecutor; NODES is 1)
-	@$(PY) -m launch.submit run-local --recipe="$$RECIPE" --set="$$SET" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
+	@$(PY) -m launch run-local --recipe="$$RECIPE" --set="$$SET" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
 
 prep-data: ## tokenize IN (JSONL file or dir) with TOKENIZER (local HF dir) into OUT/*.bin/.idx + OUT/data.toml (KEY=, WORKERS=, FORCE=1)
-	@$(PY) -m launch.prep_data --in="$$IN" --tokenizer="$$TOKENIZER" --out="$$OUT" --key="$$KEY" --workers="$$WORKERS" --force="$$FORCE"
+	@$(PY) -m launch prep-data --in="$$IN" --tokenizer="$$TOKENIZER" --out="$$OUT" --key="$$KEY" --workers="$$WORKERS" --force="$$FORCE"
 
 slurm-up: ## install and start the local multi-node dev Slurm (root; idempotent)
 	bash slurm/local/start.sh
@@ -138,22 +138,22 @@ slurm-down: ## stop the local dev Slurm
 .PHONY: nightly nightly-report bless parse-log nightly-schedule nightly-status nightly-unschedule
 
 nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
-	@$(PY) -m launch.nightly submit --cluster="$$CLUSTER" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" --recipes="$$RECIPES" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --gpu="$$GPU"
+	@$(PY) -m launch nightly --cluster="$$CLUSTER" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" --recipes="$$RECIPES" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --gpu="$$GPU"
 
 nightly-report: ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
-	@$(PY) -m launch.nightly report --cluster="$$CLUSTER" --night="$$NIGHT" --job-dir="$$JOB_DIR"
+	@$(PY) -m launch nightly-report --cluster="$$CLUSTER" --night="$$NIGHT" --job-dir="$$JOB_DIR"
 
 bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<recipe>.json
-	@$(PY) -m launch.nightly bless --run="$$RUN"
+	@$(PY) -m launch bless --run="$$RUN"
 
 parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
 	@$(PY) -m overlapkit.regress.logparse -- "$$LOG"
 
 nightly-schedule: ## run the nightly every day at AT (02:00, now+90, ISO date) through sbatch --begin (RECIPES=, PREFLIGHT=, DRYRUN=1)
-	@$(PY) -m launch.nightly schedule --cluster="$$CLUSTER" --at="$$AT" --recipes="$$RECIPES" --preflight="$$PREFLIGHT" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --dryrun="$$DRYRUN" --gpu="$$GPU"
+	@$(PY) -m launch nightly-schedule --cluster="$$CLUSTER" --at="$$AT" --recipes="$$RECIPES" --preflight="$$PREFLIGHT" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --dryrun="$$DRYRUN" --gpu="$$GPU"
 
 nightly-status: ## the scheduled chain (next begin, late or broken?) and the last night's verdict
-	@$(PY) -m launch.nightly schedule-status --cluster="$$CLUSTER" --job-dir="$$JOB_DIR"
+	@$(PY) -m launch nightly-status --cluster="$$CLUSTER" --job-dir="$$JOB_DIR"
 
 nightly-unschedule: ## cancel the scheduled nightly chain of CLUSTER
-	@$(PY) -m launch.nightly unschedule --cluster="$$CLUSTER" --job-dir="$$JOB_DIR"
+	@$(PY) -m launch nightly-unschedule --cluster="$$CLUSTER" --job-dir="$$JOB_DIR"

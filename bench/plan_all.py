@@ -4,8 +4,8 @@ Each repetition, in this order (so machine noise is shared): the bare `import me
 interpreter (TE shim, nothing deferred: what training imports); a first `make plan` in a fresh process with the plan
 server off (OVERLAPKIT_PLAN_SERVER=0: the path every plan took before the server, and the one CI takes); the import as
 planning does it (what no command uses deferred: overlapkit/lazy_imports.py); a first `make plan` with no server
-running (it plans in its own process and then becomes the server); at once after it, with no wait, a second
-`make plan` (served by the first's process: no second import, goal <= 2 s) and `make recipes` (every recipe).
+running (OVERLAPKIT_PLAN_SERVER=1: it starts the server and is its first command); at once after it, with no wait,
+a second `make plan` (served: no second import, goal <= 2 s) and `make recipes` (every recipe).
 Prints each median (wall and CPU seconds: the CPUs may be shared) and the ratios; the cold-start row is the first
 plan in a fresh process (server off) against the bare import, goal <= 0.7. `--cold` times only the first three. The
 server lives in a private directory of this run (a server you are using is left alone) and is stopped at the end;
@@ -24,9 +24,8 @@ import sys
 import tempfile
 import time
 
+from launch import plan_server
 from overlapkit import lazy_imports, stack
-from overlapkit.serve import client as serve_client
-from overlapkit.serve import paths as serve_paths
 
 IMPORT = "from overlapkit import stack; stack.import_bridge()"
 BARE = "from overlapkit import stack; stack.import_bridge(full=True)"
@@ -56,16 +55,20 @@ def timed(cmd: list[str], env: dict, row: str = "") -> float:
 def cold_round(env: dict, times: dict) -> None:
     """The cold start: the bare import, a first `make plan` in a fresh process (no server), planning's import."""
     times["bare"].append(timed([sys.executable, "-c", BARE], env, "bare"))
-    times["plain"].append(timed(["make", "-s", "plan", f"RECIPE={RECIPE}"], {**env, serve_paths.SWITCH: "0"}, "plain"))
+    times["plain"].append(timed(["make", "-s", "plan", f"RECIPE={RECIPE}"], {**env, plan_server.SWITCH: "0"}, "plain"))
     times["import"].append(timed([sys.executable, "-c", IMPORT], env, "import"))
 
 
-def one_round(env: dict, paths: serve_paths.Paths, times: dict) -> None:
+def stop(env: dict) -> None:
+    subprocess.run(["make", "-s", "plan-server-stop"], cwd=stack.REPO_ROOT, env=env, capture_output=True, check=True)
+
+
+def one_round(env: dict, times: dict) -> None:
     make_plan = ["make", "-s", "plan", f"RECIPE={RECIPE}"]
     cold_round(env, times)
-    serve_client.stop(paths)
+    stop(env)
     times["first"].append(timed(make_plan, env))
-    times["second"].append(timed(make_plan, env))  # typed at once: the first plan's process serves it
+    times["second"].append(timed(make_plan, env))  # typed at once: served by the server the first one started
     times["recipes"].append(timed(["make", "-s", "recipes"], env))
 
 
@@ -73,7 +76,7 @@ LABELS = {
     "bare": "bare `import megatron.bridge` (TE shim only)",
     "plain": "first `make plan`, fresh process, server off",
     "import": "planning's import (unused packages deferred)",
-    "first": "first `make plan` (no server: becomes one)",
+    "first": "first `make plan` (no server: starts one)",
     "second": "second `make plan`, typed at once after it",
     "recipes": "`make recipes` (server warm, every recipe)",
 }
@@ -111,17 +114,15 @@ def main() -> None:
         ap.error(f"--reps {opts.reps}: give at least 1")
     reps = opts.reps
     sockets = tempfile.mkdtemp(prefix="okps-bench-")
-    env = {**os.environ, serve_paths.DIR_VAR: sockets}
-    env.pop(serve_paths.SWITCH, None)
+    env = {**os.environ, plan_server.DIR_VAR: sockets, plan_server.SWITCH: "1"}
     env.pop(lazy_imports.SWITCH, None)  # planning defers as it does for users; the bare row asks for full
-    paths = serve_paths.Paths.of(environ=env)
     before = set(RUNS.glob(f"{RECIPE}-*")) if RUNS.is_dir() else set()
     times = {k: [] for k in LABELS}
     try:
         for _ in range(reps):
-            cold_round(env, times) if opts.cold else one_round(env, paths, times)
+            cold_round(env, times) if opts.cold else one_round(env, times)
     finally:
-        serve_client.stop(paths)
+        stop(env)
         shutil.rmtree(sockets, ignore_errors=True)
         for run_dir in set(RUNS.glob(f"{RECIPE}-*")) - before:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -12,16 +12,14 @@ no file written).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from launch.args import Parser, add_gpu_option
 from overlapkit import stack
 from overlapkit.plan.inputs import positive_int
-from overlapkit.serve import client as serve_client
 
 
-def _args(argv):
+def parse(argv):
     p = Parser(
         prog="make new-recipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, rest=True
     )
@@ -37,14 +35,7 @@ def _args(argv):
     p.add_argument("--model", help='registry label (default from the name, e.g. "Llama3 34B")')
     p.add_argument("--recipes-dir", default=str(stack.REPO_ROOT / "recipes"), help="where the file goes")
     add_gpu_option(p)
-    args = p.parse_args(argv)
-    from overlapkit.sizing.hardware import GpuError, parse_gpu
-
-    try:
-        args.gpu = parse_gpu(args.gpu)  # before the Bridge import: a bad GPU= is one line at once
-    except GpuError as exc:
-        p.exit(2, f"error: {exc}\n")
-    return args
+    return p.parse_args(argv)
 
 
 def request(args):
@@ -65,22 +56,26 @@ def request(args):
     )
 
 
-def main(argv=None) -> int:
-    args = _args(argv)
-    from overlapkit.fork.scaffold import ForkError, check_request, fork
+def check(args) -> bool:
+    """GPU=, NAME and FROM before the Bridge import (a minute here); the shape and layout need the FROM recipe built."""
+    from overlapkit.fork.scaffold import check_request
+    from overlapkit.sizing.hardware import parse_gpu
 
-    req = request(args)
-    try:
-        check_request(req)  # NAME and FROM before the Bridge import (a minute here)
-        stack.import_bridge()
-        res = fork(req)
-    except ForkError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    args.gpu = parse_gpu(args.gpu)
+    args.request = request(args)
+    check_request(args.request)
+    return True
+
+
+def run(args) -> int:
+    from overlapkit.fork.scaffold import fork
+
+    stack.import_bridge()
     from overlapkit.plan import registry
     from overlapkit.plan.report import console, render_plan
     from overlapkit.sizing.hardware import HARDWARE
 
+    res = fork(args.request)
     out = console()
     line = lambda text: out.print(text, markup=False, soft_wrap=True)  # noqa: E731  (one line, never re-wrapped)
     line(f"wrote {res.path} (forked from {args.from_name})")
@@ -95,18 +90,3 @@ def main(argv=None) -> int:
     if not registry.finds(res.path):
         line(f"note: make plan finds it with {registry.PATH_VAR}={res.path.parent} (it searches recipes/ only)")
     return 0
-
-
-cli = main  # what the plan server's worker runs: the plain path, unchanged
-
-
-def precheck(argv) -> bool:
-    """Served once the flags, NAME and FROM pass the checks made before the import (the shape and layout need the
-    FROM recipe built, so Bridge)."""
-    from overlapkit.fork.scaffold import check_request
-
-    return serve_client.quietly(lambda: check_request(request(_args(argv))))
-
-
-if __name__ == "__main__":
-    sys.exit(serve_client.run("launch.new_recipe", sys.argv[1:], precheck, main))

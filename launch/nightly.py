@@ -3,7 +3,7 @@ regression suite on a cluster profile, and the schedule that runs it every night
 
 Argument parsing and printing only; the work is overlapkit.regress.nightly and overlapkit.regress.schedule. submit:
 every recipe (or RECIPES=) in its nightly shape (two steady steps profiled on rank 0 of each node), then a summary
-job that runs `python -m launch.nightly report` after all of them. report: classify each run against its golden,
+job that runs `python -m launch nightly-report` after all of them. report: classify each run against its golden,
 write report.md, junit.xml + plots, append the history; resubmit an infrastructure failure once. bless: a reviewed
 run → nightly/goldens/<recipe>.json (with its exposed shares per overlap class). schedule: a scheduler job held
 until AT that runs `submit` and queues itself for the next day (schedule-run is what it runs); schedule-status: that
@@ -20,14 +20,13 @@ from pathlib import Path
 from launch.args import Parser, add_gpu_option, switch
 from overlapkit import stack
 from overlapkit.cluster.submit import Interrupted
-from overlapkit.errors import one_line
+from overlapkit.errors import BadInput
 from overlapkit.plan.inputs import positive_int
 from overlapkit.regress import begin, chain_status, nightly, schedule
 from overlapkit.regress import rules as regress
-from overlapkit.serve import client as serve_client
 
 
-def _args(argv):
+def parse(argv):
     ap = Parser(prog="launch.nightly", description=__doc__)
     ap.add_argument("action", choices=ACTIONS)
     ap.add_argument("--cluster", default="local", help="profile name in slurm/profiles/ or a path to a .toml")
@@ -126,7 +125,7 @@ def do_schedule(args) -> int:
 def do_schedule_run(args) -> int:
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
-        raise ValueError("schedule-run runs inside the scheduler job (no SLURM_JOB_ID here): use make nightly-schedule")
+        raise BadInput("schedule-run runs inside the scheduler job (no SLURM_JOB_ID here): use make nightly-schedule")
     return schedule.fire(profile_of(args), job_id, say=print)
 
 
@@ -155,45 +154,32 @@ ACTIONS = {
 }
 
 
-def main(argv=None) -> int:
-    args = _args(argv)
-    try:
-        return ACTIONS[args.action](args)
-    except (regress.BlessError, FileNotFoundError, KeyError, ValueError, RuntimeError) as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
-    except Interrupted as exc:
-        print(f"error: {exc}; each run directory's submission.json says what became of it", file=sys.stderr)
-        return 128 + exc.signum
+def check(args) -> bool:
+    """PREFLIGHT and the profile for every action; `submit` (the night plans and submits every recipe) and `schedule`
+    with RECIPES= (the names need the registry) need Bridge, once AT and the partition pass; the others do not."""
+    from overlapkit.cluster.submit import preflight_mode
+
+    preflight_mode(args.preflight)
+    nightly.check_gpu(args.gpu)
+    if args.action == "schedule" and args.recipes.strip():
+        begin.check_at(args.at)
+        schedule.check_partition(profile_of(args))
+        return True
+    if args.action == "submit":
+        profile_of(args)  # CLUSTER= and JOB_DIR= before the import
+        return True
+    return False
 
 
-def cli(argv=None) -> int:
-    """The command line, as `python -m launch.nightly` and the plan server's worker run it."""
+def handlers() -> None:
     from overlapkit.cluster.submit import install_signal_handlers
 
     install_signal_handlers()  # a night's submissions end marked (failed or submitted), even if make is killed
-    return main(argv)
 
 
-def precheck(argv) -> bool:
-    """Served: `submit` (the night: plans and submits every recipe) and `schedule` with RECIPES= (the names need the
-    registry), once the checks that need no Bridge pass; every other action needs no Bridge."""
-
-    def check():
-        from overlapkit.cluster.submit import preflight_mode
-
-        args = _args(argv)
-        preflight_mode(args.preflight)
-        nightly.check_gpu(args.gpu)
-        profile = profile_of(args)
-        if args.action == "schedule" and args.recipes.strip():
-            begin.check_at(args.at)
-            schedule.check_partition(profile)
-        elif args.action != "submit":
-            raise ValueError(args.action)
-
-    return serve_client.quietly(check)
-
-
-if __name__ == "__main__":
-    sys.exit(serve_client.run("launch.nightly", sys.argv[1:], precheck, cli))
+def run(args) -> int:
+    try:
+        return ACTIONS[args.action](args)
+    except Interrupted as exc:
+        print(f"error: {exc}; each run directory's submission.json says what became of it", file=sys.stderr)
+        return 128 + exc.signum

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from launch.args import Parser, add_gpu_option
 from overlapkit import stack
-from overlapkit.serve import client as serve_client
+from overlapkit.errors import BadInput
 
 ROOT = stack.REPO_ROOT
 
 
-def _args(argv):
+def parse(argv):
     p = Parser(prog="make overlap-report", description=__doc__)
     p.add_argument("--run", default="", help="a run directory (runs/<recipe>-<time>) with its profiles in nsys/")
     p.add_argument("--profile", default="", help="an .sqlite / .nsys-rep export, or a directory of them (one per rank)")
@@ -38,19 +38,22 @@ def _run_dir(text: str) -> Path:
     return ROOT / "runs" / text if not path.exists() and (ROOT / "runs" / text).is_dir() else path
 
 
-def _check(args):
-    """Everything checked before the Bridge import: which input, the profiles' presence, the request."""
+def check(args) -> bool:
+    """Everything checked before the Bridge import: which input, the profiles' presence, the request. PROFILE= plans
+    the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
     from overlapkit.plan import request
     from overlapkit.regress.nsys_sqlite import profile_files
 
     if args.run and args.profile:
-        raise ValueError("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
+        raise BadInput("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
     if not args.run and not args.profile:
-        raise ValueError("nothing to report: give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>")
+        raise BadInput("nothing to report: give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>")
+    args.files = args.request = None
     if args.run:
-        return None, None
-    files = profile_files(Path(args.profile))
-    return files, request.parse(args.recipe, args.nodes, args.set, action="overlap-report", gpu=args.gpu)
+        return False
+    args.files = profile_files(Path(args.profile))
+    args.request = request.parse(args.recipe, args.nodes, args.set, action="overlap-report", gpu=args.gpu)
+    return True
 
 
 def _inputs(args):
@@ -58,33 +61,27 @@ def _inputs(args):
     from overlapkit.plan import runopts
     from overlapkit.regress import overlap_report
 
-    files, req = _check(args)
-    if req is None:
+    if args.request is None:
         run_dir = _run_dir(args.run)
         files, plan = overlap_report.run_inputs(run_dir)
         return files, plan, run_dir / runopts.OVERLAP_PNG, run_dir
     stack.import_bridge()
     from overlapkit.plan.build import plan_for
 
-    plan = plan_for(req).to_dict()
+    plan = plan_for(args.request).to_dict()
     where = Path(args.profile)
     png = where / runopts.OVERLAP_PNG if where.is_dir() else where.with_name(f"{where.stem}.timeline.png")
-    return files, plan, png, None
+    return args.files, plan, png, None
 
 
-def main(argv=None) -> int:
-    args = _args(argv)
+def run(args) -> int:
     from overlapkit.plan.report import console
     from overlapkit.regress import overlap_render, overlap_report
 
     out = console()
-    try:
-        files, plan, png, run_dir = _inputs(args)
-        measured = overlap_report.measure(files, plan)
-        report = overlap_report.report_of(measured)
-    except (KeyError, ValueError) as exc:  # ProfileError, UnknownRecipe, OverrideError, PlanError
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    files, plan, png, run_dir = _inputs(args)
+    measured = overlap_report.measure(files, plan)
+    report = overlap_report.report_of(measured)
     if warning := overlap_report.save(measured, report, Path(args.png) if args.png else png, run_dir):
         print(f"warning: {warning}: give PNG=<path>", file=sys.stderr)
     if args.format == "json":
@@ -95,21 +92,3 @@ def main(argv=None) -> int:
     for f in errors:
         print(f"error: [{f['code']}] {f['message']}", file=sys.stderr)
     return 1 if errors else 0
-
-
-def precheck(argv) -> bool:
-    """PROFILE= with a good request needs Bridge (the plan server's); RUN= reads plan.json and needs none."""
-
-    def check():
-        args = _args(argv)
-        if _check(args)[1] is None:
-            raise ValueError("RUN=: no plan to make")
-
-    return serve_client.quietly(check)
-
-
-cli = main  # what the plan server's worker runs
-
-
-if __name__ == "__main__":
-    sys.exit(serve_client.run("launch.overlap_report", sys.argv[1:], precheck, main))

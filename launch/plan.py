@@ -11,12 +11,12 @@ from pathlib import Path
 
 from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
-from overlapkit.serve import client as serve_client
+from overlapkit.errors import BadInput
 
 ROOT = stack.REPO_ROOT
 
 
-def _args(argv):
+def parse(argv):
     p = Parser(prog="make plan", description=__doc__)
     p.add_argument("recipe", nargs="?", help="recipe name (make recipes lists them)")
     p.add_argument("--nodes", default="", help="8-GPU nodes (default: the recipe's); rescales data parallelism")
@@ -39,7 +39,7 @@ def list_recipes(con, gpu: str) -> int:
     for name in registry.names():
         try:
             p = make_plan(name, gpu=gpu)
-        except (KeyError, ValueError) as exc:  # a recipe file with a bad size: the others still list
+        except BadInput as exc:  # a recipe file with a bad size: the others still list
             broken.append(f"{name}: {exc}")
             continue
         lay = p.layout
@@ -82,28 +82,30 @@ def _load_errors() -> int:
     return 1 if errors else 0
 
 
-def main(argv=None) -> int:
-    args = _args(argv)
+def check(args) -> bool:
+    """NODES, the recipe's name, SET, GPU, the run options and CLUSTER's profile, before the Bridge import; every plan
+    needs Bridge."""
+    req = request_of(args, listing=args.list)  # parsed once: the value run() plans
+    if not args.list:  # CLUSTER's profile: its job_dir holds RUN_NAME's checkpoints, its limit sets the guards
+        from overlapkit.cluster.profiles import load_profile
+
+        req = req.with_profile(load_profile(args.cluster))  # bound by plan_for; the plan is not laid out for it
+    args.request = req
+    return True
+
+
+def run(args) -> int:
     from overlapkit.plan.report import console
 
     out = console()
-    try:
-        req = request_of(args, listing=args.list)  # parsed once: every check before the Bridge import
-        if not args.list:  # CLUSTER's profile: its job_dir holds RUN_NAME's checkpoints, its limit sets the guards
-            from overlapkit.cluster.profiles import load_profile
+    stack.import_bridge()
+    if args.list:
+        return list_recipes(console(width=max(out.width, 172)), args.request.gpu)  # one row per recipe, never wrapped
+    from overlapkit.plan import registry
+    from overlapkit.plan.build import plan_for, write_run_dir
+    from overlapkit.plan.report import render_plan
 
-            req = req.with_profile(load_profile(args.cluster))  # bound by plan_for; the plan is not laid out for it
-        stack.import_bridge()
-        if args.list:
-            return list_recipes(console(width=max(out.width, 172)), req.gpu)  # one row per recipe, never wrapped
-        from overlapkit.plan import registry
-        from overlapkit.plan.build import plan_for, write_run_dir
-        from overlapkit.plan.report import render_plan
-
-        plan = plan_for(req)
-    except (KeyError, ValueError) as exc:  # UnknownRecipe, OverrideError, PresetError, LayoutError, PlanError
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    plan = plan_for(args.request)
     run_dir = write_run_dir(plan, Path(args.runs))
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))
@@ -115,23 +117,3 @@ def main(argv=None) -> int:
     for line in registry.load_errors():  # another recipe module is broken: say so, this plan stands
         print(f"warning: {line}", file=sys.stderr)
     return 0 if plan.report.ok else 1
-
-
-def precheck(argv) -> bool:
-    """The request passes every check made before the Bridge import (NODES, the recipe's name, SET, run options)."""
-
-    def check():
-        args = _args(argv)
-        request_of(args, listing=args.list)  # NODES, the recipe's name, SET, GPU, the run options
-
-    return serve_client.quietly(check)
-
-
-cli = main  # what the plan server's worker runs: the plain path, unchanged
-
-
-if __name__ == "__main__":
-    # A good request is planned by this checkout's plan server when one answers (launch/plan_server.py: torch and
-    # Bridge stay loaded there, our code is imported fresh for every plan); otherwise here, as always, while a
-    # server starts for the next one. Bad input is answered here, before any import, server or no server.
-    sys.exit(serve_client.run("launch.plan", sys.argv[1:], precheck, main))

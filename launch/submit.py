@@ -16,12 +16,11 @@ from launch.args import Parser, add_run_options, request_of, switch
 from overlapkit import stack
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile
-from overlapkit.errors import one_line
+from overlapkit.errors import BadInput
 from overlapkit.plan import registry
-from overlapkit.serve import client as serve_client
 
 
-def _args(argv):
+def parse(argv):
     ap = Parser(prog="launch.submit", description=__doc__)
     ap.add_argument("action", choices=("submit", "status", "logs", "cancel", "sbatch", "run-local"))
     ap.add_argument("--recipe", default="")
@@ -99,7 +98,7 @@ def do_run_dir_action(args) -> int:
 
     run_dir = submit.run_dir_of(load_profile(args.cluster), args.run, submitted=args.action != "status")
     if not run_dir.is_dir():
-        raise ValueError(f"RUN={args.run!r} is not a directory: give RUN=<run directory> (make status: the latest)")
+        raise BadInput(f"RUN={args.run!r} is not a directory: give RUN=<run directory> (make status: the latest)")
     info = submit.read_marker(run_dir, strict=True)
     if args.action == "status" and not info.get("job_id"):
         print(f"{run_dir.name}: {submit.describe(info)}")
@@ -132,66 +131,49 @@ def checked(args):
     (the request, not yet bound; the profile, None for run-local)."""
     req = request_of(args, action=args.action)
     if args.action != "submit" and req.run.segments > 1:
-        raise ValueError(f"SEGMENTS={req.run.segments} is for make submit (a chain of Slurm jobs)")
+        raise BadInput(f"SEGMENTS={req.run.segments} is for make submit (a chain of Slurm jobs)")
     submit.preflight_mode(args.preflight)
     profile = None if args.action == "run-local" else load_profile(args.cluster)
     if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
         if bad := slurm.request_problems(profile, nodes, profile.time_limit):
-            raise ValueError(f"{bad[0]}; nothing submitted")
+            raise BadInput(f"{bad[0]}; nothing submitted")
         if missing := submit.secrets_problem(profile):
-            raise ValueError(f"{missing}; nothing submitted")
+            raise BadInput(f"{missing}; nothing submitted")
     if args.action == "sbatch" or (args.action == "submit" and not args.dryrun):
         # a live run on the checkpoint directory, before the import too (submit asks again under the lock); a
         # script for sbatch would start a second training on it just the same
         where = dataclasses.replace(req.run, job_dir=str(profile.job_path)).checkpoint_dir
         if where and (live := runlock.live_problem(Path(where), req.run.run_name)):
-            raise ValueError(f"{live}; nothing {'submitted' if args.action == 'submit' else 'written'}")
+            raise BadInput(f"{live}; nothing {'submitted' if args.action == 'submit' else 'written'}")
     return req, profile
 
 
-def main(argv=None) -> int:
-    args = _args(argv)
+def check(args) -> bool:
+    """status/logs/cancel need no Bridge (answered at once, by run); submit, sbatch and run-local are checked here
+    (`checked`) and need it. run-local is never served: it starts torchrun on this node, which a server's worker
+    must not parent."""
+    if args.action in ("status", "logs", "cancel"):
+        return False
+    args.request, args.profile = checked(args)
+    return args.action != "run-local"
+
+
+def handlers() -> None:
+    submit.install_signal_handlers()  # a submission ends marked (failed or submitted), even if make is killed
+
+
+def run(args) -> int:
+    os.environ.setdefault("NEMORUN_HOME", str(stack.REPO_ROOT / "runs" / "nemo_run"))
+    if args.action in ("status", "logs", "cancel"):
+        return do_run_dir_action(args)
     from overlapkit.plan.report import console
 
-    out = console()
-
+    stack.import_bridge()
     try:
-        if args.action in ("status", "logs", "cancel"):
-            return do_run_dir_action(args)
-        req, profile = checked(args)
-        stack.import_bridge()
-        return do_run_local(args, out, req) if args.action == "run-local" else do_submit(args, out, req, profile)
-    except submit.AuditFailed as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
-        return 1
+        if args.action == "run-local":
+            return do_run_local(args, console(), args.request)
+        return do_submit(args, console(), args.request, args.profile)
     except submit.Interrupted as exc:
         print(f"error: {exc}; the run directory (if any) says what became of the submission", file=sys.stderr)
         return 128 + exc.signum
-    except (KeyError, ValueError, RuntimeError, OSError) as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
-
-
-def cli(argv=None) -> int:
-    """The command line, as `python -m launch.submit` and the plan server's worker run it."""
-    os.environ.setdefault("NEMORUN_HOME", str(stack.REPO_ROOT / "runs" / "nemo_run"))
-    submit.install_signal_handlers()  # the CLI only: an in-process caller keeps its own handlers
-    return main(argv)
-
-
-def precheck(argv) -> bool:
-    """Served: submit and sbatch requests that pass `checked` (status/logs/cancel need no Bridge; run-local starts
-    torchrun on this node, which a server's worker must not parent)."""
-
-    def check():
-        args = _args(argv)
-        if args.action not in ("submit", "sbatch"):
-            raise ValueError(args.action)
-        checked(args)
-
-    return serve_client.quietly(check)
-
-
-if __name__ == "__main__":
-    sys.exit(serve_client.run("launch.submit", sys.argv[1:], precheck, cli))

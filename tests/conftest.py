@@ -7,17 +7,15 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
+from launch import commands, plan_server
 from overlapkit import stack
-from overlapkit.serve import client as serve_client
-from overlapkit.serve import paths as serve_paths
 
 # Every make a test runs is a make as a user types it, at the top level. Under `make test` the outer make's
 # MAKEFLAGS/MAKELEVEL reach pytest, and each make a test starts would be a sub-make: "Entering directory" lines on
@@ -26,10 +24,12 @@ from overlapkit.serve import paths as serve_paths
 for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
     os.environ.pop(_var, None)
 
-# No test leaves a plan server behind, and none uses yours: a process a test starts plans by itself unless the test
-# asks for the session's server (the `served` fixture: one server in a private directory, started as soon as the
-# collection shows a test that needs it, stopped at the end; src/overlapkit/serve/).
-os.environ[serve_paths.SWITCH] = "0"
+# No test uses your plan server, and none leaves one behind: every process a test starts finds its server, if any,
+# in this session's own directory (started by the first command that needs Bridge, as yours is; stopped at the end).
+# Whether there is one is decided as for you: OVERLAPKIT_PLAN_SERVER=0|1, else the profile's plan_server (local:
+# on). The suite passes either way: `OVERLAPKIT_PLAN_SERVER=0 make test` runs every command in its own process.
+SERVER_DIR = tempfile.mkdtemp(prefix="okps-", dir="/tmp")  # short: a socket path has 107 bytes at most
+os.environ[plan_server.DIR_VAR] = SERVER_DIR
 stack.import_bridge()
 
 
@@ -71,88 +71,7 @@ def planned():
     return get
 
 
-# The session's server is born as a user's is: a cold plan (the command `make plan` runs) pays the import and
-# becomes the server, and a second plan typed at once after it is served (overlapkit/serve/client.py:
-# become_server). Then, where a test reads it, the night every such test shares (the nightly e2e, the 70B run of
-# the Slurm e2e): `make nightly CLUSTER=local PREFLIGHT=1` typed once, served. All of it in the background from the
-# collection on, on the second core. One directory holds it all: short (a socket path has 107 bytes at most), in
-# /tmp (every fake node sees it), the server's socket in server/.
-SESSION = {"dir": Path(tempfile.mkdtemp(prefix="okpn-", dir="/tmp"))}
-
-
-def served_env() -> dict:
-    """The environment of a process that uses the session's plan server."""
-    env = {**os.environ, serve_paths.DIR_VAR: str(SESSION["dir"] / "server")}
-    env.pop(serve_paths.SWITCH, None)
-    return env
-
-
-R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
-STEP = 't0=$EPOCHREALTIME; {cmd} >{d}/{name}.out 2>{d}/{name}.err; echo "$? $t0 $EPOCHREALTIME" >{d}/{name}.time\n'
-
-
-def start_session(night: bool) -> None:
-    d = SESSION["dir"]
-    serve_paths.Paths.of(environ=served_env()).private()
-    plan = f"{shlex.quote(sys.executable)} -m launch.plan {R8} --format json --runs {d / 'runs'}"
-    script = STEP.format(cmd=plan, d=d, name="first") + STEP.format(cmd=plan, d=d, name="second")
-    if night:
-        night_cmd = ["make", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={d / 'jobs'}"]
-        script += STEP.format(cmd=shlex.join(night_cmd), d=d, name="night")
-    SESSION["proc"] = subprocess.Popen(
-        ["bash", "-c", script], cwd=stack.REPO_ROOT, env=served_env(), stdin=subprocess.DEVNULL, start_new_session=True
-    )
-
-
-def session_step(name: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, float]:
-    """A step of the session once it has ended: its (CompletedProcess, wall seconds)."""
-    d, deadline = SESSION["dir"], time.monotonic() + timeout
-    while not (d / f"{name}.time").is_file() and SESSION["proc"].poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    if not (d / f"{name}.time").is_file():
-        pytest.fail(f"the session's {name} step did not end in {timeout:.0f} s (tests/conftest.py: start_session)")
-    rc, t0, t1 = (d / f"{name}.time").read_text().split()
-    out, err = ((d / f"{name}.{k}").read_text() for k in ("out", "err"))
-    return subprocess.CompletedProcess(name, int(rc), out, err), float(t1) - float(t0)
-
-
-@pytest.fixture(scope="session")
-def served():
-    """The session's plan server, ready: the environment for processes that should use it. One Bridge import serves
-    every `make` the e2e tests type and the unit tests' new processes."""
-    if "proc" not in SESSION:
-        start_session(night=False)
-    paths = serve_paths.Paths.of(environ=served_env())
-    assert serve_client.wait_ready(paths, timeout=900) is not None, (SESSION["dir"] / "first.err").read_text()[-3000:]
-    return served_env()
-
-
-@pytest.fixture(scope="session")
-def served_alone(served):
-    """The session's server once the session's own commands (its first plans, the night's `make nightly`) are done:
-    for tests that count what it served."""
-    SESSION["proc"].wait(timeout=900)
-    return served
-
-
-@pytest.fixture(scope="session")
-def first_plans(served):
-    """The session's cold `make plan` and the one typed at once after it: [(CompletedProcess, seconds)] × 2."""
-    return [session_step("first"), session_step("second")]
-
-
-@pytest.fixture(scope="session")
-def preflight_night(served):
-    """The shared night once `make nightly` has returned: (CompletedProcess, JOB_DIR). Its jobs may still run."""
-    return session_step("night")[0], SESSION["dir"] / "jobs"
-
-
 def pytest_collection_modifyitems(config, items):
-    # Unit tests first, the e2e tests after them, and the tests that stop the session's server last: what the e2e
-    # tests start early (the server, the nightly) runs on the second core while the unit tests run on the first.
-    items.sort(key=lambda i: ("/e2e/" in str(i.path), "stops_server" in i.keywords))
-    if any("served" in i.fixturenames for i in items):
-        start_session(night=any("preflight_night" in i.fixturenames for i in items) and not _slurm_running())
     need_gpu = [i for i in items if "gpu" in i.keywords]
     need_slurm = [i for i in items if "slurm" in i.keywords]
     if need_gpu and not _cuda_available():
@@ -178,12 +97,10 @@ def isolated_environ():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if SESSION.get("proc") is not None and SESSION["proc"].poll() is None:
-        os.killpg(SESSION["proc"].pid, 9)  # a session cut short (-x, Ctrl-C): its jobs end on their own
-    paths = serve_paths.Paths.of(environ=served_env())
-    if serve_paths.holder(paths) is not None:
-        serve_client.stop(paths)
-    shutil.rmtree(SESSION["dir"], ignore_errors=True)
+    _, lock, _ = plan_server.paths(plan_server.directory())
+    if (pid := plan_server.holder(lock)) is not None:
+        os.kill(pid, signal.SIGTERM)
+    shutil.rmtree(SERVER_DIR, ignore_errors=True)
 
 
 # Stands in for the Makefile's PY (uv's python): prints the arguments make's shell gave it, one JSON line.
@@ -212,17 +129,28 @@ def make_argv():
 
 @pytest.fixture
 def make_here(capsys):
-    """`make <target> <variables>` run in this process: the Makefile's own command line, the module's `main` (its
-    work, its printing, its exit status; not make's plumbing or a new process: the tests that type make keep those).
-    Returns (status, stdout, stderr)."""
+    """`make <target> <variables>` run in this process: the Makefile's own command line through the dispatcher
+    (launch/commands.py: its checks, its work, its printing, its exit status; not make's plumbing, a new process or
+    a server: the tests that type make keep those). Returns (status, stdout, stderr)."""
 
     def run(target: str, *variables: str) -> tuple[int, str, str]:
         module, *argv = make_command(target, *variables)
         capsys.readouterr()
-        try:
-            code = importlib.import_module(module).main(argv)
+        try:  # parse-log runs a module of the library (overlapkit.regress.logparse), not yet a row of the table
+            code = (
+                commands.call(argv[0], argv[1:]) if module == "launch" else importlib.import_module(module).main(argv)
+            )
         except SystemExit as exc:  # argparse's bad-argument exit (launch.args.Parser): status 2, one line
             code = exc.code
         return (code, *capsys.readouterr())
 
     return run
+
+
+@pytest.fixture(scope="session")
+def preflight_night(tmp_path_factory):
+    """`make nightly CLUSTER=local PREFLIGHT=1` typed once for the tests that read a night (the nightly e2e, the
+    70B run of the Slurm e2e): (CompletedProcess, JOB_DIR) once make has returned. Its jobs may still run."""
+    jobs = tmp_path_factory.mktemp("night") / "jobs"
+    cmd = ["make", "-s", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={jobs}"]
+    return subprocess.run(cmd, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=1800), jobs

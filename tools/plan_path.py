@@ -1,6 +1,6 @@
 """The path `make plan` takes through this repository's modules: every call from one of our modules into another
 (launch/, src/overlapkit/, recipes/), in order, so a reader can see where a plan goes back and forth. The Bridge import
-runs first, untraced (it is the same for every plan); the plan itself runs as `launch.plan.main` does for
+runs first, untraced (it is the same for every plan); the plan itself runs as `python -m launch plan` does for
 `make plan FORMAT=json RECIPE=...`.
 
     .venv/bin/python tools/plan_path.py [RECIPE] [--depth=N] [--flags launch/plan.py takes, e.g. --run-name=x]
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     from overlapkit import stack
 
     stack.import_bridge()
-    from launch import plan
+    from launch import commands
 
     recipe = next((a for a in argv if not a.startswith("-")), "llama3_70b_pretrain_64gpu_h100_bf16")
     depth = int(next((a.split("=", 1)[1] for a in argv if a.startswith("--depth=")), "3"))
@@ -55,10 +55,10 @@ def main(argv: list[str]) -> int:
             stack_of.pop()
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
-        stack_of.append("launch.plan")
+        stack_of.append("launch.commands")
         sys.setprofile(profile)
         try:
-            rc = plan.main(["--format=json", f"--runs={tmp}", *flags, "--", recipe])
+            rc = commands.call("plan", ["--format=json", f"--runs={tmp}", *flags, "--", recipe])
         finally:
             sys.setprofile(None)
     visits = collections.Counter(mod for mod, _, _, _ in entries)

@@ -1,7 +1,10 @@
-"""The project's own error classes, which decide a command's exit status (launch/ catches these and nothing wider).
+"""The project's own error classes, which decide a command's exit status (launch/commands.py catches these and
+nothing wider).
 
 - `BadInput`: what the user typed or pointed us at is wrong (a recipe name, SET=, a file we read). One line on
   stderr naming the fix, exit 2, no traceback.
+- `AuditFailed`: the request was good and the command ran, but what it built fails its audit (nothing submitted,
+  no recipe written). One line, exit 1: the same status as a plan whose audit has errors.
 - `ClusterFailure`: the cluster's own tool (sbatch, scancel, squeue, ...) refused or failed. Its message is the
   cluster's, with our one line of context; exit 3.
 
@@ -13,6 +16,10 @@ from __future__ import annotations
 
 class BadInput(ValueError):
     """Bad input: one line naming the fix, exit 2. A ValueError so the checks that predate this class still hold."""
+
+
+class AuditFailed(Exception):
+    """The built plan or recipe fails its audit: one line, exit 1."""
 
 
 class ClusterFailure(RuntimeError):

@@ -39,6 +39,8 @@ import sys
 import threading
 import types
 
+from overlapkit.errors import BadInput
+
 SWITCH = "OVERLAPKIT_LAZY_IMPORTS"
 # module: (the module whose plain `import` of it is deferred, why planning doesn't need it)
 LAZY = {
@@ -129,7 +131,7 @@ _FINDER = _Finder()
 def enabled(environ=os.environ) -> bool:
     value = environ.get(SWITCH, "1")
     if value not in ("0", "1"):
-        raise ValueError(f"{SWITCH}={value!r}: use 1 (defer, the default) or 0 (import everything eagerly)")
+        raise BadInput(f"{SWITCH}={value!r}: use 1 (defer, the default) or 0 (import everything eagerly)")
     return value == "1"
 
 

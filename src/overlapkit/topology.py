@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from overlapkit.errors import BadInput
+
 GPUS_PER_NODE = 8
 
 
-class LayoutError(ValueError):
+class LayoutError(BadInput):
     """One-line, user-facing."""
 
 

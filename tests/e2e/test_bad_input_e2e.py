@@ -4,7 +4,6 @@ and the exit status a script sees (make exits 2 on any failure, GNU make's own r
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import subprocess
@@ -14,6 +13,7 @@ import time
 
 import pytest
 
+from launch import commands
 from overlapkit import stack
 from overlapkit.cluster.profiles import load_profile
 
@@ -98,11 +98,11 @@ def written() -> set:
     return {p for r in roots if r.is_dir() for p in r.iterdir()}
 
 
-@pytest.mark.parametrize("entry", ["launch.plan", "launch.submit"])
+@pytest.mark.parametrize("entry", ["plan", "submit"])
 def test_a_value_that_starts_with_a_dash_reaches_our_own_check(entry, capsys):
     """`NSYS=-1:5` passed as one argument (`--nsys=-1:5`: argparse takes a separate `-1:5` for an option)."""
-    argv = [R8, "--nsys=-1:5"] if entry == "launch.plan" else ["submit", f"--recipe={R8}", "--nsys=-1:5"]
-    assert importlib.import_module(entry).main(argv) == 2
+    argv = [R8, "--nsys=-1:5"] if entry == "plan" else [f"--recipe={R8}", "--nsys=-1:5"]
+    assert commands.call(entry, argv) == 2
     err = capsys.readouterr().err
     assert err == "error: NSYS='-1:5': use <start>:<end> iterations with start < end, e.g. NSYS=10:12\n"
 
@@ -111,7 +111,7 @@ def test_audit_errors_and_bad_input_differ_for_a_script():
     audit = make("plan", "RECIPE=llama3_70b_pretrain_64gpu_h100_bf16", "SET=comm_overlap.overlap_grad_reduce=false")
     assert audit.returncode == 2 and "Error 1" in audit.stderr  # make's exit is 2; its line says ours was 1
     direct = subprocess.run(
-        [sys.executable, "-m", "launch.plan", R8, "--nodes", "0"],
+        [sys.executable, "-m", "launch", "plan", R8, "--nodes", "0"],
         cwd=stack.REPO_ROOT,
         capture_output=True,
         text=True,
@@ -130,24 +130,25 @@ def test_a_plan_that_does_not_fit_the_gpu_never_ends_audit_ok(make_here):
 # Answered before the Bridge import (in a process that never imports torch): what the in-process cases above cannot
 # show, since this test process has Bridge loaded. One new process for all of them.
 EARLY = [
-    ("launch.plan", [R8, "--set", "model.foo.bar=1"], "unknown key 'model.foo.bar'"),
-    ("launch.plan", [R8, "--set", "optimizer.lr=1.0e+400"], "not a finite number"),
-    ("launch.plan", [R8, "--nsys", "1:99999999999999999999"], "iterations are at most"),
-    ("launch.submit", ["submit", "--recipe", R405, "--cluster", "local"], "128 nodes requested but partition"),
-    ("launch.new_recipe", ["--from", R8, "--name", "advfw_pretrain_８gpu_h100_bf16"], "must be <model>_pretrain_"),
-    ("launch.new_recipe", ["--from", "nosuch", "--name", "x_pretrain_8gpu_h100_bf16"], "FROM=nosuch: unknown recipe"),
-    ("launch.new_recipe", ["--from", R8, "--name", R405], f"recipe {R405} is already registered"),
+    ("plan", [R8, "--set", "model.foo.bar=1"], "unknown key 'model.foo.bar'"),
+    ("plan", [R8, "--set", "optimizer.lr=1.0e+400"], "not a finite number"),
+    ("plan", [R8, "--nsys", "1:99999999999999999999"], "iterations are at most"),
+    ("submit", ["--recipe", R405, "--cluster", "local"], "128 nodes requested but partition"),
+    ("new-recipe", ["--from", R8, "--name", "advfw_pretrain_８gpu_h100_bf16"], "must be <model>_pretrain_"),
+    ("new-recipe", ["--from", "nosuch", "--name", "x_pretrain_8gpu_h100_bf16"], "FROM=nosuch: unknown recipe"),
+    ("new-recipe", ["--from", R8, "--name", R405], f"recipe {R405} is already registered"),
 ]
 
 
 def test_bad_names_keys_and_node_counts_are_answered_before_the_import():
     code = textwrap.dedent(f"""
-        import contextlib, importlib, io, json, sys
+        import contextlib, io, json, sys
+        from launch import commands
         out = []
-        for module, argv, _ in {EARLY!r}:
+        for name, argv, _ in {EARLY!r}:
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
-                out.append([importlib.import_module(module).main(argv), err.getvalue()])
+                out.append([commands.main([name, *argv]), err.getvalue()])
         loaded = sorted({{m.split(".")[0] for m in sys.modules}} & {{"torch", "megatron", "nemo_run"}})
         print(json.dumps({{"results": out, "loaded": loaded}}))
     """)

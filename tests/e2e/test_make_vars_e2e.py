@@ -98,14 +98,14 @@ def test_gpu_reaches_every_target_that_sizes_for_it_as_typed(make_argv):
     """GPU= is one of DATA_VARS: plan, recipes, submit, sbatch, run-local, new-recipe and overlap-report get it as one
     --gpu=value."""
     for target in ("plan", "recipes", "submit", "sbatch", "run-local", "new-recipe", "overlap-report"):
-        _, *argv = make_argv(target, f"RECIPE={R8}", "GPU=h200 x")
+        _, _, *argv = make_argv(target, f"RECIPE={R8}", "GPU=h200 x")
         assert "--gpu=h200 x" in argv, (target, argv)
 
 
 def test_args_is_split_as_a_shell_splits_words(make_argv):
     """ARGS= (the rest of make new-recipe's flags) is split by shlex, in Python: quotes group, nothing runs."""
-    _, *argv = make_argv("new-recipe", f"NAME={NEW}", "LAYERS=48", "ARGS=--model 'Llama3 34B' --tp 4 --layers 40")
-    args = new_recipe._args(argv)
+    _, _, *argv = make_argv("new-recipe", f"NAME={NEW}", "LAYERS=48", "ARGS=--model 'Llama3 34B' --tp 4 --layers 40")
+    args = new_recipe.parse(argv)
     assert (args.model, args.tp, args.layers, args.name) == ("Llama3 34B", 4, 40, NEW)  # a later flag wins
     line = answered(make("new-recipe", f"NAME={NEW}", "ARGS=--model 'Llama3"), "error: ARGS=")
     assert "no closing quotation" in line

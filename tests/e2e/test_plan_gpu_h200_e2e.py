@@ -1,4 +1,4 @@
-"""GPU=h200 as a user types it: `make plan` in a new process (served by the session's plan server) plans an H100
+"""GPU=h200 as a user types it: `make plan` in a new process (served where the plan server is on) plans an H100
 recipe for H200 nodes: H200's HBM budget, its prediction, the line saying the recipe was written for H100, and the
 per-overlap worth (here on an MoE recipe, where the EP overlap's shows)."""
 

@@ -1,140 +1,113 @@
-"""What is at the plan server's socket path is checked before anything is sent (src/overlapkit/serve/paths.py:
-socket_problem, peer_problem): a regular file or a symbolic link there is never connected to nor removed, a socket
-whose listener is not the server holding the checkout's lock is sent nothing (a request carries the whole
-environment, tokens included), and each says in one `note:` line that the fast path is not taken. Clients run in new
-processes, as a `make plan` does, with a fake secret in their environment; the listeners are this test's own."""
+"""Where the plan server's socket lives, refused when it is not the user's own, in one line that names why (the
+link and its target, the owner, the mode): the directory, what is at the socket path, and the listener there (its
+uid, from the kernel, before a byte is sent: a request carries the whole environment, tokens included). In this
+process: none of it needs Bridge or a server."""
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from overlapkit import stack
-from overlapkit.serve import paths as serve_paths
-from overlapkit.serve import server as serve_server
+from launch import plan_server
+from overlapkit.errors import BadInput
 
-R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
-SECRET = "okps-fake-wandb-key-that-must-not-travel"
-# The client's side of a good `make plan`: forward() asks the server, and successor_paths() says whether this
-# process would become the next server once its own plan is done (run() does both around the plan itself).
-CLIENT = (
-    "import json; from overlapkit.serve import client\n"
-    f"code = client.forward([{R8!r}], 'launch.plan')\n"
-    "print(json.dumps({'forwarded': code, 'would_serve': client.successor_paths() is not None}))\n"
+NOBODY = 65534
+
+
+def test_a_fresh_directory_is_made_private(tmp_path):
+    d = plan_server.directory({plan_server.DIR_VAR: str(tmp_path / "s")})
+    assert d == tmp_path / "s" and (os.stat(d).st_mode & 0o777) == 0o700
+
+
+def test_a_planted_link_is_refused_naming_the_link_and_its_target(tmp_path):
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "s").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(BadInput, match=rf"^{tmp_path / 's'} is a symbolic link to {tmp_path / 'elsewhere'}, never"):
+        plan_server.directory({plan_server.DIR_VAR: str(tmp_path / "s")})
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
+def test_another_users_directory_is_refused_naming_the_owner(tmp_path):
+    (tmp_path / "s").mkdir(mode=0o700)
+    os.chown(tmp_path / "s", NOBODY, NOBODY)
+    with pytest.raises(BadInput, match=r"belongs to user nobody, not to you: remove it, or set OVERLAPKIT_PLAN_"):
+        plan_server.directory({plan_server.DIR_VAR: str(tmp_path / "s")})
+
+
+def test_a_directory_open_to_others_is_refused_with_its_mode(tmp_path):
+    (tmp_path / "s").mkdir()
+    os.chmod(tmp_path / "s", 0o777)
+    with pytest.raises(BadInput, match=r"is not a directory private to you \(mode 777\)"):
+        plan_server.directory({plan_server.DIR_VAR: str(tmp_path / "s")})
+
+
+def test_a_link_at_the_socket_path_is_never_followed(tmp_path):
+    target = tmp_path / "real.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(target))
+        s.listen(1)
+        (tmp_path / "x.sock").symlink_to(target)
+        with pytest.raises(BadInput, match=rf"x.sock is a symbolic link to {target}, never followed"):
+            plan_server.ask(tmp_path / "x.sock", {"secret": "never sent"})
+        s.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            s.accept()  # nobody connected
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a listener of another user needs root")
+def test_a_listener_of_another_user_is_sent_nothing():
+    where = Path(tempfile.mkdtemp(prefix="okps-", dir="/tmp"))  # a directory another user can reach
+    os.chmod(where, 0o777)
+    sock = where / "other.sock"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # another user's listener: what it receives goes to the pipe
+        try:
+            os.setuid(NOBODY)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.bind(str(sock))
+                os.chmod(sock, 0o777)
+                s.listen(1)
+                conn, _ = s.accept()
+                os.write(w, conn.recv(1 << 16) or b"nothing")
+        finally:
+            os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + 30
+    while not sock.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    reply = plan_server.ask(Path(sock), {"env": {"WANDB_API_KEY": "must-not-travel"}})
+    assert reply == {"refused": f"the listener on {sock} runs as uid {NOBODY}, not as you: nothing sent"}
+    os.waitpid(pid, 0)
+    assert os.read(r, 1 << 16) == b"nothing"
+    shutil.rmtree(where)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "environ", "on"),
+    [
+        ("local", {}, True),  # a developer's machine: its profile says plan_server = true
+        ("example-eos", {}, False),  # a cluster's login node: off unless asked for
+        ("example-eos", {plan_server.SWITCH: "1"}, True),
+        ("local", {plan_server.SWITCH: "0"}, False),
+        ("local", {plan_server.SWITCH: "1", "SLURM_JOB_ID": "7"}, False),  # never inside a job
+        ("nosuch", {}, False),  # the command itself says what is wrong with CLUSTER=
+    ],
 )
+def test_the_profile_decides_unless_the_switch_does(cluster, environ, on):
+    assert plan_server.wanted(SimpleNamespace(cluster=cluster), environ) is on
 
 
-@pytest.fixture
-def paths():
-    """A private socket directory of its own, short (a socket path has 107 bytes at most), with no server."""
-    d = tempfile.mkdtemp(prefix="okps-", dir="/tmp")
-    try:
-        yield serve_paths.Paths.of(environ={serve_paths.DIR_VAR: d})
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+def test_plan_server_in_a_profile_is_true_or_false(tmp_path):
+    from overlapkit.cluster.profiles import load_profile
 
-
-def client(paths) -> tuple[dict, list[str]]:
-    """The client in a new process: (what it did, its stderr lines)."""
-    env = {**os.environ, serve_paths.DIR_VAR: str(paths.dir), "WANDB_API_KEY": SECRET}
-    env.pop(serve_paths.SWITCH, None)
-    out = subprocess.run(
-        [sys.executable, "-c", CLIENT], cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout), out.stderr.splitlines()
-
-
-def listener(path: Path) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(str(path))
-    s.listen(4)
-    s.settimeout(0.5)
-    return s
-
-
-def received(lsn: socket.socket) -> bytes | None:
-    """What reached the listener: None when nobody connected, else every byte sent before the client closed."""
-    try:
-        conn, _ = lsn.accept()
-    except TimeoutError:
-        return None
-    with conn:
-        conn.settimeout(5)
-        data = b""
-        while chunk := conn.recv(65536):
-            data += chunk
-        return data
-
-
-def test_a_regular_file_at_the_socket_path_is_reported_and_left_alone(paths):
-    paths.sock.write_text("someone's notes\n")
-    did, err = client(paths)
-    assert did == {"forwarded": None, "would_serve": False}  # planned here; no server that would fail to bind
-    assert err == [
-        f"note: plan server not used: {paths.sock} is a regular file, not the server's socket; left as it is: "
-        "remove it, and a server starts again; running in this process"
-    ]
-    assert paths.sock.read_text() == "someone's notes\n"
-
-
-def test_a_symlink_at_the_socket_path_is_never_followed(paths):
-    other = paths.dir / "other.sock"
-    with listener(other) as lsn:
-        paths.sock.symlink_to(other)
-        did, err = client(paths)
-        assert received(lsn) is None  # not even connected to
-    assert did == {"forwarded": None, "would_serve": False}
-    assert len(err) == 1 and err[0].startswith(f"note: plan server not used: {paths.sock} is a symbolic link")
-    assert paths.sock.is_symlink()
-
-
-def test_a_listener_that_is_not_the_lock_holder_is_sent_nothing(paths):
-    """A socket at the path, but its listener (this test) is not the pid in the server's lock: nothing is sent."""
-    lock = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        os.pwrite(lock, b"1 ready", 0)  # a server (pid 1, say) holds the lock; the socket is not its
-        with listener(paths.sock) as lsn:
-            did, err = client(paths)
-            data = received(lsn)
-    finally:
-        os.close(lock)
-    assert data == b"" and SECRET.encode() not in data  # connected, checked, closed: not a byte of the request
-    assert did == {"forwarded": None, "would_serve": False}  # the lock holder would serve next, not this process
-    assert err == [
-        f"note: plan server not used: the listener on {paths.sock} is pid {os.getpid()}, and the server holding "
-        f"{paths.lock} is pid 1: nothing sent; running in this process"
-    ]
-
-
-def _server(paths) -> serve_server.Server:
-    env, path = dict(os.environ), list(sys.path)
-    return serve_server.Server(paths, -1, env, path, serve_paths.stamp(env, path), {})
-
-
-def test_a_server_replaces_only_a_socket_and_stops_when_its_own_is_replaced(paths):
-    paths.sock.write_text("someone's notes\n")
-    with pytest.raises(OSError, match="is a regular file, not the server's socket"):
-        _server(paths).bind()
-    assert paths.sock.read_text() == "someone's notes\n"
-    paths.sock.unlink()
-    server = _server(paths)
-    server.bind()
-    try:
-        assert server.why_stale() == ""
-        paths.sock.unlink()
-        paths.sock.write_text("put here while it served\n")
-        assert server.why_stale() == f"its socket {paths.sock} was removed or replaced"  # the minute check stops it
-    finally:
-        server.close_listener()
-    assert paths.sock.read_text() == "put here while it served\n"  # what replaced its socket is not removed
+    (tmp_path / "p.toml").write_text('account = "a"\npartition = "p"\nplan_server = "yes"\n')
+    with pytest.raises(BadInput, match=r"plan_server = 'yes': expected true or false"):
+        load_profile(tmp_path / "p.toml")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import submit as submit_cli
+from launch import commands
 from overlapkit import stack
 from overlapkit.cluster import slurm, submit
 from overlapkit.cluster.profiles import load_profile
@@ -140,9 +140,9 @@ def test_missing_pmix_fails_the_job_and_slurm_says_failed(profile):
 def test_cancelled_job_is_reported_cancelled(profile, capsys):
     sub = submit.prepare(R8, profile, preflight_only=True, checks="full", caller_env={})
     info = submit.submit(sub)
-    assert submit_cli.main(["cancel", "--run", str(sub.run_dir)]) == 0
+    assert commands.call("cancel", ["--run", str(sub.run_dir)]) == 0
     assert wait(info["job_id"]) == "CANCELLED"
-    assert submit_cli.main(["status", "--run", str(sub.run_dir)]) == 0
+    assert commands.call("status", ["--run", str(sub.run_dir)]) == 0
     assert f"job {info['job_id']} CANCELLED" in capsys.readouterr().out
 
 

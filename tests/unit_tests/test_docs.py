@@ -28,7 +28,7 @@ UNTESTED = {
     "bench": "minutes of timed Bridge imports (docs/architecture.md, measured facts): a measurement, not a check",
     "slurm-up": "installs Debian packages as root and starts the local Slurm that the e2e tests need",
     "slurm-down": "stops the local Slurm the e2e tests need",
-    "logs": "prints a run's Slurm job logs (launch.submit logs); no test reads them through make yet",
+    "logs": "prints a run's Slurm job logs (python -m launch logs); no test reads them through make yet",
     "bless": "needs a completed GPU training run of a nightly shape; bless_checks are unit-tested in test_rules.py",
 }
 
@@ -36,7 +36,7 @@ UNTESTED = {
 ALLOWED_PATHS = {
     "/tmp/overlapkit-slurm": "slurm/local/start.sh",  # the local dev Slurm's default LOCAL_SLURM_DIR
     # the plan server's socket directory without XDG_RUNTIME_DIR
-    "/tmp/overlapkit-<uid>": "src/overlapkit/serve/paths.py",
+    "/tmp/overlapkit-<uid>": "launch/plan_server.py",
     "/tmp/site": "tools/gpu_check_on_device.sh",  # where the lent GPU machine's carried wheels are installed
 }
 # Directories that only exist on the machine a doc was written on: a home, a workspace, pytest's or any temp dir.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import entry, plan
+from launch import commands, entry
 from overlapkit import lazy_imports, stack
 from overlapkit.plan import registry
 
@@ -36,7 +36,7 @@ def collect(full: bool, runs: Path) -> dict:
     for name in registry.names():
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            code = plan.main([name, "--format", "json", "--runs", str(runs)])
+            code = commands.call("plan", [name, "--format", "json", "--runs", str(runs)])
         doc = json.loads(out.getvalue())
         assert Path(doc.pop("run_dir")).parent == runs  # the only field that differs run to run (its UTC stamp)
         plans[name] = {"exit": code, "plan": doc}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import nemo_run as run
 
+from overlapkit.errors import BadInput
 from overlapkit.plan.env import Ledger
 from overlapkit.secrets import FIX, secret_problem
 
@@ -24,7 +25,7 @@ class EnvVarPlugin(run.Plugin):
         self.env = dict(self.env)  # our own copy: later edits to the ledger's dict do not leak into a submitted job
         for name, value in self.env.items():
             if why := secret_problem(name, value):
-                raise ValueError(f"{why}: {FIX}, not in env")
+                raise BadInput(f"{why}: {FIX}, not in env")
             if not isinstance(value, str):
                 raise TypeError(f"{name}={value!r}: env values must be strings (executor.env_vars are exported)")
 

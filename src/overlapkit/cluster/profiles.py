@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from overlapkit.errors import BadInput
 from overlapkit.plan.runopts import directory_problem
 from overlapkit.secrets import FIX, credential_kind, secret_problem
 from overlapkit.stack import REPO_ROOT, repo_relative
@@ -36,7 +37,7 @@ _TIME = re.compile(r"^(\d+-([01]?\d|2[0-3])|\d+):[0-5]\d:[0-5]\d$")  # HH:MM:SS 
 _UNSAFE = re.compile(r"[\s'\"`$;&|<>()\\]")
 
 
-class ProfileError(ValueError):
+class ProfileError(BadInput):
     """One-line, user-facing."""
 
 
@@ -59,6 +60,9 @@ class ClusterProfile:
     # W&B for RUN_NAME runs: project (and entity) here, the key by name only (secrets = ["WANDB_API_KEY"]).
     wandb_project: str | None = None
     wandb_entity: str | None = None
+    # Keep Bridge loaded in a plan server on the machine where make runs (launch/plan_server.py, docs/plan.md):
+    # off unless the profile says so, since that machine is often a cluster's shared login node.
+    plan_server: bool = False
     path: Path | None = field(default=None, compare=False)
 
     @property
@@ -158,10 +162,11 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
         if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
             fail(f"gpus_per_node = {gpn!r}: expected a positive integer (8 on an H100 node)")
         out["gpus_per_node"] = gpn
-    if "exclusive" in data:
-        if not isinstance(data["exclusive"], bool):
-            fail(f"exclusive = {data['exclusive']!r}: expected true or false")
-        out["exclusive"] = data["exclusive"]
+    for key in ("exclusive", "plan_server"):
+        if key in data:
+            if not isinstance(data[key], bool):
+                fail(f"{key} = {data[key]!r}: expected true or false")
+            out[key] = data[key]
     if "env" in data:
         out["env"] = _env(data["env"], fail)
     _refuse_literal_secrets(out, fail)

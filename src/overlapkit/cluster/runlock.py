@@ -39,7 +39,7 @@ BREAK_STALE_S = 30  # the breaker's own lock is held for one read and one unlink
 WAIT_S = 300  # how long a second submitter waits for the first to record its jobs
 
 
-class LiveRun(RuntimeError):
+class LiveRun(BadInput):
     """One line: another run is live on this checkpoint directory (or the lock cannot be had)."""
 
 

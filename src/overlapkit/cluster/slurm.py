@@ -9,7 +9,7 @@ import re
 import subprocess
 import time
 
-from overlapkit.errors import BadInput
+from overlapkit.errors import BadInput, ClusterFailure
 from overlapkit.plan.runopts import minutes  # the time-limit rule's home: a segment's guards are there too
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
@@ -143,7 +143,7 @@ def cancel(job_id: str) -> str | None:
         return state.split()[0]
     out = _run(["scancel", checked_id(job_id)])
     if out is None or out.returncode != 0:
-        raise RuntimeError(f"scancel {job_id} failed: {out.stderr.strip() if out else 'scancel did not answer'}")
+        raise ClusterFailure(f"scancel {job_id} failed: {out.stderr.strip() if out else 'scancel did not answer'}")
     return None
 
 
@@ -185,7 +185,7 @@ def sbatch_wrap(
         argv.insert(2, f"--comment={comment}")
     out = _run(argv)
     if out is None or out.returncode != 0:
-        raise RuntimeError(f"sbatch for {name} failed: {out.stderr.strip() if out else 'sbatch did not answer'}")
+        raise ClusterFailure(f"sbatch for {name} failed: {out.stderr.strip() if out else 'sbatch did not answer'}")
     return out.stdout.strip().split(";")[0]
 
 

@@ -30,7 +30,7 @@ from overlapkit import jsonio, makewatch, stack
 from overlapkit.cluster import chain, resume, runlock, slurm
 from overlapkit.cluster.chain import MARKER, checked_marker
 from overlapkit.cluster.profiles import ClusterProfile, load_profile
-from overlapkit.errors import BadInput
+from overlapkit.errors import AuditFailed, BadInput, ClusterFailure
 from overlapkit.plan import request, runopts
 from overlapkit.plan.build import Plan, plan_for, write_run_dir
 from overlapkit.plan.request import PlanRequest
@@ -39,12 +39,8 @@ from overlapkit.topology import GPUS_PER_NODE
 TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
 
 
-class SubmitError(RuntimeError):
-    """One-line, user-facing."""
-
-
-class AuditFailed(SubmitError):
-    """The plan has audit errors: nothing submitted (exit 1, not bad input)."""
+class SubmitError(BadInput):
+    """One-line, user-facing: the request cannot be submitted as it stands (exit 2)."""
 
 
 Interrupted = makewatch.Interrupted  # what a signal (or make's death) raises here
@@ -142,7 +138,7 @@ def preflight_mode(text: str) -> tuple[bool, str]:
     preflight with rank 0's Bridge re-audit; env stops after the environment checks alone."""
     pre = (text or "").strip().lower()
     if pre not in ("", "0", "1", "env", "full"):
-        raise ValueError(f"PREFLIGHT={text!r}: use 1 (preflight only) or env (preflight, no re-audit)")
+        raise BadInput(f"PREFLIGHT={text!r}: use 1 (preflight only) or env (preflight, no re-audit)")
     return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
 
 
@@ -382,7 +378,7 @@ def _run_chain(exp) -> None:
         for job_id in queued:
             with contextlib.suppress(RuntimeError):
                 slurm.cancel(job_id)
-        raise SubmitError(
+        raise ClusterFailure(
             f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already queued"
         ) from exc
 
@@ -397,7 +393,7 @@ def submit(sub: Submission) -> dict:
             for job in exp.jobs:  # one per segment, in order
                 m = re.search(r"(\d+)$", job.handle or "")
                 if not m:
-                    raise SubmitError(f"nemo_run returned no Slurm job id (handle {job.handle!r}); see {exp_dir}")
+                    raise ClusterFailure(f"nemo_run returned no Slurm job id (handle {job.handle!r}); see {exp_dir}")
                 ids.append(m.group(1))
             info = {
                 "job_id": ids[0],

@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from overlapkit import stack
+from overlapkit.errors import BadInput
 from overlapkit.plan import presets
 from overlapkit.plan.audit import split_violations
 from overlapkit.plan.moe import expert_split_violations
@@ -44,7 +45,7 @@ TIE_FRACTION = 0.02
 BRIDGE_BUCKET = 128 * 1024 * 1024
 
 
-class LayoutSearchError(ValueError):
+class LayoutSearchError(BadInput):
     """One-line, user-facing."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio, stack
+from overlapkit.errors import AuditFailed, BadInput
 from overlapkit.fork import layout_search
 from overlapkit.plan import inputs, registry
 from overlapkit.plan.build import make_plan
@@ -44,12 +45,11 @@ MOE_SHAPE = ("experts", "topk")  # only for a FROM recipe with experts
 RECIPES_DIR = registry.RECIPES_DIR
 
 
-class ForkError(ValueError):
-    """One-line, user-facing. exit_code: 2 for a bad request, 1 when the built recipe fails its audit."""
+class ForkError(BadInput):
+    """One-line, user-facing: a bad request, nothing written (exit 2)."""
 
-    def __init__(self, message: str, exit_code: int = 2):
+    def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))  # always one line
-        self.exit_code = exit_code
 
 
 @dataclass
@@ -266,7 +266,7 @@ def fork(req: ForkRequest) -> ForkResult:
         if not plan.report.ok:
             first = plan.report.errors[0]
             more = f" (+{len(plan.report.errors) - 1} more)" if len(plan.report.errors) > 1 else ""
-            raise ForkError(f"{req.name} fails its audit: [{first.code}] {first.message}{more}", exit_code=1)
+            raise AuditFailed(f"{req.name} fails its audit: [{first.code}] {first.message}{more}")
         est = plan.memory
         if not est.fits:
             raise ForkError(f"{req.name} does not fit: {est.summary()}")
@@ -277,7 +277,7 @@ def fork(req: ForkRequest) -> ForkResult:
     except BaseException as exc:
         registry.unregister(req.name)
         tmp.unlink(missing_ok=True)
-        if isinstance(exc, ForkError | KeyboardInterrupt | SystemExit):
+        if isinstance(exc, ForkError | AuditFailed | KeyboardInterrupt | SystemExit):
             raise
         raise ForkError(f"{req.name} does not build: {type(exc).__name__}: {exc}") from exc
     return ForkResult(req.name, final, cands[0], cands[1:], plan, est)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
+from overlapkit.errors import BadInput
 from overlapkit.plan import data, inputs, overrides, presets, registry, request, runopts
 from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
@@ -20,7 +21,7 @@ from overlapkit.sizing import hardware, memory, throughput, worth
 from overlapkit.topology import Target
 
 
-class PlanError(ValueError):
+class PlanError(BadInput):
     """One-line, user-facing."""
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from overlapkit.errors import BadInput
+
 # Megatron Core's .idx layout (megatron-core 0.19.2, megatron/core/datasets/indexed_dataset.py, _IndexWriter.write
 # and _IndexReader): magic, <Q version 1, <B dtype code, <Q sequence count, <Q document count, then int32 sequence
 # lengths, int64 sequence pointers (the byte offset of each sequence in the .bin: _IndexWriter._sequence_pointers,
@@ -48,7 +50,7 @@ SPLITS = ("train", "valid", "test")
 KEYS = ("tokenizer", "split", "cache", "blend", "blend_per_split")
 
 
-class DataError(ValueError):
+class DataError(BadInput):
     """One-line, user-facing."""
 
 

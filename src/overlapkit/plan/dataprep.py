@@ -20,13 +20,14 @@ import zlib
 from pathlib import Path
 
 from overlapkit import jsonio, makewatch, stack
+from overlapkit.errors import BadInput
 from overlapkit.plan import data
 
 SPEC = "data.toml"
 WORK_PREFIX = ".prep-"  # OUT/.prep-<host>-<pid>/: the preprocessor's output until it is checked
 
 
-class PrepError(ValueError):
+class PrepError(BadInput):
     """One-line, user-facing."""
 
 

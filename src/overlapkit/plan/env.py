@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
+from overlapkit.errors import BadInput
 from overlapkit.plan.audit import OFF, ON, AuditReport, Finding, Row
 from overlapkit.secrets import FIX, credential_kind, is_secret, secret_problem
 
@@ -244,7 +245,7 @@ def _shell_overrides(led: Ledger, caller_env: dict, secrets: set[str]) -> list[S
             continue
         recorded = name in plan or name.startswith(TUNING_PREFIXES)
         if recorded and (kind := credential_kind(shell)):  # the job gets it all the same (sbatch --export=ALL)
-            raise ValueError(
+            raise BadInput(
                 f"{name} in your shell holds what looks like {kind}: it would reach the job and its records; unset it "
                 f"(a secret goes by name: {FIX})"
             )

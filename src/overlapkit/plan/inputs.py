@@ -21,6 +21,7 @@ import types
 import typing
 
 from overlapkit import stack
+from overlapkit.errors import BadInput
 from overlapkit.plan import overrides, runopts
 from overlapkit.secrets import credential_kind
 from overlapkit.shape import head_dim_follows, head_dim_problem
@@ -178,9 +179,9 @@ def parse_nodes(text: str) -> int | None:
     if not (text or "").strip():
         return None
     if (n := _whole(text)) is None:
-        raise ValueError(f"NODES={text!r}: must be a whole number ≥ 1 of 8-GPU nodes")
+        raise BadInput(f"NODES={text!r}: must be a whole number ≥ 1 of 8-GPU nodes")
     if n > MAX_NODES:
-        raise ValueError(f"NODES={text!r}: at most {MAX_NODES} 8-GPU nodes (NODES is a node count, not GPUs)")
+        raise BadInput(f"NODES={text!r}: at most {MAX_NODES} 8-GPU nodes (NODES is a node count, not GPUs)")
     return n
 
 

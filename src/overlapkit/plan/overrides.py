@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from overlapkit import stack
+from overlapkit.errors import BadInput
 from overlapkit.plan import runopts
 
 INTENT_PREFIX = "overlap."  # keys that change the overlap intent, not a config field (see OverlapIntent)
@@ -28,7 +29,7 @@ SCHEMA_FILE = Path(__file__).with_name("config_schema.json")
 SCHEMA_PACKAGES = ("megatron-bridge", "megatron-core")
 
 
-class OverrideError(ValueError):
+class OverrideError(BadInput):
     """One-line, user-facing."""
 
 

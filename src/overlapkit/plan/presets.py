@@ -10,6 +10,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import cache
 
+from overlapkit.errors import BadInput
 from overlapkit.shape import ModelShape
 from overlapkit.sizing.hardware import HARDWARE
 
@@ -64,7 +65,7 @@ class Preset:
     lora: bool
 
 
-class PresetError(ValueError):
+class PresetError(BadInput):
     """One-line, user-facing."""
 
 

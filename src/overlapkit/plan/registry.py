@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import stack
+from overlapkit.errors import BadInput
 from overlapkit.plan.overlap import OverlapIntent
 from overlapkit.topology import GPUS_PER_NODE
 
@@ -58,7 +59,7 @@ class Recipe:
         return self.nodes * GPUS_PER_NODE
 
 
-class UnknownRecipe(KeyError):
+class UnknownRecipe(BadInput, KeyError):
     def __str__(self) -> str:
         return self.args[0]
 

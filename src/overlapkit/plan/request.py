@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from overlapkit.errors import BadInput
 from overlapkit.plan import runopts
 from overlapkit.sizing import hardware
 
@@ -64,7 +65,7 @@ def parse(
     chip = hardware.parse_gpu(gpu)
     if not listing:
         if not recipe:
-            raise ValueError(f"no recipe given: make {action} RECIPE=<name> (make recipes lists them)")
+            raise BadInput(f"no recipe given: make {action} RECIPE=<name> (make recipes lists them)")
         registry.check_declared(recipe)
     pairs = inputs.check_sets(sets)
     opts = runopts.RunOptions() if run is None else runopts.parse(**run)  # None: not even DATA's module is imported

@@ -22,6 +22,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapkit.errors import BadInput
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", re.ASCII)
 MAX_SEGMENTS = 100
 # The largest integer a config field or an iteration count can hold: Megatron and torch keep them as int64 (a value
@@ -113,29 +115,27 @@ def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptio
 
     name = (run_name or "").strip()
     if name and not _NAME.match(name):
-        raise ValueError(
+        raise BadInput(
             f"RUN_NAME={run_name!r}: letters, digits, '.', '_' or '-', up to 64, starting with a letter or "
             "digit (it names a directory)"
         )
     seg = whole(segments) if (segments or "").strip() else 1
     if seg is None or not 1 <= seg <= MAX_SEGMENTS:
-        raise ValueError(f"SEGMENTS={segments!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
+        raise BadInput(f"SEGMENTS={segments!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
     if seg > 1 and not name:
-        raise ValueError(
-            f"SEGMENTS={segments.strip()} needs RUN_NAME=<name>: later segments resume from its checkpoints"
-        )
+        raise BadInput(f"SEGMENTS={segments.strip()} needs RUN_NAME=<name>: later segments resume from its checkpoints")
     window, ranks = None, (0,)
     if (t := (nsys or "").strip()) or (nsys_ranks or "").strip():
         m = re.fullmatch(r"(\d+):(\d+)", t, re.ASCII)
         if not t:
-            raise ValueError("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
+            raise BadInput("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
         if not m or int(m.group(1)) >= int(m.group(2)):
-            raise ValueError(f"NSYS={nsys!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
+            raise BadInput(f"NSYS={nsys!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
         if int(m.group(2)) > INT64_MAX:
-            raise ValueError(f"NSYS={nsys!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
+            raise BadInput(f"NSYS={nsys!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
         parts = [whole(p) for p in (nsys_ranks or "0").split(",")]
         if None in parts:
-            raise ValueError(f"NSYS_RANKS={nsys_ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
+            raise BadInput(f"NSYS_RANKS={nsys_ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
         window, ranks = (int(m.group(1)), int(m.group(2))), tuple(sorted(set(parts)))
     spec = data_spec.load(data).to_dict() if (data or "").strip() else None
     return RunOptions(run_name=name, segments=seg, nsys=window, nsys_ranks=ranks, data=spec)
@@ -159,7 +159,7 @@ def for_profile(opts: RunOptions, profile, time_limit_min: int | None) -> RunOpt
     """The options bound to a cluster: its shared job directory, its time limit, its W&B project."""
     wandb = {"project": profile.wandb_project, "entity": profile.wandb_entity} if profile.wandb_project else None
     if opts.segments > 1 and time_limit_min is not None and time_limit_min <= GUARD_MIN + PREEMPT_S // 60:
-        raise ValueError(
+        raise BadInput(
             f"SEGMENTS needs a time limit above {GUARD_MIN + PREEMPT_S // 60} minutes (the save "
             f"window): {profile.source} has {time_limit_min}"
         )

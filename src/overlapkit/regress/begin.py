@@ -9,6 +9,8 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
+from overlapkit.errors import BadInput
+
 # --- the subset of sbatch --begin we accept --------------------------------------------------------------------
 # Slurm's parse_time() (src/common/parse_time.c, quoted by sbatch(1) under --begin) takes HH:MM[:SS] with an optional
 # AM/PM, the named times below, now+count[seconds(default)|minutes|hours|days|weeks] (whole unit names, singular or
@@ -29,7 +31,7 @@ _ISO = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?")
 _ISO_FORMAT = "%Y-%m-%dT%H:%M:%S"  # what --begin takes and squeue's EligibleTime prints
 
 
-class ScheduleError(ValueError):
+class ScheduleError(BadInput):
     """One-line, user-facing."""
 
 

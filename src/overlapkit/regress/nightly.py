@@ -3,7 +3,7 @@ the report (night_report) with one retry of infrastructure failures, and blessin
 
 submit_night: every recipe (or a chosen few) in its nightly shape through overlapkit.cluster.submit (audit, env
 plugin, ledger, preflight), then one summary job that depends on all of them (afterany) and runs
-`python -m launch.nightly report`, so it runs last whatever their fate.
+`python -m launch nightly-report`, so it runs last whatever their fate.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm, submit
+from overlapkit.errors import BadInput
 from overlapkit.plan import registry, runopts
 from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
@@ -216,7 +217,7 @@ def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
     """A plain `sbatch --wrap` (one CPU task): it only reads files and sacct, so it needs no nemo_run packaging."""
     cmd = (
         f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(submit.python_for(profile))} "
-        f"-m launch.nightly report --night {shlex.quote(str(night_dir))}"
+        f"-m launch nightly-report --night {shlex.quote(str(night_dir))}"
     )
     return slurm.sbatch_wrap(
         cmd,
@@ -235,7 +236,7 @@ def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
 def latest_night(root: Path) -> Path:
     nights = sorted(root.glob("*/night.json"))
     if not nights:
-        raise FileNotFoundError(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
+        raise BadInput(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
     return nights[-1].parent
 
 
@@ -285,7 +286,7 @@ def to_retry(night: dict, results: list[dict]) -> list[dict]:
 
 def report_night(night_dir: Path, *, goldens: Path = regress.GOLDENS_DIR, retry: bool = True, say=print) -> bool:
     """Write the night's report, junit.xml (and history); resubmit infrastructure failures once. True when nothing
-    failed: `launch.nightly report` exits 1 otherwise, so the summary job's Slurm state is FAILED on a bad night."""
+    failed: `make nightly-report` exits 1 otherwise, so the summary job's Slurm state is FAILED on a bad night."""
     night = read_night(night_dir)
     results = evaluate_night(night, goldens)
     job_dir = Path(night["job_dir"])

@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overlapkit.errors import BadInput
+
 # CUpti_ActivityMemcpyKind (CUPTI docs, cupti_activity.h): 10 is CUPTI_ACTIVITY_MEMCPY_KIND_PTOP, a peer-to-peer
 # copy between two GPUs, which is what Transformer Engine's copy-engine ring exchange issues.
 MEMCPY_PTOP = 10
@@ -33,7 +35,7 @@ NVTX_RANGES = (59, 60)
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file (sqlite.org/fileformat)
 
 
-class ProfileError(ValueError):
+class ProfileError(BadInput):
     """A profile that cannot be read: one line, with the fix."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio, stack
+from overlapkit.errors import BadInput
 from overlapkit.regress import exposed
 
 GOLDENS_DIR = stack.REPO_ROOT / "nightly" / "goldens"
@@ -53,7 +54,7 @@ NIGHTLY_ITERS = 60  # 10 warm-up + 50 steady iterations: enough for a ±5 % step
 NIGHTLY_SEED = 1234
 
 
-class BlessError(ValueError):
+class BlessError(BadInput):
     """One-line, user-facing."""
 
 

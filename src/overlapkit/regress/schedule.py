@@ -3,8 +3,8 @@
 Login nodes often forbid cron, and a laptop's cron dies with the laptop. Slurm's own cron (`scrontab`) is not built
 on every site (Debian's Slurm 22.05 packages, the local dev Slurm included, ship none), but every Slurm honours
 `sbatch --begin`. So `make nightly-schedule CLUSTER=<profile> AT=<time>` submits one small CPU job, the scheduler,
-held until AT. When it runs (`python -m launch.nightly schedule-run`) it first queues its successor for the same time
-of day tomorrow, then launches the night exactly as `make nightly` does (`python -m launch.nightly submit`: audit,
+held until AT. When it runs (`python -m launch nightly-schedule-run`) it first queues its successor for the same time
+of day tomorrow, then launches the night exactly as `make nightly` does (`python -m launch nightly`: audit,
 ledger, preflight, summary job). Successor first: a night that fails to launch, or a scheduler killed at its time
 limit, must not end the chain.
 
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm
+from overlapkit.errors import ClusterFailure
 from overlapkit.regress.begin import At, ScheduleError, first_begin, iso, local_now, next_begin, parse_iso
 from overlapkit.regress.nightly import MIN_DP
 from overlapkit.regress.rules import NIGHTLY_ITERS
@@ -100,8 +101,8 @@ def night_argv(sched: dict) -> list[str]:
     return [
         sched["python"],
         "-m",
-        "launch.nightly",
-        "submit",
+        "launch",
+        "nightly",
         "--cluster",
         sched["profile"],
         "--job-dir",
@@ -173,7 +174,7 @@ def _cancel(job_id: str) -> bool:
 def _queued_or_fail(path: Path, doing: str) -> list[dict]:
     jobs = chain_jobs(path)
     if jobs is None:
-        raise ScheduleError(f"squeue did not answer, so the queued scheduler jobs are unknown; {doing} (sinfo?)")
+        raise ClusterFailure(f"squeue did not answer, so the queued scheduler jobs are unknown; {doing} (sinfo?)")
     return jobs
 
 
@@ -182,7 +183,7 @@ def submit_scheduler(sched: dict, path: Path, begin: dt.datetime) -> str:
     that scheduled it (the one `make nightly` uses: it plans with Bridge and submits with nemo_run)."""
     cmd = (
         f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(sched['python'])} "
-        f"-m launch.nightly schedule-run --cluster {shlex.quote(sched['profile'])} "
+        f"-m launch nightly-schedule-run --cluster {shlex.quote(sched['profile'])} "
         f"--job-dir {shlex.quote(sched['job_dir'])}"
     )
     return slurm.sbatch_wrap(

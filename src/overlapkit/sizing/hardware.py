@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from overlapkit.errors import BadInput
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -43,7 +45,7 @@ HARDWARE = {
 DEFAULT_GPU = "h100"  # what every recipe was written and published for (its name says so)
 
 
-class GpuError(ValueError):
+class GpuError(BadInput):
     """One-line, user-facing."""
 
 

@@ -18,9 +18,11 @@ import time
 
 import pytest
 
+from launch import commands
 from overlapkit import stack
 from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.errors import AuditFailed
 from overlapkit.plan import runopts
 
 GOLDEN = stack.REPO_ROOT / "tests" / "golden"
@@ -92,7 +94,7 @@ def test_8b_fp8_gets_32_connections_and_8b_bf16_with_cp2_gets_1(prepared, recipe
 
 def test_audit_errors_submit_nothing(tmp_path):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
-    with pytest.raises(submit.SubmitError, match="nothing submitted: TP overlap requested but Bridge drops it"):
+    with pytest.raises(AuditFailed, match="nothing submitted: TP overlap requested but Bridge drops it"):
         submit.prepare("llama3_70b_pretrain_64gpu_h100_bf16", profile, sets="model.sequence_parallel=false")
     assert not (tmp_path / "jobs").exists()
 
@@ -117,25 +119,24 @@ def test_uncommitted_changes_are_reported_because_only_head_ships(tmp_path, monk
 def test_a_run_directory_says_what_became_of_its_submission(tmp_path, capsys):
     """submitting → submitted | failed | dryrun; a `submitting` run whose process is gone is named an orphan, and
     logs/cancel on a run with no job are one line saying why (never a KeyError)."""
-    from launch import submit as submit_cli
 
     gone = subprocess.Popen(["true"])
     gone.wait()
     run = tmp_path / "llama3_8b_pretrain_8gpu_h100_bf16-20261201-000000"
     run.mkdir()
     submit.mark(run, "submitting", pid=gone.pid, host=socket.gethostname())
-    assert submit_cli.main(["status", "--run", str(run)]) == 1
+    assert commands.call("status", ["--run", str(run)]) == 1
     assert f"orphan: its submitting process (pid {gone.pid}) died" in capsys.readouterr().out
     submit.mark(run, "submitting", pid=os.getpid(), host=socket.gethostname())
-    assert submit_cli.main(["status", "--run", str(run)]) == 1
+    assert commands.call("status", ["--run", str(run)]) == 1
     assert f"being submitted by pid {os.getpid()}" in capsys.readouterr().out
     submit.mark(run, "failed", reason="interrupted by SIGTERM")
-    assert submit_cli.main(["logs", "--run", str(run)]) == 2
+    assert commands.call("logs", ["--run", str(run)]) == 2
     assert "has no job: submission failed at" in capsys.readouterr().err
     submit.mark(run, "dryrun")
-    assert submit_cli.main(["status", "--run", str(run)]) == 0
+    assert commands.call("status", ["--run", str(run)]) == 0
     assert "a dry run: nothing was submitted" in capsys.readouterr().out
-    assert submit_cli.main(["cancel", "--run", str(run)]) == 2
+    assert commands.call("cancel", ["--run", str(run)]) == 2
 
 
 def test_a_signal_while_sbatch_is_in_flight_waits_for_the_job_id(tmp_path):

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from launch import new_recipe
+from launch import commands
 from overlapkit import stack
 from overlapkit.fork import scaffold
 from overlapkit.plan import registry
@@ -42,7 +42,7 @@ def clean_registry():
 
 def cli(capsys, tmp_path, *argv):
     try:
-        code = new_recipe.main([*argv, "--recipes-dir", str(tmp_path)])
+        code = commands.call("new-recipe", [*argv, "--recipes-dir", str(tmp_path)])
     except SystemExit as exc:  # argparse
         code = exc.code
     out, err = capsys.readouterr()

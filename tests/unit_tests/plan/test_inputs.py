@@ -84,10 +84,15 @@ def test_valid_sets_pass_the_early_check():
 def test_early_checks_never_import_bridge_or_torch():
     code = textwrap.dedent(f"""
         import sys
-        from launch.plan import precheck
+        from launch import commands
+        from overlapkit.errors import BadInput
         for nodes, sets in (("0", ""), ("", "train.global_batch_size=0"), ("", "ddp.bucket_size=1.5")):
-            assert not precheck([{R70!r}, "--nodes", nodes, "--set", sets])
-        assert precheck([{R70!r}, "--nodes", "8", "--set", "train.global_batch_size=512"])
+            try:
+                commands.prepare("plan", [{R70!r}, "--nodes", nodes, "--set", sets])
+                raise AssertionError((nodes, sets))
+            except BadInput:
+                pass
+        assert commands.prepare("plan", [{R70!r}, "--nodes", "8", "--set", "train.global_batch_size=512"])[2]
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "megatron", "nemo_run")))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=stack.REPO_ROOT,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -65,16 +66,16 @@ def test_registering_a_name_twice_is_refused():
         registry.register(model="x", nodes=1, source="x")(registry.get("llama3_8b_pretrain_8gpu_h100_bf16").build)
 
 
-def test_a_new_process_discovers_a_users_file_and_reports_a_broken_one(tmp_path, served):
+def test_a_new_process_discovers_a_users_file_and_reports_a_broken_one(tmp_path):
     (tmp_path / "mine.py").write_text(textwrap.dedent(GOOD))
     (tmp_path / "half.py").write_text(BROKEN)
-    env = {**served, registry.PATH_VAR: str(tmp_path)}
+    env = {**os.environ, registry.PATH_VAR: str(tmp_path)}
 
-    def plan(*args):  # `make recipes` / `make plan` in a new process (served: our code imported fresh there)
-        cmd = [sys.executable, "-m", "launch.plan", *args, "--runs", str(tmp_path / "runs")]
+    def plan(name, *args):  # `make recipes` / `make plan` in a new process (served or not: recipes/ read fresh)
+        cmd = [sys.executable, "-m", "launch", name, *args, "--runs", str(tmp_path / "runs")]
         return subprocess.run(cmd, cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
 
-    listed, mine = plan("--list"), plan("mine_8b_pretrain_16gpu_h100_bf16", "--format", "json")
+    listed, mine = plan("recipes"), plan("plan", "mine_8b_pretrain_16gpu_h100_bf16", "--format", "json")
     broken = f"error: {tmp_path / 'half.py'} does not import: RuntimeError: half-written file"
     assert listed.returncode == 1 and listed.stderr.splitlines() == [broken]  # the others still list
     assert (

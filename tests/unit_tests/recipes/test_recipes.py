@@ -13,7 +13,7 @@ import os
 import pytest
 from rich.console import Console
 
-from launch import plan as plan_cli
+from launch import commands
 from overlapkit import stack
 from overlapkit.plan import registry
 from overlapkit.plan.build import make_plan, write_run_dir
@@ -176,7 +176,7 @@ def test_micro_batch_2_on_gpt3_warns_about_the_mbs1_preset():
 
 
 def cli(capsys, *argv):
-    code = plan_cli.main(list(argv))
+    code = commands.call("plan", list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from nightly_fixtures import bridge_log, curve
 
-from launch import nightly as nightly_cli
+from launch import commands
 from overlapkit.regress import junit, logparse, night_report, nightly
 from overlapkit.regress import rules as regress
 
@@ -96,8 +96,8 @@ def test_the_summary_job_writes_junit_and_exits_1_when_a_recipe_regressed(tmp_pa
     night_dir.mkdir(parents=True)
     (night_dir / "night.json").write_text(json.dumps(meta))
     monkeypatch.setattr(nightly, "evaluate_night", lambda night, goldens: results)  # Slurm's states: judged above
-    assert nightly_cli.main(["report", "--night", str(night_dir), "--no-retry"]) == 1
+    assert commands.call("nightly-report", ["--night", str(night_dir), "--no-retry"]) == 1
     suite = ET.parse(night_dir / "junit.xml").getroot().find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
     monkeypatch.setattr(nightly, "evaluate_night", lambda night, goldens: [results[0], results[2]])
-    assert nightly_cli.main(["report", "--night", str(night_dir), "--no-retry"]) == 0
+    assert commands.call("nightly-report", ["--night", str(night_dir), "--no-retry"]) == 0

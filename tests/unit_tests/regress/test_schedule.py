@@ -120,11 +120,11 @@ def test_restart_command_repeats_what_was_asked():
 
 def test_the_night_is_make_nightlys_command_and_scrontab_gets_the_same():
     argv = schedule.night_argv({**SCHED, "recipes": "a", "preflight": "1"})
-    assert argv[:4] == ["/repo/.venv/bin/python", "-m", "launch.nightly", "submit"]
+    assert argv[:4] == ["/repo/.venv/bin/python", "-m", "launch", "nightly"]
     assert argv[argv.index("--recipes") + 1] == "a" and argv[argv.index("--preflight") + 1] == "1"
     opts, line = schedule.scrontab_lines(SCHED, T(2026, 12, 1, 2, 30))
     assert opts.startswith("#SCRON --partition=local --account=root") and line.startswith("30 2 * * * cd ")
-    assert "-m launch.nightly submit --cluster /repo/slurm/profiles/local.toml" in line
+    assert "-m launch nightly --cluster /repo/slurm/profiles/local.toml" in line
 
 
 # --- status: a truth table ---------------------------------------------------------------------------------------
