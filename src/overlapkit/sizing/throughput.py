@@ -87,6 +87,8 @@ class Prediction:
     mfu: float  # model TFLOP/s/GPU ÷ the dense BF16 peak (NVIDIA's convention in its performance summaries)
     gpu: str
     terms: list = field(default_factory=list)  # (name, seconds, how)
+    calibration: str = "published"  # which constants: "published", or "<cluster> fitted on N runs on <date>"
+    band: calibration.Band | None = None  # leave-one-out spread of comparable runs: measured/predicted step − 1
 
     def to_dict(self) -> dict:
         return {
@@ -100,12 +102,22 @@ class Prediction:
                 for n, s, h in self.terms
             ],
             "calibrated_on": sorted({k for rows in calibration.FITTED_ON.values() for k in rows}),
+            "calibration": self.calibration,
+            "band": self.band.to_dict() if self.band else None,
         }
 
     def summary(self) -> str:
+        band = ""
+        if self.band:
+            b = self.band
+            band = (
+                f" (band {self.step_s * (1 + b.low):.2f}–{self.step_s * (1 + b.high):.2f} s: leave-one-out "
+                f"{b.low:+.0%}…{b.high:+.0%} on {b.of})"
+            )
         return (
-            f"predicted on {hardware(self.gpu).name}: {self.step_s:.2f} s/step · {self.tokens_per_gpu_s:,.0f} "
-            f"tokens/s/GPU · {self.tflops_per_gpu:.0f} TFLOP/s/GPU · MFU {self.mfu:.1%} (docs/throughput.md)"
+            f"predicted on {hardware(self.gpu).name}: {self.step_s:.2f} s/step{band} · {self.tokens_per_gpu_s:,.0f} "
+            f"tokens/s/GPU · {self.tflops_per_gpu:.0f} TFLOP/s/GPU · MFU {self.mfu:.1%}; constants: "
+            f"{self.calibration} (docs/throughput.md)"
         )
 
     def share(self, name: str) -> float:
@@ -202,7 +214,27 @@ def compute_terms(c: _Ctx) -> list:
     ]
     if c.moe.experts:
         out += [moe_time.expert_term(c, c.linear_rate, rec), moe_time.router_permute_term(c)]
+    if last := last_stage_term(c):
+        out.append(last)
     return out
+
+
+def last_stage_term(c: _Ctx):
+    """The output layer runs on the last pipeline stage only, and a pipeline goes at its slowest stage: the last
+    stage's output-layer time beyond the even share `compute` spreads over every stage. None where the split already
+    gives the loss a layer's slot (account_for_loss_in_pipeline_split) or an explicit layout places the stages, and
+    on an interleaved schedule: the published interleaved runs (Llama3 70B, GPT3 175B, Llama3.1 405B) do not show it
+    (fitted with it there, the Llama3.1 405B rows leave the validation bar: docs/throughput.md), so it is priced
+    where a stage's layers run as one chunk (GPT-OSS 120B: 9 layers and a 201k-vocabulary output layer)."""
+    w = c.w
+    if w.pp == 1 or w.account_loss or w.first_chunks or w.vpp:
+        return None
+    even = c.flops.logits / c.rate("bf16") * w.gbs / c.gpus
+    return (
+        "output layer on the last stage",
+        even * (w.pp - 1),
+        f"{c.flops.logits / c.flops.total:.1%} of the FLOPs on 1 of {w.pp} stages (no loss slot in the split)",
+    )
 
 
 def tp_term(c: _Ctx, on: bool):
@@ -315,17 +347,24 @@ class Inputs:
     moe: Moe = field(default_factory=Moe)
     bucket: int | None = None
     gpu: str = "h100"
+    calibration: calibration.Calibration = calibration.PUBLISHED  # the cluster's (make calibrate) or the published
 
     def predict(self, constants: Constants | None = None, overlaps: Overlaps | None = None) -> Prediction:
-        return predict(
+        """With this input's calibration (its label and band on the prediction), or with `constants` (a fit's
+        trial: no label, no band)."""
+        pred = predict(
             self.w,
             self.flops,
             overlaps or self.overlaps,
             gpu=self.gpu,
             moe=self.moe,
             bucket=self.bucket,
-            constants=constants,
+            constants=constants or self.calibration.constants,
         )
+        if constants is None:
+            pred.calibration = self.calibration.label
+            pred.band = self.calibration.band(bool(self.moe.experts), self.w.dtype)
+        return pred
 
 
 def predict(
