@@ -169,8 +169,7 @@ def router_permute_term(c) -> tuple:
     how = (
         f"top-{moe.topk} copies permuted/unpermuted (read + write, fwd + bwd) and the router's logits at HBM "
         f"bandwidth, {per_layer * 1e3:.2f} ms, + {t:.0f} tokens × {c.k.moe_token_s * 1e9:.0f} ns per MoE "
-        "layer/microbatch"
-        + (f" × {host:.0%} (TE CUDA graphs of the router and preprocess)" if moe.graphed else "")
+        "layer/microbatch" + (f" × {host:.0%} (TE CUDA graphs of the router and preprocess)" if moe.graphed else "")
     )
     return ("MoE router + permute", (per_layer + c.k.moe_token_s * t * host) * passes, how)
 
