@@ -12,7 +12,10 @@ The model (docs/throughput.md has the derivation, the sources and the validation
   `layer_overhead_s` + `layer_token_s` per token of the GPU's s·b/(CP·TP) share, per layer per microbatch: the
   non-GEMM time (norms, activations, RoPE, FP8 casts, launches), so the fixed part weighs most on small per-GPU
   slices of a layer (TP, MBS 1).
-- MoE: router, permute, expert GEMMs, all-to-all and EP overlap (sizing/moe_time.py).
+- MoE: router, permute, expert GEMMs, all-to-all and EP overlap, TE CUDA graphs of the router and preprocess
+  (sizing/moe_time.py).
+- the output layer on the last pipeline stage: without a virtual pipeline or a loss slot in the split, the last
+  stage's excess over the even share (a pipeline goes at its slowest stage).
 - TP: per layer and microbatch 4 all-gathers + 4 reduce-scatters of the [s·b/CP, h] activation over NVLink (2 + 2 in
   an MoE layer: its experts are not TP-split at ETP 1; FP8 all-gathers carry 1 B/element); hidden by userbuffers
   except the last of its TP pipelined chunks when the overlap table says tp_comm_overlap "on", all exposed otherwise.
@@ -27,7 +30,9 @@ The model (docs/throughput.md has the derivation, the sources and the validation
 - optimizer: Adam's memory traffic over the GPU's optimizer shard at HBM bandwidth.
 
 Hardware numbers are datasheet figures (sizing/hardware.py, cited); the fitted constants, each with the published
-rows it is fitted on, are sizing/calibration.py's; plan/published.py refits them and the tests check every row.
+rows it is fitted on, are sizing/calibration.py's; plan/published.py refits them and the tests check every row. A
+prediction uses its Inputs' calibration (published, or a cluster's from make calibrate) and carries its label and the
+leave-one-out band of comparable runs; what the model does not price, sizing/knobs.py names.
 """
 
 from __future__ import annotations
@@ -107,17 +112,18 @@ class Prediction:
         }
 
     def summary(self) -> str:
-        band = ""
+        """Two lines: the prediction, then its band and the constants it used."""
+        band = "no band"
         if self.band:
             b = self.band
             band = (
-                f" (band {self.step_s * (1 + b.low):.2f}–{self.step_s * (1 + b.high):.2f} s: leave-one-out "
+                f"band {self.step_s * (1 + b.low):.2f}–{self.step_s * (1 + b.high):.2f} s/step (leave-one-out "
                 f"{b.low:+.0%}…{b.high:+.0%} on {b.of})"
             )
         return (
-            f"predicted on {hardware(self.gpu).name}: {self.step_s:.2f} s/step{band} · {self.tokens_per_gpu_s:,.0f} "
-            f"tokens/s/GPU · {self.tflops_per_gpu:.0f} TFLOP/s/GPU · MFU {self.mfu:.1%}; constants: "
-            f"{self.calibration} (docs/throughput.md)"
+            f"predicted on {hardware(self.gpu).name}: {self.step_s:.2f} s/step · {self.tokens_per_gpu_s:,.0f} "
+            f"tokens/s/GPU · {self.tflops_per_gpu:.0f} TFLOP/s/GPU · MFU {self.mfu:.1%} (docs/throughput.md)\n"
+            f"{band}; constants: {self.calibration}"
         )
 
     def share(self, name: str) -> float:

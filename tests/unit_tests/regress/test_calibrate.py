@@ -92,16 +92,21 @@ def test_make_calibrate_then_make_plan_predicts_with_the_fit(runs_root, tmp_path
     """As a user runs it: make calibrate in a new process writes the cluster's fit; make plan for that cluster then
     predicts with it and says which calibration it used."""
     env = os.environ | {calibration.DIR_VAR: str(tmp_path / "cal")}
-    make = ["make", "-s", "-C", str(stack.REPO_ROOT)]
     done = subprocess.run(
-        [*make, "calibrate", "CLUSTER=local", f"RUNS={runs_root}"], env=env, capture_output=True, text=True, timeout=600
+        ["make", "-s", "calibrate", "CLUSTER=local", f"RUNS={runs_root}"],
+        cwd=stack.REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     assert "fitted on 6 runs" in done.stdout and "kept at published" in done.stdout
     saved = json.loads((tmp_path / "cal" / "local.json").read_text())
     assert saved["constants"]["gemm_fp8"] == pytest.approx(TRUE.gemm_fp8, rel=RECOVER_TOL)
     plan = subprocess.run(
-        [*make, "plan", f"RECIPE={R8}fp8cs", "CLUSTER=local", "FORMAT=json"],
+        ["make", "-s", "plan", f"RECIPE={R8}fp8cs", "CLUSTER=local", "FORMAT=json"],
+        cwd=stack.REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -112,7 +117,8 @@ def test_make_calibrate_then_make_plan_predicts_with_the_fit(runs_root, tmp_path
     assert out["calibration"].startswith("local fitted on 6 runs on ")
     assert out["band"]["of"].endswith("local dense fp8 runs")
     bad = subprocess.run(
-        [*make, "calibrate", "CLUSTER=local", f"RUNS={tmp_path / 'none'}"],
+        ["make", "-s", "calibrate", "CLUSTER=local", f"RUNS={tmp_path / 'none'}"],
+        cwd=stack.REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
