@@ -104,7 +104,7 @@ plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for p
 	@$(PY) -m launch.plan_server --stop
 
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
-	@$(PY) -m launch.new_recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" $(FORK_FLAGS) --args="$$ARGS"
+	@$(PY) -m launch.new_recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" --cluster="$$CLUSTER" $(FORK_FLAGS) --args="$$ARGS"
 
 bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side
 	@$(PY) bench/plan_all.py
