@@ -88,40 +88,26 @@ def test_a_run_of_another_cluster_does_not_count(runs_root, tmp_path):
     assert calibrate.read_run(other, "local") == "planned for cluster example-eos"
 
 
+def make(target: str, *args: str, env: dict) -> subprocess.CompletedProcess:
+    """`make -s <target> <args>` in the checkout, in a new process, as a user types it."""
+    return subprocess.run(
+        ["make", "-s", target, *args], cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
 def test_make_calibrate_then_make_plan_predicts_with_the_fit(runs_root, tmp_path):
     """As a user runs it: make calibrate in a new process writes the cluster's fit; make plan for that cluster then
     predicts with it and says which calibration it used."""
     env = os.environ | {calibration.DIR_VAR: str(tmp_path / "cal")}
-    done = subprocess.run(
-        ["make", "-s", "calibrate", "CLUSTER=local", f"RUNS={runs_root}"],
-        cwd=stack.REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = make("calibrate", "CLUSTER=local", f"RUNS={runs_root}", env=env)
     assert done.returncode == 0, done.stderr
     assert "fitted on 6 runs" in done.stdout and "kept at published" in done.stdout
     saved = json.loads((tmp_path / "cal" / "local.json").read_text())
     assert saved["constants"]["gemm_fp8"] == pytest.approx(TRUE.gemm_fp8, rel=RECOVER_TOL)
-    plan = subprocess.run(
-        ["make", "-s", "plan", f"RECIPE={R8}fp8cs", "CLUSTER=local", "FORMAT=json"],
-        cwd=stack.REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    plan = make("plan", f"RECIPE={R8}fp8cs", "CLUSTER=local", "FORMAT=json", env=env)
     assert plan.returncode == 0, plan.stderr
     out = json.loads(plan.stdout)["throughput"]
     assert out["calibration"].startswith("local fitted on 6 runs on ")
     assert out["band"]["of"].endswith("local dense fp8 runs")
-    bad = subprocess.run(
-        ["make", "-s", "calibrate", "CLUSTER=local", f"RUNS={tmp_path / 'none'}"],
-        cwd=stack.REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = make("calibrate", "CLUSTER=local", f"RUNS={tmp_path / 'none'}", env=env)
     assert bad.returncode == 2 and bad.stderr.startswith("error: RUNS: no directory") and "Traceback" not in bad.stderr
