@@ -11,7 +11,7 @@ import pytest
 
 from overlapkit.plan import registry
 from overlapkit.plan.build import make_plan, prediction_inputs
-from overlapkit.sizing import calibration, hardware, moe_time
+from overlapkit.sizing import calibration, hardware, knobs, moe_time
 
 QWEN_BF16 = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16"  # Bridge's 16-GPU recipe: TE graphs of moe_router + preprocess
 GPT_OSS = "gpt_oss_120b_pretrain_64gpu_h100_bf16"  # PP4, no virtual pipeline, 201k vocabulary
@@ -82,3 +82,11 @@ def test_every_shipped_recipe_names_what_the_model_does_not_price(name):
     assert "manual_gc" in settings
     if registry.get(name).model.startswith(("Qwen3", "DeepSeek", "GPT-OSS")):
         assert "moe_router_force_load_balancing=False" in settings  # the learned router: slower than priced
+
+
+def test_recompute_beyond_core_attention_is_named_slower():
+    plan = make_plan(GPT_OSS, caller_env={})  # selective recompute of layernorm and moe_act
+    named = [k for k in knobs.not_modelled(plan.resolved.model, plan.cfg.train) if "recompute_modules" in k.setting]
+    assert len(named) == 1 and named[0].direction == "slower"
+    assert "layernorm" in named[0].setting and "moe_act" in named[0].setting
+    assert not any(m in named[0].setting for m in knobs.PRICED_RECOMPUTE)  # priced: not named
