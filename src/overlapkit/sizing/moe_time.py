@@ -47,6 +47,11 @@ A2A_BYTES = 2
 # nothing (Qwen3 30B-A3B, 16 H100, BF16: 42.00 s graphed vs 41.36 s eager): its preprocess hands the split sizes to
 # the host, so the host still waits on every MoE layer.
 GRAPHED_SHARE = 0.5
+# FP8 current scaling of the routed experts' GEMM inputs (TE's GroupedLinear quantises each expert's slice): per
+# element of the token copies entering fc1 (hidden) and fc2 (ffn) forward and of their gradients backward (hidden,
+# gate+up), an amax read (2 B), a cast read and FP8 write (3 B) and the transposed FP8 copy for the wgrad GEMM (1 B).
+# A BF16 run pays none of it; before it was priced, the FP8-fitted `moe_token_s` charged it to BF16 runs too.
+FP8_CAST_BYTES = 6
 # The router's fp32 logits/probabilities pass: written by the gating GEMM, read and written by the fused softmax/top-k,
 # and again in the backward (4 B each, 4 passes).
 ROUTER_PASSES = 4
@@ -164,14 +169,20 @@ def router_permute_term(c) -> tuple:
     w, moe = c.w, c.moe
     t = tokens_per_rank(w)
     per_layer = t * (8 * moe.topk * w.hidden * 2 + ROUTER_PASSES * moe.experts * 4) / (c.hw.hbm_tbs * 1e12)
+    cast = 0.0
+    if w.dtype == "fp8":
+        gate_up = w.shape.moe_ffn * (2 if w.shape.gated else 1)
+        cast = t * moe.topk * (2 * w.hidden + w.shape.moe_ffn + gate_up) * FP8_CAST_BYTES / (c.hw.hbm_tbs * 1e12)
     passes = moe.layers / w.pp * c.m
     host = 1 - GRAPHED_SHARE if moe.graphed else 1.0
     how = (
         f"top-{moe.topk} copies permuted/unpermuted (read + write, fwd + bwd) and the router's logits at HBM "
         f"bandwidth, {per_layer * 1e3:.2f} ms, + {t:.0f} tokens × {c.k.moe_token_s * 1e9:.0f} ns per MoE "
-        "layer/microbatch" + (f" × {host:.0%} (TE CUDA graphs of the router and preprocess)" if moe.graphed else "")
+        "layer/microbatch"
+        + (f" × {host:.0%} (TE CUDA graphs of the router and preprocess)" if moe.graphed else "")
+        + (f"; FP8 casts of the experts' inputs {cast * 1e3:.2f} ms" if cast else "")
     )
-    return ("MoE router + permute", (per_layer + c.k.moe_token_s * t * host) * passes, how)
+    return ("MoE router + permute", (per_layer + cast + c.k.moe_token_s * t * host) * passes, how)
 
 
 def expert_term(c, rate: float, recomputed: float) -> tuple:
