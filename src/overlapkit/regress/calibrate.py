@@ -71,8 +71,11 @@ def read_run(run_dir: Path, cluster: str) -> Run | str:
     steady, step_ms = summary.get("steady_iterations") or 0, summary.get("step_time_ms")
     if steady < MIN_STEADY or not step_ms or not math.isfinite(step_ms):
         return f"{steady} steady-state iterations in its log (needs {MIN_STEADY})"
-    req = request.from_record(rec, rec["recipe"], rec.get("nodes"))
-    return Run(run_dir, rec["recipe"], step_ms / 1e3, steady, prediction_inputs(plan_for(req)))
+    try:  # the recipe may have been renamed or edited since: that run cannot be rebuilt, the others still count
+        plan_now = plan_for(request.from_record(rec, rec["recipe"], rec.get("nodes")))
+    except (KeyError, ValueError) as exc:  # UnknownRecipe, OverrideError, PlanError: the plan's own one line
+        return f"its plan no longer builds: {exc}"
+    return Run(run_dir, rec["recipe"], step_ms / 1e3, steady, prediction_inputs(plan_now))
 
 
 def find_runs(roots: list[Path], cluster: str) -> tuple[list[Run], list[str]]:
@@ -156,7 +159,9 @@ def calibrate(runs: list[Run], cluster: str, today: dt.date) -> Result | None:
 
 def report(result: Result | None, runs: list[Run], skipped: list[str], cluster: str, written: Path | None) -> str:
     """What make calibrate prints: every run's residual and leave-one-out error, each constant fitted or kept."""
-    lines = [f"skipped {s}" for s in skipped]
+    unrun = [s for s in skipped if s.endswith(": no log")]  # make plan's directories: plans that never ran
+    lines = [f"skipped {s}" for s in skipped if s not in unrun]
+    lines += [f"skipped {len(unrun)} run directories without a log (plans that never ran)"] if unrun else []
     if result is None:
         now = calibration.for_cluster(cluster).label
         lines += [

@@ -86,6 +86,9 @@ def test_a_run_of_another_cluster_does_not_count(runs_root, tmp_path):
         (other / f).write_bytes((runs_root / "llama3_8b_pretrain_8gpu_h100_bf16-run0" / f).read_bytes())
     (other / "plan.json").write_text(json.dumps(plan | {"cluster": "example-eos"}))
     assert calibrate.read_run(other, "local") == "planned for cluster example-eos"
+    record = json.loads((other / "overrides.json").read_text())
+    (other / "overrides.json").write_text(json.dumps(record | {"recipe": "gone_pretrain_8gpu_h100_bf16"}))
+    assert calibrate.read_run(other, "example-eos").startswith("its plan no longer builds: ")
 
 
 def make(target: str, *args: str, env: dict) -> subprocess.CompletedProcess:
