@@ -56,13 +56,15 @@ ITERS   ?= 60
 MIN_DP  ?= 2
 JOB_DIR ?=
 AT      ?=
+# make calibrate: directories holding the run directories to fit on (empty: runs/ and the cluster's job_dir).
+RUNS    ?=
 PYTEST_ARGS ?=
 # Every variable above is data, never make or shell syntax: taken as typed (make expands nothing in it: $(shell ...),
 # $HOME stay text), exported, and named by the commands below as "$$VAR" (the shell hands its bytes over as one
 # argument, --flag=value, so even "--help" is a value). Our checks then answer whatever it holds (launch/args.py).
 DATA_VARS := RECIPE NODES SET FORMAT CLUSTER GPU DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
   FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
-  RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG
+  RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG RUNS
 $(foreach v,$(DATA_VARS),$(eval override $(v) := $$(value $(v))))
 export $(DATA_VARS)
 UV      ?= tools/uv.sh
@@ -72,7 +74,7 @@ PY      := $(UV) run --frozen --quiet python
 export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan overlap-report plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
+.PHONY: help setup test lint recipes plan calibrate overlap-report plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -87,7 +89,7 @@ lint: ## ruff check + format check
 	@$(UV) run --frozen --quiet ruff check . && $(UV) run --frozen --quiet ruff format --check .
 
 recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
-	@$(PY) -m launch recipes --gpu="$$GPU"
+	@$(PY) -m launch recipes --gpu="$$GPU" --cluster="$$CLUSTER"
 
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
 	@$(PY) -m launch plan --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --cluster="$$CLUSTER" $(RUN_FLAGS) -- "$$RECIPE"
@@ -95,11 +97,14 @@ plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overla
 overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, GPU=, FORMAT=json, PNG=)
 	@$(PY) -m launch overlap-report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --gpu="$$GPU" --format="$$FORMAT" --png="$$PNG"
 
+calibrate: ## fit the throughput model on CLUSTER's finished runs (RUNS= dirs); plan/recipes/nightly then use it
+	@$(PY) -m launch calibrate --cluster="$$CLUSTER" --runs="$$RUNS"
+
 plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded between commands: docs/plan.md; OVERLAPKIT_PLAN_SERVER=0|1)
 	@$(PY) -m launch plan-server --stop
 
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
-	@$(PY) -m launch new-recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" $(FORK_FLAGS) --args="$$ARGS"
+	@$(PY) -m launch new-recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" --cluster="$$CLUSTER" $(FORK_FLAGS) --args="$$ARGS"
 
 bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side
 	@$(PY) bench/plan_all.py

@@ -37,6 +37,7 @@ COMMANDS = {
     "plan": Command("launch.plan"),
     "overlap-report": Command("launch.overlap_report"),
     "new-recipe": Command("launch.new_recipe"),
+    "calibrate": Command("launch.calibrate"),
     "submit": Command("launch.submit", ("submit",)),
     "status": Command("launch.submit", ("status",)),
     "logs": Command("launch.submit", ("logs",)),

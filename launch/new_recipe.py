@@ -35,6 +35,7 @@ def parse(argv):
     p.add_argument("--model", help='registry label (default from the name, e.g. "Llama3 34B")')
     p.add_argument("--recipes-dir", default=str(stack.REPO_ROOT / "recipes"), help="where the file goes")
     add_gpu_option(p)
+    p.add_argument("--cluster", default="local", help="whose calibration (make calibrate) ranks the layouts")
     return p.parse_args(argv)
 
 
@@ -53,6 +54,7 @@ def request(args):
         layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
         recipes_dir=Path(args.recipes_dir),
         gpu=args.gpu,
+        cluster=args.cluster,
     )
 
 
@@ -73,6 +75,7 @@ def run(args) -> int:
     stack.import_bridge()
     from overlapkit.plan import registry
     from overlapkit.plan.report import console, render_plan
+    from overlapkit.sizing import calibration
     from overlapkit.sizing.hardware import HARDWARE
 
     res = fork(args.request)
@@ -81,7 +84,11 @@ def run(args) -> int:
     line(f"wrote {res.path} (forked from {args.from_name})")
     line(f"layout: {res.choice.describe()}")
     line(f"  why: {res.choice.why}")
-    line(f"top candidates (ranked by predicted TFLOP/s/GPU on {HARDWARE[args.gpu].name}; ties by the layout rules):")
+    label = calibration.for_cluster(args.cluster).label
+    line(
+        f"top candidates (ranked by predicted TFLOP/s/GPU on {HARDWARE[args.gpu].name}, constants: {label}; ties by "
+        "the layout rules):"
+    )
     for i, c in enumerate([res.choice, *res.alternatives], 1):
         p = c.prediction
         pred = f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, {p.tokens_per_gpu_s:,.0f} tokens/s/GPU, {p.step_s:.2f} s/step"

@@ -29,16 +29,17 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def list_recipes(con, gpu: str) -> int:
+def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
     from overlapkit.plan import registry
     from overlapkit.plan.build import make_plan
     from overlapkit.plan.report import overlap_summary, recipes_table
+    from overlapkit.sizing import calibration
     from overlapkit.sizing.hardware import DEFAULT_GPU, HARDWARE
 
     rows, broken = [], []
     for name in registry.names():
         try:
-            p = make_plan(name, gpu=gpu)
+            p = make_plan(name, gpu=gpu, cluster=cluster)
         except BadInput as exc:  # a recipe file with a bad size: the others still list
             broken.append(f"{name}: {exc}")
             continue
@@ -65,7 +66,8 @@ def list_recipes(con, gpu: str) -> int:
     )
     con.print(
         f"TFLOP/s* = predicted model TFLOP/s per GPU on {HARDWARE[gpu].name} (Bridge's FLOPs count; "
-        "docs/throughput.md)" + ("" if gpu == DEFAULT_GPU else f"; memory and audit for GPU={gpu}")
+        f"docs/throughput.md; constants: {calibration.for_cluster(cluster).label})"
+        + ("" if gpu == DEFAULT_GPU else f"; memory and audit for GPU={gpu}")
     )
     for line in broken:
         print(f"error: {line}", file=sys.stderr)
@@ -100,12 +102,14 @@ def run(args) -> int:
     out = console()
     stack.import_bridge()
     if args.list:
-        return list_recipes(console(width=max(out.width, 172)), args.request.gpu)  # one row per recipe, never wrapped
+        return list_recipes(
+            console(width=max(out.width, 172)), args.request.gpu, args.cluster
+        )  # one row per recipe, never wrapped
     from overlapkit.plan import registry
     from overlapkit.plan.build import plan_for, write_run_dir
     from overlapkit.plan.report import render_plan
 
-    plan = plan_for(args.request)
+    plan = plan_for(args.request, cluster=args.cluster)
     run_dir = write_run_dir(plan, Path(args.runs))
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))

@@ -49,6 +49,13 @@ def h100_pretrain(
     cfg = base()
     cfg.mixed_precision = precision(dtype)
     m = cfg.model
+    # Megatron Core 0.19 names the captured modules cuda_graph_modules; Bridge's base recipes still write the
+    # deprecated cuda_graph_scope, which __post_init__ migrates. Set the current field, clear the old one; no graphs,
+    # no modules (as _benchmark_common in megatron/bridge/perf_recipes/_common.py clears them).
+    scope = m.cuda_graph_modules if m.cuda_graph_scope is None else m.cuda_graph_scope
+    m.cuda_graph_scope = None
+    modules = [] if m.cuda_graph_impl == "none" or scope in (None, "full") else scope
+    m.cuda_graph_modules = [modules] if isinstance(modules, str) else list(modules)
     m.tensor_model_parallel_size, m.pipeline_model_parallel_size = layout.tp, layout.pp
     m.context_parallel_size, m.virtual_pipeline_model_parallel_size = layout.cp, layout.vpp
     m.expert_model_parallel_size = layout.ep
@@ -115,8 +122,6 @@ def moe_pretrain(
         m.recompute_modules = list(moe.recompute_modules) if moe.recompute_modules else None
         m.recompute_method = m.recompute_num_layers = None
         m.sequence_parallel = layout.tp > 1  # nothing to split at TP=1 (the perf recipes say False)
-        if m.cuda_graph_impl == "none":  # no graphs, no scope: Megatron Core could promote a scope naming a graph
-            m.cuda_graph_scope = []  # type (megatron/bridge/perf_recipes/_common.py `_benchmark_common`)
         return cfg
 
     return h100_pretrain(tuned, dtype, layout, intent)

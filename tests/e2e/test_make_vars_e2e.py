@@ -36,6 +36,7 @@ CASES = [  # (target, variables, what our one line starts with); {m} is the mark
     ("new-recipe", [f"NAME={NEW}", "ARGS=--tp 4; touch {m}"], "error: argument --tp: '4;'"),
     ("new-recipe", [f"NAME={NEW}", f"ARGS=--model {MAKE_SHELL}"], "error: MODEL="),
     ("gpu-check", ["CUTS=llama3_8b; touch {m}"], "error: CUTS="),
+    ("calibrate", ["RUNS=x" + QUOTE], "error: RUNS: no directory"),
 ]
 
 

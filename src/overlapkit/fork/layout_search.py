@@ -231,11 +231,13 @@ def _rank(c: Candidate, s: ModelShape, best_tflops: float):
     return (*_class(c), not tied, 0.0 if tied else -c.tflops, *_rules(c, s))
 
 
-def predict(s: ModelShape, w: Workload, flops: throughput.Flops, gpu: str) -> throughput.Prediction:
+def predict(
+    s: ModelShape, w: Workload, flops: throughput.Flops, gpu: str, constants: throughput.Constants | None = None
+) -> throughput.Prediction:
     """The throughput model for a split with every overlap it allows on (what apply_overlap_stack does)."""
     on = throughput.Overlaps(tp=w.tp > 1, p2p=w.pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1, ep=w.ep > 1)
     moe = throughput.Moe(s.experts, s.topk, w.ep, s.moe_layers) if s.experts else None
-    return throughput.predict(w, flops, on, gpu=gpu, moe=moe, bucket=BRIDGE_BUCKET)
+    return throughput.predict(w, flops, on, gpu=gpu, moe=moe, bucket=BRIDGE_BUCKET, constants=constants)
 
 
 def why_loses(c: Candidate, best: Candidate, s: ModelShape, best_tflops: float) -> str:
@@ -279,9 +281,19 @@ def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
     return f"{tp}; {pp}{cp}; {dp}; {mem}{pred}"
 
 
-def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top: int = 5, gpu: str = "h100"):
+def search(
+    s: ModelShape,
+    gpus: int,
+    *,
+    gbs: int,
+    fixed: dict | None = None,
+    top: int = 5,
+    gpu: str = "h100",
+    constants: throughput.Constants | None = None,
+):
     """The `top` best layouts of `s` on `gpus` H100s, best first; LayoutSearchError (one line) when none qualifies.
-    `fixed` pins any of tp/pp/vpp/cp/mbs/ep (e.g. from the command line); EP is searched for MoE shapes only."""
+    `fixed` pins any of tp/pp/vpp/cp/mbs/ep (e.g. from the command line); EP is searched for MoE shapes only.
+    `constants`: a cluster's calibration (make calibrate) to rank with; None: the published ones."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     stack.import_bridge()  # presets are read from Bridge; this prepares the process (TE shim, offline) once
     if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
@@ -305,7 +317,7 @@ def search(s: ModelShape, gpus: int, *, gbs: int, fixed: dict | None = None, top
         c = Candidate(tp, pp, vpp, cp, dp, mbs, gbs, preset_for(s, tp, cp, mbs, gpu), est, ep=ep)
         if est.fits:
             f = flops[tp] = flops.get(tp) or throughput.flops_of_shape(s, tp)  # the padded vocabulary depends on TP
-            fitting.append(replace(c, prediction=predict(s, w, f, gpu)))
+            fitting.append(replace(c, prediction=predict(s, w, f, gpu, constants)))
         elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:
             best_unfit = c
     pinned = f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""

@@ -23,7 +23,7 @@ from overlapkit.fork import layout_search
 from overlapkit.plan import inputs, registry
 from overlapkit.plan.build import make_plan
 from overlapkit.shape import ModelShape, head_dim_follows
-from overlapkit.sizing import hardware, memory
+from overlapkit.sizing import calibration, hardware, memory
 from overlapkit.topology import GPUS_PER_NODE
 
 NAME_RE = re.compile(
@@ -64,6 +64,7 @@ class ForkRequest:
     model: str | None = None  # registry label; default from the name ("llama3_34b" → "Llama3 34B")
     recipes_dir: Path = RECIPES_DIR
     gpu: str = hardware.DEFAULT_GPU  # GPU=: what the layout search sizes memory and ranks throughput for
+    cluster: str | None = None  # CLUSTER=: whose calibration (make calibrate) ranks the layouts; None: published
 
 
 @dataclass
@@ -247,7 +248,8 @@ def fork(req: ForkRequest) -> ForkResult:
         raise ForkError(f"unknown layout field(s) {sorted(unknown)}: use {', '.join(LAYOUT_FIELDS)}")
     gbs = req.gbs or from_cfg.train.global_batch_size
     try:
-        cands = layout_search.search(shape, gpus, gbs=gbs, fixed=req.layout, gpu=req.gpu)
+        constants = calibration.for_cluster(req.cluster).constants
+        cands = layout_search.search(shape, gpus, gbs=gbs, fixed=req.layout, gpu=req.gpu, constants=constants)
     except layout_search.LayoutSearchError as exc:
         raise ForkError(str(exc)) from None
     model = req.model or model_label(prefix)
@@ -262,7 +264,7 @@ def fork(req: ForkRequest) -> ForkResult:
         ) from None
     try:
         mod = registry.load_file(tmp, req.name)
-        plan = make_plan(req.name, gpu=req.gpu)
+        plan = make_plan(req.name, gpu=req.gpu, cluster=req.cluster)
         if not plan.report.ok:
             first = plan.report.errors[0]
             more = f" (+{len(plan.report.errors) - 1} more)" if len(plan.report.errors) > 1 else ""

@@ -17,7 +17,7 @@ from overlapkit.plan.moe import expert_dp
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
 from overlapkit.plan.request import PlanRequest, loose
 from overlapkit.shape import ModelShape, dtype_of
-from overlapkit.sizing import hardware, memory, throughput, worth
+from overlapkit.sizing import calibration, hardware, knobs, memory, throughput, worth
 from overlapkit.topology import Target
 
 
@@ -90,6 +90,11 @@ class Plan:
             "params_b": round(shape.total_params / 1e9, 1),
         }
 
+    @property
+    def not_modelled(self) -> list[knobs.Knob]:
+        """What the plan sets that moves its step and the throughput model does not price (sizing/knobs.py)."""
+        return knobs.not_modelled(self.resolved.model, self.cfg.train)
+
     def to_dict(self) -> dict:
         est = self.memory
         rows = [{"component": c, "gb": round(gb, 2), "note": n} for c, gb, n in est.rows()]
@@ -103,7 +108,8 @@ class Plan:
             "memory": {"total_gb": round(est.total_gb, 2), "fits": est.fits, "budget_gb": est.budget_gb, "rows": rows},
             "gpu": self.target.gpu,
             "gpu_note": self.gpu_note,
-            "throughput": self.throughput.to_dict() | {"overlap_worth": worth.to_dict(self.worth)}
+            "throughput": self.throughput.to_dict()
+            | {"overlap_worth": worth.to_dict(self.worth), "not_modelled": [k.to_dict() for k in self.not_modelled]}
             if self.throughput
             else None,
             "cluster": self.profile.name if self.profile else None,
@@ -128,17 +134,21 @@ def make_plan(
     caller_env=None,
     run: runopts.RunOptions | None = None,
     gpu: str = hardware.DEFAULT_GPU,
+    cluster: str | None = None,
 ) -> Plan:
     """`plan_for` a request made of loose values (tests, listings, forks, published runs): recipe `name`, `nodes`
     (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default), `gpu`."""
     req = loose(name, nodes, sets, run, gpu=gpu)
-    return plan_for(req, te_available=te_available, profile=profile, caller_env=caller_env)
+    return plan_for(req, te_available=te_available, profile=profile, caller_env=caller_env, cluster=cluster)
 
 
-def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, caller_env=None) -> Plan:
+def plan_for(
+    req: PlanRequest, *, te_available: bool = True, profile=None, caller_env=None, cluster: str | None = None
+) -> Plan:
     """Build the requested recipe, bind it to the request's run options (checkpoints, data, segments, Nsight), apply
     its SET pairs, resolve for its nodes, lay out the launch environment (with `profile`'s layer when given) and
-    audit the whole stack, env rules included."""
+    audit the whole stack, env rules included. The throughput is predicted with the calibration of `cluster` (else
+    `profile`'s) where make calibrate wrote one, else the published constants."""
     entry = registry.get(req.recipe)
     if req.profile is not None:  # bound here, where the recipe's time limit (the profile's default) is known
         req = request.bind(req, req.profile, entry.time_limit)
@@ -169,7 +179,8 @@ def plan_for(req: PlanRequest, *, te_available: bool = True, profile=None, calle
     est = memory.estimate(cfg, target)
     report.findings += memory_findings(est)
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
-    model_in = prediction_inputs(plan)  # gathered once: the prediction and each overlap's worth read the same
+    cal = calibration.for_cluster(cluster or (profile.name if profile else None))
+    model_in = prediction_inputs(plan, cal)  # gathered once: the prediction and each overlap's worth read the same
     plan.throughput = model_in.predict()
     plan.worth = worth.overlap_worth(model_in, base=plan.throughput)
     return plan
@@ -188,9 +199,9 @@ def memory_findings(est: memory.MemoryEstimate) -> list[Finding]:
     return [Finding("warning", "memory_tight", f"{est.summary()}: one allocator spike from an OOM; {MEMORY_FIX}")]
 
 
-def prediction_inputs(plan: Plan) -> throughput.Inputs:
+def prediction_inputs(plan: Plan, cal: calibration.Calibration = calibration.PUBLISHED) -> throughput.Inputs:
     """What the throughput model reads of the plan: its workload, Bridge's FLOPs, the overlaps its table says are
-    on, its MoE settings, its DDP bucket and its target GPU."""
+    on, its MoE settings, its DDP bucket and its target GPU; with the calibration `cal`."""
     cfg, res = plan.cfg, plan.resolved
     states = {r.name: r.state for r in plan.report.rows}
     overlaps = throughput.Overlaps.of_rows(
@@ -203,6 +214,7 @@ def prediction_inputs(plan: Plan) -> throughput.Inputs:
         throughput.Moe.of_model(cfg.model),
         res.ddp.bucket_size,
         plan.target.gpu,
+        cal,
     )
 
 

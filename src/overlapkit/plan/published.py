@@ -231,6 +231,25 @@ def table(table_rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bands(table_rows: list[dict]) -> dict[str, calibration.Band]:
+    """The leave-one-out errors' spread by class of comparable runs (dense or MoE, precision): calibration.BANDS.
+    A run's leave-one-out error on tokens/s is its measured step over the predicted one, less 1."""
+    by: dict[str, list[float]] = {}
+    for r in table_rows:
+        by.setdefault(calibration.kind(r["point"].moe, r["point"].dtype), []).append(r["loo_error"])
+    return {
+        k: calibration.Band(round(float(min(v)), 4), round(float(max(v)), 4), len(v), f"{len(v)} published {k} runs")
+        for k, v in by.items()
+    }
+
+
+def bands_table(by_kind: dict[str, calibration.Band]) -> str:
+    """docs/throughput.md's band table."""
+    lines = ["| runs | leave-one-out band (measured ÷ predicted step − 1) | runs in it |", "|---|---|---|"]
+    lines += [f"| {k} | {b.low:+.1%} … {b.high:+.1%} | {b.runs} |" for k, b in by_kind.items()]
+    return "\n".join(lines) + "\n"
+
+
 def constants_table(k: calibration.Constants = calibration.FITTED) -> str:
     """The fitted constants of docs/throughput.md, each with the runs it is fitted on."""
     lines = ["| constant | value | fitted on |", "|---|---|---|"]
@@ -277,7 +296,8 @@ def main() -> int:
     inputs = inputs_of(points)
     print(constants_table(calibration.rounded(refit(points, inputs))))
     table_rows = rows(points, inputs)
-    print(table(table_rows), end="")
+    print(table(table_rows))
+    print(bands_table(bands(table_rows)), end="")
     for line in verdict(table_rows):
         print(f"out of bar: {line}")
     return 1 if verdict(table_rows) else 0

@@ -69,6 +69,8 @@ def render_plan(plan, con: Console) -> None:
         con.print(escape(plan.throughput.summary()))
         if plan.worth:
             con.print(worth_table(plan.worth, plan.throughput.step_s))
+        for k in d["throughput"]["not_modelled"]:  # sizing/knobs.py: what moves the step beyond the prediction
+            con.print(escape(f"not modelled: {k['setting']}: {k['direction']} ({k['why']})"))
     for line in run_lines(d):  # data, checkpoints, segments, Nsight (plan/runopts.py)
         con.print(escape(line))
     if plan.ledger is not None:

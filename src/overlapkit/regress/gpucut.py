@@ -121,7 +121,7 @@ def apply_cut(cfg, cut: Cut, iters: int = ITERS):
     m.masked_softmax_fusion = False  # megatron's scaled_masked_softmax CUDA extension is not in the wheel
     m.cross_entropy_loss_fusion, m.cross_entropy_fusion_impl = False, "native"
     m.tp_comm_overlap = False
-    m.cuda_graph_impl, m.cuda_graph_scope = "none", []
+    m.cuda_graph_impl, m.cuda_graph_modules, m.cuda_graph_scope = "none", [], None
     m.use_te_rng_tracker = cfg.rng.te_rng_tracker = False
     m.fp8 = None
     # GPT3's LayerNorm1p (zero-centred gamma) exists only in TE/apex norms; torch's LayerNorm, which the local spec

@@ -96,6 +96,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         "losses": [(r["iteration"], r["lm_loss"]) for r in parsed["iterations"] if "lm_loss" in r] if parsed else [],
         "golden": golden,
         "predicted_step_ms": _predicted_ms(plan),
+        "predicted_band": (plan.get("throughput") or {}).get("band"),
         "overlap_worth": worth,
         "overlaps_on": [k for k, v in rows.items() if v.get("state") == "on"],
         "overlaps_off": [k for k, v in rows.items() if v.get("state") == "off"],
@@ -140,14 +141,8 @@ def _worth(plan: dict) -> dict | None:
     return (plan.get("throughput") or {}).get("overlap_worth")
 
 
-# A run whose throughput is this far under the plan's prediction stands out, golden or not (issue #14): the model's
-# error on NVIDIA's published runs is within 10% (15% refitted without the run: docs/throughput.md), so 20% is a real
-# shortfall.
-UNDER_PREDICTION = 0.20
-
-
 def vs_prediction(res: dict) -> tuple[str, str | None]:
-    """('measured vs predicted' cell, a note when the run is UNDER_PREDICTION or more under its prediction)."""
+    """('measured vs predicted' cell, a note when the run is beyond its prediction's band: rules.beyond_band)."""
     pred = res.get("predicted_step_ms")
     measured = (res.get("summary") or {}).get("step_time_ms")
     if pred is None:
@@ -156,10 +151,18 @@ def vs_prediction(res: dict) -> tuple[str, str | None]:
         return f"— (predicted {pred:.0f})", None
     under = 1 - pred / measured  # throughput shortfall: tokens/s measured / predicted = pred / measured
     cell = f"{measured:.0f} vs {pred:.0f} ({-under:+.1%} throughput)"
-    if under >= UNDER_PREDICTION:
-        note = f"{under:.0%} under the predicted throughput (step {measured:.0f} ms vs {pred:.0f} ms)"
+    band = res.get("predicted_band")
+    edge = f"band {band['low']:+.0%}…{band['high']:+.0%} of {band['of']}" if band else "no band in plan.json"
+    side = regress.beyond_band(pred, measured, band)
+    if side == "under":
+        note = f"{under:.0%} under the predicted throughput (step {measured:.0f} ms vs {pred:.0f} ms; {edge})"
         hint = regress.likely_overlap(res.get("overlap_worth"), (measured - pred) / 1e3)
         return f"**{cell}**", note + (f"; the gap {hint}" if hint else "")
+    if side == "over":
+        return f"**{cell}**", (
+            f"{-under:.0%} above the predicted throughput, beyond its {edge}: the calibration no longer describes "
+            "this cluster (make calibrate CLUSTER=<profile>)"
+        )
     return cell, None
 
 

@@ -49,6 +49,23 @@ NO_GOLDEN = "no golden yet: bless a reviewed run"
 # docs/throughput.md), and a real slowdown seldom has one cause, so only the magnitude is asked to match; beyond it
 # no overlap is named rather than a wrong one.
 WORTH_MATCH = 1.5
+# A run whose step time is beyond its plan's band (plan.json throughput.band: the leave-one-out spread of comparable
+# runs, sizing/calibration.py, the cluster's own once make calibrate has run) stands out, golden or not: slower is
+# "under prediction", faster means the calibration no longer describes the cluster. A plan.json from before the band:
+# 20% under the predicted throughput, the rule it replaces.
+UNDER_PREDICTION = 0.20
+
+
+def beyond_band(pred_ms: float, measured_ms: float, band: dict | None) -> str | None:
+    """ "under" when the measured step is longer than the band lets the predicted one be (measured/predicted − 1 above
+    its high edge), "over" when shorter (below its low edge), else None."""
+    ratio = measured_ms / pred_ms - 1
+    high = band["high"] if band else 1 / (1 - UNDER_PREDICTION) - 1  # 20% fewer tokens/s = a 25% longer step
+    if ratio > high:
+        return "under"
+    return "over" if band and ratio < band["low"] else None
+
+
 # What a nightly run is, so a golden and a night compare like with like (nightly.shape_for applies them).
 NIGHTLY_ITERS = 60  # 10 warm-up + 50 steady iterations: enough for a ±5 % step-time mean and a loss curve's knee
 NIGHTLY_SEED = 1234

@@ -5,26 +5,36 @@ constant here is tied to the published runs whose prediction it moves (FITTED_ON
 tests/unit_tests/sizing/test_throughput.py fails when a constant has no row, names a row the reference lacks, or
 leaves out a row it moves, and re-runs the fit (`fit`, least squares in log error over those rows, within BOUNDS)
 to check the values below are what it gives. The leave-one-out check refits without each row and predicts it.
+
+A cluster's own calibration (`make calibrate`, regress/calibrate.py) fits the constants its finished runs can move
+on their measured step times (`fit_free`) and is stored per cluster profile under runs/calibration/ (git-ignored,
+never over FITTED); `for_cluster` gives it, or the published one, with its label and error bands.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overlapkit import jsonio
+from overlapkit.errors import BadInput
 
 
 @dataclass(frozen=True)
 class Constants:
     gemm_bf16: float = 0.6069  # achieved fraction of the dense BF16 peak: BF16 linear layers, core attention, logits
     gemm_fp8: float = 0.4698  # achieved fraction of the dense FP8 peak: FP8 linear layers (tensorwise/delayed)
-    blockwise: float = 0.9469  # blockwise (1×128 / 128×128 scaled) FP8 GEMM rate over the tensorwise one
+    blockwise: float = 0.9458  # blockwise (1×128 / 128×128 scaled) FP8 GEMM rate over the tensorwise one
     layer_overhead_s: float = 1.226e-3  # non-GEMM time per transformer layer per microbatch (fwd + bwd) per GPU
     layer_token_s: float = 9.735e-8  # and per token of the GPU's share of the layer (s·b/(CP·TP): elementwise work)
-    moe_token_s: float = 7.353e-7  # non-GEMM time per token per MoE layer (fwd + bwd) beyond a dense layer's
-    grouped_gemm: float = 0.5918  # the routed experts' grouped-GEMM rate over the dense GEMM rate of the dtype
-    a2a_efficiency: float = 0.8646  # achieved fraction of the link bandwidth in the EP all-to-all
+    moe_token_s: float = 6.657e-7  # non-GEMM time per token per MoE layer (fwd + bwd) beyond a dense layer's
+    grouped_gemm: float = 0.6103  # the routed experts' grouped-GEMM rate over the dense GEMM rate of the dtype
+    a2a_efficiency: float = 0.8868  # achieved fraction of the link bandwidth in the EP all-to-all
 
     def replace(self, **changes) -> Constants:
         return dataclasses.replace(self, **changes)
@@ -90,11 +100,19 @@ def fit(
     """The constants that minimise Σ log(predicted/published)² over the rows of `published` (tokens/s/GPU by key),
     each within BOUNDS: scipy's bounded least squares (trust-region reflective) on the constants scaled to their
     start. A constant that none of the rows moves stays at NEUTRAL. `predict(constants)` gives tokens/s/GPU by key."""
+    free = [n for n in NAMES if set(FITTED_ON[n]) & set(published)]
+    base = start.replace(**{n: getattr(NEUTRAL, n) for n in NAMES if n not in free})
+    return fit_free(predict, published, free, base)
+
+
+def fit_free(
+    predict: Callable[[Constants], dict[str, float]], measured: dict[str, float], free: list[str], base: Constants
+) -> Constants:
+    """`base` with the constants named in `free` set to minimise Σ log(predicted/measured)² over the keys of
+    `measured` (any quantity proportional to throughput or to step time, the same in both), within BOUNDS."""
     from scipy.optimize import least_squares
 
-    keys = sorted(published)
-    free = [n for n in NAMES if set(FITTED_ON[n]) & set(keys)]
-    base = start.replace(**{n: getattr(NEUTRAL, n) for n in NAMES if n not in free})
+    keys = sorted(measured)
     scale = [getattr(NEUTRAL, n) for n in free]
 
     def of(x) -> Constants:
@@ -102,7 +120,7 @@ def fit(
 
     def residuals(x):
         got = predict(of(x))
-        return [math.log(got[k] / published[k]) for k in keys]
+        return [math.log(got[k] / measured[k]) for k in keys]
 
     lo = [BOUNDS[n][0] / s for n, s in zip(free, scale, strict=True)]
     hi = [BOUNDS[n][1] / s for n, s in zip(free, scale, strict=True)]
@@ -114,3 +132,111 @@ def fit(
 def rounded(k: Constants) -> Constants:
     """Four significant digits: what FITTED keeps of a fit."""
     return Constants(*(float(f"{getattr(k, n):.4g}") for n in NAMES))
+
+
+# --- error bands and per-cluster calibrations -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Band:
+    """The spread of leave-one-out errors (predicted/measured − 1, on step time) of comparable runs: a run like them
+    should take between step·(1 + low) and step·(1 + high)."""
+
+    low: float
+    high: float
+    runs: int
+    of: str  # which runs: "4 published MoE fp8 runs"
+
+    def to_dict(self) -> dict:
+        return {"low": round(self.low, 4), "high": round(self.high, 4), "runs": self.runs, "of": self.of}
+
+
+def kind(moe: bool, dtype: str) -> str:
+    """The class of comparable runs a band is taken over: dense or MoE, and the precision."""
+    return f"{'MoE' if moe else 'dense'} {dtype}"
+
+
+# Leave-one-out errors on step time of the published runs by class (plan/published.py `bands`, checked by
+# tests/unit_tests/sizing/test_throughput.py): min and max over the class's runs.
+BANDS = {
+    "dense fp8": Band(-0.1194, 0.1067, 9, "9 published dense fp8 runs"),
+    "dense bf16": Band(-0.1044, 0.1082, 2, "2 published dense bf16 runs"),
+    "MoE fp8": Band(-0.0754, 0.1014, 4, "4 published MoE fp8 runs"),
+}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The constants a prediction uses, what to call them, and the bands of their errors."""
+
+    constants: Constants = FITTED
+    label: str = "published"  # or "<cluster> fitted on N runs on <date>"
+    bands: dict = field(default_factory=lambda: dict(BANDS))  # {kind: Band}
+    kept: tuple[str, ...] = ()  # constants the cluster's runs could not move: published values
+
+    def band(self, moe: bool, dtype: str) -> Band:
+        """This calibration's band for the kind, else the published one, else the widest published band of the same
+        family (dense or MoE) with what it is said."""
+        want = kind(moe, dtype)
+        if want in self.bands:
+            return self.bands[want]
+        if want in BANDS:
+            return BANDS[want]
+        family = [b for k, b in BANDS.items() if k.split()[0] == want.split()[0]] or list(BANDS.values())
+        low, high = min(b.low for b in family), max(b.high for b in family)
+        runs = sum(b.runs for b in family)
+        return Band(low, high, runs, f"no {want} run: {runs} published {want.split()[0]} runs of other precisions")
+
+
+PUBLISHED = Calibration()
+# Where make calibrate writes a cluster's fit: inside the checkout's runs/ (git-ignored, like the run directories);
+# OVERLAPKIT_CALIBRATION_DIR elsewhere (the tests' temporary directories).
+CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "runs" / "calibration"
+DIR_VAR = "OVERLAPKIT_CALIBRATION_DIR"
+FIX = "run make calibrate CLUSTER=<name> again, or delete the file to predict with the published constants"
+
+
+def path_of(cluster: str, root: Path | None = None) -> Path:
+    return (root or Path(os.environ.get(DIR_VAR) or CALIBRATION_DIR)) / f"{cluster}.json"
+
+
+def for_cluster(cluster: str | None, root: Path | None = None) -> Calibration:
+    """The calibration make calibrate wrote for `cluster`, or the published one where it wrote none."""
+    if not cluster:
+        return PUBLISHED
+    path = path_of(cluster, root)
+    role = "make calibrate's fit for cluster " + cluster
+    data = jsonio.read_json(path, role=role, fix=FIX, keys=("label", "constants", "bands"), missing_ok=True)
+    if data is None:
+        return PUBLISHED
+    try:
+        constants = FITTED.replace(**{n: float(data["constants"][n]) for n in NAMES})
+        bands = {
+            k: Band(float(b["low"]), float(b["high"]), int(b["runs"]), str(b["of"])) for k, b in data["bands"].items()
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadInput(f"{path}: {type(exc).__name__} {exc}; it should be {role}: {FIX}") from None
+    for n in NAMES:
+        lo, hi = BOUNDS[n]
+        if not lo <= getattr(constants, n) <= hi:
+            raise BadInput(f"{path}: {n}={getattr(constants, n)} is outside [{lo}, {hi}]: {FIX}")
+    return Calibration(constants, str(data["label"]), bands, tuple(data.get("kept", ())))
+
+
+def label(cluster: str, runs: int, when: dt.date) -> str:
+    return f"{cluster} fitted on {runs} runs on {when.isoformat()}"
+
+
+def save(cluster: str, cal: Calibration, runs: list[dict], root: Path | None = None) -> Path:
+    """Write `cal` as `cluster`'s calibration (with the runs it was fitted on) under runs/calibration/."""
+    data = {
+        "cluster": cluster,
+        "label": cal.label,
+        "constants": {n: getattr(cal.constants, n) for n in NAMES},
+        "kept": list(cal.kept),
+        "bands": {k: b.to_dict() for k, b in cal.bands.items()},
+        "runs": runs,
+    }
+    path = path_of(cluster, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return jsonio.write_json(path, data)

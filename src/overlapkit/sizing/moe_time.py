@@ -37,6 +37,21 @@ from overlapkit.topology import expert_group
 # Bytes a dispatched token carries per hidden element: BF16 both ways (the dispatchers move the layer's BF16 input;
 # Megatron Core's FP8 dispatch is a separate option the recipes leave off).
 A2A_BYTES = 2
+# TE CUDA graphs of the router and the dispatcher's preprocess (cuda_graph_impl "transformer_engine", modules
+# moe_router + moe_preprocess, or the whole MoE layer) replay the kernels before the dispatch as one launch: the
+# share of the MoE layer's per-token host-bound time (`moe_token_s`) they remove with the flex dispatcher. Not fitted
+# (no run of the reference graphs them): Megatron-Bridge's CUDA-graph guide (docs/training/cuda-graphs.md,
+# "Representative Validation Patterns", PR NVIDIA-NeMo/Megatron-Bridge#3868) measures "low-teens to low-20s percent"
+# shorter steps for launch-bound mid-sized MoE pretraining with these graphs; `moe_token_s` is about a third of
+# Qwen3 30B-A3B's predicted step, so about half of it goes. With the alltoall dispatcher the same guide measured
+# nothing (Qwen3 30B-A3B, 16 H100, BF16: 42.00 s graphed vs 41.36 s eager): its preprocess hands the split sizes to
+# the host, so the host still waits on every MoE layer.
+GRAPHED_SHARE = 0.5
+# FP8 current scaling of the routed experts' GEMM inputs (TE's GroupedLinear quantises each expert's slice): per
+# element of the token copies entering fc1 (hidden) and fc2 (ffn) forward and of their gradients backward (hidden,
+# gate+up), an amax read (2 B), a cast read and FP8 write (3 B) and the transposed FP8 copy for the wgrad GEMM (1 B).
+# A BF16 run pays none of it; before it was priced, the FP8-fitted `moe_token_s` charged it to BF16 runs too.
+FP8_CAST_BYTES = 6
 # The router's fp32 logits/probabilities pass: written by the gating GEMM, read and written by the fused softmax/top-k,
 # and again in the backward (4 B each, 4 passes).
 ROUTER_PASSES = 4
@@ -54,6 +69,7 @@ class Moe:
     capacity: float | None = None  # moe_expert_capacity_factor; None: dropless
     groups: int = 0  # moe_router_num_groups: group-limited routing (DeepSeek-V3: 8 groups, a token in 4 of them)
     group_topk: int = 0  # moe_router_group_topk
+    graphed: bool = False  # TE CUDA graphs capture the router and the dispatcher's preprocess (GRAPHED_SHARE)
 
     @classmethod
     def of_model(cls, m) -> Moe:
@@ -74,6 +90,7 @@ class Moe:
             getattr(m, "moe_expert_capacity_factor", None),
             getattr(m, "moe_router_num_groups", None) or 0,
             getattr(m, "moe_router_group_topk", None) or 0,
+            graphed_router(m),
         )
 
     @property
@@ -108,6 +125,27 @@ class Moe:
         return min(factor, self.capacity) if self.capacity else factor
 
 
+def graph_modules(m) -> set[str]:
+    """The modules TE/local CUDA graphs capture per layer (cuda_graph_modules, or the deprecated cuda_graph_scope a
+    config from an older Bridge still carries), by name; empty without graphs. An empty list captures the whole layer:
+    {"layer"}."""
+    if getattr(m, "cuda_graph_impl", "none") in ("none", None):
+        return set()
+    scope = getattr(m, "cuda_graph_scope", None)
+    mods = getattr(m, "cuda_graph_modules", None) if scope is None else scope
+    mods = [mods] if isinstance(mods, str) else list(mods or [])
+    names = {str(getattr(x, "name", x)) for x in mods} - {"full"}
+    return names or {"layer"}
+
+
+def graphed_router(m) -> bool:
+    """TE CUDA graphs hold the MoE layer up to the dispatch (router + preprocess, the whole MoE or the whole layer)
+    and the flex dispatcher keeps the host out of the preprocess: the case GRAPHED_SHARE prices."""
+    mods = graph_modules(m)
+    graphed = {"moe_router", "moe_preprocess"} <= mods or bool(mods & {"moe", "layer"})
+    return graphed and m.cuda_graph_impl == "transformer_engine" and m.moe_token_dispatcher_type == "flex"
+
+
 def a2a_bytes(moe: Moe, tokens: float, hidden: int, gpus_per_node: int) -> tuple[float, float]:
     """(network, NVLink) bytes one GPU sends in one all-to-all of `tokens` tokens."""
     per_node, nodes = expert_group(moe.ep, moe.etp, gpus_per_node)
@@ -131,13 +169,20 @@ def router_permute_term(c) -> tuple:
     w, moe = c.w, c.moe
     t = tokens_per_rank(w)
     per_layer = t * (8 * moe.topk * w.hidden * 2 + ROUTER_PASSES * moe.experts * 4) / (c.hw.hbm_tbs * 1e12)
+    cast = 0.0
+    if w.dtype == "fp8":
+        gate_up = w.shape.moe_ffn * (2 if w.shape.gated else 1)
+        cast = t * moe.topk * (2 * w.hidden + w.shape.moe_ffn + gate_up) * FP8_CAST_BYTES / (c.hw.hbm_tbs * 1e12)
     passes = moe.layers / w.pp * c.m
+    host = 1 - GRAPHED_SHARE if moe.graphed else 1.0
     how = (
         f"top-{moe.topk} copies permuted/unpermuted (read + write, fwd + bwd) and the router's logits at HBM "
         f"bandwidth, {per_layer * 1e3:.2f} ms, + {t:.0f} tokens × {c.k.moe_token_s * 1e9:.0f} ns per MoE "
         "layer/microbatch"
+        + (f" × {host:.0%} (TE CUDA graphs of the router and preprocess)" if moe.graphed else "")
+        + (f"; FP8 casts of the experts' inputs {cast * 1e3:.2f} ms" if cast else "")
     )
-    return ("MoE router + permute", (per_layer + c.k.moe_token_s * t) * passes, how)
+    return ("MoE router + permute", (per_layer + cast + c.k.moe_token_s * t * host) * passes, how)
 
 
 def expert_term(c, rate: float, recomputed: float) -> tuple:

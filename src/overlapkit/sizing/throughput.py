@@ -12,7 +12,10 @@ The model (docs/throughput.md has the derivation, the sources and the validation
   `layer_overhead_s` + `layer_token_s` per token of the GPU's s·b/(CP·TP) share, per layer per microbatch: the
   non-GEMM time (norms, activations, RoPE, FP8 casts, launches), so the fixed part weighs most on small per-GPU
   slices of a layer (TP, MBS 1).
-- MoE: router, permute, expert GEMMs, all-to-all and EP overlap (sizing/moe_time.py).
+- MoE: router, permute, expert GEMMs, all-to-all and EP overlap, TE CUDA graphs of the router and preprocess
+  (sizing/moe_time.py).
+- the output layer on the last pipeline stage: without a virtual pipeline or a loss slot in the split, the last
+  stage's excess over the even share (a pipeline goes at its slowest stage).
 - TP: per layer and microbatch 4 all-gathers + 4 reduce-scatters of the [s·b/CP, h] activation over NVLink (2 + 2 in
   an MoE layer: its experts are not TP-split at ETP 1; FP8 all-gathers carry 1 B/element); hidden by userbuffers
   except the last of its TP pipelined chunks when the overlap table says tp_comm_overlap "on", all exposed otherwise.
@@ -27,7 +30,9 @@ The model (docs/throughput.md has the derivation, the sources and the validation
 - optimizer: Adam's memory traffic over the GPU's optimizer shard at HBM bandwidth.
 
 Hardware numbers are datasheet figures (sizing/hardware.py, cited); the fitted constants, each with the published
-rows it is fitted on, are sizing/calibration.py's; plan/published.py refits them and the tests check every row.
+rows it is fitted on, are sizing/calibration.py's; plan/published.py refits them and the tests check every row. A
+prediction uses its Inputs' calibration (published, or a cluster's from make calibrate) and carries its label and the
+leave-one-out band of comparable runs; what the model does not price, sizing/knobs.py names.
 """
 
 from __future__ import annotations
@@ -87,6 +92,8 @@ class Prediction:
     mfu: float  # model TFLOP/s/GPU ÷ the dense BF16 peak (NVIDIA's convention in its performance summaries)
     gpu: str
     terms: list = field(default_factory=list)  # (name, seconds, how)
+    calibration: str = "published"  # which constants: "published", or "<cluster> fitted on N runs on <date>"
+    band: calibration.Band | None = None  # leave-one-out spread of comparable runs: measured/predicted step − 1
 
     def to_dict(self) -> dict:
         return {
@@ -100,12 +107,23 @@ class Prediction:
                 for n, s, h in self.terms
             ],
             "calibrated_on": sorted({k for rows in calibration.FITTED_ON.values() for k in rows}),
+            "calibration": self.calibration,
+            "band": self.band.to_dict() if self.band else None,
         }
 
     def summary(self) -> str:
+        """Two lines: the prediction, then its band and the constants it used."""
+        band = "no band"
+        if self.band:
+            b = self.band
+            band = (
+                f"band {self.step_s * (1 + b.low):.2f}–{self.step_s * (1 + b.high):.2f} s/step (leave-one-out "
+                f"{b.low:+.0%}…{b.high:+.0%} on {b.of})"
+            )
         return (
             f"predicted on {hardware(self.gpu).name}: {self.step_s:.2f} s/step · {self.tokens_per_gpu_s:,.0f} "
-            f"tokens/s/GPU · {self.tflops_per_gpu:.0f} TFLOP/s/GPU · MFU {self.mfu:.1%} (docs/throughput.md)"
+            f"tokens/s/GPU · {self.tflops_per_gpu:.0f} TFLOP/s/GPU · MFU {self.mfu:.1%} (docs/throughput.md)\n"
+            f"{band}; constants: {self.calibration}"
         )
 
     def share(self, name: str) -> float:
@@ -202,7 +220,27 @@ def compute_terms(c: _Ctx) -> list:
     ]
     if c.moe.experts:
         out += [moe_time.expert_term(c, c.linear_rate, rec), moe_time.router_permute_term(c)]
+    if last := last_stage_term(c):
+        out.append(last)
     return out
+
+
+def last_stage_term(c: _Ctx):
+    """The output layer runs on the last pipeline stage only, and a pipeline goes at its slowest stage: the last
+    stage's output-layer time beyond the even share `compute` spreads over every stage. None where the split already
+    gives the loss a layer's slot (account_for_loss_in_pipeline_split) or an explicit layout places the stages, and
+    on an interleaved schedule: the published interleaved runs (Llama3 70B, GPT3 175B, Llama3.1 405B) do not show it
+    (fitted with it there, the Llama3.1 405B rows leave the validation bar: docs/throughput.md), so it is priced
+    where a stage's layers run as one chunk (GPT-OSS 120B: 9 layers and a 201k-vocabulary output layer)."""
+    w = c.w
+    if w.pp == 1 or w.account_loss or w.first_chunks or w.vpp:
+        return None
+    even = c.flops.logits / c.rate("bf16") * w.gbs / c.gpus
+    return (
+        "output layer on the last stage",
+        even * (w.pp - 1),
+        f"{c.flops.logits / c.flops.total:.1%} of the FLOPs on 1 of {w.pp} stages (no loss slot in the split)",
+    )
 
 
 def tp_term(c: _Ctx, on: bool):
@@ -315,17 +353,24 @@ class Inputs:
     moe: Moe = field(default_factory=Moe)
     bucket: int | None = None
     gpu: str = "h100"
+    calibration: calibration.Calibration = calibration.PUBLISHED  # the cluster's (make calibrate) or the published
 
     def predict(self, constants: Constants | None = None, overlaps: Overlaps | None = None) -> Prediction:
-        return predict(
+        """With this input's calibration (its label and band on the prediction), or with `constants` (a fit's
+        trial: no label, no band)."""
+        pred = predict(
             self.w,
             self.flops,
             overlaps or self.overlaps,
             gpu=self.gpu,
             moe=self.moe,
             bucket=self.bucket,
-            constants=constants,
+            constants=constants or self.calibration.constants,
         )
+        if constants is None:
+            pred.calibration = self.calibration.label
+            pred.band = self.calibration.band(bool(self.moe.experts), self.w.dtype)
+        return pred
 
 
 def predict(

@@ -30,7 +30,7 @@ MODEL = (
     "moe_flex_dispatcher_backend moe_hybridep_num_sms moe_shared_expert_overlap moe_router_fusion "
     "moe_router_force_load_balancing moe_permute_fusion moe_grouped_gemm recompute_granularity recompute_modules "
     "recompute_method recompute_num_layers mtp_num_layers bias_activation_fusion apply_rope_fusion "
-    "cross_entropy_fusion_impl cuda_graph_impl cuda_graph_scope"
+    "cross_entropy_fusion_impl cuda_graph_impl"
 ).split()
 RESOLVED = "tp_comm_overlap overlap_p2p_comm overlap_moe_expert_parallel_comm delay_wgrad_compute".split()
 PRECISION = "bf16 fp8 fp8_recipe fp8_param_gather first_last_layers_bf16 grad_reduce_in_fp32".split()
@@ -60,6 +60,12 @@ def perf_recipe(name: str):
 def fields(cfg, target: Target, env: dict) -> dict:
     res = resolve(cfg, target)
     out = {f"model.{k}": getattr(cfg.model, k, None) for k in MODEL}
+    # The captured modules under either name (NVIDIA's perf recipes still write the deprecated cuda_graph_scope;
+    # ours the current cuda_graph_modules); none without graphs.
+    m = cfg.model
+    modules = m.cuda_graph_modules if m.cuda_graph_scope is None else m.cuda_graph_scope
+    modules = [] if m.cuda_graph_impl == "none" or modules in (None, "full") else modules
+    out["model.cuda_graph_modules"] = [modules] if isinstance(modules, str) else [str(x) for x in modules]
     if cfg.model.moe_token_dispatcher_type != "flex":  # Megatron Core reads the backend only with the flex dispatcher
         out["model.moe_flex_dispatcher_backend"] = out["model.moe_hybridep_num_sms"] = None
     out |= {f"resolved.{k}": getattr(res.model, k, None) for k in RESOLVED}
@@ -135,3 +141,13 @@ def test_shipped_hf_configs_reach_the_megatron_provider(name):
         assert m.moe_shared_expert_intermediate_size == hf["n_shared_experts"] * hf["moe_intermediate_size"]
         assert (m.q_lora_rank, m.kv_lora_rank, m.mtp_num_layers) == (hf["q_lora_rank"], hf["kv_lora_rank"], 1)
         assert m.moe_layer_freq[: hf["first_k_dense_replace"] + 1] == [0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("name", MOE[:2] + ["llama3_8b_pretrain_8gpu_h100_bf16"])
+def test_recipes_set_cuda_graphs_through_the_current_field(name):
+    """Megatron Core 0.19 deprecates cuda_graph_scope (migrated to cuda_graph_modules in __post_init__): the recipes
+    write cuda_graph_modules and leave the old name unset, whatever their Bridge base wrote."""
+    m = make_plan(name, caller_env={}).cfg.model
+    assert m.cuda_graph_scope is None
+    expected = ["moe_router", "moe_preprocess"] if name == MOE[0] else []  # Bridge's 16-GPU BF16 Qwen3 recipe graphs
+    assert [str(getattr(x, "name", x)) for x in m.cuda_graph_modules] == expected

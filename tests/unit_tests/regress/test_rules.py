@@ -349,6 +349,27 @@ def test_report_shows_predicted_vs_measured_and_flags_a_run_20_percent_under(tmp
         "—", None)  # fmt: skip
 
 
+def test_with_a_band_the_report_flags_a_run_beyond_either_edge(tmp_path):
+    """plan.json's band (leave-one-out spread of comparable runs: measured/predicted step − 1 within [low, high])
+    replaces the fixed 20%: an 11.1% longer step is flagged under a +10.7% edge, a 16.7% shorter one beyond a −7.1%
+    edge says the calibration is stale, one inside says nothing."""
+    band = {"low": -0.071, "high": 0.107, "runs": 4, "of": "4 published MoE fp8 runs"}
+    for step, side in ((2000.0, "under"), (1500.0, "over"), (1850.0, None)):
+        d = _run_dir(tmp_path, f"band{step:.0f}", bridge_log(curve(N), [step] * N))
+        plan = {**PLAN, "throughput": {"step_time_s": 1.8, "band": band}}
+        (d / "plan.json").write_text(json.dumps(plan))
+        entry = {"recipe": PLAN["recipe"], "nodes": 8, "dp": 2, "run_dir": str(d), "job_id": "1"}
+        res = night_report.evaluate(entry, "COMPLETED", [d / "train.log"], tmp_path / "none", preflight_only=False)
+        assert regress.beyond_band(1800.0, step, band) == side
+        note = night_report.vs_prediction(res)[1]
+        assert (note is None) is (side is None)
+        if side == "under":
+            assert "10% under the predicted throughput" in note and "4 published MoE fp8 runs" in note
+        if side == "over":
+            assert "above the predicted throughput" in note and "make calibrate" in note
+    assert regress.beyond_band(1800.0, 2000.0, None) is None  # without a band: 20% under, as before
+
+
 WORTH = {  # plan.json's throughput.overlap_worth (sizing/worth.py), largest first
     "tp": {"row": "tp_comm_overlap", "off_step_s": 2.6, "delta_s": 0.6, "delta_pct": 30.0},
     "p2p": {"row": "overlap_p2p_comm", "off_step_s": 2.1, "delta_s": 0.1, "delta_pct": 5.0},

@@ -142,7 +142,7 @@ def _cpu_buildable(m):
     m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend, m.moe_shared_expert_overlap = "allgather", None, False
     m.gradient_accumulation_fusion = m.apply_rope_fusion = m.masked_softmax_fusion = m.persist_layer_norm = False
     m.bias_activation_fusion = m.moe_router_fusion = m.moe_permute_fusion = m.cross_entropy_loss_fusion = False
-    m.cuda_graph_impl, m.cuda_graph_scope, m.use_te_rng_tracker = "none", [], False
+    m.cuda_graph_impl, m.cuda_graph_modules, m.cuda_graph_scope, m.use_te_rng_tracker = "none", [], None, False
     m.recompute_granularity = m.recompute_modules = None
     m.mtp_num_layers = None  # Bridge builds the MTP block with TE only (gpt_provider.mtp_block_spec): see MTP test
     if m.multi_latent_attention:

@@ -99,6 +99,12 @@ def test_docs_tables_are_the_recomputed_ones(runs):
     doc = published.DOC.read_text()
     assert published.table(rows) in doc
     assert published.constants_table() in doc
+    assert published.bands_table(calibration.BANDS) in doc
+
+
+def test_the_bands_are_the_leave_one_out_spread_of_each_class(runs):
+    *_, rows = runs
+    assert published.bands(rows) == calibration.BANDS
 
 
 def test_parse_reads_the_reference_rows():

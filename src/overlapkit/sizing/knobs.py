@@ -1,0 +1,110 @@
+"""The settings a plan sets that move its step time but that the throughput model does not price: each with the way
+it moves the step and why the model leaves it out (docs/throughput.md, "What the model does not price").
+
+The model prices the layout, the precision, recompute of core attention and whole layers, the overlaps, the
+dispatcher's traffic, the busiest EP rank under random routing, and TE CUDA graphs of the MoE router and preprocess
+on the flex dispatcher (sizing/moe_time.py GRAPHED_SHARE). Everything below it reads from the plan's config and
+names instead: `make plan` prints them under "not modelled", plan.json carries them under
+`throughput.not_modelled`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from overlapkit.sizing import moe_time
+
+# Megatron Core's selective-recompute modules whose forward the model prices (throughput._attention_recomputed).
+PRICED_RECOMPUTE = {"core_attn"}
+
+
+@dataclass(frozen=True)
+class Knob:
+    setting: str  # "model.cuda_graph_modules=[attn]"
+    direction: str  # "faster", "slower", "either way"
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"setting": self.setting, "direction": self.direction, "why": self.why}
+
+
+def _graphs(m) -> list[Knob]:
+    mods = moe_time.graph_modules(m)
+    if not mods:
+        return []
+    priced = {"moe_router", "moe_preprocess"} if moe_time.graphed_router(m) else set()
+    rest = sorted(mods - priced)
+    if not rest:
+        return []
+    setting = f"model.cuda_graph_impl={m.cuda_graph_impl} cuda_graph_modules={rest}"
+    why = (
+        "host launch time of the captured kernels removed; Megatron-Bridge's CUDA-graph guide measures neutral to "
+        "~25% shorter steps, neutral on Qwen3 30B-A3B with the alltoall dispatcher"
+    )
+    if priced:
+        why = "beyond the router and preprocess the model prices: " + why
+    return [Knob(setting, "faster", why)]
+
+
+def _moe(m) -> list[Knob]:
+    out = []
+    if not getattr(m, "moe_router_fusion", False):
+        out.append(Knob("model.moe_router_fusion=False", "slower", "unfused router top-k; every published run fuses"))
+    if not getattr(m, "moe_permute_fusion", False):
+        out.append(
+            Knob("model.moe_permute_fusion=False", "slower", "unfused permute/unpermute; every published run fuses")
+        )
+    if m.moe_token_dispatcher_type == "flex":
+        backend = getattr(m, "moe_flex_dispatcher_backend", None)
+        sms = getattr(m, f"moe_{backend}_num_sms", None) if backend else None
+        out.append(
+            Knob(
+                f"model.moe_flex_dispatcher_backend={backend} ({sms} SMs)",
+                "either way",
+                "SMs the dispatch kernels hold are taken from overlapped GEMMs; the all-to-all is priced at the "
+                "fitted link efficiency whatever the SM count",
+            )
+        )
+    if getattr(m, "moe_shared_expert_intermediate_size", None) and getattr(m, "moe_shared_expert_overlap", False):
+        out.append(
+            Knob(
+                "model.moe_shared_expert_overlap=True", "faster", "shared experts beside the dispatch; priced in series"
+            )
+        )
+    if not getattr(m, "moe_router_force_load_balancing", False):
+        out.append(
+            Knob(
+                "model.moe_router_force_load_balancing=False",
+                "slower",
+                "a learned router's imbalance; the busiest EP rank is priced under random routing, as the published "
+                "runs force it",
+            )
+        )
+    return out
+
+
+def not_modelled(m, train) -> list[Knob]:
+    """What the plan's model config `m` (as Bridge resolved it) and `train` set that moves the step and the model does
+    not price."""
+    out = _graphs(m)
+    if getattr(m, "num_moe_experts", None):
+        out += _moe(m)
+    if m.recompute_granularity == "selective":
+        mods = sorted(set(m.recompute_modules or ["core_attn"]) - PRICED_RECOMPUTE)
+        if mods:
+            out.append(
+                Knob(f"model.recompute_modules={mods}", "slower", "their forward re-runs in the backward; not priced")
+            )
+    if getattr(train, "manual_gc", False):
+        out.append(
+            Knob(
+                f"train.manual_gc=True (every {train.manual_gc_interval} steps)",
+                "slower on those steps",
+                "a collection on every rank at once instead of random pauses; not priced",
+            )
+        )
+    else:
+        out.append(Knob("train.manual_gc=False", "slower", "Python's collector pauses ranks at random; not priced"))
+    if getattr(m, "delay_wgrad_compute", False):
+        out.append(Knob("model.delay_wgrad_compute=True", "either way", "Bridge measured it neutral; not priced"))
+    return out
