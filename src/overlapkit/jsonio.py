@@ -1,11 +1,16 @@
-"""The one JSON writer: indented, newline-terminated, and atomic (a reader never sees half a file); and the one
-reader: lenient for files that may not be there yet, strict (one line naming the file's role and the fix) for a
-file a command needs."""
+"""The one file writer: atomic (a reader never sees half a file) and never through a planted link; the JSON writer on
+it (indented, newline-terminated); and the one JSON reader: lenient for files that may not be there yet, strict (one
+line naming the file's role and the fix) for a file a command needs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
 from pathlib import Path
+
+from overlapkit.errors import BadInput
 
 
 def dumps(data) -> str:
@@ -13,15 +18,35 @@ def dumps(data) -> str:
 
 
 def write_json(path: Path, data) -> Path:
-    """Write a sibling temp file, then rename it over `path`: a crash leaves the old file or the new, never half."""
+    return write_text(path, dumps(data))
+
+
+def write_text(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
+    """Write a new temp file in `path`'s directory, created exclusively under a random name (O_EXCL|O_NOFOLLOW: a
+    link planted there is never followed, and the name cannot be guessed), then rename it over `path`: a crash leaves
+    the old file or the new, never half, and a link at `path` itself is replaced, its target untouched. `mode` is
+    subject to the umask, as open(2)'s is."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(data))
-    tmp.replace(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:  # 48 random bits taken: another writer's, or planted; draw again
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     return path
 
 
-class FileProblem(ValueError):
+class FileProblem(BadInput):
     """A JSON file a command needs is missing or not what it should be: one line naming the file, what it is (its
     role), what is wrong with it, and what to do."""
 

@@ -128,6 +128,9 @@ def nsys_problem(opts: RunOptions, train_iters: int | None, world: int) -> str |
 # `make overlap-report RUN=` writes (launch/overlap_report.py), the job's first profiled rank writes too, and the
 # nightly reads and links (regress/night_report.py). Here, below every stage that names them (the sbatch script too).
 NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG = "nsys", "overlap_report.json", "overlap_timeline.png"
+# The PyTorch profiler's traces of a TORCH_PROFILE run, one rank-<R>.json.gz per profiled rank (Bridge's own file
+# name, training/profiling.py), copied there in the job (regress/profiled.py).
+TORCH_DIR = "torch_profile"
 
 
 def perturbed_iterations(window: tuple[int, int] | None) -> range:
