@@ -135,10 +135,12 @@ class Layout:
             # alltoall dispatcher: torch's all_to_all_single is grouped ncclSend/ncclRecv, one SendRecv kernel
             # (NCCL has no all-to-all kernel: src/collectives.cc v2.21).
             "SendRecv": ("pp", "cp") + (("ep",) if a2a else ()),
-            # Megatron's broadcast_data of each batch within the TP group (megatron/core/tensor_parallel/data.py),
-            # and DDP's broadcast of module buffers at each forward (torch/nn/parallel/distributed.py
-            # _sync_buffers, broadcast_buffers=True) over the data-parallel group.
-            "Broadcast": ("tp", "dp"),
+            # Megatron's broadcast_data of each batch within the TP group (megatron/core/tensor_parallel/data.py);
+            # without TP, torch DDP's broadcast of module buffers at each forward (torch/nn/parallel/distributed.py
+            # _sync_buffers, broadcast_buffers=True) over the data-parallel group. Megatron's own DDP broadcasts
+            # nothing per step (megatron/core/distributed/distributed_data_parallel.py: broadcast_params at setup
+            # only), so with TP > 1 a per-step Broadcast is TP's.
+            "Broadcast": ("tp",) if self.tp > 1 else ("dp",),
             "Reduce": ("dp",),
         }
         who["AllGatherV"] = who["AllGather"]
