@@ -101,8 +101,9 @@ plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded for p
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
 	@$(PY) -m launch.new_recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" $(FORK_FLAGS) --args="$$ARGS"
 
-bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side
+bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`; the overlap report on 8 x 200k kernels vs a plain sweep
 	@$(PY) bench/plan_all.py
+	@$(PY) bench/overlap_report.py
 
 gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by side (CUDA; CUTS="llama3_8b", ARGS=--list on CPU)
 	@$(PY) bench/gpu_cut.py --cuts="$$CUTS" --args="$$ARGS"
