@@ -36,10 +36,14 @@ RUN_NAME ?=
 SEGMENTS ?=
 NSYS    ?=
 NSYS_RANKS ?=
+# The PyTorch profiler instead of Nsight (clusters without nsys): TORCH_PROFILE=<start>:<end>, TORCH_PROFILE_RANKS=0,8.
+TORCH_PROFILE ?=
+TORCH_PROFILE_RANKS ?=
 # make overlap-report: a profile (an .sqlite / .nsys-rep export, or a directory of them) with RECIPE=, or RUN=; PNG= the timeline.
 PROFILE ?=
 PNG     ?=
 RUN_FLAGS = --data="$$DATA" --run-name="$$RUN_NAME" --segments="$$SEGMENTS" --nsys="$$NSYS" --nsys-ranks="$$NSYS_RANKS" \
+  --torch-profile="$$TORCH_PROFILE" --torch-profile-ranks="$$TORCH_PROFILE_RANKS" \
   --gpu="$$GPU"
 # make prep-data: JSONL file or directory → Megatron .bin/.idx + OUT/data.toml
 IN      ?=
@@ -61,7 +65,7 @@ PYTEST_ARGS ?=
 # $HOME stay text), exported, and named by the commands below as "$$VAR" (the shell hands its bytes over as one
 # argument, --flag=value, so even "--help" is a value). Our checks then answer whatever it holds (launch/args.py).
 DATA_VARS := RECIPE NODES SET FORMAT CLUSTER GPU DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
-  FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
+  FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS TORCH_PROFILE TORCH_PROFILE_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
   RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG
 $(foreach v,$(DATA_VARS),$(eval override $(v) := $$(value $(v))))
 export $(DATA_VARS)
