@@ -36,10 +36,14 @@ RUN_NAME ?=
 SEGMENTS ?=
 NSYS    ?=
 NSYS_RANKS ?=
+# The PyTorch profiler instead of Nsight (clusters without nsys): TORCH_PROFILE=<start>:<end>, TORCH_PROFILE_RANKS=0,8.
+TORCH_PROFILE ?=
+TORCH_PROFILE_RANKS ?=
 # make overlap-report: a profile (an .sqlite / .nsys-rep export, or a directory of them) with RECIPE=, or RUN=; PNG= the timeline.
 PROFILE ?=
 PNG     ?=
 RUN_FLAGS = --data="$$DATA" --run-name="$$RUN_NAME" --segments="$$SEGMENTS" --nsys="$$NSYS" --nsys-ranks="$$NSYS_RANKS" \
+  --torch-profile="$$TORCH_PROFILE" --torch-profile-ranks="$$TORCH_PROFILE_RANKS" \
   --gpu="$$GPU"
 # make prep-data: JSONL file or directory → Megatron .bin/.idx + OUT/data.toml
 IN      ?=
@@ -63,7 +67,7 @@ PYTEST_ARGS ?=
 # $HOME stay text), exported, and named by the commands below as "$$VAR" (the shell hands its bytes over as one
 # argument, --flag=value, so even "--help" is a value). Our checks then answer whatever it holds (launch/args.py).
 DATA_VARS := RECIPE NODES SET FORMAT CLUSTER GPU DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
-  FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
+  FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS TORCH_PROFILE TORCH_PROFILE_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
   RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG RUNS
 $(foreach v,$(DATA_VARS),$(eval override $(v) := $$(value $(v))))
 export $(DATA_VARS)
@@ -106,8 +110,9 @@ plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded betwe
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
 	@$(PY) -m launch new-recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" --cluster="$$CLUSTER" $(FORK_FLAGS) --args="$$ARGS"
 
-bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`, side by side
+bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`; the overlap report on 8 x 200k kernels vs a plain sweep
 	@$(PY) bench/plan_all.py
+	@$(PY) bench/overlap_report.py
 
 gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by side (CUDA; CUTS="llama3_8b", ARGS=--list on CPU)
 	@$(PY) bench/gpu_cut.py --cuts="$$CUTS" --args="$$ARGS"

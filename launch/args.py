@@ -136,11 +136,13 @@ def flag_name(flag: str) -> str:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """The run options every entry that builds a run takes (make plan, submit, sbatch, run-local): RUN_NAME,
-    SEGMENTS, NSYS, NSYS_RANKS, DATA; overlapkit.plan.runopts.parse checks them."""
+    SEGMENTS, NSYS, NSYS_RANKS, TORCH_PROFILE, TORCH_PROFILE_RANKS, DATA; overlapkit.plan.runopts.parse checks them."""
     p.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>; resume from them")
     p.add_argument("--segments", default="", help="N chained jobs (afterany), each resuming from the last")
     p.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
     p.add_argument("--nsys-ranks", default="", help="ranks Nsight profiles (default 0)")
+    p.add_argument("--torch-profile", default="", help="<start>:<end>: the PyTorch profiler on those iterations")
+    p.add_argument("--torch-profile-ranks", default="", help="ranks the PyTorch profiler profiles (default 0)")
     p.add_argument("--data", default="", help="a data.toml (make prep-data); default: mock data")
     add_gpu_option(p)
 
@@ -150,7 +152,8 @@ def add_gpu_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="", help="GPU the run executes on: h100 (default) or h200")
 
 
-RUN_OPTIONS = ("run_name", "segments", "nsys", "nsys_ranks", "data")  # add_run_options' destinations
+# add_run_options' destinations
+RUN_OPTIONS = ("run_name", "segments", "nsys", "nsys_ranks", "torch_profile", "torch_profile_ranks", "data")
 
 
 def run_text(args) -> dict:

@@ -17,7 +17,9 @@
 
 With NSYS=a:b, before any of this, a profiled rank starts itself again under `nsys profile` (the child goes through
 the steps above) and exports the report when the child ends; the first profiled rank then writes the run's overlap
-report, and every rank waits for it after training (overlapkit/regress/profiled.py).
+report, and every rank waits for it after training (overlapkit/regress/profiled.py). With TORCH_PROFILE=a:b, Bridge's
+PyTorch profiler traces those steps in the training itself; after it, the profiled ranks copy their traces into the
+run directory and the first one writes the report the same way.
 
 It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin) work
 unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
@@ -145,7 +147,8 @@ def main(argv=None) -> int:
         chain.cancel_if_over(args.run_dir, args.segment, plan.get("run") or {}, cfg) if rec["rank"] == 0 else ()
     ):
         print(line)  # the later segments would only start to exit
-    profiled.after_training(args.run_dir, plan)  # no task may exit while a profiled rank still exports (srun --wait)
+    # no task may exit while a profiled rank still exports (srun --wait); TORCH_PROFILE: Bridge's trace kept, reported
+    profiled.after_training(args.run_dir, plan, cfg.logger.tensorboard_dir)
     return 0
 
 

@@ -1,9 +1,11 @@
-"""`make overlap-report`: how much of each class of communication the overlaps hid, from the run's own Nsight Systems
-profile, and the plan's overlap claims checked against it (docs/overlap_report.md).
+"""`make overlap-report`: how much of each class of communication the overlaps hid, from the run's own profile
+(Nsight Systems' SQLite export or the PyTorch profiler's trace), and the plan's overlap claims checked against it
+(docs/overlap_report.md).
 
-RUN=<run dir> reads the run's plan.json and its nsys/ profiles; PROFILE=<file or dir> with RECIPE= (SET=, NODES=)
-plans the recipe as `make plan` does. Exit status: 0 when the claims hold, 1 when a finding is an error, 2 for bad
-input (a missing, empty, corrupt or foreign file; an unknown recipe; a bad SET).
+RUN=<run dir> reads the run's plan.json and its nsys/ or torch_profile/ profiles (NODES=, SET= and GPU= are refused
+there, RECIPE= ignored: the run's plan is the one it ran with); PROFILE=<file or dir> with RECIPE= (SET=, NODES=,
+GPU=) plans the recipe as `make plan` does. PNG= must end in .png. Exit status: 0 when the claims hold, 1 when a
+finding is an error, 2 for bad input (a missing, empty, corrupt or foreign file; an unknown recipe; a bad SET).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ ROOT = stack.REPO_ROOT
 def parse(argv):
     p = Parser(prog="make overlap-report", description=__doc__)
     p.add_argument("--run", default="", help="a run directory (runs/<recipe>-<time>) with its profiles in nsys/")
-    p.add_argument("--profile", default="", help="an .sqlite / .nsys-rep export, or a directory of them (one per rank)")
+    p.add_argument(
+        "--profile", default="", help="an .sqlite / .nsys-rep export or a PyTorch trace (.json, .json.gz), or a dir"
+    )
     p.add_argument("--recipe", default="", help="the recipe the profiled run was planned from (with --profile)")
     p.add_argument("--nodes", default="", help="8-GPU nodes of the profiled run (default: the recipe's)")
     p.add_argument("--set", default="", help="the SET overrides of the profiled run")
@@ -42,16 +46,25 @@ def check(args) -> bool:
     """Everything checked before the Bridge import: which input, the profiles' presence, the request. PROFILE= plans
     the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
     from overlapkit.plan import request
+    from overlapkit.plan.runopts import OVERLAP_JSON
     from overlapkit.regress.nsys_sqlite import profile_files
 
     if args.run and args.profile:
         raise BadInput("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
     if not args.run and not args.profile:
         raise BadInput("nothing to report: give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>")
+    if args.png and not args.png.lower().endswith(".png"):
+        raise BadInput(f"PNG={args.png!r}: the timeline is a PNG; give a path ending in .png")
     args.files = args.request = None
     if args.run:
+        # RECIPE= has the Makefile's default, so it cannot be told from one typed: it is ignored here, as documented
+        if given := [k.upper() + "=" for k in ("nodes", "set", "gpu") if getattr(args, k).strip()]:
+            raise BadInput(
+                f"RUN= reports the run with the plan it ran with (its plan.json): {', '.join(given)} would not "
+                "apply; drop them, or give PROFILE=<its profiles> RECIPE=... to plan another way"
+            )
         return False
-    args.files = profile_files(Path(args.profile))
+    args.files = profile_files(Path(args.profile), skip=(OVERLAP_JSON,))
     args.request = request.parse(args.recipe, args.nodes, args.set, action="overlap-report", gpu=args.gpu)
     return True
 

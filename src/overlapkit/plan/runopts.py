@@ -1,5 +1,6 @@
 """What makes a benchmark a pretraining run: RUN_NAME (checkpoints and logs that outlive the job), SEGMENTS (a run
-longer than the time limit, as chained jobs), NSYS (an Nsight Systems window) and DATA (plan/data.py).
+longer than the time limit, as chained jobs), NSYS (an Nsight Systems window), TORCH_PROFILE (a PyTorch-profiler
+window, for clusters without Nsight Systems) and DATA (plan/data.py).
 
 Parsed before the Bridge import (one line per bad value), applied to the built config by `apply`, in the plan and
 again in the job (the options travel in the run directory's overrides.json), and audited by `findings`:
@@ -49,6 +50,8 @@ class RunOptions:
     segments: int = 1
     nsys: tuple[int, int] | None = None  # profile_step_start, profile_step_end
     nsys_ranks: tuple[int, ...] = (0,)
+    torch_profile: tuple[int, int] | None = None  # the PyTorch profiler's window: profile_step_start, _end
+    torch_profile_ranks: tuple[int, ...] = (0,)
     data: dict | None = None  # plan.data.DataSpec.to_dict(), re-checked where it is applied
     job_dir: str = ""  # the profile's shared job directory (checkpoints live under it)
     time_limit_min: int | None = None  # per segment
@@ -67,7 +70,19 @@ class RunOptions:
         if d.get("nsys"):
             d["nsys"] = tuple(d["nsys"])
         d["nsys_ranks"] = tuple(d.get("nsys_ranks") or (0,))
+        if d.get("torch_profile"):
+            d["torch_profile"] = tuple(d["torch_profile"])
+        d["torch_profile_ranks"] = tuple(d.get("torch_profile_ranks") or (0,))
         return cls(**d)
+
+    @property
+    def window(self) -> tuple[str, tuple[int, int], tuple[int, ...]] | None:
+        """The profiled window, whichever profiler: (knob name, (start, end), ranks), or None."""
+        if self.nsys:
+            return "NSYS", self.nsys, self.nsys_ranks
+        if self.torch_profile:
+            return "TORCH_PROFILE", self.torch_profile, self.torch_profile_ranks
+        return None
 
 
 def whole(text: str) -> int | None:
@@ -77,19 +92,37 @@ def whole(text: str) -> int | None:
     return int(t) if t.isascii() and t.isdigit() else None
 
 
+def parse_window(text: str, ranks: str, knob: str) -> tuple[tuple[int, int] | None, tuple[int, ...]]:
+    """A profiler's window `<start>:<end>` and its ranks, as typed for `knob` (NSYS or TORCH_PROFILE)."""
+    t = (text or "").strip()
+    if not t:
+        if (ranks or "").strip():
+            raise BadInput(f"{knob}_RANKS= without {knob}=<start>:<end>: give the profiled steps too")
+        return None, (0,)
+    m = re.fullmatch(r"(\d+):(\d+)", t, re.ASCII)
+    if not m or int(m.group(1)) >= int(m.group(2)):
+        raise BadInput(f"{knob}={text!r}: use <start>:<end> iterations with start < end, e.g. {knob}=10:12")
+    if int(m.group(2)) > INT64_MAX:
+        raise BadInput(f"{knob}={text!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
+    parts = [whole(p) for p in (ranks or "0").split(",")]
+    if None in parts:
+        raise BadInput(f"{knob}_RANKS={ranks!r}: comma-separated global ranks, e.g. {knob}_RANKS=0,8")
+    return (int(m.group(1)), int(m.group(2))), tuple(sorted(set(parts)))
+
+
 def nsys_problem(opts: RunOptions, train_iters: int | None, world: int) -> str | None:
-    """The Nsight window against the built run: its steps within train.train_iters (Bridge's profiler never starts
-    past the last step, so the job would end with no profile), its ranks within the world size."""
-    if not opts.nsys:
+    """The profiler's window (NSYS or TORCH_PROFILE) against the built run: its steps within train.train_iters
+    (Bridge's profiler never starts past the last step, so the job would end with no profile), its ranks within the
+    world size."""
+    if (window := opts.window) is None:
         return None
-    if train_iters is not None and opts.nsys[1] > train_iters:
-        return (
-            f"NSYS={opts.nsys[0]}:{opts.nsys[1]}: the run ends at iteration {train_iters} (train.train_iters): "
-            f"use an end ≤ {train_iters}"
-        )
-    if beyond := [r for r in opts.nsys_ranks if r >= world]:
-        ranks = ",".join(map(str, opts.nsys_ranks))
-        return f"NSYS_RANKS={ranks}: rank {beyond[0]} is beyond the run's {world} ranks: use ranks 0..{world - 1}"
+    knob, (a, b), ranks = window
+    if train_iters is not None and b > train_iters:
+        end = f"use an end ≤ {train_iters}"
+        return f"{knob}={a}:{b}: the run ends at iteration {train_iters} (train.train_iters): {end}"
+    if beyond := [r for r in ranks if r >= world]:
+        text = ",".join(map(str, ranks))
+        return f"{knob}_RANKS={text}: rank {beyond[0]} is beyond the run's {world} ranks: use ranks 0..{world - 1}"
     return None
 
 
@@ -98,6 +131,9 @@ def nsys_problem(opts: RunOptions, train_iters: int | None, world: int) -> str |
 # `make overlap-report RUN=` writes (launch/overlap_report.py), the job's first profiled rank writes too, and the
 # nightly reads and links (regress/night_report.py). Here, below every stage that names them (the sbatch script too).
 NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG = "nsys", "overlap_report.json", "overlap_timeline.png"
+# The PyTorch profiler's traces of a TORCH_PROFILE run, one rank-<R>.json.gz per profiled rank (Bridge's own file
+# name, training/profiling.py), copied there in the job (regress/profiled.py).
+TORCH_DIR = "torch_profile"
 
 
 def perturbed_iterations(window: tuple[int, int] | None) -> range:
@@ -108,9 +144,12 @@ def perturbed_iterations(window: tuple[int, int] | None) -> range:
     return range(window[0] + 1, window[1] + 2) if window else range(0)
 
 
-def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptions:
+def parse(
+    run_name="", segments="", nsys="", nsys_ranks="", data="", torch_profile="", torch_profile_ranks=""
+) -> RunOptions:
     """Everything typed, checked before the Bridge import (DATA's files and headers too), in the order a later
-    check needs an earlier one: RUN_NAME, SEGMENTS (more than one needs RUN_NAME), NSYS with NSYS_RANKS, DATA."""
+    check needs an earlier one: RUN_NAME, SEGMENTS (more than one needs RUN_NAME), NSYS with NSYS_RANKS,
+    TORCH_PROFILE with its ranks (one profiler per run), DATA."""
     from overlapkit.plan import data as data_spec
 
     name = (run_name or "").strip()
@@ -124,21 +163,20 @@ def parse(run_name="", segments="", nsys="", nsys_ranks="", data="") -> RunOptio
         raise BadInput(f"SEGMENTS={segments!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
     if seg > 1 and not name:
         raise BadInput(f"SEGMENTS={segments.strip()} needs RUN_NAME=<name>: later segments resume from its checkpoints")
-    window, ranks = None, (0,)
-    if (t := (nsys or "").strip()) or (nsys_ranks or "").strip():
-        m = re.fullmatch(r"(\d+):(\d+)", t, re.ASCII)
-        if not t:
-            raise BadInput("NSYS_RANKS= without NSYS=<start>:<end>: give the profiled steps too")
-        if not m or int(m.group(1)) >= int(m.group(2)):
-            raise BadInput(f"NSYS={nsys!r}: use <start>:<end> iterations with start < end, e.g. NSYS=10:12")
-        if int(m.group(2)) > INT64_MAX:
-            raise BadInput(f"NSYS={nsys!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
-        parts = [whole(p) for p in (nsys_ranks or "0").split(",")]
-        if None in parts:
-            raise BadInput(f"NSYS_RANKS={nsys_ranks!r}: comma-separated global ranks, e.g. NSYS_RANKS=0,8")
-        window, ranks = (int(m.group(1)), int(m.group(2))), tuple(sorted(set(parts)))
+    window, ranks = parse_window(nsys, nsys_ranks, "NSYS")
+    torch_window, torch_ranks = parse_window(torch_profile, torch_profile_ranks, "TORCH_PROFILE")
+    if window and torch_window:  # Bridge's ProfilingConfig.finalize asserts the same
+        raise BadInput("NSYS= and TORCH_PROFILE= together: one profiler per run (Bridge runs one); drop one")
     spec = data_spec.load(data).to_dict() if (data or "").strip() else None
-    return RunOptions(run_name=name, segments=seg, nsys=window, nsys_ranks=ranks, data=spec)
+    return RunOptions(
+        run_name=name,
+        segments=seg,
+        nsys=window,
+        nsys_ranks=ranks,
+        torch_profile=torch_window,
+        torch_profile_ranks=torch_ranks,
+        data=spec,
+    )
 
 
 def minutes(limit: str) -> int | None:
@@ -198,6 +236,15 @@ def apply(cfg, opts: RunOptions) -> None:
             profile_step_start=opts.nsys[0],
             profile_step_end=opts.nsys[1],
             profile_ranks=list(opts.nsys_ranks),
+        )
+    if opts.torch_profile:  # Bridge writes <tensorboard_dir>/../torch_profile/rank-<R>.json.gz (profiled.py copies it)
+        from megatron.bridge.training.config import ProfilingConfig
+
+        cfg.profiling = ProfilingConfig(
+            use_pytorch_profiler=True,
+            profile_step_start=opts.torch_profile[0],
+            profile_step_end=opts.torch_profile[1],
+            profile_ranks=list(opts.torch_profile_ranks),
         )
     if spec := spec_of(opts):
         data_spec.apply(cfg, spec)
@@ -344,6 +391,9 @@ def summary(plan, opts: RunOptions) -> dict:
         "load_optim": ck.load_optim,
         "finetune": ck.finetune,
         "nsys": {"steps": list(opts.nsys), "ranks": list(opts.nsys_ranks)} if opts.nsys else None,
+        "torch_profile": {"steps": list(opts.torch_profile), "ranks": list(opts.torch_profile_ranks)}
+        if opts.torch_profile
+        else None,
     }
 
 
@@ -366,6 +416,8 @@ def lines(d: dict) -> list[str]:
         out += [f"  {split}: {p['path']}  weight {p['weight']:g}  {p['tokens']:,} tokens {p['dtype']}" for p in ps]
     if run.get("nsys"):
         out.append(f"nsys: steps {run['nsys']['steps'][0]}-{run['nsys']['steps'][1]} on ranks {run['nsys']['ranks']}")
+    if tp := run.get("torch_profile"):
+        out.append(f"PyTorch profiler: steps {tp['steps'][0]}-{tp['steps'][1]} on ranks {tp['ranks']}")
     if not run.get("checkpoint_dir"):
         out.append("checkpoints: off (benchmark); RUN_NAME=<name> saves to <job_dir>/checkpoints/<name> and resumes")
         return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio
+from overlapkit.errors import BadInput
 from overlapkit.regress import logparse
 from overlapkit.sizing import calibration, throughput
 
@@ -73,7 +74,7 @@ def read_run(run_dir: Path, cluster: str) -> Run | str:
         return f"{steady} steady-state iterations in its log (needs {MIN_STEADY})"
     try:  # the recipe may have been renamed or edited since: that run cannot be rebuilt, the others still count
         plan_now = plan_for(request.from_record(rec, rec["recipe"], rec.get("nodes")))
-    except (KeyError, ValueError) as exc:  # UnknownRecipe, OverrideError, PlanError: the plan's own one line
+    except BadInput as exc:  # UnknownRecipe, OverrideError, PlanError: the plan's own one line
         return f"its plan no longer builds: {exc}"
     return Run(run_dir, rec["recipe"], step_ms / 1e3, steady, prediction_inputs(plan_now))
 

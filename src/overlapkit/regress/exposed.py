@@ -116,11 +116,12 @@ def _check(name: str, value: float | None, base: float) -> dict:
 def bless_problem(run_dir: Path, plan: dict, report: dict | None, why: str | None, preflight_only: bool) -> str | None:
     """Why a profiled run may not become a golden: its exposed shares cannot be read (read's `why`), with the one
     command that writes them; None when they can, or the run was not profiled or did not train."""
-    nsys = (plan.get("run") or {}).get("nsys")
-    if not nsys or report is not None or preflight_only:
+    run = plan.get("run") or {}
+    knob, window = ("NSYS", run.get("nsys")) if run.get("nsys") else ("TORCH_PROFILE", run.get("torch_profile"))
+    if not window or report is not None or preflight_only:
         return None
-    a, b = nsys["steps"]
+    a, b = window["steps"]
     return (
-        f"the run was profiled (NSYS={a}:{b}) but its exposed shares cannot be read ({why}): "
+        f"the run was profiled ({knob}={a}:{b}) but its exposed shares cannot be read ({why}): "
         f"write them (make overlap-report RUN={run_dir} writes {Path(run_dir) / OVERLAP_JSON}), then bless"
     )

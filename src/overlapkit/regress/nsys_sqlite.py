@@ -10,15 +10,22 @@ CUPTI_ACTIVITY_KIND_RUNTIME(start, end, globalTid, correlationId, nameId); NVTX_
 text, textId → StringIds, globalTid, ...); TARGET_INFO_GPU(id, name, ...). Times are nanoseconds on one clock.
 Tables are created lazily: a report without NVTX or memcpy activity has no such table, and that is not an error.
 
-Every bad file is one line (ProfileError) that says what to do: never a traceback.
+Every bad file is one line (ProfileError) that says what to do: never a traceback. A row the schema declares NOT NULL
+that is null, of another type, ending before it starts, negative or beyond MAX_NS is such a file (named with its
+kernel), never a figure: a profile is either read whole and as written, or refused.
+
+PyTorch-profiler traces (regress/torch_trace.py) are read into the same Profile; `profile_files` lists both kinds,
+`load` reads either.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import sqlite3
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -33,13 +40,17 @@ MEMCPY_PTOP = 10
 # 60 NvtxStartEndRange); marks (34) have no duration and are not ranges.
 NVTX_RANGES = (59, 60)
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file (sqlite.org/fileformat)
+# The latest time a profile may hold, in ns: 2^62 ns after the epoch is the year 2116 (a PyTorch trace's epoch-based
+# clock, x1000, is about 1.8e18 in 2026). Beyond it a timestamp is corrupt, and near 2^63 it overflows the int64 that
+# every consumer downstream (numpy, sqlite) keeps it in.
+MAX_NS = 2**62
 
 
 class ProfileError(BadInput):
     """A profile that cannot be read: one line, with the fix."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Activity:
     """One kernel or one memcpy on one GPU stream."""
 
@@ -51,6 +62,21 @@ class Activity:
     correlation: int
     copy_kind: int | None = None  # memcpys only
     nbytes: int | None = None
+    group: str = ""  # the NCCL kernel's process group (PyTorch traces: its description, else its name)
+
+
+def activity(path: Path, start, end, device, stream, name: str, correlation, **more) -> Activity:
+    """The row as an Activity, or one ProfileError naming the kernel and what is wrong with its row."""
+    for what, v in (("start", start), ("end", end), ("deviceId", device), ("streamId", stream)):
+        if type(v) is not int:
+            raise ProfileError(f"{path}: kernel {name[:120]!r} has {what} {v!r}, not an integer: {NOT_WHOLE}")
+    if not 0 <= start <= end <= MAX_NS:
+        why = "ends before it starts" if end < start else "has a negative time" if start < 0 else "ends past 2^62 ns"
+        raise ProfileError(f"{path}: kernel {name[:120]!r} {why} ({start}..{end} ns): {NOT_WHOLE}")
+    return Activity(start, end, device, stream, name, correlation if type(correlation) is int else -1, **more)
+
+
+NOT_WHOLE = "the profile is damaged; profile the run again (the report never guesses a time)"
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,7 @@ class Profile:
     ranges: list[Range] = field(default_factory=list)  # NVTX ranges, CPU time
     launches: dict[int, tuple[int, int]] = field(default_factory=dict)  # correlationId → (launch start, globalTid)
     gpus: list[str] = field(default_factory=list)  # TARGET_INFO_GPU names
+    rank: int | None = None  # the global rank, where the profile records it (PyTorch traces); else from the name
 
     @property
     def devices(self) -> list[int]:
@@ -114,6 +141,8 @@ def read(path: Path) -> Profile:
     path = Path(path)
     if path.suffix == ".nsys-rep":
         path = export_rep(path)
+    if path_kind(path) != "file":
+        raise ProfileError(f"{path} is a directory: give the export in it, or the directory as PROFILE=")
     try:
         with path.open("rb") as f:  # the header only: an export is often gigabytes
             head = f.read(16)
@@ -159,9 +188,9 @@ def _load(con, path: Path) -> Profile:
         raise ProfileError(f"{path} has no StringIds table: {NOT_NSYS}")
     if not _need(con, path, "CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS):
         raise ProfileError(f"{path} has no GPU kernels: profile with CUDA tracing on (nsys profile --trace=cuda,nvtx)")
-    names = dict(con.execute("SELECT id, value FROM StringIds"))
+    names = {i: v if isinstance(v, str) else _text(v) for i, v in con.execute("SELECT id, value FROM StringIds")}
     kernels = [
-        Activity(s, e, d, st, names.get(n, f"<string {n}>"), c)
+        activity(path, s, e, d, st, names.get(n) or f"<string {_text(n)}>", c)
         for s, e, d, st, c, n in con.execute(
             "SELECT start, end, deviceId, streamId, correlationId, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL"
         )
@@ -171,7 +200,7 @@ def _load(con, path: Path) -> Profile:
     memcpys = []
     if _need(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS):
         memcpys = [
-            Activity(s, e, d, st, f"memcpy kind {k}", c, k, b)
+            activity(path, s, e, d, st, f"memcpy kind {k}", c, copy_kind=k, nbytes=b)
             for s, e, d, st, c, b, k in con.execute(
                 "SELECT start, end, deviceId, streamId, correlationId, bytes, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY"
             )
@@ -181,10 +210,15 @@ def _load(con, path: Path) -> Profile:
         prof.launches = {c: (s, t) for s, t, c in con.execute(_RUNTIME)}
     if _need(con, path, "NVTX_EVENTS", ("start", "end", "eventType", "text", "textId", "globalTid")):
         rows = con.execute(_NVTX.format(kinds=",".join(map(str, NVTX_RANGES))))
-        prof.ranges = [Range(s, e, t if t is not None else names.get(i, ""), g) for s, e, t, i, g in rows]
+        prof.ranges = [Range(s, e, _text(t) if t is not None else names.get(i, ""), g) for s, e, t, i, g in rows]
     if _need(con, path, "TARGET_INFO_GPU", ("id", "name")):
-        prof.gpus = [n for (n,) in con.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id")]
+        prof.gpus = [_text(n) for (n,) in con.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id")]
     return prof
+
+
+def _text(v) -> str:
+    """A text cell as text: a BLOB (or a number) where Nsight writes TEXT is decoded, never a traceback."""
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
 _RUNTIME = "SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -194,26 +228,66 @@ _NVTX = (
 )
 
 # The rank of a per-rank file, from its name: Bridge's and our launch name each rank's report with its global rank
-# (…rank3.sqlite, …_3.sqlite); a name without one takes its place in the sorted list.
+# (…rank3.sqlite, …_3.sqlite, Bridge's PyTorch profiler rank-3.json.gz); a name without one takes its place in the
+# sorted list. PyTorch traces record their rank (distributedInfo.rank), which wins.
 _RANK = re.compile(r"(?:rank[_-]?|_|-)(\d+)$", re.IGNORECASE)
+TRACE_SUFFIXES = (".json", ".json.gz")  # PyTorch profiler traces: Kineto's Chrome-trace JSON, gzipped by Bridge
 
 
 def rank_of(path: Path) -> int | None:
-    m = _RANK.search(Path(path).stem)
+    name = Path(path).name
+    for suffix in (*TRACE_SUFFIXES, ".pt.trace"):
+        name = name.removesuffix(suffix)
+    m = _RANK.search(Path(name).stem if name.endswith((".sqlite", ".nsys-rep")) else name)
     return int(m.group(1)) if m else None
 
 
-def profile_files(target: Path) -> list[Path]:
-    """The per-rank exports a PROFILE= names: the file, or every *.sqlite (and unexported *.nsys-rep) in the
-    directory, sorted."""
+def is_trace(path: Path) -> bool:
+    return Path(path).name.endswith(TRACE_SUFFIXES)
+
+
+def path_kind(path: Path, what: str = "PROFILE") -> str:
+    """ "file" or "dir": `path` stat'ed (following links), or one line saying why it cannot be read. Only regular
+    files are read: a FIFO or a device would block the reader for ever."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        why = "a symbolic link loop" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        if exc.errno == errno.ENOENT:
+            why = "no such file or directory"
+        raise ProfileError(f"{what}={path}: {why}") from None
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    if not stat.S_ISREG(st.st_mode):
+        raise ProfileError(f"{what}={path}: not a regular file (a FIFO, socket or device): give the profile file")
+    return "file"
+
+
+def profile_files(target: Path, skip: tuple[str, ...] = ()) -> list[Path]:
+    """The per-rank profiles a PROFILE= names: the file, or every *.sqlite (and unexported *.nsys-rep) and every
+    PyTorch-profiler trace (*.json, *.json.gz) in the directory, sorted; `skip`: names that are not profiles (the
+    report's own JSON)."""
     target = Path(target)
-    if target.is_file():
+    if path_kind(target) == "file":
         return [target]
-    if not target.is_dir():
-        raise ProfileError(f"PROFILE={target}: no such file or directory")
     sqlite = sorted(target.glob("*.sqlite"))
     reps = [r for r in sorted(target.glob("*.nsys-rep")) if r.with_suffix(".sqlite") not in sqlite]
-    files = sqlite + reps
+    traces = sorted(p for p in target.iterdir() if is_trace(p) and p.name not in skip)
+    files = sqlite + reps + traces
     if not files:
-        raise ProfileError(f"{target} holds no *.sqlite or *.nsys-rep: export the profiles into it first")
+        raise ProfileError(
+            f"{target} holds no *.sqlite, *.nsys-rep or PyTorch-profiler trace (*.json, *.json.gz): "
+            "put the profiles into it first"
+        )
+    for f in files:
+        path_kind(f)  # a FIFO or a loop among them: one line, before anything is read
     return files
+
+
+def load(path: Path) -> Profile:
+    """A profile of either kind: a PyTorch-profiler trace, or an Nsight export (read)."""
+    if is_trace(path):
+        from overlapkit.regress import torch_trace
+
+        return torch_trace.read(Path(path))
+    return read(path)

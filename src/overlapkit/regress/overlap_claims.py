@@ -1,6 +1,7 @@
 """The plan's overlap claims checked against what the profile measured (overlap_report's figures): an overlap the
-plan says on whose class is exposed above its threshold, a class the plan says cannot exist, an overlap the plan says
-off that the profile shows hidden, and a profile whose layout is not the plan's. Each finding is
+plan says on whose class is exposed above its threshold, or has no kernel in the profile at all, a class the plan
+says cannot exist, an overlap the plan says off that the profile shows hidden, a profile with no communication, a
+communication-like kernel no rule knows, and a profile whose layout or GPU is not the plan's. Each finding is
 {"code", "level", "message", "fix"}; level "error" makes `make overlap-report` exit 1."""
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ FIXES = {
     "dp": "lower ddp.bucket_size so that buckets start during the backward pass (SET=ddp.bucket_size=...)",
     "ep": "check the ep_overlap_* rows of make plan: a prerequisite the job does not meet turns the overlap off",
 }
-SIZE_KEY = {
-    "tp": "model.tensor_model_parallel_size",
-    "pp": "model.pipeline_model_parallel_size",
-    "cp": "model.context_parallel_size",
-    "ep": "model.expert_model_parallel_size",
+SIZE_FIX = {
+    "tp": "SET=model.tensor_model_parallel_size=...",
+    "pp": "SET=model.pipeline_model_parallel_size=...",
+    "cp": "SET=model.context_parallel_size=...",
+    "ep": "SET=model.expert_model_parallel_size=...",
+    # DP is no setting: it is what is left of the GPUs (Megatron's parallel_state, GPUs / (TP * PP * CP))
+    "dp": "NODES=<the nodes it ran on>: DP is the GPUs over TP x PP x CP",
 }
 
 
@@ -82,9 +85,23 @@ def claim(cls: str, lay: Layout) -> str:
 def findings(report: dict, plan: dict) -> list[dict]:
     lay = Layout.of_plan(plan)
     out = _layout_findings(report, plan, lay)
+    if not any(c["kernels"] for c in (*report["classes"].values(), report.get("unclassified") or {"kernels": 0})):
+        out.append(
+            _finding(
+                "no_communication",
+                "error",
+                f"the profile holds no communication kernel at all, but the plan runs on {lay.gpus} GPUs: nothing "
+                "to check the overlaps against",
+                "profile the run's GPU activity with NCCL (nsys --trace=cuda,nvtx; the PyTorch profiler's CUDA "
+                "activities), over training steps",
+            )
+        )
+    foreign = any(f["level"] == "error" for f in out)  # no communication, or another layout: said once, above
     for cls in CLASSES:
         c = report["classes"][cls]
         if c["kernels"] == 0:
+            if claim(cls, lay) == "on" and not foreign:
+                out.append(_absent(cls, lay))
             continue
         if lay.size(cls) < 2:
             size = f"{cls.upper()}={lay.size(cls)}"
@@ -94,11 +111,23 @@ def findings(report: dict, plan: dict) -> list[dict]:
                     "error",
                     f"{cls.upper()} communication in the profile ({c['kernels']} kernels, {c['comm_ms']} ms) but the "
                     f"plan has {size}: the profile is not of this plan's layout",
-                    f"profile a run of this plan, or plan the layout that ran (SET={SIZE_KEY.get(cls, 'ddp')}=...)",
+                    f"profile a run of this plan, or plan the layout that ran ({SIZE_FIX[cls]})",
                 )
             )
             continue
         out += _claim_findings(cls, c, claim(cls, lay), plan)
+    if unknown := report.get("unknown_comm"):
+        top = ", ".join(f"{u['name'][:100]} ({u['kernels']} kernels, {u['ms']} ms)" for u in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        out.append(
+            _finding(
+                "unknown_comm_kernel",
+                "warning",
+                f"{len(unknown)} kernel name(s) look like communication but no rule knows them, so they were counted "
+                f"as compute: {top}{more}",
+                "report the name (docs/overlap_report.md lists the families known and their sources)",
+            )
+        )
     if u := report.get("unclassified"):
         out.append(
             _finding(
@@ -110,6 +139,18 @@ def findings(report: dict, plan: dict) -> list[dict]:
             )
         )
     return out
+
+
+def _absent(cls: str, lay: Layout) -> dict:
+    what = "context-parallel attention overlaps it" if cls == "cp" else f"the plan says {CLAIMS[cls][0]} is on"
+    return _finding(
+        f"{cls}_overlap_unmeasured",
+        "error",
+        f"{cls.upper()}: {what} ({cls.upper()}={lay.size(cls)}), but the profile holds no {cls.upper()} kernel: "
+        "the profile missed it, or the overlap does not run as claimed",
+        "profile whole training steps of a rank that runs it (NSYS=<start>:<end> or TORCH_PROFILE=<start>:<end>); "
+        f"if it was profiled, {FIXES[cls]}",
+    )
 
 
 def _claim_findings(cls: str, c: dict, state: str, plan: dict) -> list[dict]:
@@ -159,7 +200,9 @@ def _layout_findings(report: dict, plan: dict, lay: Layout) -> list[dict]:
         msg = f"the plan profiles ranks {planned['ranks']}; the profiles are of ranks {sorted(set(nums))}"
         out.append(_finding("profile_ranks", "warning", msg))
     gpus = {r["gpu"] for r in report["ranks"].values() if r["gpu"]}
-    if other := sorted(g for g in gpus if "H100" not in g):
-        msg = f"profiled on {', '.join(other)}: this repository's recipes and thresholds are for H100"
-        out.append(_finding("profile_gpu", "warning", msg))
+    planned = str(plan.get("gpu") or "h100")  # plan.json's GPU= (sizing/hardware.py), h100 before GPU= existed
+    if other := sorted(g for g in gpus if planned.upper() not in g.upper()):
+        msg = f"profiled on {', '.join(other)}, but the plan is for GPU={planned}: its memory, throughput and the "
+        msg += "claims' thresholds are sized for that GPU"
+        out.append(_finding("profile_gpu", "warning", msg, "plan with the GPU= the run ran on (h100, h200)"))
     return out

@@ -11,6 +11,7 @@ Compute is every kernel that is not communication.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -21,18 +22,62 @@ CLASSES = ("tp", "cp", "pp", "dp", "ep")
 
 # NCCL's device kernels are named ncclDevKernel_<Coll>_<RedOp>_<Type>_<Algo>_<Proto> and ncclDevKernel_SendRecv
 # since NCCL 2.19 (NVIDIA/nccl src/device/generate.py, v2.19.3+); NCCL <= 2.18 named them
-# ncclKernel_<Coll>_<Algo>_<Proto>_<RedOp>_<Type> (src/collectives/device/common.h NCCL_KERN_NAME, v2.18.6).
-NCCL = re.compile(r"\bnccl(?:Dev)?Kernel_(AllGather|ReduceScatter|AllReduce|SendRecv|Broadcast|Reduce)(?=_|\(|$)")
+# ncclKernel_<Coll>_<Algo>_<Proto>_<RedOp>_<Type> (src/collectives/device/common.h NCCL_KERN_NAME, v2.18.6). NCCL 2.28
+# adds AllGatherV (src/device/generate.py's coll list; an all-gather of uneven sizes: the kind of an all-gather).
+# RCCL (ROCm/rccl) names its single device kernel ncclDevKernel_Generic, ncclDevKernel_Generic_1/_2/_4 (its
+# src/device/common.h unroll variants): the collective is not in the name, so every class that issues one is a
+# candidate ("Generic").
+NCCL = re.compile(
+    r"\bnccl(?:Dev)?Kernel_(AllGatherV|AllGather|ReduceScatter|AllReduce|SendRecv|Broadcast|Reduce|Generic)(?=_|\(|$)"
+)
+# NCCL >= 2.27's symmetric-memory kernels: ncclSymkDevKernel_<Coll>_<Algo>_<RedOp>_<Type>, e.g.
+# ncclSymkDevKernel_AllReduce_AGxLL_R_sum_bf16, ncclSymkDevKernel_ReduceScatter_LL_sum_f32,
+# ncclSymkDevKernel_AllGather_LLMC (NVIDIA/nccl src/device/symmetric/generate.py, v2.27).
+NCCL_SYMK = re.compile(r"\bncclSymkDevKernel_(AllGather|ReduceScatter|AllReduce)(?=_|\(|$)")
 # Transformer Engine's userbuffers kernels (TP comm overlap): the reduce-scatter / all-gather kernels
 # userbuffers_fp16_sum_inplace_gpu_rr_rs, _rr_ag, _rw and their fp8 variants, and the p2p kernels kuserbuffers_pushsend,
 # _pushrecv, _pullsend, _pullrecv, _inc, _dummy (NVIDIA/TransformerEngine
 # transformer_engine/common/comm_gemm_overlap/userbuffers/userbuffers.cu, v2.4).
 USERBUFFERS = re.compile(r"\bk?userbuffers_\w+")
-# DeepEP's kernels live in deep_ep::intranode, deep_ep::internode and deep_ep::internode_ll (dispatch, combine,
-# notify_dispatch, cached_notify_combine, ...: deepseek-ai/DeepEP csrc/kernels/intranode.cu, internode.cu,
-# internode_ll.cu, v1.2.1); HybridEP's in namespace hybrid_ep (DeepEP csrc/hybrid_ep/backend/hybrid_ep_backend.cuh,
-# hybrid-ep branch), Megatron's flex dispatcher backends (megatron/core/transformer/moe/fused_a2a.py, core 0.19).
-DEEPEP = re.compile(r"\b(deep_ep|hybrid_ep)::")
+# Expert-parallel dispatch/combine libraries, by their C++ namespace: DeepEP's deep_ep::intranode, ::internode and
+# ::internode_ll (dispatch, combine, notify_dispatch, cached_notify_combine, ...: deepseek-ai/DeepEP
+# csrc/kernels/intranode.cu, internode.cu, internode_ll.cu, v1.2.1); HybridEP's hybrid_ep (DeepEP
+# csrc/hybrid_ep/backend/hybrid_ep_backend.cuh, hybrid-ep branch), both Megatron flex-dispatcher backends
+# (megatron/core/transformer/moe/fused_a2a.py, core 0.19); DeepSeek's own build, dpsk::ep::internode::dispatch<...>,
+# ::combine, ::notify_dispatch, ::cached_notify (deepseek-ai/profile-data, the DeepSeek-V3 training profile); AMD's
+# Primus-Turbo fork, primus_turbo::deep_ep:: (AMD-AGI/Primus-Turbo csrc/kernels/deep_ep/).
+DEEPEP = re.compile(r"\b(deep_ep|hybrid_ep|dpsk::ep)::")
+# Names that look like communication: a kernel matching this that no rule above knows is reported (a warning with
+# its name and time), never silently taken for compute. NCCL/RCCL/NVSHMEM and the collectives' names.
+COMM_LIKE = re.compile(
+    r"nccl|rccl|nvshmem|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|broadcast", re.IGNORECASE
+)
+# PyTorch traces name an NCCL kernel's process group (regress/torch_trace.py), and Megatron names its groups
+# (megatron/core/parallel_state.py initialize_model_parallel, group_desc=..., core 0.19): the group decides the class.
+# Groups that mix parallelisms (MODEL_PARALLEL_GROUP, TENSOR_AND_DATA_PARALLEL_GROUP, ...) and torch's default_pg
+# decide nothing: the name rules below then do. Prefixes, in order (the first that starts the description wins), after
+# HIERARCHICAL_ and INTRA_ / INTRA_PARTIAL_ (Megatron's sub-groups of the same kind) are dropped.
+GROUPS = (
+    ("EXPERT_DATA_PARALLEL_GROUP", "dp"),
+    ("EXPERT_MODEL_PARALLEL_GROUP", "ep"),
+    ("EXPERT_TENSOR_PARALLEL_GROUP", "tp"),
+    ("DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "dp"),
+    ("DATA_PARALLEL_GROUP", "dp"),
+    ("CONTEXT_PARALLEL_GROUP", "cp"),
+    ("TENSOR_MODEL_PARALLEL_GROUP", "tp"),
+    ("PIPELINE_MODEL_PARALLEL_GROUP", "pp"),
+    # the tied-embedding gradient all-reduce between the first and the last pipeline stage
+    ("EMBEDDING_GROUP", "pp"),
+    ("POSITION_EMBEDDING_GROUP", "pp"),
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def group_class(desc: str) -> str | None:
+    d = re.sub(r"^(HIERARCHICAL_)?(INTRA_PARTIAL_|INTRA_)?", "", desc or "")
+    return next((cls for prefix, cls in GROUPS if d.startswith(prefix)), None)
+
+
 # Megatron's NVTX ranges, when Bridge's profiling.nvtx_ranges is on (megatron/core/utils.py nvtx_decorator names a
 # range <module>.<function>): every pipeline send/recv is issued inside a range of
 # megatron.core.pipeline_parallel.p2p_communication (its P2PCommunicator methods carry @nvtx_decorator(), core 0.19).
@@ -90,30 +135,57 @@ class Layout:
             # alltoall dispatcher: torch's all_to_all_single is grouped ncclSend/ncclRecv, one SendRecv kernel
             # (NCCL has no all-to-all kernel: src/collectives.cc v2.21).
             "SendRecv": ("pp", "cp") + (("ep",) if a2a else ()),
-            # Megatron's broadcast_data of each batch within the TP group (megatron/core/tensor_parallel/data.py).
-            "Broadcast": ("tp",),
+            # Megatron's broadcast_data of each batch within the TP group (megatron/core/tensor_parallel/data.py);
+            # without TP, torch DDP's broadcast of module buffers at each forward (torch/nn/parallel/distributed.py
+            # _sync_buffers, broadcast_buffers=True) over the data-parallel group. Megatron's own DDP broadcasts
+            # nothing per step (megatron/core/distributed/distributed_data_parallel.py: broadcast_params at setup
+            # only), so with TP > 1 a per-step Broadcast is TP's.
+            "Broadcast": ("tp",) if self.tp > 1 else ("dp",),
             "Reduce": ("dp",),
-        }[op]
-        return tuple(c for c in who if self.size(c) > 1)
+        }
+        who["AllGatherV"] = who["AllGather"]
+        who["Generic"] = tuple(dict.fromkeys(c for cs in who.values() for c in cs))  # RCCL: any collective
+        return tuple(c for c in who[op] if self.size(c) > 1)
 
 
 # Where a kind names no class of this layout, the class it would be in a layout that has one: reported as a class
 # the plan says cannot exist, so a profile of another layout is told apart from a classification miss.
 NATURAL = {"AllGather": "dp", "ReduceScatter": "dp", "AllReduce": "dp", "SendRecv": "pp", "Broadcast": "tp"}
-NATURAL["Reduce"] = "dp"
+NATURAL |= {"Reduce": "dp", "AllGatherV": "dp", "Generic": "dp"}
 
 
 def kind_of(a: Activity) -> str | None:
     """The communication kind of an activity (an NCCL collective, "userbuffers", "ce_p2p", "deepep"), or None."""
     if a.copy_kind is not None:
         return "ce_p2p" if a.copy_kind == MEMCPY_PTOP else "copy"
-    if m := NCCL.search(a.name):
-        return m.group(1)
-    if USERBUFFERS.search(a.name):
-        return "userbuffers"
-    if DEEPEP.search(a.name):
-        return "deepep"
-    return None
+    return name_kind(a.name)
+
+
+_KINDS: dict[str, str | None] = {}  # each distinct name matched once: a profile repeats each name thousands of times
+
+
+def name_kind(name: str) -> str | None:
+    """The communication kind a kernel name says, or None (compute)."""
+    try:
+        return _KINDS[name]
+    except KeyError:
+        pass
+    if m := NCCL.search(name) or NCCL_SYMK.search(name):
+        kind = m.group(1)
+    elif USERBUFFERS.search(name):
+        kind = "userbuffers"
+    elif DEEPEP.search(name):
+        kind = "deepep"
+    else:
+        kind = None
+    if len(_KINDS) < 1_000_000:  # bounded: a hostile profile of distinct names is still classified, just uncached
+        _KINDS[name] = kind
+    return kind
+
+
+def looks_like_comm(name: str) -> bool:
+    """A kernel no rule knows whose name looks like communication (COMM_LIKE)."""
+    return name_kind(name) is None and COMM_LIKE.search(name) is not None
 
 
 @dataclass
@@ -169,12 +241,16 @@ def _by_nvtx(texts: list[str], cands: tuple[str, ...], megatron_nvtx: bool) -> D
 def classify(prof: Profile, lay: Layout) -> dict[int, Decision]:
     """{id(activity): Decision} for every communication activity of the profile (kernels and P2P copies)."""
     ranges = Ranges(prof)
-    out, pending = {}, []
-    for a in prof.kernels + prof.memcpys:
+    out, pending, fixed = {}, [], {}  # fixed: the decision of a kind that no per-kernel rule can change
+    for a in (*prof.kernels, *prof.memcpys):
         kind = kind_of(a)
         if kind is None or kind == "copy":
             continue
-        out[id(a)] = d = _first_rule(prof, a, kind, lay, ranges)
+        if (d := None if a.group else fixed.get(kind)) is None:
+            d = _first_rule(prof, a, kind, lay, ranges)
+            if not a.group and d.rule.startswith(("name:", "plan:")):
+                fixed[kind] = d
+        out[id(a)] = d
         if d.cls is None:
             pending.append(a)
     _by_stream(prof, lay, out, pending)
@@ -182,11 +258,13 @@ def classify(prof: Profile, lay: Layout) -> dict[int, Decision]:
 
 
 def _first_rule(prof: Profile, a: Activity, kind: str, lay: Layout, ranges: Ranges) -> Decision:
+    if a.group and (cls := group_class(a.group)):
+        return Decision(cls, f"group: NCCL {kind} in Megatron's {a.group.split('_GROUP')[0]} process group")
     if kind in ("userbuffers", "ce_p2p"):
         what = "Transformer Engine userbuffers kernel" if kind == "userbuffers" else "peer-to-peer copy-engine memcpy"
         return Decision("tp", f"name: {what} (TP comm overlap's ring exchange / reduce-scatter / all-gather)")
     if kind == "deepep":
-        return Decision("ep", "name: DeepEP/HybridEP dispatch or combine kernel (flex dispatcher)")
+        return Decision("ep", "name: DeepEP-family dispatch or combine kernel (deep_ep, hybrid_ep, dpsk::ep)")
     cands = lay.candidates(kind)
     if not cands:
         return Decision(NATURAL[kind], f"name: NCCL {kind}, which no parallelism of this layout issues")

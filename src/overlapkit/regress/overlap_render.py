@@ -3,11 +3,13 @@ one step of one rank (matplotlib, Agg: report jobs run on headless nodes)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
+from overlapkit import jsonio
 from overlapkit.regress.overlap_classes import CLASSES
 
 COLORS = {
@@ -62,46 +64,42 @@ def render(report: dict, con) -> None:
     con.print("[green]claims: OK[/]" if not errors else f"[red]claims: {len(errors)} error(s)[/]")
 
 
-def worst_step(trace, exposure) -> int:
-    """The profiled step of `trace` with the most exposed communication (the first of equals): the one to look at."""
-    exposed = [sum(exposure(trace, c, span)[1] for c in trace.comm) for span in trace.steps]
-    return exposed.index(max(exposed))
-
-
-def draw(trace, out: Path, exposure) -> Path:
-    """The step of `trace` (an overlap_report.DeviceTrace) with the most exposed communication: one lane per stream
-    active in it, each activity in its class's colour, and a last lane with each class's exposed communication."""
+def draw(t, out: Path) -> Path:
+    """The timeline `t` (an overlap_report.Timeline: one step, bounded bars) as a PNG at `out`: one lane per stream,
+    each class in its colour, and a last lane per class with its exposed communication. Written atomically (a temp
+    file of its own in the directory, then renamed): a link planted at `out` is replaced, never written through."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    step = worst_step(trace, exposure)
-    lo, hi = trace.steps[step]
-    streams = sorted(st for st, acts in trace.streams.items() if any(e > lo and s < hi for s, e, _ in acts))
-    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.45 * (len(streams) + len(trace.comm))), dpi=90)
+    if out.suffix.lower() != ".png":
+        raise ValueError(f"{out}: the timeline is a PNG, its name must end in .png")  # the caller checks first
+    lo, hi = t.span
     to_ms = 1e-6
-    for y, stream in enumerate(streams):
-        for s, e, cls in trace.streams[stream]:
-            if e > lo and s < hi:
-                s, e = max(s, lo), min(e, hi)
-                ax.broken_barh([((s - lo) * to_ms, (e - s) * to_ms)], (y - 0.4, 0.8), color=COLORS[cls])
-    lanes = [f"stream {st}" for st in streams]
-    for cls in trace.comm:  # one lane per class: the exposed part of its communication, hatched
-        spans = exposure(trace, cls, (lo, hi))[2]
-        if spans:
+    classes = [c for c in COLORS if c != "compute" and (t.exposed.get(c) or any(c in d for _, d in t.lanes))]
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.45 * (len(t.lanes) + len(classes))), dpi=90)
+    names = []
+    for y, (name, by_cls) in enumerate(t.lanes):
+        for cls, spans in by_cls.items():
             bars = [((s - lo) * to_ms, (e - s) * to_ms) for s, e in spans]
-            y = len(lanes)
+            ax.broken_barh(bars, (y - 0.4, 0.8), color=COLORS[cls])
+        names.append(name)
+    for cls in classes:  # one lane per class: the exposed part of its communication, hatched
+        if spans := t.exposed.get(cls):
+            bars = [((s - lo) * to_ms, (e - s) * to_ms) for s, e in spans]
+            y = len(names)
             ax.broken_barh(bars, (y - 0.4, 0.8), color=COLORS[cls], hatch="//", edgecolor="red")
-            lanes.append(f"{cls} exposed")
-    ax.set_yticks(range(len(lanes)), lanes)
-    where = f"step {step} of {len(trace.steps)}, the most exposed" if trace.step_source == "nvtx" else "the window"
-    ax.set_xlabel(f"ms from the start of {where} ({trace.step_source})")
-    ax.set_title(f"rank {trace.rank}: compute and communication per stream, exposed communication hatched")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in ("compute", *trace.comm)]
-    ax.legend(handles, ["compute", *trace.comm], loc="upper right", fontsize=7, ncol=len(handles))
+            names.append(f"{cls} exposed")
+    ax.set_yticks(range(len(names)), names)
+    where = f"step {t.step} of {t.steps}, the most exposed" if t.source != "window" else "the window"
+    ax.set_xlabel(f"ms from the start of {where} ({t.source})")
+    ax.set_title(f"rank {t.rank}: compute and communication per stream, exposed communication hatched")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in ("compute", *classes)]
+    ax.legend(handles, ["compute", *classes], loc="upper right", fontsize=7, ncol=len(handles))
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return jsonio.write_text(out, buf.getvalue())

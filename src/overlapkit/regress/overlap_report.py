@@ -1,9 +1,11 @@
-"""Proof of overlap: from a run's own Nsight Systems profile, how much of each class of communication (tp, cp, pp,
-dp, ep) the overlaps hid under compute, and the plan's claims checked against it (docs/overlap_report.md).
+"""Proof of overlap: from a run's own profile (Nsight Systems' SQLite export, or the PyTorch profiler's trace), how
+much of each class of communication (tp, cp, pp, dp, ep) the overlaps hid under compute, and the plan's claims
+checked against it (docs/overlap_report.md).
 
 Exposed time is exact interval arithmetic, per device: the union of a class's communication intervals minus the
 union of every compute interval on the same device (any stream). It is measured per profiled step where the trace
-tells steps apart (Bridge's train_step NVTX range), otherwise over the profiled window, and the report says which.
+tells steps apart (Bridge's train_step NVTX range, the PyTorch profiler's ProfilerStep#N), otherwise over the
+profiled window, and the report says which.
 
 `report_run(run_dir)` and `report_profiles(paths, plan)` return the report as JSON-ready data; `timeline_png` draws one
 step of one rank; `write_run` leaves both in a run directory (plan/runopts.py: OVERLAP_JSON, OVERLAP_PNG). Bad input
@@ -12,17 +14,20 @@ raises ProfileError (one line).
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG
+from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG, TORCH_DIR
 from overlapkit.regress import overlap_claims
 from overlapkit.regress import overlap_classes as oc
-from overlapkit.regress.nsys_sqlite import Profile, ProfileError, profile_files, rank_of, read
+from overlapkit.regress.nsys_sqlite import Profile, ProfileError, Range, load, profile_files, rank_of
+from overlapkit.regress.torch_trace import STEP_PREFIX
 
 __all__ = ["ProfileError", "report_run", "report_profiles", "timeline_png", "write_run", "measure", "union", "subtract"]
+__all__ += ["per_span", "steps_of"]
 
 # --- interval arithmetic on half-open [start, end) nanosecond intervals --------------------------------------------
 
@@ -64,30 +69,64 @@ def clip(intervals, lo: int, hi: int) -> list[tuple[int, int]]:
     return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
 
 
+def per_span(intervals: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """The length of sorted disjoint `intervals` inside each of sorted disjoint `spans`: one merge pass."""
+    out, j = [], 0
+    for lo, hi in spans:
+        while j < len(intervals) and intervals[j][1] <= lo:
+            j += 1
+        k, n = j, 0
+        while k < len(intervals) and intervals[k][0] < hi:
+            n += min(intervals[k][1], hi) - max(intervals[k][0], lo)
+            k += 1
+        out.append(n)
+    return out
+
+
 # --- steps ----------------------------------------------------------------------------------------------------------
 
 # Bridge wraps every training iteration in an NVTX range when profiling.nvtx_ranges is on: train_step carries
 # @nvtx_decorator() (megatron/bridge/training/train.py, Bridge 0.6.2), named <module>.<function> by Megatron's
-# nvtx_decorator (megatron/core/utils.py, core 0.19).
+# nvtx_decorator (megatron/core/utils.py, core 0.19). A PyTorch-profiler trace has its own: torch.profiler's
+# profile.step() opens a ProfilerStep#<N> range per step (torch/profiler/profiler.py), which Bridge calls once per
+# iteration (training/profiling.py handle_profiling_step).
 STEP_RANGE = "train_step"
+STEP_SOURCES = {"nvtx": "Bridge's train_step NVTX ranges", "profiler_step": "the PyTorch profiler's ProfilerStep#N"}
+
+
+def _step_ranges(prof: Profile) -> tuple[str, list]:
+    ranges = [r for r in prof.ranges if r.text.endswith(STEP_RANGE)]
+    if ranges:
+        return "nvtx", ranges
+    return "profiler_step", [r for r in prof.ranges if r.text.startswith(STEP_PREFIX)]
 
 
 def steps_of(prof: Profile, device: int) -> tuple[str, list[tuple[int, int]]]:
-    """("nvtx", one GPU span per step) when the trace has step ranges, else ("window", [the whole profile])."""
-    acts = [a for a in prof.kernels + prof.memcpys if a.device == device]
-    ranges = sorted((r for r in prof.ranges if r.text.endswith(STEP_RANGE)), key=lambda r: r.start)
-    spans = []
-    for r in ranges:
+    """(source, one GPU span per step) when the trace has step ranges (source "nvtx" or "profiler_step"), else
+    ("window", [the whole profile]). One pass over the device's activities, each placed by bisection."""
+    acts = [a for a in (*prof.kernels, *prof.memcpys) if a.device == device]
+    source, ranges = _step_ranges(prof)
+    by_tid = defaultdict(list)
+    for r in sorted(ranges, key=lambda r: r.start):
+        by_tid[r.tid].append(r)
+    starts = {tid: [r.start for r in rs] for tid, rs in by_tid.items()}
+    first: dict[Range, int] = {}
+    last: dict[Range, int] = {}
+    for a in acts:
         # A CPU range projected onto the GPU: from the first to the last activity launched inside it.
-        inside = [a for a in acts if (la := prof.launches.get(a.correlation)) and la[1] == r.tid]
-        inside = [a for a in inside if r.start <= prof.launches[a.correlation][0] <= r.end]
-        if inside:
-            spans.append((min(a.start for a in inside), max(a.end for a in inside)))
+        if (la := prof.launches.get(a.correlation)) is None or la[1] not in by_tid:
+            continue
+        i = bisect.bisect_right(starts[la[1]], la[0]) - 1
+        if i < 0 or (r := by_tid[la[1]][i]).end < la[0]:
+            continue
+        first[r] = min(first.get(r, a.start), a.start)
+        last[r] = max(last.get(r, a.end), a.end)
+    spans = sorted((first[r], last[r]) for r in first)
     if spans:
         # A step's tail (its last grad reduce-scatter) may still run when the next step's first kernels start: the
         # overlap goes to the later step, so that no interval is counted twice.
         ends = [min(e, nxt[0]) for (_, e), nxt in zip(spans, spans[1:], strict=False)] + [spans[-1][1]]
-        return "nvtx", [(s, max(s, e)) for (s, _), e in zip(spans, ends, strict=True)]
+        return source, [(s, max(s, e)) for (s, _), e in zip(spans, ends, strict=True)]
     return "window", [(min(a.start for a in acts), max(a.end for a in acts))]
 
 
@@ -96,17 +135,32 @@ def steps_of(prof: Profile, device: int) -> tuple[str, list[tuple[int, int]]]:
 
 @dataclass
 class DeviceTrace:
-    """One profiled rank's device: its activities sorted into compute and per-class communication."""
+    """One profiled rank's device, measured: per step, each class's communication and exposed ns. The profile
+    itself is not kept (ranks are read one at a time)."""
 
     rank: str
-    prof: Profile
+    file: str
     device: int
-    compute: list[tuple[int, int]]  # union
-    comm: dict[str, list[tuple[int, int]]]  # class (or "unclassified") → raw intervals
+    gpu: str | None
     kernels: Counter  # class → activity count
     step_source: str
     steps: list[tuple[int, int]]
-    streams: dict = field(default_factory=dict)  # stream → [(start, end, class or "compute")]
+    figures: list[dict[str, tuple[int, int]]]  # per step: {class: (communication ns, exposed ns)}
+
+
+@dataclass
+class Timeline:
+    """What the PNG draws of one step of one rank, bounded whatever the profile's size: per stream (the busiest
+    MAX_LANES, the rest in one lane) and class, the merged intervals, gaps under a pixel closed; each class's exposed
+    intervals the same way."""
+
+    rank: str
+    step: int
+    steps: int
+    source: str
+    span: tuple[int, int]
+    lanes: list[tuple[str, dict[str, list[tuple[int, int]]]]]
+    exposed: dict[str, list[tuple[int, int]]]
 
 
 @dataclass
@@ -115,52 +169,123 @@ class Measured:
     traces: list[DeviceTrace]
     rules: Counter  # (class, rule) → activities
     unclassified: Counter  # "pp or ep" → activities
+    unknown: dict = field(default_factory=dict)  # communication-like kernel name no rule knows → [count, ns]
+    timeline: Timeline | None = None  # of the first rank's first device
+
+
+def _order(label: str) -> list:
+    return [int(p) if p.isdigit() else p for p in label.replace("/gpu", "/").split("/")]
 
 
 def measure(paths: list[Path], plan: dict) -> Measured:
+    """Every profile in `paths` measured against the plan's layout, one file at a time: a rank's profile is read,
+    classified (each distinct kernel name matched once), swept once per class, and dropped before the next is read,
+    so memory is bounded by one rank's profile whatever the number of ranks."""
     lay = oc.Layout.of_plan(plan)
-    traces, rules, unclassified = [], Counter(), Counter()
-    profs = [read(p) for p in paths]
-    for i, prof in enumerate(profs):
+    m = Measured(plan, [], Counter(), Counter())
+    files: dict[str, Path] = {}
+    for i, path in enumerate(paths):
+        prof = load(path)
         decisions = oc.classify(prof, lay)
-        file_rank = rank_of(prof.path)
-        base = str(file_rank if file_rank is not None else i)
-        for dev in prof.devices:
-            label = base if len(prof.devices) == 1 else f"{base}/gpu{dev}"
-            traces.append(_device_trace(label, prof, dev, decisions, rules, unclassified))
-    traces.sort(key=lambda t: [int(p) if p.isdigit() else p for p in t.rank.replace("/gpu", "/").split("/")])
-    return Measured(plan, traces, rules, unclassified)
+        rank = prof.rank if prof.rank is not None else rank_of(prof.path)
+        base = str(rank if rank is not None else i)
+        devices = prof.devices
+        for dev in devices:
+            label = base if len(devices) == 1 else f"{base}/gpu{dev}"
+            if label in files:
+                raise ProfileError(
+                    f"{files[label]} and {path} are both rank {label}: give the profiles of one run (move one away)"
+                )
+            files[label] = path
+            trace, lanes = _device_trace(label, prof, dev, decisions, m)
+            m.traces.append(trace)
+            if m.timeline is None or _order(label) < _order(m.timeline.rank):
+                m.timeline = _timeline(trace, lanes)
+        del prof, decisions
+    m.traces.sort(key=lambda t: _order(t.rank))
+    return m
 
 
-def _device_trace(label, prof, dev, decisions, rules, unclassified) -> DeviceTrace:
-    compute, comm, kernels, streams = [], defaultdict(list), Counter(), defaultdict(list)
-    for a in prof.kernels + prof.memcpys:
+def _device_trace(label, prof, dev, decisions, m: Measured) -> tuple[DeviceTrace, dict]:
+    """The device's trace measured, and its raw intervals per stream and class (for the timeline)."""
+    compute, comm, kernels = [], defaultdict(list), Counter()
+    streams: dict = defaultdict(lambda: defaultdict(list))
+    for a in (*prof.kernels, *prof.memcpys):
         if a.device != dev:
             continue
         d = decisions.get(id(a))
         if d is None:
-            if oc.is_compute(a):
+            if a.copy_kind is None:  # host/device copies other than peer-to-peer: neither
                 compute.append((a.start, a.end))
-                streams[a.stream].append((a.start, a.end, "compute"))
-            continue  # host/device copies other than peer-to-peer: neither
+                streams[a.stream]["compute"].append((a.start, a.end))
+                if oc.looks_like_comm(a.name):
+                    seen = m.unknown.setdefault(a.name, [0, 0])
+                    seen[0], seen[1] = seen[0] + 1, seen[1] + a.end - a.start
+            continue
         cls = d.cls or "unclassified"
         comm[cls].append((a.start, a.end))
         kernels[cls] += 1
-        streams[a.stream].append((a.start, a.end, cls))
+        streams[a.stream][cls].append((a.start, a.end))
         if d.cls is None:
-            unclassified[" or ".join(d.candidates)] += 1
+            m.unclassified[" or ".join(d.candidates)] += 1
         else:
-            rules[(d.cls, d.rule)] += 1
+            m.rules[(d.cls, d.rule)] += 1
     source, steps = steps_of(prof, dev)
-    return DeviceTrace(label, prof, dev, union(compute), dict(comm), kernels, source, steps, dict(streams))
+    busy = union(compute)
+    figures: list[dict] = [{} for _ in steps]
+    for cls in (c for c in (*oc.CLASSES, "unclassified") if c in comm):
+        u = union(comm[cls])
+        exposed = subtract(u, busy)
+        for fig, c, e in zip(figures, per_span(u, steps), per_span(exposed, steps), strict=True):
+            fig[cls] = (c, e)
+        comm[cls] = exposed  # what the timeline marks
+    gpu = prof.gpus[0] if prof.gpus else None
+    trace = DeviceTrace(label, prof.path.name, dev, gpu, kernels, source, steps, figures)
+    return trace, {"streams": streams, "exposed": comm}
 
 
-def exposure(trace: DeviceTrace, cls: str, span: tuple[int, int]) -> tuple[int, int, list[tuple[int, int]]]:
-    """(communication ns, exposed ns, exposed intervals) of class `cls` on `trace` within `span`."""
-    lo, hi = span
-    comm = clip(union(trace.comm.get(cls, [])), lo, hi)
-    exposed = subtract(comm, clip(trace.compute, lo, hi))
-    return length(comm), length(exposed), exposed
+MAX_LANES = 24  # streams drawn one lane each; the rest share one
+PIXELS = 2000  # the figure is 990 px wide (11 in at 90 dpi): a gap under 1/2000 of the step cannot be seen
+
+
+def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
+    step = worst_step(trace)
+    lo, hi = trace.steps[step]
+    gap = max(1, (hi - lo) // PIXELS)
+
+    def drawn(intervals):
+        return coarse(clip(union(intervals), lo, hi), gap)
+
+    per_stream = {st: {c: drawn(ivs) for c, ivs in by_cls.items()} for st, by_cls in raw["streams"].items()}
+    per_stream = {st: {c: ivs for c, ivs in d.items() if ivs} for st, d in per_stream.items()}
+    load = {st: sum(length(v) for v in d.values()) for st, d in per_stream.items() if d}
+    busy = sorted(load, key=lambda st: -load[st])
+    lanes = [(f"stream {st}", per_stream[st]) for st in sorted(busy[:MAX_LANES])]
+    if rest := busy[MAX_LANES:]:
+        merged = defaultdict(list)
+        for st in rest:
+            for c, ivs in per_stream[st].items():
+                merged[c] += ivs
+        lanes.append((f"{len(rest)} other streams", {c: coarse(union(v), gap) for c, v in merged.items()}))
+    exposed = {c: drawn(ivs) for c, ivs in raw["exposed"].items()}
+    return Timeline(trace.rank, step, len(trace.steps), trace.step_source, (lo, hi), lanes, exposed)
+
+
+def coarse(intervals: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """Sorted disjoint intervals with every gap shorter than `gap` closed: at most (span / gap) + 1 of them."""
+    out: list[list[int]] = []
+    for s, e in intervals:
+        if out and s - out[-1][1] < gap:
+            out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def worst_step(trace: DeviceTrace) -> int:
+    """The profiled step of `trace` with the most exposed communication (the first of equals): the one to draw."""
+    exposed = [sum(e for _, e in fig.values()) for fig in trace.figures]
+    return exposed.index(max(exposed))
 
 
 def _ms(ns: int) -> float:
@@ -177,25 +302,20 @@ def _entry(comm: int, exposed: int, kernels: int) -> dict:
     }
 
 
-def _figures(t: DeviceTrace) -> list[dict[str, tuple[int, int]]]:
-    """Per step: {class: (communication ns, exposed ns)} for the classes this device ran."""
-    names = [c for c in (*oc.CLASSES, "unclassified") if c in t.comm]
-    return [{c: exposure(t, c, span)[:2] for c in names} for span in t.steps]
-
-
-def _rank_entry(t: DeviceTrace, figures: list[dict]) -> dict:
-    names = list(figures[0]) if figures else []
+def _rank_entry(t: DeviceTrace) -> dict:
+    names = [c for c in (*oc.CLASSES, "unclassified") if c in t.kernels]
     per_step = []
-    for i, (span, fig) in enumerate(zip(t.steps, figures, strict=True)):
+    for i, (span, fig) in enumerate(zip(t.steps, t.figures, strict=True)):
         row = {c: _entry(*fig[c], t.kernels[c]) for c in names}
         for c in names:
             del row[c]["kernels"]  # counted once, for the whole window
         per_step.append({"step": i, "span_ms": _ms(span[1] - span[0])} | row)
-    classes = {c: _entry(sum(f[c][0] for f in figures), sum(f[c][1] for f in figures), t.kernels[c]) for c in names}
+    figs = t.figures
+    classes = {c: _entry(sum(f[c][0] for f in figs), sum(f[c][1] for f in figs), t.kernels[c]) for c in names}
     return {
-        "file": t.prof.path.name,
+        "file": t.file,
         "device": t.device,
-        "gpu": t.prof.gpus[0] if t.prof.gpus else None,
+        "gpu": t.gpu,
         "steps": {"source": t.step_source, "count": len(t.steps)},
         "classes": classes,
         "per_step": per_step,
@@ -203,8 +323,8 @@ def _rank_entry(t: DeviceTrace, figures: list[dict]) -> dict:
 
 
 def report_of(m: Measured) -> dict:
-    figs = {t.rank: _figures(t) for t in m.traces}
-    ranks = {t.rank: _rank_entry(t, figs[t.rank]) for t in m.traces}
+    figs = {t.rank: t.figures for t in m.traces}
+    ranks = {t.rank: _rank_entry(t) for t in m.traces}
     classes = {}
     for c in (*oc.CLASSES, "unclassified"):
         pairs = [f[c] for per_step in figs.values() for f in per_step if c in f]
@@ -223,54 +343,67 @@ def report_of(m: Measured) -> dict:
         "ranks": ranks,
         "window": _window(m, sources),
         "rules": [{"class": c, "rule": r, "kernels": n} for (c, r), n in sorted(m.rules.items())],
+        "unknown_comm": [
+            {"name": name, "kernels": n, "ms": _ms(t)}
+            for name, (n, t) in sorted(m.unknown.items(), key=lambda x: -x[1][1])
+        ],
     }
     report["findings"] = overlap_claims.findings(report, m.plan)
     return report
 
 
 def _window(m: Measured, sources: list[str]) -> dict:
-    nsys = (m.plan.get("run") or {}).get("nsys") or {}
-    how = (
-        "per step: Bridge's train_step NVTX ranges"
-        if sources == ["nvtx"]
-        else "per profiled window (no train_step NVTX ranges in the trace: steps not told apart)"
-    )
-    return {"measured": how, "step_sources": sources, "planned_steps": nsys.get("steps"), "ranks": nsys.get("ranks")}
+    run = m.plan.get("run") or {}
+    planned = run.get("nsys") or run.get("torch_profile") or {}
+    if len(sources) == 1 and sources[0] in STEP_SOURCES:
+        how = f"per step: {STEP_SOURCES[sources[0]]} ranges"
+    elif "window" in sources:
+        how = "per profiled window (no train_step NVTX or ProfilerStep ranges in the trace: steps not told apart)"
+    else:
+        how = "per step: " + " and ".join(STEP_SOURCES[s] for s in sources if s in STEP_SOURCES) + " ranges"
+    steps, ranks = planned.get("steps"), planned.get("ranks")
+    return {"measured": how, "step_sources": sources, "planned_steps": steps, "ranks": ranks}
 
 
 def report_profiles(paths: list[Path], plan: dict) -> dict:
-    """The report of the given per-rank exports against `plan` (a plan's to_dict, as plan.json holds it)."""
-    files = [f for p in paths for f in profile_files(Path(p))]
+    """The report of the given per-rank profiles (Nsight exports or PyTorch traces) against `plan` (a plan's to_dict,
+    as plan.json holds it)."""
+    files = [f for p in paths for f in profile_files(Path(p), skip=(OVERLAP_JSON,))]
     return report_of(measure(files, plan))
 
 
 def run_inputs(run_dir: Path) -> tuple[list[Path], dict]:
-    """A run directory's profiles (<run dir>/nsys/) and its plan (plan.json), or one line saying what is missing."""
+    """A run directory's profiles (<run dir>/nsys/ and <run dir>/torch_profile/) and its plan (plan.json), or one line
+    saying what is missing."""
     run_dir = Path(run_dir)
     plan = jsonio.read_json(run_dir / "plan.json")
     if plan is None or "layout" not in plan:
         raise ProfileError(f"RUN={run_dir}: no plan.json there (make plan writes runs/<recipe>-<time>/plan.json)")
-    nsys = run_dir / NSYS_DIR
-    if not nsys.is_dir():
-        hint = "launch with NSYS=<start>:<end>" if not (plan.get("run") or {}).get("nsys") else "has the job run?"
-        raise ProfileError(f"RUN={run_dir}: no nsys/ directory of profiles ({hint})")
-    return profile_files(nsys), plan
+    dirs = [run_dir / d for d in (NSYS_DIR, TORCH_DIR) if (run_dir / d).is_dir()]
+    if not dirs:
+        run = plan.get("run") or {}
+        hint = "has the job run?" if run.get("nsys") or run.get("torch_profile") else PROFILE_HINT
+        raise ProfileError(f"RUN={run_dir}: no {NSYS_DIR}/ or {TORCH_DIR}/ directory of profiles ({hint})")
+    return [f for d in dirs for f in profile_files(d)], plan
+
+
+PROFILE_HINT = "launch with NSYS=<start>:<end>, or TORCH_PROFILE=<start>:<end> for the PyTorch profiler"
 
 
 def report_run(run_dir: Path) -> dict:
-    """The report of a run directory as `make plan` / `make submit` wrote it, with the profiles in its nsys/."""
+    """The report of a run directory as `make plan` / `make submit` wrote it, with the profiles in nsys/ or
+    torch_profile/."""
     return report_of(measure(*run_inputs(run_dir)))
 
 
-def timeline_png(m: Measured, out_path: Path, rank: str | None = None) -> Path:
-    """One PNG: one step of one rank (the middle profiled step of the first rank by default), compute and each
-    class on their streams, exposed communication marked."""
+def timeline_png(m: Measured, out_path: Path) -> Path:
+    """One PNG: one step of the first rank (its most exposed profiled step), compute and each class on their streams,
+    exposed communication marked; written atomically, never through a link at `out_path`."""
     from overlapkit.regress import overlap_render
 
-    trace = next((t for t in m.traces if rank is None or t.rank == rank), None)
-    if trace is None:
-        raise ProfileError(f"rank {rank} is not in the profiles (ranks: {', '.join(t.rank for t in m.traces)})")
-    return overlap_render.draw(trace, Path(out_path), exposure)
+    if m.timeline is None:
+        raise ProfileError("no profile to draw")
+    return overlap_render.draw(m.timeline, Path(out_path))
 
 
 def save(m: Measured, report: dict, png: Path, run_dir: Path | None = None) -> str | None:

@@ -17,6 +17,13 @@ Why the entry wraps its own rank instead of nemo_run's launcher prefix (what Bri
   directory under a temporary name, then renamed, so a reader never sees half a file.
 - srun ends a step 60 s after its first task exits (nemo_run's `--wait=60`): every rank waits, after training, for
   the report's marker (`nsys/report.done`), so no task exits while a profiled rank still exports.
+
+With TORCH_PROFILE=<start>:<end> instead, Bridge's own PyTorch profiler runs inside the training
+(profiling.use_pytorch_profiler) and writes `<tensorboard_dir>/../torch_profile/rank-<R>.json.gz`
+(training/profiling.py initialize_pytorch_profiler, Bridge 0.6.2), a directory shared by every run that logs there.
+After training each profiled rank copies its trace into `<run dir>/torch_profile/` under the same name (a
+temporary name, then renamed), the first profiled rank writes the report once every trace is there, and every rank
+waits for its marker (`torch_profile/report.done`), as with nsys.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ import time
 from pathlib import Path
 
 from overlapkit.cluster import preflight
-from overlapkit.plan.runopts import NSYS_DIR
+from overlapkit.errors import BadInput
+from overlapkit.plan.runopts import NSYS_DIR, TORCH_DIR
 from overlapkit.regress.nsys_sqlite import export  # standard library only, as this module
 
 UNDER_NSYS = "OVERLAPKIT_UNDER_NSYS"  # set in the child nsys profiles: it trains, the parent exports
@@ -63,8 +71,11 @@ def report_base(run_dir: Path, rank: int) -> Path:
     return nsys_dir(run_dir) / f"rank{rank}"
 
 
-def exports(run_dir: Path, ranks) -> list[Path]:
-    return [nsys_dir(run_dir) / f"rank{r}.sqlite" for r in ranks]
+def exports(run_dir: Path, ranks, where: str = NSYS_DIR) -> list[Path]:
+    """Each profiled rank's file the report reads: nsys/rank<R>.sqlite, or torch_profile/rank-<R>.json.gz (Bridge's
+    name for its trace)."""
+    d = Path(run_dir) / where
+    return [d / (f"rank{r}.sqlite" if where == NSYS_DIR else f"rank-{r}.json.gz") for r in ranks]
 
 
 def profiles_rank(run_dir: Path, plan: dict, rank: int | None) -> bool:
@@ -84,13 +95,47 @@ def wrap(run_dir: Path, plan: dict, program: list[str]) -> int | None:
     (`program`: the entry again, as nsys's child) and the training's exit status; None on every other rank, and in
     nsys's child: go on with the preflight."""
     rank = preflight.env_int("SLURM_PROCID", "RANK")
+    torch = (plan.get("run") or {}).get("torch_profile")
+    if torch and rank == min(torch["ranks"]) and not _torch_done(run_dir, torch["ranks"]):
+        (Path(run_dir) / TORCH_DIR / DONE).unlink(missing_ok=True)  # this job's report: the others wait for a fresh one
     return run_profiled(run_dir, rank, plan, program) if profiles_rank(run_dir, plan, rank) else None
 
 
-def after_training(run_dir: Path, plan: dict) -> None:
-    """A rank that trained outside nsys in a profiled run: wait for the report (see the module doc: srun --wait)."""
-    if (plan.get("run") or {}).get("nsys") and not os.environ.get(UNDER_NSYS):
+def _torch_done(run_dir: Path, ranks) -> bool:
+    """Every profiled rank's trace in the run directory and the report's marker there: an earlier segment did it."""
+    return (Path(run_dir) / TORCH_DIR / DONE).is_file() and all(p.is_file() for p in exports(run_dir, ranks, TORCH_DIR))
+
+
+def after_training(run_dir: Path, plan: dict, tensorboard_dir: str | None = None) -> None:
+    """A rank that trained outside nsys in a profiled run: wait for the report (see the module doc: srun --wait).
+    With TORCH_PROFILE, a profiled rank first copies its trace from where Bridge wrote it (under `tensorboard_dir`, the
+    job's cfg.logger.tensorboard_dir), and the first profiled rank writes the report."""
+    run = plan.get("run") or {}
+    if run.get("nsys") and not os.environ.get(UNDER_NSYS):
         hold(run_dir)
+    elif (torch := run.get("torch_profile")) and not _torch_done(run_dir, torch["ranks"]):
+        rank = preflight.env_int("SLURM_PROCID", "RANK")
+        problem = keep_trace(run_dir, tensorboard_dir, rank) if rank in torch["ranks"] else None
+        if problem:
+            _say(f"error: rank {rank}: {problem}")
+        if rank == min(torch["ranks"]):
+            write_report(run_dir, torch["ranks"], failed=(rank,) if problem else (), where=TORCH_DIR)
+        else:
+            hold(run_dir, where=TORCH_DIR)
+
+
+def keep_trace(run_dir: Path, tensorboard_dir: str | None, rank: int) -> str | None:
+    """This rank's PyTorch-profiler trace copied into <run dir>/torch_profile/ (a temporary name, then renamed);
+    None, or what failed."""
+    src = Path(f"{tensorboard_dir}/../torch_profile/rank-{rank}.json.gz")  # Bridge's own f-string (profiling.py)
+    if not src.is_file():
+        return f"the PyTorch profiler wrote no {src} (did the run reach the profiled steps?)"
+    dst = exports(run_dir, [rank], TORCH_DIR)[0]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    part = dst.with_name(dst.name + ".part")
+    shutil.copyfile(src, part)
+    os.replace(part, dst)
+    return None
 
 
 def profile_command(nsys: str, run_dir: Path, rank: int, program: list[str]) -> list[str]:
@@ -129,22 +174,24 @@ def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> in
     return code
 
 
-def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S, failed=()) -> None:
+def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S, failed=(), where: str = NSYS_DIR) -> None:
     """Once the exports of `ranks` are there (or `wait_s` has passed): the run's overlap report and its timeline
     (write_overlap), then the marker the other ranks wait for, whatever happened (its `error` says what). `failed`:
-    ranks whose export is known to have failed, not waited for (the whole job would hold for WAIT_S)."""
+    ranks whose export is known to have failed, not waited for (the whole job would hold for WAIT_S). `where`: the
+    profiles' directory (nsys/, or torch_profile/ for TORCH_PROFILE)."""
     deadline = time.monotonic() + wait_s
-    want = [p for r, p in zip(ranks, exports(run_dir, ranks), strict=True) if r not in failed]
+    want = [p for r, p in zip(ranks, exports(run_dir, ranks, where), strict=True) if r not in failed]
     while not all(p.is_file() for p in want) and time.monotonic() < deadline:
         time.sleep(2)
-    missing = [p.name for p in exports(run_dir, ranks) if not p.is_file()]
+    missing = [p.name for p in exports(run_dir, ranks, where) if not p.is_file()]
     done = {"missing_exports": missing, "error": None}
     try:
         done["error"] = write_overlap(run_dir)  # the picture's problem, if any: the report stands without it
-    except (ValueError, OSError) as exc:  # the report's ProfileError is a ValueError: one line
+    except (BadInput, OSError) as exc:  # the report's ProfileError, a corrupt export: one line
         done["error"] = str(exc)
     finally:  # whatever happened: the other ranks stop waiting
-        (nsys_dir(run_dir) / DONE).write_text(json.dumps(done) + "\n")
+        (Path(run_dir) / where).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / where / DONE).write_text(json.dumps(done) + "\n")
     if done["error"]:
         _say(f"error: the overlap report of {run_dir}: {done['error']}")
 
@@ -156,12 +203,12 @@ def write_overlap(run_dir: Path) -> str | None:
     return overlap_report.write_run(Path(run_dir))
 
 
-def hold(run_dir: Path, wait_s: float = WAIT_S) -> bool:
+def hold(run_dir: Path, wait_s: float = WAIT_S, where: str = NSYS_DIR) -> bool:
     """Wait for the report's marker: True when it came, False after `wait_s`."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if (nsys_dir(run_dir) / DONE).is_file():
+        if (Path(run_dir) / where / DONE).is_file():
             return True
         time.sleep(2)
-    _say(f"profile: no {DONE} in {nsys_dir(run_dir)} after {wait_s:.0f} s; this rank stops waiting")
+    _say(f"profile: no {DONE} in {Path(run_dir) / where} after {wait_s:.0f} s; this rank stops waiting")
     return False
