@@ -78,7 +78,10 @@ def do_submit(args) -> int:
 
 
 def do_report(args) -> int:
-    night_dir = Path(args.night) if args.night else nightly.latest_night(profile_of(args).job_path / "nightly")
+    root = profile_of(args).job_path / "nightly"
+    night_dir = Path(args.night) if args.night else nightly.latest_night(root)
+    if night_dir is None:
+        raise BadInput(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
     ok = nightly.report_night(night_dir, goldens=Path(args.goldens), retry=not args.no_retry, say=print)
     return 0 if ok else 1
 

@@ -155,6 +155,7 @@ BAD = [
     ("nightly-report", ["NIGHT={d}/notjson"], f"night.json: is not JSON (Expecting value); {NOT_NIGHT}"),
     ("nightly-report", ["NIGHT={d}/nokeys"], f"night.json: lacks 'job_dir', 'preflight_only', 'entries'; {NOT_NIGHT}"),
     ("nightly-report", ["NIGHT={d}/badentries"], "night.json: its entries are not runs"),
+    ("nightly-report", ["JOB_DIR={d}"], "/nightly: run make nightly first, or give NIGHT=<dir>"),
     ("status", ["RUN={d}/binrun"], f"submission.json: is not text (byte 1 is not UTF-8); {NOT_RUN}"),
     ("cancel", ["RUN={d}/binrun"], f"submission.json: is not text (byte 1 is not UTF-8); {NOT_RUN}"),
     ("status", ["RUN={d}/emptyrun"], f"emptyrun/submission.json: no such file; {NOT_RUN}"),

@@ -160,9 +160,7 @@ def night_lines(night_dir: Path, night: dict, results: list[dict] | None, report
 
 
 def _last_night(root: Path) -> list[str]:
-    try:
-        night_dir = latest_night(root)
-    except FileNotFoundError:
+    if (night_dir := latest_night(root)) is None:
         return [f"last night: none yet under {stack.repo_relative(root)}"]
     night = read_night(night_dir)
     # a list, one verdict per recipe; None: the report job has not written it (yet)

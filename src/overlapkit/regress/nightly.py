@@ -17,7 +17,6 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm, submit
-from overlapkit.errors import BadInput
 from overlapkit.plan import registry, runopts
 from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
@@ -233,11 +232,10 @@ def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
 # --- reporting a night ----------------------------------------------------------------------------------------
 
 
-def latest_night(root: Path) -> Path:
+def latest_night(root: Path) -> Path | None:
+    """The newest night directory under `root` (their names are their start times); None before the first night."""
     nights = sorted(root.glob("*/night.json"))
-    if not nights:
-        raise BadInput(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
-    return nights[-1].parent
+    return nights[-1].parent if nights else None
 
 
 NIGHT_KEYS = ("job_dir", "preflight_only", "entries")  # what the report reads from night.json

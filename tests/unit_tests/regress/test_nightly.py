@@ -57,9 +57,8 @@ def test_a_night_mixes_retry_and_hard_failure(tmp_path):
     assert results[1]["verdict"]["status"] == "hard_failure"
 
 
-def test_latest_night_and_no_night_is_one_line(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run make nightly first"):
-        nightly.latest_night(tmp_path)
+def test_the_latest_night_is_the_newest_stamp_and_none_before_the_first(tmp_path):
+    assert nightly.latest_night(tmp_path) is None
     for stamp in ("20261201-020000", "20261202-020000"):
         (tmp_path / stamp).mkdir()
         (tmp_path / stamp / "night.json").write_text("{}")
