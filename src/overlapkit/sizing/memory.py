@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from overlapkit.shape import ModelShape
 from overlapkit.sizing import moe_memory
 from overlapkit.sizing.hardware import HARDWARE
-from overlapkit.topology import Target, data_parallel_size
+from overlapkit.topology import Target, data_parallel_size, expert_data_parallel_size
 
 GB = 2**30
 MARGIN_GB = 4.0  # allocator fragmentation: about 5% of the card
@@ -169,7 +169,6 @@ def workload_of(cfg, target: Target) -> Workload:
 
         stages = PipelineParallelLayerLayout(m.pipeline_model_parallel_layout, pp).layout[0]
         first_chunks = tuple(sum(getattr(x, "name", x) == "decoder" for x in chunk) for chunk in stages)
-    expert_side = (m.expert_tensor_parallel_size or 1) * (m.expert_model_parallel_size or 1) * pp  # ETP·EP·PP
     return Workload(
         ModelShape.of(cfg),
         tp=tp,
@@ -190,7 +189,7 @@ def workload_of(cfg, target: Target) -> Workload:
         mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None),
         ep=m.expert_model_parallel_size or 1,
         etp=m.expert_tensor_parallel_size or 1,
-        expert_dp=max(1, target.world_size // expert_side),  # the expert side of Megatron Core's grid
+        expert_dp=expert_data_parallel_size(m, target.world_size),
         recompute_modules=tuple(m.recompute_modules or ()) if m.recompute_granularity == "selective" else (),
         first_chunks=first_chunks,
         fp8_recipe=(mp.fp8_recipe if real_mp and mp.fp8 else None) or "tensorwise",
