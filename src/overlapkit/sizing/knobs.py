@@ -70,7 +70,7 @@ def not_modelled(m, train) -> list[Knob]:
     not price."""
     out = []
     graphed = moe_time.graph_modules(m)
-    priced = {"moe_router", "moe_preprocess"} if moe_time.graphed_router(m) else set()
+    priced = {"moe_router", "moe_preprocess"} if graphed and moe_time.graphed_router(m) else set()
     if rest := sorted(graphed - priced):  # CUDA graphs beyond the router and preprocess the model prices
         why = (
             "host launch time of the captured kernels removed; Megatron-Bridge's CUDA-graph guide measures neutral to "

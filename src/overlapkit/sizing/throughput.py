@@ -302,7 +302,8 @@ def _dp_groups(c: _Ctx, bucket: int | None) -> list:
     return groups
 
 
-def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list:
+def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, groups: list) -> list:
+    """The grad reduce-scatter and param all-gather over the DP groups (_dp_groups), what overlap leaves exposed."""
     w = c.w
     out = []
     for name, nbytes, on, window in (
@@ -311,7 +312,7 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
     ):
         full = one = 0.0
         parts = []
-        for params, n, span, bucket_params, group in [g for g in _dp_groups(c, bucket) if g[1] > 1]:
+        for params, n, span, bucket_params, group in [g for g in groups if g[1] > 1]:
             bw = c.link(span)
             full += params * nbytes * (n - 1) / n / bw
             one = max(one, bucket_params * nbytes * (n - 1) / n / bw)
@@ -380,9 +381,10 @@ def predict(
     terms += [t for t in (tp_term(c, overlaps.tp), cp_term(c), a2a) if t]
     per_mb = sum(t for _, t, _ in terms) / c.m
     terms += pipeline_terms(c, overlaps.p2p, per_mb)
-    terms += dp_terms(c, overlaps, per_mb, bucket)
+    groups = _dp_groups(c, bucket)
+    terms += dp_terms(c, overlaps, per_mb, groups)
     # Adam's memory traffic over the GPU's optimizer shard.
-    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in _dp_groups(c, None))
+    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in groups)
     adam = shard * ADAM_BYTES_PER_PARAM / (c.hw.hbm_tbs * 1e12)
     terms.append(
         ("optimizer step", adam, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
