@@ -67,6 +67,24 @@ class ModelShape:
     def of(cls, cfg) -> ModelShape:
         """The shape a Bridge ConfigContainer trains (GPT3's provider leaves the vocabulary to the tokenizer)."""
         m = cfg.model
+        extra = {"mtp_layers": getattr(m, "mtp_num_layers", None) or 0}  # the MoE/MLA/MTP fields (MTP only: dense)
+        if getattr(m, "num_moe_experts", None):
+            freq = m.moe_layer_freq
+            extra |= dict(
+                experts=m.num_moe_experts,
+                topk=m.moe_router_topk,
+                moe_layers=sum(freq) if isinstance(freq, list) else len(range(0, m.num_layers, freq)),
+                moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+                shared_ffn=m.moe_shared_expert_intermediate_size or 0,
+            )
+        if getattr(m, "multi_latent_attention", False):
+            extra |= dict(
+                q_lora=m.q_lora_rank or 0,
+                kv_lora=m.kv_lora_rank,
+                qk_head=m.qk_head_dim,
+                qk_rope=m.qk_pos_emb_head_dim,
+                v_head=m.v_head_dim,
+            )
         return cls(
             hidden=m.hidden_size,
             layers=m.num_layers,
@@ -83,7 +101,7 @@ class ModelShape:
             account_embedding=bool(m.account_for_embedding_in_pipeline_split),
             account_loss=bool(m.account_for_loss_in_pipeline_split),
             bias=bool(m.add_bias_linear),
-            **_moe_fields(m),
+            **extra,
         )
 
     @property
@@ -126,10 +144,6 @@ class ModelShape:
         return self.hidden * self.experts + shared + self.hidden
 
     @property
-    def dense_layer_params(self) -> int:
-        return self.attention_params + self.mlp_params(self.ffn) + self.hidden
-
-    @property
     def params_per_layer(self) -> int:
         """Mean parameters per transformer layer (weights and norms; biases where the model has them)."""
         return self.layer_split[0] + self.layer_split[1]
@@ -138,17 +152,16 @@ class ModelShape:
     def layer_split(self) -> tuple[int, int]:
         """(non-expert, routed-expert) parameters per layer on average: TP shards the first, EP·ETP the second."""
         dense = self.layers - self.moe_layers
-        non_expert = dense * self.dense_layer_params + self.moe_layers * (self.attention_params + self.moe_dense_part)
+        dense_layer = self.attention_params + self.mlp_params(self.ffn) + self.hidden
+        moe_layer = self.attention_params + self.moe_dense_part  # and its routed experts, the second part
+        non_expert = dense * dense_layer + self.moe_layers * moe_layer
         return non_expert // self.layers, self.moe_layers * self.expert_params_per_moe_layer // self.layers
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied else 2)
 
     @property
     def total_params(self) -> int:
         """The model card's total: every layer and the embeddings, MTP layers excluded."""
-        return sum(self.layer_split) * self.layers + self.embedding_params + self.hidden  # + final norm
+        embedding = self.vocab * self.hidden * (1 if self.tied else 2)
+        return sum(self.layer_split) * self.layers + embedding + self.hidden  # + final norm
 
     @property
     def mtp_params(self) -> int:
@@ -179,27 +192,3 @@ class ModelShape:
             f"h{self.hidden} L{self.layers} heads{self.heads} groups{self.query_groups} ffn{self.ffn} "
             f"seq{self.seq} {self.dtype}"
         )
-
-
-def _moe_fields(m) -> dict:
-    """The MoE/MLA/MTP fields of a Megatron provider (empty for a dense model)."""
-    out = {}
-    if getattr(m, "num_moe_experts", None):
-        freq = m.moe_layer_freq
-        moe_layers = sum(freq) if isinstance(freq, list) else len(range(0, m.num_layers, freq))
-        out = dict(
-            experts=m.num_moe_experts,
-            topk=m.moe_router_topk,
-            moe_layers=moe_layers,
-            moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
-            shared_ffn=m.moe_shared_expert_intermediate_size or 0,
-        )
-    if getattr(m, "multi_latent_attention", False):
-        out |= dict(
-            q_lora=m.q_lora_rank or 0,
-            kv_lora=m.kv_lora_rank,
-            qk_head=m.qk_head_dim,
-            qk_rope=m.qk_pos_emb_head_dim,
-            v_head=m.v_head_dim,
-        )
-    return out | {"mtp_layers": getattr(m, "mtp_num_layers", None) or 0}

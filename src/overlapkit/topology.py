@@ -49,14 +49,10 @@ class Target:
         return self.nodes * self.gpus_per_node
 
 
-def model_parallel_size(cfg) -> int:
-    m = cfg.model
-    return m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1)
-
-
 def data_parallel_size(cfg, world_size: int) -> int:
     """DP = world / (TP·PP·CP); LayoutError (one line, with the fix) when the GPUs do not divide."""
-    m, mp = cfg.model, model_parallel_size(cfg)
+    m = cfg.model
+    mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1)
     if world_size % mp:
         raise LayoutError(
             f"{world_size} GPUs do not divide by TP·PP·CP = {m.tensor_model_parallel_size}·"
@@ -64,6 +60,13 @@ def data_parallel_size(cfg, world_size: int) -> int:
             f"GPU total is a multiple of {mp}"
         )
     return world_size // mp
+
+
+def expert_data_parallel_size(model, world_size: int) -> int:
+    """Expert-data-parallel size: the expert side of the world is ETP·EP·PP·expert-DP (Megatron Core's expert grid
+    folds CP into expert-DP)."""
+    side = (model.expert_tensor_parallel_size or 1) * (model.expert_model_parallel_size or 1)
+    return max(1, world_size // (side * model.pipeline_model_parallel_size))
 
 
 def expert_group(ep: int, etp: int = 1, gpus_per_node: int = GPUS_PER_NODE) -> tuple[int, int]:

@@ -152,13 +152,6 @@ def preset_for(s: ModelShape, tp: int, cp: int, mbs: int, gpu: str = "h100") -> 
         return presets.DEFAULT_TP_CONFIG
 
 
-def _eps(s: ModelShape, fixed: dict) -> list[int]:
-    """EP sizes to try: powers of two that divide the experts (>1: the EP all-to-all overlap path); 1 for dense."""
-    if "ep" in fixed:
-        return [fixed["ep"]]
-    return [e for e in (2**i for i in range(1, 11)) if s.experts % e == 0] if s.is_moe else [1]
-
-
 def divisors(n: int) -> list[int]:
     """The divisors of `n` ≥ 1, ascending: √n steps, so a split search never walks every number up to n."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -170,6 +163,8 @@ def _splits(s: ModelShape, gpus: int, fixed: dict):
     divisors ≥ 2 of units/PP (PP·VPP must divide the units: audit.split_violations), so the walk is over divisors,
     not over every number up to the layer count."""
     units = s.pipeline_units
+    # EP sizes: powers of two that divide the experts (>1: the EP all-to-all overlap path); 1 for dense.
+    eps = [e for e in (2**i for i in range(1, 11)) if s.experts % e == 0] if s.is_moe else [1]
     for tp in [fixed["tp"]] if "tp" in fixed else TPS:
         for cp in [fixed["cp"]] if "cp" in fixed else CPS:
             per = gpus // (tp * cp) if gpus % (tp * cp) == 0 else 0
@@ -178,7 +173,7 @@ def _splits(s: ModelShape, gpus: int, fixed: dict):
                 vpps = [None] if pp == 1 else [v for v in divisors(max(units // pp, 1)) if v >= 2]
                 for vpp in [fixed["vpp"]] if "vpp" in fixed else vpps:
                     for mbs in [fixed["mbs"]] if "mbs" in fixed else MBSS:
-                        for ep in _eps(s, fixed):
+                        for ep in [fixed["ep"]] if "ep" in fixed else eps:
                             yield tp, pp, (vpp if pp > 1 else None), cp, mbs, ep
 
 

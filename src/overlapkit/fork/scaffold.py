@@ -179,15 +179,6 @@ def {name}():
 '''
 
 
-def _moe_intent(req: ForkRequest, c) -> str:
-    """The fork keeps the FROM recipe's delayed wgrad; NVIDIA's kept-off overlaps belong to NVIDIA's layouts, so the
-    fork runs every overlap its searched layout allows (TP overlap through the default config where no preset fits)."""
-    args = ["delay_wgrad=True"] if registry.get(req.from_name).intent.delay_wgrad else []
-    if not c.exact_preset:
-        args.append('tp_preset="default"')
-    return ", ".join(args)
-
-
 def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_module: str) -> str:
     imports = "Layout, h100_pretrain, register, with_shape"
     if c.exact_preset:
@@ -224,7 +215,13 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
     )
     if s.is_moe:
-        return MOE_TEMPLATE.format(**common, intent_args=_moe_intent(req, c))
+        # The fork keeps the FROM recipe's delayed wgrad; NVIDIA's kept-off overlaps belong to NVIDIA's layouts, so
+        # the fork runs every overlap its searched layout allows (TP overlap through the default config where no
+        # preset fits).
+        args = ["delay_wgrad=True"] if registry.get(req.from_name).intent.delay_wgrad else []
+        if not c.exact_preset:
+            args.append('tp_preset="default"')
+        return MOE_TEMPLATE.format(**common, intent_args=", ".join(args))
     return TEMPLATE.format(**common, imports=imports, kv=s.kv_channels or s.hidden // s.heads, intent=intent)
 
 

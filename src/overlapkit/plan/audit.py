@@ -173,7 +173,15 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         obj = live.get(section)
         if obj is None or "." in leaf or not hasattr(obj, leaf) or (got := getattr(obj, leaf)) == new:
             continue
-        winner = _winner(cfg, section, leaf)
+        # The field that decides `section.leaf`: Bridge's comm-overlap setup writes its own defaults, overridden by
+        # any comm_overlap field the user set, over ddp/model/optimizer (CommOverlapConfig._override_user_cfgs), and
+        # its mixed-precision setup does the same from cfg.mixed_precision.
+        winner = None
+        for name in ("comm_overlap", "mixed_precision"):
+            src = getattr(cfg, name, None)
+            if name != section and src is not None and not isinstance(src, str) and leaf in overrides.fields_of(src):
+                winner = f"{name}.{leaf}"
+                break
         value = new
         if leaf == "bucket_size" and isinstance(new, int):
             chunk, width = _chunk_params(cfg), _grad_dtype(res.ddp)[1]
@@ -184,17 +192,6 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         msg = f"{key}={raw(new)} is not applied: Bridge's setup replaces it with {raw(got)}; {where}"
         rep.findings.append(Finding("error", "override_replaced", msg, fix))
     return rep
-
-
-def _winner(cfg, section: str, leaf: str) -> str | None:
-    """The field that decides `section.leaf`: Bridge's comm-overlap setup writes its own defaults, overridden by any
-    comm_overlap field the user set, over ddp/model/optimizer (CommOverlapConfig._override_user_cfgs), and its
-    mixed-precision setup does the same from cfg.mixed_precision."""
-    for name in ("comm_overlap", "mixed_precision"):
-        src = getattr(cfg, name, None)
-        if name != section and src is not None and not isinstance(src, str) and leaf in overrides.fields_of(src):
-            return f"{name}.{leaf}"
-    return None
 
 
 def _chunk_params(cfg) -> int:
@@ -364,7 +361,10 @@ def _bucket_size(a: _Audit) -> None:
     mb = bucket * width / 2**20
     a.row("bucket_size", ON, f"{bucket:,} params = {mb:,.0f} MB at {grad_dtype}")
     chunk = _chunk_params(a.cfg)
-    field = bucket_field(a.cfg)
+    # The field that decides the bucket: Bridge's comm-overlap setup copies comm_overlap.bucket_size over
+    # ddp.bucket_size whenever it is set (training/comm_overlap.py, CommOverlapConfig.setup).
+    comm = a.cfg.comm_overlap
+    field = "comm_overlap.bucket_size" if comm is not None and comm.bucket_size is not None else "ddp.bucket_size"
     if bucket >= BYTES_LIKE_BUCKET:
         good = sane_bucket(bucket, chunk, width)
         a.err(
@@ -381,13 +381,6 @@ def _bucket_size(a: _Audit) -> None:
             f"one bucket, so grad reduce cannot overlap; use ≤ chunk/4, e.g. {field}={good}",
             f"{field}={good}",
         )
-
-
-def bucket_field(cfg) -> str:
-    """The field that decides the bucket: Bridge's comm-overlap setup copies comm_overlap.bucket_size over
-    ddp.bucket_size whenever it is set (training/comm_overlap.py, CommOverlapConfig.setup)."""
-    comm = cfg.comm_overlap
-    return "comm_overlap.bucket_size" if comm is not None and comm.bucket_size is not None else "ddp.bucket_size"
 
 
 def sane_bucket(bucket: int, chunk: int, width: int) -> int:

@@ -13,12 +13,11 @@ from overlapkit.errors import BadInput
 from overlapkit.plan import data, inputs, overrides, presets, registry, request, runopts
 from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
-from overlapkit.plan.moe import expert_dp
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
 from overlapkit.plan.request import PlanRequest, loose
 from overlapkit.shape import ModelShape, dtype_of
 from overlapkit.sizing import calibration, hardware, knobs, memory, throughput, worth
-from overlapkit.topology import Target
+from overlapkit.topology import Target, expert_data_parallel_size
 
 
 class PlanError(BadInput):
@@ -68,7 +67,7 @@ class Plan:
             moe = {
                 "ep": m.expert_model_parallel_size,
                 "etp": m.expert_tensor_parallel_size or 1,
-                "expert_dp": expert_dp(m, self.target.world_size),
+                "expert_dp": expert_data_parallel_size(m, self.target.world_size),
                 "experts": shape.experts,
                 "topk": shape.topk,
                 "active_params_b": round(shape.active_params / 1e9, 1),

@@ -81,13 +81,6 @@ class DataSpec:
     def tokens(self) -> int:
         return sum(p.tokens for p in self.prefixes)
 
-    def train_tokens(self) -> int:
-        """Tokens the training split draws from (the split's train share of one blend)."""
-        if self.per_split:
-            return sum(p.tokens for p in self.per_split.get("train", ()))
-        shares = [float(x) for x in (self.split or "1").replace("/", ",").split(",")]
-        return int(self.tokens * shares[0] / sum(shares))
-
     def to_dict(self) -> dict:
         return {
             "source": self.source,
@@ -126,24 +119,19 @@ def read_idx(prefix: str, where: str) -> tuple[int, int, str, int]:
     tokens = int(lengths.sum(dtype=np.int64))
     if binf.stat().st_size != tokens * np.dtype(name).itemsize:
         _fail(where, f"{binf} holds {binf.stat().st_size} bytes, its index says {tokens} {name} tokens: rebuild it")
-    if seqs and not _pointers_match(idx, lengths, np.dtype(name).itemsize):
-        _fail(
-            where,
-            f"{idx}'s sequence pointers do not match its lengths (a corrupt index): rebuild it with make "
-            "prep-data FORCE=1",
-        )
+    if seqs:
+        # The sequence pointers must be the ones Megatron writes for these lengths (each sequence starts where the one
+        # before ends, the first at byte 0), so that every read stays inside the .bin: one pass over two arrays.
+        pointers = np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 4 * seqs, shape=(seqs,))
+        starts = np.zeros(seqs, dtype=np.int64)
+        np.cumsum(lengths[:-1], dtype=np.int64, out=starts[1:])
+        if (lengths < 0).any() or not np.array_equal(pointers, starts * np.dtype(name).itemsize):
+            _fail(
+                where,
+                f"{idx}'s sequence pointers do not match its lengths (a corrupt index): rebuild it with make "
+                "prep-data FORCE=1",
+            )
     return tokens, max(docs - 1, 0), name, largest
-
-
-def _pointers_match(idx: Path, lengths, itemsize: int) -> bool:
-    """Are the index's sequence pointers the ones Megatron writes for these lengths (each sequence starts where the
-    one before ends, the first at byte 0), so every read stays inside the .bin? One pass over two arrays."""
-    if (lengths < 0).any():
-        return False
-    pointers = np.memmap(idx, dtype=np.int64, mode="r", offset=34 + 4 * len(lengths), shape=(len(lengths),))
-    starts = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(lengths[:-1], dtype=np.int64, out=starts[1:])
-    return bool(np.array_equal(pointers, starts * itemsize))
 
 
 def tokenizer_vocab(path: Path, where: str) -> int:
@@ -194,29 +182,7 @@ def resolved(path: Path, where: str) -> Path:
         _fail(where, f"{path} cannot be resolved ({exc.strerror}): fix the path")
 
 
-def _cache(value, base: Path, where: str) -> str:
-    if not isinstance(value, str):
-        _fail(where, f'cache = {value!r}: a directory path, e.g. cache = "index-cache"')
-    path = resolved(base / value, where)
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        _fail(where, f"index cache {path} is not writable (Megatron writes its sample indices there): set cache")
-    return str(path)
-
-
 _SHARE = re.compile(r"\s*\d+(\.\d*)?\s*", re.ASCII)  # a non-negative number in ASCII digits ('9²' is not one)
-
-
-def check_split(split: str, where: str) -> None:
-    """train,valid,test shares of one blend: three non-negative numbers, the train share above 0 (a run with no
-    training data would read nothing; Megatron would build its train split empty)."""
-    parts = split.split(",")
-    if len(parts) != 3 or not all(_SHARE.fullmatch(p) for p in parts):
-        _fail(where, f'split = {split!r}: three non-negative numbers (train,valid,test), e.g. "98,1,1"')
-    if not float(parts[0]) > 0:
-        _fail(where, f'split = {split!r}: the train share is 0, so the run has no training data; e.g. "98,1,1"')
 
 
 def load(path: str | Path) -> DataSpec:
@@ -238,10 +204,24 @@ def load(path: str | Path) -> DataSpec:
     base = src.parent
     tok = resolved(base / raw["tokenizer"], where)
     vocab = tokenizer_vocab(tok, where)
-    cache = _cache(raw.get("cache", "index-cache"), base, where)
+    if not isinstance(cache := raw.get("cache", "index-cache"), str):
+        _fail(where, f'cache = {cache!r}: a directory path, e.g. cache = "index-cache"')
+    cache = resolved(base / cache, where)
+    probe = cache
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        _fail(where, f"index cache {cache} is not writable (Megatron writes its sample indices there): set cache")
+    cache = str(cache)
     if "blend" in raw:
+        # train,valid,test shares of one blend: three non-negative numbers, the train share above 0 (a run with no
+        # training data would read nothing; Megatron would build its train split empty).
         split = str(raw.get("split", "98,1,1"))
-        check_split(split, where)
+        parts = split.split(",")
+        if len(parts) != 3 or not all(_SHARE.fullmatch(p) for p in parts):
+            _fail(where, f'split = {split!r}: three non-negative numbers (train,valid,test), e.g. "98,1,1"')
+        if not float(parts[0]) > 0:
+            _fail(where, f'split = {split!r}: the train share is 0, so the run has no training data; e.g. "98,1,1"')
         return DataSpec(str(src), str(tok), vocab, cache, split, blend=_prefixes(raw["blend"], base, where, vocab))
     if "split" in raw:
         _fail(where, "split applies to [[blend]] only; [blend_per_split] names each split's prefixes itself")
@@ -287,7 +267,10 @@ def consumption(cfg, spec: DataSpec | None) -> dict:
     consumed = (t.train_iters or 0) * t.global_batch_size * cfg.model.seq_length
     if spec is None:
         return {"mock": True, "consumed_tokens": consumed}
-    train = spec.train_tokens()
+    train = sum(p.tokens for p in spec.per_split.get("train", ()))
+    if not spec.per_split:  # the split's train share of one blend
+        shares = [float(x) for x in (spec.split or "1").replace("/", ",").split(",")]
+        train = int(spec.tokens * shares[0] / sum(shares))
     return {
         "mock": False,
         "consumed_tokens": consumed,

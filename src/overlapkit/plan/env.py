@@ -206,9 +206,16 @@ def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
     caller_env = dict(os.environ if caller_env is None else caller_env)
     derived = derived_env(plan)
     cluster = profile.env if profile else {}
+    bridge = {}
+    if plan.cfg.env_vars:
+        from megatron.bridge.recipes.utils.environment_utils import COMMON_RECIPE_ENV_VARS
+
+        for k, v in plan.cfg.env_vars.items():
+            why = f": common default ({COMMON})" if k in COMMON_RECIPE_ENV_VARS else f" ({plan.recipe.name})"
+            bridge[k] = (str(v), "Bridge base recipe's cfg.env_vars" + why)
     layers = [
         ("derived", {k: (e.value, e.reason) for k, e in derived.items()}),
-        ("bridge", {k: (str(v), _bridge_reason(k, plan)) for k, v in (plan.cfg.env_vars or {}).items()}),
+        ("bridge", bridge),
         ("recipe", {k: (str(v.value), v.reason or "recipe env (no reason given)") for k, v in plan.recipe.env.items()}),
         ("cluster", {k: (v, f"site setting in {profile.source}") for k, v in cluster.items()}),
     ]
@@ -263,14 +270,6 @@ def _shell_overrides(led: Ledger, caller_env: dict, secrets: set[str]) -> list[S
             )
             out.append(ShellOverride(name, shell, None, msg))
     return out
-
-
-def _bridge_reason(name: str, plan) -> str:
-    from megatron.bridge.recipes.utils.environment_utils import COMMON_RECIPE_ENV_VARS
-
-    if name in COMMON_RECIPE_ENV_VARS:
-        return f"Bridge base recipe's cfg.env_vars: common default ({COMMON})"
-    return f"Bridge base recipe's cfg.env_vars ({plan.recipe.name})"
 
 
 def audit_rows(plan, ledger: Ledger) -> AuditReport:

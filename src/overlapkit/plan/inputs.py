@@ -89,7 +89,12 @@ MAX_NODES = 16384
 def size_problem(key: str, value) -> str | None:
     """One line when `value` breaks `key`'s size or sign rule, else None."""
     if key in SIGNED:
-        return _sign_problem(key, value)
+        low, inclusive, why = SIGNED[key]
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None  # the field's type decides (overrides.convert)
+        if value > low or (inclusive and value == low):
+            return None
+        return f"{key}={value!r}: must be {'≥' if inclusive else '>'} {low:g} ({why})"
     if key not in SIZES:
         return None
     low, none_ok = SIZES[key]
@@ -100,15 +105,6 @@ def size_problem(key: str, value) -> str | None:
         return None
     allowed = f"a whole number ≥ {low}" + (f" and ≤ {high:,}" if high else "") + (" or null" if none_ok else "")
     return f"{key}={value!r}: must be {allowed}"
-
-
-def _sign_problem(key: str, value) -> str | None:
-    low, inclusive, why = SIGNED[key]
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None  # the field's type decides (overrides.convert)
-    if value > low or (inclusive and value == low):
-        return None
-    return f"{key}={value!r}: must be {'≥' if inclusive else '>'} {low:g} ({why})"
 
 
 def _fields(cfg, keys):
@@ -217,22 +213,17 @@ def check_sets(text) -> list[tuple[str, str]]:
             if msg := size_problem(key, value):
                 raise overrides.OverrideError(msg)
         elif key.split(".")[0] in sections:
-            _check_deep_key(key, keys)
+            # A key of a recorded section the schema has not recorded: unknown when its `section.field` is (no such
+            # field, or a field that holds a plain value and so has no fields of its own); left to the full check
+            # when that field holds an object (comm_overlap.tp_comm_overlap_cfg.<field>) or anything.
+            field = ".".join(key.split(".")[:2])
+            if key.count(".") > 1 and field in keys:
+                if set(keys[field]["kinds"]) & {"object", "any", "dict"}:
+                    continue
+                raise overrides.OverrideError(f"unknown key {key!r}: {field} holds a value, not fields")
+            close = difflib.get_close_matches(key if key.count(".") == 1 else field, keys, n=1, cutoff=0.5)
+            raise overrides.OverrideError(f"unknown key {key!r}" + (f"; did you mean {close[0]}?" if close else ""))
     return pairs
-
-
-def _check_deep_key(key: str, keys: dict) -> None:
-    """A key of a recorded section the schema has not recorded: unknown when its `section.field` is (no such field,
-    or a field that holds a plain value and so has no fields of its own); left to the full check when that field
-    holds an object (comm_overlap.tp_comm_overlap_cfg.<field>) or anything."""
-    field = ".".join(key.split(".")[:2])
-    if key.count(".") > 1 and field in keys:
-        kinds = set(keys[field]["kinds"])
-        if kinds & {"object", "any", "dict"}:
-            return
-        raise overrides.OverrideError(f"unknown key {key!r}: {field} holds a value, not fields")
-    close = difflib.get_close_matches(key if key.count(".") == 1 else field, keys, n=1, cutoff=0.5)
-    raise overrides.OverrideError(f"unknown key {key!r}" + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def _kinds(tp) -> tuple[list[str], list]:

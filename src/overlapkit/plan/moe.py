@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 
+from packaging.version import Version
+
 from overlapkit.plan.overlap import is_moe
+from overlapkit.topology import expert_data_parallel_size
 
 ON, OFF, NA = "on", "off", "n/a"
 EP_OVERLAP = "comm_overlap.overlap_moe_expert_parallel_comm"
@@ -22,23 +25,6 @@ DELAY_WGRAD = "comm_overlap.delay_wgrad_compute"
 # (megatron/core/transformer/moe/fused_a2a.py: `from deep_ep import Buffer`, `from deep_ep import HybridEPBuffer`).
 BACKEND_MODULE = {"deepep": "deep_ep", "hybridep": "deep_ep"}
 TE_FOR_DELAY_WGRAD = "2.7.0"  # Bridge asserts is_te_min_version("2.7.0") for delay_wgrad with grad-reduce overlap
-
-
-def expert_dp(model, world: int) -> int:
-    """Expert-data-parallel size: the expert side of the world is ETP·EP·PP·expert-DP (Megatron Core's expert grid
-    folds CP into expert-DP)."""
-    side = (model.expert_tensor_parallel_size or 1) * (model.expert_model_parallel_size or 1)
-    return max(1, world // (side * model.pipeline_model_parallel_size))
-
-
-def _vpp_fix(model) -> str | None:
-    """A virtual-pipeline size that splits the layers evenly, for the 'EP overlap with PP needs VPP' fix."""
-    pp, layers = model.pipeline_model_parallel_size, model.num_layers
-    units = (
-        layers + bool(model.account_for_embedding_in_pipeline_split) + bool(model.account_for_loss_in_pipeline_split)
-    )
-    vpp = next((v for v in range(2, 9) if units % (pp * v) == 0), None)
-    return f"model.virtual_pipeline_model_parallel_size={vpp}" if vpp else None
 
 
 def bridge_assert_violations(cfg, rmodel, comm_user, rddp, te_version: str | None) -> list[tuple[str, str, str]]:
@@ -50,7 +36,29 @@ def bridge_assert_violations(cfg, rmodel, comm_user, rddp, te_version: str | Non
         for ok, code, why, fix in checks:
             if not ok:
                 out.append((code, f"EP all-to-all overlap {why} (Bridge asserts at setup); set {fix}", fix))
-    out += _delay_wgrad_violations(m, comm_user, rddp, te_version)
+    if comm_user is None or not comm_user.delay_wgrad_compute:  # delay_wgrad_compute's own asserts
+        return out
+    fix = f"{DELAY_WGRAD}=false"
+    if not (m.overlap_moe_expert_parallel_comm or comm_user.overlap_moe_expert_parallel_comm):
+        out.append(
+            (
+                "delay_wgrad_needs_ep_overlap",
+                f"delay_wgrad_compute needs EP all-to-all overlap (Bridge "
+                f"asserts at setup); set {fix} or {EP_OVERLAP}=true",
+                fix,
+            )
+        )
+    needs_te = rddp.overlap_grad_reduce or comm_user.overlap_grad_reduce or m.gradient_accumulation_fusion
+    if needs_te and te_version is not None and Version(te_version) < Version(TE_FOR_DELAY_WGRAD):
+        out.append(
+            (
+                "delay_wgrad_te_version",
+                f"delay_wgrad_compute with grad-reduce overlap or gradient "
+                f"accumulation fusion needs TE >= {TE_FOR_DELAY_WGRAD}, the target has {te_version}; use a newer "
+                f"container or set {fix}",
+                fix,
+            )
+        )
     return out
 
 
@@ -58,6 +66,9 @@ def bridge_assert_violations(cfg, rmodel, comm_user, rddp, te_version: str | Non
 def _ep_layout_checks(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
     """What the EP all-to-all overlap runs on: EP>1, several experts, a dispatcher that can overlap, 16-bit params,
     and a virtual pipeline when PP>1."""
+    # The fix for "EP overlap with PP needs VPP": a virtual-pipeline size that splits the layers evenly.
+    units = m.num_layers + bool(m.account_for_embedding_in_pipeline_split) + bool(m.account_for_loss_in_pipeline_split)
+    vpp = next((v for v in range(2, 9) if units % (m.pipeline_model_parallel_size * v) == 0), None)
     return [
         (
             (m.expert_model_parallel_size or 1) > 1,
@@ -87,7 +98,7 @@ def _ep_layout_checks(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
             m.pipeline_model_parallel_size == 1 or m.virtual_pipeline_model_parallel_size is not None,
             "ep_overlap_needs_vpp",
             "with PP>1 needs a virtual pipeline (VPP)",
-            _vpp_fix(m),
+            f"model.virtual_pipeline_model_parallel_size={vpp}" if vpp else None,
         ),
     ]
 
@@ -142,41 +153,6 @@ def _ep_exclusive_checks(m) -> list[tuple[bool, str, str, str | None]]:
     ]
 
 
-def _delay_wgrad_violations(m, comm_user, rddp, te_version) -> list[tuple[str, str, str]]:
-    if comm_user is None or not comm_user.delay_wgrad_compute:
-        return []
-    out = []
-    if not (m.overlap_moe_expert_parallel_comm or comm_user.overlap_moe_expert_parallel_comm):
-        fix = f"{DELAY_WGRAD}=false"
-        out.append(
-            (
-                "delay_wgrad_needs_ep_overlap",
-                f"delay_wgrad_compute needs EP all-to-all overlap (Bridge "
-                f"asserts at setup); set {fix} or {EP_OVERLAP}=true",
-                fix,
-            )
-        )
-    needs_te = rddp.overlap_grad_reduce or comm_user.overlap_grad_reduce or m.gradient_accumulation_fusion
-    if needs_te and te_version is not None and _older(te_version, TE_FOR_DELAY_WGRAD):
-        fix = f"{DELAY_WGRAD}=false"
-        out.append(
-            (
-                "delay_wgrad_te_version",
-                f"delay_wgrad_compute with grad-reduce overlap or gradient "
-                f"accumulation fusion needs TE >= {TE_FOR_DELAY_WGRAD}, the target has {te_version}; use a newer "
-                f"container or set {fix}",
-                fix,
-            )
-        )
-    return out
-
-
-def _older(have: str, want: str) -> bool:
-    from packaging.version import Version
-
-    return Version(have) < Version(want)
-
-
 def expert_split_violations(*, experts: int, ep: int, etp: int, pp: int, world: int, ffn: int) -> list[tuple]:
     """(code, message) for each expert-side divisibility rule a split breaks, on bare numbers: one source for the
     audit (on a built config) and layout_search (candidate splits, no configs)."""
@@ -205,21 +181,6 @@ def expert_split_violations(*, experts: int, ep: int, etp: int, pp: int, world: 
             )
         )
     return out
-
-
-def divisibility(cfg, world: int) -> list[tuple[str, str]]:
-    """The expert side of the split: experts by EP, the world by ETP·EP·PP, the expert FFN by ETP."""
-    m = cfg.model
-    if not is_moe(m):
-        return []
-    return expert_split_violations(
-        experts=m.num_moe_experts,
-        ep=m.expert_model_parallel_size or 1,
-        etp=m.expert_tensor_parallel_size or 1,
-        pp=m.pipeline_model_parallel_size,
-        world=world,
-        ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
-    )
 
 
 def importable(module: str) -> bool:
@@ -262,7 +223,15 @@ def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple
     ]
     if res.bridge_asserts and not findings:  # an assert this module does not know yet: never silent
         findings += [("error", "bridge_assert", f"Bridge's setup asserts: {msg}", None) for msg in res.bridge_asserts]
-    findings += [("error", c, msg, None) for c, msg in divisibility(cfg, target.world_size)]
+    expert_split = expert_split_violations(
+        experts=m.num_moe_experts,
+        ep=m.expert_model_parallel_size or 1,
+        etp=m.expert_tensor_parallel_size or 1,
+        pp=m.pipeline_model_parallel_size,
+        world=target.world_size,
+        ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+    )
+    findings += [("error", c, msg, None) for c, msg in expert_split]
     requested = bool(cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)
     rows = [_ep_row(m, rm, intent, findings, requested), _delay_row(rm), _shared_row(m, rm)]
     rows.append(_dispatcher_row(m, findings))
@@ -334,7 +303,7 @@ def _dispatcher_row(m, findings) -> tuple:
 
 
 def _expert_dp_row(m, res, world: int, intent) -> tuple:
-    edp = expert_dp(m, world)
+    edp = expert_data_parallel_size(m, world)
     if edp == 1:
         return "expert_dp_overlap", NA, f"expert-DP=1 (ETP·EP·PP = {world} GPUs): expert grads need no DP reduce"
     rddp = res.ddp

@@ -118,8 +118,10 @@ def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
     if isinstance(value, str) and "float" in kinds and _EXPONENT.fullmatch(raw):
         value = float(raw)  # 3e-4: YAML 1.1 reads an exponent without a dot as a string; YAML 1.2 and Python do not
     out = _as_kind(value, kinds)
-    if out is _REFUSED and "str" in kinds and _text_read_as_time(value, raw):
-        out = raw  # a time or date that YAML 1.1 read as sexagesimal seconds or a date: keep what was typed
+    # YAML 1.1 reads 04:00:00 as sexagesimal seconds and 2026-12-03 as a date: a string field keeps what was typed.
+    as_time = isinstance(value, (dt.date, dt.datetime)) or (isinstance(value, (int, float)) and ":" in raw)
+    if out is _REFUSED and "str" in kinds and as_time:
+        out = raw
     if out is _REFUSED:
         wanted = " or ".join(_READABLE[k] for k in sorted(kinds) if k in _READABLE) or "a value set in Python"
         # null, true/false or a number given to a text field is never the text "null", "false" or "0" (the audit
@@ -146,11 +148,6 @@ def number_problem(value) -> str | None:
     return None
 
 
-def _text_read_as_time(value, raw: str) -> bool:
-    """YAML 1.1 reads 04:00:00 as seconds and 2026-12-03 as a date: text a string field keeps as typed."""
-    return isinstance(value, (dt.date, dt.datetime)) or (isinstance(value, (int, float)) and ":" in raw)
-
-
 _REFUSED = object()
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", re.ASCII)
 
@@ -162,8 +159,13 @@ def _as_kind(value, kinds: set[str]):
         return None if "none" in kinds else _REFUSED
     if isinstance(value, bool):
         return value if "bool" in kinds else _REFUSED
+    if isinstance(value, int) and "float" in kinds and "int" not in kinds:
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond any float: number_problem names it
+            return math.inf
     if isinstance(value, int):
-        return value if "int" in kinds else _as_float(value) if "float" in kinds else _REFUSED
+        return value if "int" in kinds else _REFUSED
     if isinstance(value, float):
         return value if "float" in kinds else _REFUSED
     if isinstance(value, str):
@@ -171,13 +173,6 @@ def _as_kind(value, kinds: set[str]):
     if isinstance(value, (list, tuple)):
         return value if "list" in kinds else _REFUSED
     return value if isinstance(value, dict) and "dict" in kinds else _REFUSED
-
-
-def _as_float(value: int) -> float:
-    try:
-        return float(value)
-    except OverflowError:  # an integer beyond any float: number_problem names it
-        return math.inf
 
 
 def convert(key: str, raw: str, current=None):

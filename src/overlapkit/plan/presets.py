@@ -123,12 +123,9 @@ def mismatches(preset: Preset, key: PresetKey) -> tuple[list[str], list[str]]:
 
 def nearest(key: PresetKey, k: int = 3) -> list[str]:
     """Pretraining presets ranked by how many key fields differ (hard fields weigh more)."""
-
-    def score(p: Preset) -> tuple[int, int, str]:
-        hard, soft = mismatches(p, key)
-        return (len(hard), len(soft), p.name)
-
-    return [p.name for p in sorted((p for p in exported_presets().values() if not p.lora), key=score)[:k]]
+    pretraining = (p for p in exported_presets().values() if not p.lora)
+    ranked = sorted(pretraining, key=lambda p: (*map(len, mismatches(p, key)), p.name))  # (hard, soft, name)
+    return [p.name for p in ranked[:k]]
 
 
 def select(key: PresetKey) -> str:

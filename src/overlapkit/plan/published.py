@@ -164,22 +164,22 @@ def refit(points: list[Point], inputs: dict, leave_out: str | None = None) -> ca
     return calibration.fit(predict, used, start=calibration.NEUTRAL)
 
 
-def routing(p: Point, inputs: throughput.Inputs) -> str:
-    """How the published MoE run routed, and how the plan (the recipe) routes: the reference's words (its MoE rows
-    force-balance the load; from 26.02 on, and where the release says so, they are token-dropless)."""
-    if not p.moe:
-        return "–"
-    release = re.search(r"(\d+)\.(\d+)", p.release)
-    dropless = "dropless" in p.release or (release is not None and (int(release[1]), int(release[2])) >= (26, 2))
-    planned = "dropless" if inputs.moe.capacity is None else f"capacity {inputs.moe.capacity}"
-    return f"forced balance, {'dropless' if dropless else 'capacity'} / learned router, {planned}"
-
-
 def rows(points: list[Point], inputs: dict) -> list[dict]:
-    """Published vs predicted per run (the fitted constants), and predicted by the fit without that run."""
+    """Published vs predicted per run (the fitted constants), and predicted by the fit without that run; for an MoE
+    run, how it routed and how the plan (the recipe) routes: the reference's words (its MoE rows force-balance the
+    load; from 26.02 on, and where the release says so, they are token-dropless)."""
     out = []
     for p in points:
         pred = inputs[p.key].predict()
+        routing = "–"
+        if p.moe:
+            release = re.search(r"(\d+)\.(\d+)", p.release)
+            dropless = "dropless" in p.release or (
+                release is not None and (int(release[1]), int(release[2])) >= (26, 2)
+            )
+            capacity = inputs[p.key].moe.capacity
+            planned = "dropless" if capacity is None else f"capacity {capacity}"
+            routing = f"forced balance, {'dropless' if dropless else 'capacity'} / learned router, {planned}"
         held = inputs[p.key].predict(refit(points, inputs, p.key)).tokens_per_gpu_s
         out.append(
             {
@@ -189,7 +189,7 @@ def rows(points: list[Point], inputs: dict) -> list[dict]:
                 "loo": held,
                 "loo_error": held / p.tokens - 1,
                 "recipe": recipe_of(p)[0],
-                "routing": routing(p, inputs[p.key]),
+                "routing": routing,
             }
         )
     return out
@@ -273,19 +273,7 @@ SPEEDUPS = (
     ("gpt3_175b", 16, _LAYOUT.format(4, 8, 1, 6, 256), (1.50, 1.50)),
     ("llama31_405b", 64, _LAYOUT.format(8, 8, 2, 8, 256), (1.52, 1.60)),
 )
-SPEEDUP_TOL = 0.10  # the model's ratio within ±10% of the published range
-
-
-def speedup(prefix: str, nodes: int, sets: str) -> float:
-    """Predicted FP8 ÷ BF16 tokens/s of the model's two shipped recipes planned at one layout."""
-    from overlapkit.plan import registry
-    from overlapkit.plan.build import make_plan
-
-    got = {}
-    for dtype in ("bf16", "fp8cs"):
-        name = next(n for n in registry.names() if n.startswith(prefix + "_pretrain_") and n.endswith(dtype))
-        got[dtype] = make_plan(name, nodes=nodes, sets=sets, caller_env={}).throughput.tokens_per_gpu_s
-    return got["fp8cs"] / got["bf16"]
+SPEEDUP_TOL = 0.10  # the model's ratio within ±10% of the published range (tests/unit_tests/sizing/test_throughput.py)
 
 
 def main() -> int:

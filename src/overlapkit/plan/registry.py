@@ -188,17 +188,6 @@ def declared_nodes() -> dict[str, int | None] | None:
     return declared
 
 
-def _nodes_of(decorator, params: dict[str, list[str]]) -> int | None:
-    """The literal node count a decorator passes: `nodes=N`, or N in the place of a helper's `nodes` parameter
-    (`params`: each helper's parameter names); None for a computed value."""
-    values = [kw.value for kw in getattr(decorator, "keywords", ()) if kw.arg == "nodes"]
-    names = params.get(getattr(decorator.func, "id", None), []) if isinstance(decorator, ast.Call) else []
-    if "nodes" in names and names.index("nodes") < len(decorator.args):
-        values.append(decorator.args[names.index("nodes")])
-    ints = [v.value for v in values if isinstance(v, ast.Constant) and type(v.value) is int]
-    return ints[0] if ints else None
-
-
 def _declared_in(tree: ast.Module) -> dict[str, int | None] | None:
     """Recipe names a module declares (with their literal nodes), or None when it calls register some other way."""
     funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
@@ -208,7 +197,14 @@ def _declared_in(tree: ast.Module) -> dict[str, int | None] | None:
     for f in funcs:
         for d in f.decorator_list:
             if _calls(d, {"register"} | helpers) or (isinstance(d, ast.Name) and d.id == "register"):
-                declared[f.name] = _nodes_of(d, params)
+                # The literal node count the decorator passes: `nodes=N`, or N in the place of a helper's `nodes`
+                # parameter; None for a computed value.
+                values = [kw.value for kw in getattr(d, "keywords", ()) if kw.arg == "nodes"]
+                names = params.get(getattr(d.func, "id", None), []) if isinstance(d, ast.Call) else []
+                if "nodes" in names and names.index("nodes") < len(d.args):
+                    values.append(d.args[names.index("nodes")])
+                ints = [v.value for v in values if isinstance(v, ast.Constant) and type(v.value) is int]
+                declared[f.name] = ints[0] if ints else None
                 decorators.add(id(d))
     inside_helpers = {id(n) for f in funcs if f.name in helpers for n in ast.walk(f)}
     for node in ast.walk(tree):

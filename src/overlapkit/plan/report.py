@@ -22,13 +22,13 @@ def console(file=None, width: int | None = None) -> Console:
     return con
 
 
-def audit_table(report) -> Table:
-    t = Table(title="Overlap stack (resolved by Bridge for this target)", title_justify="left", expand=False)
-    t.add_column("overlap")
-    t.add_column("state")
-    t.add_column("why")
-    for r in report.rows:
-        t.add_row(r.name, f"[{STYLE.get(r.state, '')}]{r.state}[/]", escape(r.detail))
+def table(title: str, columns: tuple[str, ...], rows, right: tuple[str, ...] = ()) -> Table:
+    """A plan's table: its title on the left, the `right` columns right-justified (numbers), one row per item."""
+    t = Table(title=title, title_justify="left")
+    for col in columns:
+        t.add_column(col, justify="right" if col in right else "left")
+    for row in rows:
+        t.add_row(*row)
     return t
 
 
@@ -60,15 +60,27 @@ def render_plan(plan, con: Console) -> None:
         con.print(escape(d["gpu_note"]))
     for o in d["overrides"]:
         con.print(escape(f"override: {o['key']} = {o['new']} (was {o['old']})"))
-    con.print(audit_table(plan.report))
+    states = [(r.name, f"[{STYLE.get(r.state, '')}]{r.state}[/]", escape(r.detail)) for r in plan.report.rows]
+    con.print(table("Overlap stack (resolved by Bridge for this target)", ("overlap", "state", "why"), states))
     est = plan.memory
-    con.print(memory_table(est))
+    parts = [(name, f"{gb:.2f}", note) for name, gb, note in est.rows()]
+    title = "Memory estimate per GPU (first pipeline stage, GB = GiB)"
+    con.print(table(title, ("component", "GB", "how"), parts, right=("GB",)))
     con.print(escape(est.summary()))
-    if plan.throughput is not None:
-        con.print(throughput_table(plan.throughput))
-        con.print(escape(plan.throughput.summary()))
-        if plan.worth:
-            con.print(worth_table(plan.worth, plan.throughput.step_s))
+    if (
+        pred := plan.throughput
+    ) is not None:  # sizing.throughput's breakdown: term, seconds per step, share of the step, how
+        terms = [(name, f"{sec:.3f}", f"{sec / pred.step_s:.1%}", escape(how)) for name, sec, how in pred.terms]
+        title = "Predicted step time (overlapkit.sizing.throughput)"
+        con.print(table(title, ("term", "s/step", "share", "how"), terms, right=("s/step", "share")))
+        con.print(escape(pred.summary()))
+        if plan.worth:  # sizing.worth: per overlap that is on, the predicted step with that one overlap off
+            cols = ("overlap (on)", f"s/step with it off (vs {pred.step_s:.3f})", "+s/step", "+%")
+            worth = [
+                (w.to_dict()["row"], f"{w.off_step_s:.3f}", f"{w.delta_s:+.3f}", f"{w.delta_pct:+.1f}%")
+                for w in plan.worth.values()
+            ]
+            con.print(table("What each overlap is worth", cols, worth, right=cols[1:]))
         for k in d["throughput"]["not_modelled"]:  # sizing/knobs.py: what moves the step beyond the prediction
             con.print(escape(f"not modelled: {k['setting']}: {k['direction']} ({k['why']})"))
     for line in run_lines(d):  # data, checkpoints, segments, Nsight (plan/runopts.py)
@@ -118,36 +130,6 @@ SHORT = {
 
 def overlap_summary(report) -> str:
     return " ".join(SHORT[r.name] for r in report.rows if r.name in SHORT and r.state == "on")
-
-
-def memory_table(est) -> Table:
-    """A sizing.memory.MemoryEstimate's rows: component, GB, how it was computed."""
-    t = Table(title="Memory estimate per GPU (first pipeline stage, GB = GiB)", title_justify="left")
-    for col in ("component", "GB", "how"):
-        t.add_column(col, justify="right" if col == "GB" else "left")
-    for name, gb, note in est.rows():
-        t.add_row(name, f"{gb:.2f}", note)
-    return t
-
-
-def throughput_table(pred) -> Table:
-    """A sizing.throughput.Prediction's breakdown: term, seconds per step, share of the step, how."""
-    t = Table(title="Predicted step time (overlapkit.sizing.throughput)", title_justify="left")
-    for col in ("term", "s/step", "share", "how"):
-        t.add_column(col, justify="right" if col in ("s/step", "share") else "left")
-    for name, sec, how in pred.terms:
-        t.add_row(name, f"{sec:.3f}", f"{sec / pred.step_s:.1%}", escape(how))
-    return t
-
-
-def worth_table(worth: dict, step_s: float) -> Table:
-    """sizing.worth's {field: Worth}: per overlap that is on, the predicted step with that one overlap off."""
-    t = Table(title="What each overlap is worth", title_justify="left")
-    for col in ("overlap (on)", f"s/step with it off (vs {step_s:.3f})", "+s/step", "+%"):
-        t.add_column(col, justify="left" if col == "overlap (on)" else "right")
-    for w in worth.values():
-        t.add_row(w.to_dict()["row"], f"{w.off_step_s:.3f}", f"{w.delta_s:+.3f}", f"{w.delta_pct:+.1f}%")
-    return t
 
 
 def ledger_rows(ledger) -> list[tuple[str, str, str, str, str]]:

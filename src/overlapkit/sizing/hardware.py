@@ -62,15 +62,9 @@ def hardware(gpu: str | None) -> Hardware:
     return HARDWARE[parse_gpu(gpu)]
 
 
-def recipe_gpu(recipe: str) -> str | None:
-    """The GPU a recipe's name says it was written for (`..._8gpu_h100_bf16`), when it names one of HARDWARE."""
-    parts = recipe.lower().split("_")
-    return next((p for p in parts if p in HARDWARE), None)
-
-
 def retarget_note(recipe: str, gpu: str) -> str | None:
     """One line when the plan's GPU is not the one the recipe's name says (allowed: the same 8-GPU node shape)."""
-    named = recipe_gpu(recipe)
+    named = next((p for p in recipe.lower().split("_") if p in HARDWARE), None)  # the GPU the name says: `_h100_`
     if named is None or named == gpu:
         return None
     return (

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from overlapkit.shape import ModelShape
 from overlapkit.sizing import moe_memory
 from overlapkit.sizing.hardware import HARDWARE
-from overlapkit.topology import Target, data_parallel_size
+from overlapkit.topology import Target, data_parallel_size, expert_data_parallel_size
 
 GB = 2**30
 MARGIN_GB = 4.0  # allocator fragmentation: about 5% of the card
@@ -160,11 +160,19 @@ def workload_of(cfg, target: Target) -> Workload:
     """The Workload a Bridge ConfigContainer describes on `target` (DP from topology.data_parallel_size)."""
     m, mp, comm = cfg.model, cfg.mixed_precision, cfg.comm_overlap
     real_mp = mp is not None and not isinstance(mp, str)
-    tp = m.tensor_model_parallel_size
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    # Decoder layers in each model chunk of pipeline rank 0 when the recipe gives an explicit layout (DeepSeek-V3's
+    # `Et|(tt|)*30mL`), parsed by Megatron Core's own PipelineParallelLayerLayout; None for an even split.
+    first_chunks = None
+    if m.pipeline_model_parallel_layout is not None and pp > 1:
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+        stages = PipelineParallelLayerLayout(m.pipeline_model_parallel_layout, pp).layout[0]
+        first_chunks = tuple(sum(getattr(x, "name", x) == "decoder" for x in chunk) for chunk in stages)
     return Workload(
         ModelShape.of(cfg),
         tp=tp,
-        pp=m.pipeline_model_parallel_size,
+        pp=pp,
         vpp=m.virtual_pipeline_model_parallel_size,
         cp=m.context_parallel_size or 1,
         dp=data_parallel_size(cfg, target.world_size),
@@ -181,29 +189,11 @@ def workload_of(cfg, target: Target) -> Workload:
         mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None),
         ep=m.expert_model_parallel_size or 1,
         etp=m.expert_tensor_parallel_size or 1,
-        expert_dp=_expert_dp(m, target.world_size),
+        expert_dp=expert_data_parallel_size(m, target.world_size),
         recompute_modules=tuple(m.recompute_modules or ()) if m.recompute_granularity == "selective" else (),
-        first_chunks=first_stage_chunks(m),
+        first_chunks=first_chunks,
         fp8_recipe=(mp.fp8_recipe if real_mp and mp.fp8 else None) or "tensorwise",
     )
-
-
-def first_stage_chunks(m) -> tuple[int, ...] | None:
-    """Decoder layers in each model chunk of pipeline rank 0 when the recipe gives an explicit layout (DeepSeek-V3's
-    `Et|(tt|)*30mL`), parsed by Megatron Core's own PipelineParallelLayerLayout; None for an even split."""
-    layout = m.pipeline_model_parallel_layout
-    if layout is None or m.pipeline_model_parallel_size == 1:
-        return None
-    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
-
-    stages = PipelineParallelLayerLayout(layout, m.pipeline_model_parallel_size).layout[0]
-    return tuple(sum(getattr(x, "name", x) == "decoder" for x in chunk) for chunk in stages)
-
-
-def _expert_dp(m, world: int) -> int:
-    """world / (ETP·EP·PP): the expert side of Megatron Core's parallel grid."""
-    side = (m.expert_tensor_parallel_size or 1) * (m.expert_model_parallel_size or 1) * m.pipeline_model_parallel_size
-    return max(1, world // side)
 
 
 def first_stage_layers(w: Workload) -> tuple[int, int]:
@@ -218,49 +208,36 @@ def first_stage_layers(w: Workload) -> tuple[int, int]:
     return per_chunk, min(w.layers, per_chunk * vpp - w.account_embedding)
 
 
-def activation_terms(w: Workload) -> dict[str, float]:
-    """Bytes stored per layer, in units of (tokens·h) elements; see the module docstring for the derivation."""
-    q, kv, f = w.head_dim * w.heads / w.hidden, w.head_dim * w.query_groups / w.hidden, w.ffn / w.hidden
-    lin = 1 if w.dtype == "fp8" else 2  # TE saves FP8 copies of linear inputs under FP8
-    if w.shape.is_moe or w.kv_lora:
-        attn = moe_memory.attention_terms(w, lin) if w.kv_lora else _gqa_terms(w, lin, q, kv)
-        if "layernorm" in w.recompute_modules:  # the norms' outputs (the linear inputs) are recomputed
-            attn["QKV input"] = 0
-        mlp = moe_memory.mlp_terms(w, lin) if w.shape.is_moe else {}
-        return attn | mlp | {"dropout masks": 2 if w.dropout else 0}
-    return {
-        "norm inputs (2 norms)": 4,
-        "QKV input": lin,
-        "Q + attention output": 4 * q + (q if w.dtype == "fp8" else 0),  # FP8: proj also saves its FP8 input
-        "K + V (GQA)": 4 * kv,
-        "flash-attn log-sum-exp (fp32)": 4 * w.heads / w.hidden if w.attention == "flash" else 0,
-        # Unfused (local spec) core attention stores s² scores per head: the fp32 softmax output (4 B, its
-        # backward input), the BF16 probabilities (2 B, the V-bmm input) and dropout output + mask (3 B) —
-        # Korthikanti's 5·a·s/h counted with the fp32 softmax that megatron-core's torch path keeps.
-        "unfused attention scores": 9 * w.heads * w.seq / w.cp / w.hidden if w.attention == "unfused" else 0,
-        "FC1 input": lin,
-        "FC1 output": (4 if w.gated else 2) * f,
-        "FC2 input": lin * f,
-        "dropout masks": 2 if w.dropout else 0,
-    }
-
-
-def _gqa_terms(w: Workload, lin: int, q: float, kv: float) -> dict[str, float]:
-    return {
-        "norm inputs (2 norms)": 4,
-        "QKV input": lin,
-        "Q + attention output": 4 * q + (q if w.dtype == "fp8" else 0),
-        "K + V (GQA)": 4 * kv,
-        "flash-attn log-sum-exp (fp32)": 4 * w.heads / w.hidden if w.attention == "flash" else 0,
-    }
-
-
 _REPLICATED_WITHOUT_SP = ("norm inputs (2 norms)", "QKV input", "FC1 input", "dropout masks")  # Korthikanti §4.2.2
 
 
 def layer_activation_bytes(w: Workload) -> float:
+    """Bytes one layer stores per microbatch; see the module docstring for the derivation."""
+    q, kv, f = w.head_dim * w.heads / w.hidden, w.head_dim * w.query_groups / w.hidden, w.ffn / w.hidden
+    lin = 1 if w.dtype == "fp8" else 2  # TE saves FP8 copies of linear inputs under FP8
+    # Per layer, in units of (tokens·h) elements.
+    if w.kv_lora:
+        terms = moe_memory.attention_terms(w, lin)
+    else:
+        terms = {
+            "norm inputs (2 norms)": 4,
+            "QKV input": lin,
+            "Q + attention output": 4 * q + (q if w.dtype == "fp8" else 0),  # FP8: proj also saves its FP8 input
+            "K + V (GQA)": 4 * kv,
+            "flash-attn log-sum-exp (fp32)": 4 * w.heads / w.hidden if w.attention == "flash" else 0,
+        }
+    if w.shape.is_moe or w.kv_lora:
+        if "layernorm" in w.recompute_modules:  # the norms' outputs (the linear inputs) are recomputed
+            terms["QKV input"] = 0
+        terms |= moe_memory.mlp_terms(w, lin) if w.shape.is_moe else {}
+    else:
+        # Unfused (local spec) core attention stores s² scores per head: the fp32 softmax output (4 B, its
+        # backward input), the BF16 probabilities (2 B, the V-bmm input) and dropout output + mask (3 B) —
+        # Korthikanti's 5·a·s/h counted with the fp32 softmax that megatron-core's torch path keeps.
+        terms["unfused attention scores"] = 9 * w.heads * w.seq / w.cp / w.hidden if w.attention == "unfused" else 0
+        terms |= {"FC1 input": lin, "FC1 output": (4 if w.gated else 2) * f, "FC2 input": lin * f}
+    terms["dropout masks"] = 2 if w.dropout else 0
     tokens = w.seq * w.mbs / w.cp
-    terms = activation_terms(w)
     if w.sequence_parallel or w.tp == 1:
         return tokens * w.hidden * sum(terms.values()) / w.tp
     rep = sum(v for k, v in terms.items() if k in _REPLICATED_WITHOUT_SP)

@@ -5,8 +5,8 @@ experts by EP·ETP (each EP rank holds experts/EP whole experts; ETP splits each
 distributed optimizer shards the non-expert states over DP·CP and the expert states over the expert-data-parallel
 group (ETP·EP·PP·expert-DP = world), so a layout with expert-DP 1 keeps every expert's Adam states unsharded.
 
-Activations per layer, in (tokens·h) units like memory.activation_terms: each token is dispatched to top-k experts,
-so the expert MLP stores k copies of its input (permuted, then the FC1 input), k FC1 outputs of width moe_ffn
+Activations per layer, in (tokens·h) units like memory.layer_activation_bytes: each token is dispatched to top-k
+experts, so the expert MLP stores k copies of its input (permuted, then the FC1 input), k FC1 outputs of width moe_ffn
 (both halves when gated) and k FC2 inputs; the router keeps its fp32 logits and probabilities (2·4·E/h); shared
 experts store a dense MLP's terms. With sequence parallelism and ETP=1 a TP rank dispatches only its s/TP tokens, so
 the whole layer divides by TP as a dense one does. MLA stores the compressed query/KV latents and its up-projected

@@ -93,10 +93,6 @@ class Moe:
             graphed_router(m),
         )
 
-    @property
-    def dispatcher_name(self) -> str:
-        return f"flex/{self.backend}" if self.dispatcher == "flex" else self.dispatcher
-
     def hit(self, parts: int) -> float:
         """Expected number of `parts` equal, consecutive slices of the experts (nodes, ranks) that a token's top-k
         distinct experts fall in. Group-limited routing draws them from group_topk of the router's groups only
@@ -210,14 +206,10 @@ def a2a_term(c, on: bool, layer_s: float):
     exposed = (max(0.0, per_layer - layer_s) if on else per_layer) * passes
     per_node, nodes = expert_group(moe.ep, moe.etp, c.gpus_per_node)
     where = f"EP{moe.ep} on {nodes} node(s) × {per_node} GPUs"
+    dispatcher = f"flex/{moe.backend}" if moe.dispatcher == "flex" else moe.dispatcher
     how = (
-        f"{moe.dispatcher_name}: {net / 1e6:.1f} MB network + {nvl / 1e6:.1f} MB NVLink per all-to-all, 4 per MoE "
+        f"{dispatcher}: {net / 1e6:.1f} MB network + {nvl / 1e6:.1f} MB NVLink per all-to-all, 4 per MoE "
         f"layer/microbatch, {where}, {per_layer * passes:.2f} s; "
         + ("overlap on: the excess over the other microbatch's layer compute" if on else "overlap OFF: all exposed")
     )
     return ("EP all-to-all", exposed, how)
-
-
-def expert_params_per_gpu(w, moe: Moe) -> float:
-    """Routed-expert parameters one GPU holds (EP·ETP shard them, PP splits the layers)."""
-    return w.shape.expert_params_per_moe_layer * moe.layers / (moe.ep * moe.etp * w.pp)

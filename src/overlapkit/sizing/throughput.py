@@ -172,28 +172,20 @@ class _Ctx:
         return (self.hw.network_gbs if _crosses_node(span) else self.hw.nvlink_gbs) * 1e9
 
 
-def _recompute_fraction(w: Workload) -> float:
-    """Share of the layers whose forward is run twice (full recompute); selective recomputes core attention only."""
-    if w.recompute != "full":
-        return 0.0
-    per_chunk = first_stage_layers(w)[0]
-    if w.recompute_method == "uniform":
-        return 1.0
-    return min(w.recompute_num_layers or 1, per_chunk) / per_chunk
-
-
-def _attention_recomputed(w: Workload, rec: float) -> float:
-    """Share of core attention recomputed: all of it under megatron-core's default selective recompute (modules
-    unset or core_attn), none when selective recompute names other modules only (the MoE recipes' choice)."""
-    if w.recompute != "selective":
-        return rec
-    return 1.0 if not w.recompute_modules or "core_attn" in w.recompute_modules else 0.0
-
-
 def compute_terms(c: _Ctx) -> list:
     w, hw, f = c.w, c.hw, c.flops
-    rec = _recompute_fraction(w)
-    attn_rec = _attention_recomputed(w, rec) / 3  # a forward is a third of forward + backward
+    # The share of the layers whose forward runs twice: full recompute, of every layer ("uniform") or of the first
+    # recompute_num_layers of each chunk ("block").
+    rec = 0.0
+    if w.recompute == "full":
+        per_chunk = first_stage_layers(w)[0]
+        rec = 1.0 if w.recompute_method == "uniform" else min(w.recompute_num_layers or 1, per_chunk) / per_chunk
+    # The share of core attention recomputed: the layers' share, or under selective recompute all of it with
+    # megatron-core's default modules (unset or core_attn), none when they name other modules only (the MoE recipes).
+    attn_rec = rec
+    if w.recompute == "selective":
+        attn_rec = 1.0 if not w.recompute_modules or "core_attn" in w.recompute_modules else 0.0
+    attn_rec /= 3  # a forward is a third of forward + backward
     bf16 = c.rate("bf16")
     dense_linear = f.linear - f.experts
     per_seq = dense_linear * (1 + rec / 3) / c.linear_rate + f.attention * (1 + attn_rec) / bf16 + f.logits / bf16
@@ -300,7 +292,8 @@ def _dp_groups(c: _Ctx, bucket: int | None) -> list:
     """(params per GPU, group size, group span in GPUs, one bucket in params, name) for the dense parameters over
     DP×CP and, for an MoE model, the routed experts over expert-DP."""
     w, moe = c.w, c.moe
-    experts = moe_time.expert_params_per_gpu(w, moe) if moe.experts else 0.0
+    # Routed-expert parameters one GPU holds: EP·ETP shard them, PP splits the layers.
+    experts = w.shape.expert_params_per_moe_layer * moe.layers / (moe.ep * moe.etp * w.pp) if moe.experts else 0.0
     dense = (w.shape.total_params - w.shape.expert_params_per_moe_layer * w.shape.moe_layers) / (w.tp * w.pp)
     chunk = w.shape.chunk_params(w.tp, w.pp, w.vpp, moe.ep * moe.etp)
     groups = [(dense, w.dp * w.cp, w.tp * w.cp * w.dp, min(bucket or chunk, chunk), "DP×CP")]
@@ -309,7 +302,8 @@ def _dp_groups(c: _Ctx, bucket: int | None) -> list:
     return groups
 
 
-def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list:
+def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, groups: list) -> list:
+    """The grad reduce-scatter and param all-gather over the DP groups (_dp_groups), what overlap leaves exposed."""
     w = c.w
     out = []
     for name, nbytes, on, window in (
@@ -318,7 +312,7 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
     ):
         full = one = 0.0
         parts = []
-        for params, n, span, bucket_params, group in [g for g in _dp_groups(c, bucket) if g[1] > 1]:
+        for params, n, span, bucket_params, group in [g for g in groups if g[1] > 1]:
             bw = c.link(span)
             full += params * nbytes * (n - 1) / n / bw
             one = max(one, bucket_params * nbytes * (n - 1) / n / bw)
@@ -334,13 +328,6 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
         )
         out.append((name, min(exposed, full), how))
     return out
-
-
-def optimizer_term(c: _Ctx):
-    w = c.w
-    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in _dp_groups(c, None))
-    t = shard * ADAM_BYTES_PER_PARAM / (c.hw.hbm_tbs * 1e12)
-    return ("optimizer step", t, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
 
 
 @dataclass(frozen=True)
@@ -394,8 +381,14 @@ def predict(
     terms += [t for t in (tp_term(c, overlaps.tp), cp_term(c), a2a) if t]
     per_mb = sum(t for _, t, _ in terms) / c.m
     terms += pipeline_terms(c, overlaps.p2p, per_mb)
-    terms += dp_terms(c, overlaps, per_mb, bucket)
-    terms.append(optimizer_term(c))
+    groups = _dp_groups(c, bucket)
+    terms += dp_terms(c, overlaps, per_mb, groups)
+    # Adam's memory traffic over the GPU's optimizer shard.
+    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in groups)
+    adam = shard * ADAM_BYTES_PER_PARAM / (c.hw.hbm_tbs * 1e12)
+    terms.append(
+        ("optimizer step", adam, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
+    )
     step = sum(t for _, t, _ in terms)
     tflops = flops.total * w.gbs / c.gpus / step / 1e12
     return Prediction(step, w.gbs * w.seq / c.gpus / step, tflops, tflops / c.hw.peak_tflops["bf16"], gpu, terms)
