@@ -8,9 +8,10 @@ and the run options in overrides.json, which the job rebuilds its config from.
 
 Mocked, the GPU only: no GPU here can write a trace, so two real traces written by others on real GPUs
 (../shared/reference/traces: nccl_data is rank 0 of its run, trace_diff_control rank 3) are put where Bridge 0.6.2
-writes them (`<tensorboard_dir>/../torch_profile/rank-<R>.json.gz`, training/profiling.py), and the job's own
-after-training step (regress/profiled.py after_training, what launch/entry.py runs after `pretrain`) runs as a
-Slurm step on the same 8 ranks: the profiled ranks keep their traces in the run directory, the first writes the
+writes them in this job (`<tensorboard_dir>/../torch_profile/rank-<R>.json.gz`, training/profiling.py, with the
+recipe's default TensorBoard directory under the job's working directory), and the job's own after-training step
+(regress/profiled.py after_training, what launch/entry.py runs after `pretrain`) runs as a Slurm step on 8 ranks in
+the job's packaged code: the profiled ranks keep their traces in the run directory, the first writes the
 report, every rank waits for its marker. Then `make overlap-report RUN=<run dir>` must find and report them, with
 figures equal to the independent computation (tests/reference_traces.py), and the nightly's readers must find the
 report.
@@ -19,6 +20,7 @@ report.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -50,9 +52,8 @@ def test_a_torch_profile_run_leaves_traces_and_report_where_overlap_report_and_t
     site = tmp_path / "site.toml"  # the local cluster, its runs under tmp_path
     local = load_profile("local")
     site.write_text(local.path.read_text().replace('job_dir = "runs/slurm"', f'job_dir = "{tmp_path / "jobs"}"'))
-    tb = tmp_path / "tb" / "tb_logs"  # its own (the recipe's default is shared by every run of this checkout)
     cmd = ["make", "-s", "submit", f"RECIPE={R8}", f"CLUSTER={site}", "PREFLIGHT=env"]
-    cmd += [f"SET=logger.tensorboard_dir={tb}", "TORCH_PROFILE=3:5", "TORCH_PROFILE_RANKS=0,3"]
+    cmd += ["TORCH_PROFILE=3:5", "TORCH_PROFILE_RANKS=0,3"]
     out = subprocess.run(cmd, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = [p.parent for p in (tmp_path / "jobs" / "runs").glob(f"{R8}-*/submission.json")]
@@ -80,19 +81,23 @@ def test_a_torch_profile_run_leaves_traces_and_report_where_overlap_report_and_t
         "record_memory_history": False,
         "nvtx_ranges": False,
     }
-    tensorboard_dir = cfg["logger"]["tensorboard_dir"]
-    assert tensorboard_dir == plan["run"]["tensorboard_dir"] == str(tb)  # the plan says where Bridge's trace goes
+    # No RUN_NAME: the recipe's own TensorBoard directory, $CWD/nemo_experiments/default/tb_logs (Bridge's
+    # recipes/common.py), which in the job is under the job's working directory, nemo_run's packaged code.
+    assert cfg["logger"]["tensorboard_dir"].endswith("/nemo_experiments/default/tb_logs")
+    (script,) = Path(info["experiment_dir"]).glob("*_sbatch.sh")
+    job_cwd = re.search(r"--chdir (\S+)", script.read_text()).group(1)
+    tensorboard_dir = f"{job_cwd}/nemo_experiments/default/tb_logs"  # the job's cfg.logger.tensorboard_dir
     rec = json.loads((run_dir / "overrides.json").read_text())["run"]
     assert (rec["torch_profile"], rec["torch_profile_ranks"]) == ([3, 5], [0, 3])  # what the job rebuilds from
     assert list(logparse.profiled_iterations(plan)) == [2, 3, 4, 5]  # warm-up, ProfilerStep#3 and #4, the export
 
     # The GPU's part, mocked: each profiled rank's trace where Bridge's trace_handler writes it.
     bridge_dir = Path(f"{tensorboard_dir}/../torch_profile")
-    bridge_dir.mkdir(parents=True)
+    bridge_dir.mkdir(parents=True, exist_ok=True)
     for rank, name in TRACES.items():
         shutil.copyfile(traces_dir() / f"{name}.json.gz", bridge_dir / f"rank-{rank}.json.gz")
     step = ["srun", f"--partition={local.partition}", "--nodes=1", "--ntasks=8", "--time=5"]
-    step += [f"--chdir={stack.REPO_ROOT}", submit.python_for(local), "-c", AFTER_TRAINING]
+    step += [f"--chdir={job_cwd}", submit.python_for(local), "-c", AFTER_TRAINING]  # the job's code, where it ran
     step += [str(run_dir), tensorboard_dir]
     after = subprocess.run(step, capture_output=True, text=True, timeout=300)
     assert after.returncode == 0 and "error" not in after.stderr, after.stderr[-2000:]

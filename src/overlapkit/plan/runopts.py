@@ -408,8 +408,7 @@ def summary(plan, opts: RunOptions) -> dict:
         "save_interval": ck.save_interval if ck.save else None,
         "expected_step_s": round(step_s, 2) if step_s else None,
         "crash_loss_min": loss_min,
-        # where the logs go; with TORCH_PROFILE also where Bridge's trace goes (beside it: regress/profiled.py)
-        "tensorboard_dir": cfg.logger.tensorboard_dir if ck.save or opts.torch_profile else None,
+        "tensorboard_dir": cfg.logger.tensorboard_dir if ck.save else None,
         "wandb": opts.wandb,
         "train_iters": cfg.train.train_iters,
         "segments": opts.segments,
@@ -449,8 +448,8 @@ def lines(d: dict) -> list[str]:
         out.append(f"nsys: steps {run['nsys']['steps'][0]}-{run['nsys']['steps'][1]} on ranks {run['nsys']['ranks']}")
     if tp := run.get("torch_profile"):
         out.append(
-            f"PyTorch profiler: steps {tp['steps'][0]}-{tp['steps'][1]} on ranks {tp['ranks']}; Bridge writes the "
-            f"traces beside {run['tensorboard_dir']} (../torch_profile/), the job keeps them in the run directory"
+            f"PyTorch profiler: steps {tp['steps'][0]}-{tp['steps'][1]} on ranks {tp['ranks']}; the job keeps the "
+            "traces in the run directory's torch_profile/"
         )
     if not run.get("checkpoint_dir"):
         out.append("checkpoints: off (benchmark); RUN_NAME=<name> saves to <job_dir>/checkpoints/<name> and resumes")

@@ -81,7 +81,6 @@ def shape_for(
     min_dp: int = MIN_DP,
     seed: int = NIGHTLY_SEED,
     profiler: str = "nsys",
-    tensorboard_dir: Path | None = None,
 ) -> NightlyRun:
     """TP/PP/CP/VPP stay (same overlap paths), and so do EP and ETP: an MoE run keeps its expert all-to-all (and
     its overlap) every night. DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes on which the expert
@@ -89,10 +88,7 @@ def shape_for(
     schedule (warm-up, steady 1F1B, cool-down) and each rank's work per step stay those of the full-size run, so
     step time is comparable.
 
-    `profiler` (runopts.PROFILERS) profiles the same steady iterations whichever it is (runopts.same_capture). With
-    the PyTorch profiler the run logs to `tensorboard_dir`, its own: Bridge writes the trace beside the TensorBoard
-    directory (<tensorboard_dir>/../torch_profile/rank-<R>.json.gz), so the night's runs, logging to the recipe's
-    one default directory, would overwrite each other's trace of rank 0."""
+    `profiler` (runopts.PROFILERS) profiles the same steady iterations whichever it is (runopts.same_capture)."""
     mp = layout["tp"] * layout["pp"] * layout["cp"]
     full_dp = layout["nodes"] * GPUS_PER_NODE // mp
     want = max(1, min(full_dp, min_dp))
@@ -114,9 +110,7 @@ def shape_for(
         "validation.eval_iters=0",
     ]
     window = profile_window(iters)
-    if window and profiler == "torch_profile":
-        window = runopts.same_capture(window, profiler)
-        sets += [f"logger.tensorboard_dir={tensorboard_dir}"] if tensorboard_dir else []
+    window = runopts.same_capture(window, profiler) if window else None
     text = f"{window[0]}:{window[1]}" if window else ""
     ranks = ",".join(map(str, profiled_ranks(nodes))) if window else ""
     return NightlyRun(recipe, nodes, dp, gbs, " ".join(sets), text, ranks, profiler)
@@ -158,8 +152,7 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
     """One recipe of the night: skipped (why), would-submit (dry run) or submitted (job id, run directory)."""
     layout = _layout(registry.get(name))
     profiler = PROFILER_CHOICES[req.profile.profiler]
-    tb = req.profile.job_path / "nightly" / stamp / name / "tensorboard"  # its own: see shape_for
-    run = shape_for(name, layout, iters=req.iters, min_dp=req.min_dp, profiler=profiler, tensorboard_dir=tb)
+    run = shape_for(name, layout, iters=req.iters, min_dp=req.min_dp, profiler=profiler)
     row = {**run.to_dict(), "attempt": 0}
     if limit and run.nodes > limit:
         mp = layout["tp"] * layout["pp"] * layout["cp"]

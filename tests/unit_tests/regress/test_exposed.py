@@ -74,18 +74,15 @@ def test_every_night_profiles_two_steady_steps_of_one_rank_per_node():
     assert (short.window, short.ranks) == ("", "") and nightly.run_options(short.to_dict()).nsys is None
 
 
-def test_a_night_on_a_cluster_without_nsys_profiles_the_same_iterations_with_the_pytorch_profiler(tmp_path):
+def test_a_night_on_a_cluster_without_nsys_profiles_the_same_iterations_with_the_pytorch_profiler():
     """profiler = "torch" in the cluster profile: TORCH_PROFILE=34:36 captures iterations 34 and 35 as NSYS=33:35 does
     (the PyTorch profiler records start..end-1, nsys start+1..end); its warm-up (33) and export (36) iterations are
-    left out of the step-time mean; each run logs to its own TensorBoard directory, beside which Bridge writes the
-    trace, so the night's runs never share one."""
-    tb = tmp_path / "nightly" / "20261203-020000" / "r" / "tensorboard"
-    shape = nightly.shape_for(
-        "r", {"tp": 4, "pp": 4, "cp": 2, "mbs": 1, "gbs": 256, "nodes": 8}, profiler="torch_profile", tensorboard_dir=tb
-    )
+    left out of the step-time mean."""
+    layout = {"tp": 4, "pp": 4, "cp": 2, "mbs": 1, "gbs": 256, "nodes": 8}
+    shape = nightly.shape_for("r", layout, profiler="torch_profile")
     assert (shape.window, shape.ranks) == ("34:36", "0,8,16,24,32,40,48,56")
     assert shape.typed == "TORCH_PROFILE=34:36 TORCH_PROFILE_RANKS=0,8,16,24,32,40,48,56"
-    assert f"logger.tensorboard_dir={tb}" in shape.sets.split(" ")
+    assert shape.sets == nightly.shape_for("r", layout).sets  # the same run otherwise
     entry = json.loads(json.dumps(shape.to_dict()))  # as night.json holds it, and a retry reads it back
     assert entry["torch_profile"] == "34:36" and "nsys" not in entry
     assert nightly.run_options(entry) == runopts.RunOptions(
@@ -93,8 +90,10 @@ def test_a_night_on_a_cluster_without_nsys_profiles_the_same_iterations_with_the
     )
     plan = {**PLAN, "run": {"torch_profile": {"steps": [34, 36], "ranks": [0]}}}
     assert list(logparse.profiled_iterations(plan)) == [33, 34, 35, 36]  # warm-up, ProfilerStep#34 and #35, export
-    nsys_shape = nightly.shape_for("r", {"tp": 4, "pp": 4, "cp": 2, "mbs": 1, "gbs": 256, "nodes": 8})
-    assert "tensorboard_dir" not in nsys_shape.sets  # nsys writes nothing beside it
+    short = nightly.shape_for(
+        "r", {**layout, "nodes": 1, "tp": 1, "pp": 1, "cp": 1, "gbs": 8}, iters=5, profiler="torch_profile"
+    )
+    assert (short.window, short.ranks) == ("", "") and nightly.run_options(short.to_dict()).torch_profile is None
 
 
 def test_the_profiled_iterations_are_left_out_of_the_step_time_comparison(tmp_path):
