@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 # A path-based script: its own checkout's src/ and root on the path, whatever the launcher's PYTHONPATH.
@@ -142,13 +143,14 @@ def main(argv=None) -> int:
     from megatron.bridge.training.pretrain import pretrain
 
     resume.before_training(cfg, plan["layout"], args.ckpt_step, args.resume, rec["rank"] or 0)
+    started = time.time()  # a profiler's trace older than this is not this training's
     pretrain(cfg, forward_step)
     for line in (
         chain.cancel_if_over(args.run_dir, args.segment, plan.get("run") or {}, cfg) if rec["rank"] == 0 else ()
     ):
         print(line)  # the later segments would only start to exit
     # no task may exit while a profiled rank still exports (srun --wait); TORCH_PROFILE: Bridge's trace kept, reported
-    profiled.after_training(args.run_dir, plan, cfg.logger.tensorboard_dir)
+    profiled.after_training(args.run_dir, plan, cfg.logger.tensorboard_dir, since=started)
     return 0
 
 

@@ -63,6 +63,9 @@ class ClusterProfile:
     # Keep Bridge loaded in a plan server on the machine where make runs (launch/plan_server.py, docs/plan.md):
     # off unless the profile says so, since that machine is often a cluster's shared login node.
     plan_server: bool = False
+    # What the nightly profiles its runs with (regress/nightly.py): Nsight Systems, or Bridge's PyTorch profiler on a
+    # cluster without nsys (`profiler = "torch"`); either leaves the overlap report the night reads.
+    profiler: str = "nsys"
     path: Path | None = field(default=None, compare=False)
 
     @property
@@ -93,7 +96,9 @@ _STRINGS = (
     "python",
     "wandb_project",
     "wandb_entity",
+    "profiler",
 )
+PROFILER_CHOICES = {"nsys": "nsys", "torch": "torch_profile"}  # the profile's word → the run's key (runopts.PROFILERS)
 
 
 def list_profiles() -> list[str]:
@@ -143,6 +148,8 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
             out[key] = data[key]
     if "container_image" in out:
         out["container_image"] = out["container_image"] or None
+    if out.get("profiler", "nsys") not in PROFILER_CHOICES:
+        fail(f'profiler = {out["profiler"]!r}: use "nsys" (Nsight Systems) or "torch" (the PyTorch profiler, no nsys)')
     if out.get("time_limit") is not None and not _TIME.match(out["time_limit"]):
         fail(f'time_limit = {out["time_limit"]!r}: use HH:MM:SS or D-HH:MM:SS, e.g. "04:00:00" or "1-00:00:00"')
     for key in ("container_mounts", "srun_args", "secrets"):

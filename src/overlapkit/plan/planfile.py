@@ -5,7 +5,8 @@ reads the plan before anything may import torch.
 
 What is checked is what a reader relies on: the recipe's name (printed, so no control characters), the layout's
 sizes (whole numbers ≥ 1: a plan with 0 GPUs or DP −4 is a broken file, not a profile to blame), the audit's shape,
-and the run's checkpoint and Nsight window. A plan.json that is a link is refused as one: make plan writes a file.
+and the run's checkpoint and profiler window (NSYS or TORCH_PROFILE). A plan.json that is a link is refused as one:
+make plan writes a file.
 """
 
 from __future__ import annotations
@@ -80,13 +81,13 @@ def _run_problem(run) -> str | None:
         return f"run.checkpoint_dir is {_kind(run['checkpoint_dir'])}, not a path"
     if run.get("train_iters") is not None and not _whole(run["train_iters"]):
         return f"run.train_iters is {run['train_iters']!r}, not a whole number ≥ 1"
-    nsys = run.get("nsys")
-    if nsys is None:
-        return None
-    steps, ranks = (nsys.get("steps"), nsys.get("ranks")) if isinstance(nsys, dict) else (None, None)
-    ok_steps = isinstance(steps, list) and len(steps) == 2 and all(_whole(s) or s == 0 for s in steps)
-    if not ok_steps or not isinstance(ranks, list) or not all(_whole(r) or r == 0 for r in ranks):
-        return "run.nsys is not {steps: [start, end], ranks: [rank, ...]} of whole numbers"
+    for key in ("nsys", "torch_profile"):  # the profiler's window, either: the overlap report and nightly read it
+        if (window := run.get(key)) is None:
+            continue
+        steps, ranks = (window.get("steps"), window.get("ranks")) if isinstance(window, dict) else (None, None)
+        ok_steps = isinstance(steps, list) and len(steps) == 2 and all(_whole(s) or s == 0 for s in steps)
+        if not ok_steps or not isinstance(ranks, list) or not all(_whole(r) or r == 0 for r in ranks):
+            return f"run.{key} is not {{steps: [start, end], ranks: [rank, ...]}} of whole numbers"
     return None
 
 

@@ -134,14 +134,44 @@ NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG = "nsys", "overlap_report.json", "overlap_ti
 # The PyTorch profiler's traces of a TORCH_PROFILE run, one rank-<R>.json.gz per profiled rank (Bridge's own file
 # name, training/profiling.py), copied there in the job (regress/profiled.py).
 TORCH_DIR = "torch_profile"
+# The two profilers a run can use, by the plan's key (plan.json run.<key>, a night's entry, a cluster profile's
+# `profiler`): the make variable that sets its window, and the run directory's folder of its per-rank profiles.
+PROFILERS = {"nsys": ("NSYS", NSYS_DIR), "torch_profile": ("TORCH_PROFILE", TORCH_DIR)}
 
 
-def perturbed_iterations(window: tuple[int, int] | None) -> range:
-    """The logged iterations whose step time NSYS=<start>:<end> changes. Bridge 0.6.2 (training/train.py with
-    training/profiling.py) calls cudaProfilerStart at the top of the loop while train_state.step == start (the step
-    then logged as iteration start+1) and cudaProfilerStop after the log of iteration `end`, so the capture holds
-    iterations start+1..end; the stop's flush falls in the interval timer of iteration end+1, which is perturbed too."""
-    return range(window[0] + 1, window[1] + 2) if window else range(0)
+def planned_window(run: dict | None) -> tuple[str, dict] | None:
+    """A plan's profiled window, whichever profiler: (its key in PROFILERS, {"steps": [start, end], "ranks": [...]}),
+    or None for a run that profiles nothing."""
+    for key in PROFILERS:
+        if (run or {}).get(key):
+            return key, run[key]
+    return None
+
+
+def perturbed_iterations(window: tuple[int, int] | None, profiler: str = "nsys") -> range:
+    """The logged iterations whose step time the profiler's window <start>:<end> changes (iteration i is logged with
+    train_state.step == i after the step; Bridge 0.6.2 training/train.py with training/profiling.py).
+
+    nsys: cudaProfilerStart at the top of the loop while train_state.step == start (the step then logged as iteration
+    start+1) and cudaProfilerStop after the log of iteration `end`, so the capture holds iterations start+1..end; the
+    stop's flush falls in the interval timer of iteration end+1, which is perturbed too.
+
+    torch_profile: torch.profiler.schedule(wait=start-1, warmup=1, active=end-start) advanced by prof.step() at the top
+    of every iteration, so iteration i runs at the profiler's step i: start-1 is its warm-up (tracing on, kept from the
+    trace), start..end-1 are recorded (ProfilerStep#start..#end-1), and the step() at the top of iteration `end`
+    stops the trace and exports it (Bridge's trace_handler writes the .json.gz) inside that iteration's timer."""
+    if not window:
+        return range(0)
+    if profiler == "torch_profile":
+        return range(max(window[0] - 1, 1), window[1] + 1)
+    return range(window[0] + 1, window[1] + 2)
+
+
+def same_capture(window: tuple[int, int], profiler: str) -> tuple[int, int]:
+    """The window for `profiler` that captures the iterations an nsys window `window` captures (nsys start:end holds
+    start+1..end; the PyTorch profiler's start:end holds start..end-1): NSYS=33:35 and TORCH_PROFILE=34:36 both
+    capture iterations 34 and 35."""
+    return (window[0] + 1, window[1] + 1) if profiler == "torch_profile" else window
 
 
 def parse(
@@ -417,7 +447,10 @@ def lines(d: dict) -> list[str]:
     if run.get("nsys"):
         out.append(f"nsys: steps {run['nsys']['steps'][0]}-{run['nsys']['steps'][1]} on ranks {run['nsys']['ranks']}")
     if tp := run.get("torch_profile"):
-        out.append(f"PyTorch profiler: steps {tp['steps'][0]}-{tp['steps'][1]} on ranks {tp['ranks']}")
+        out.append(
+            f"PyTorch profiler: steps {tp['steps'][0]}-{tp['steps'][1]} on ranks {tp['ranks']}; the job keeps the "
+            "traces in the run directory's torch_profile/"
+        )
     if not run.get("checkpoint_dir"):
         out.append("checkpoints: off (benchmark); RUN_NAME=<name> saves to <job_dir>/checkpoints/<name> and resumes")
         return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.plan.runopts import OVERLAP_JSON
+from overlapkit.plan.runopts import OVERLAP_JSON, PROFILERS, planned_window
 from overlapkit.regress import logparse
 from overlapkit.regress.overlap_classes import CLASSES as EXPOSED_CLASSES  # the report's classes, in its order
 from overlapkit.topology import GPUS_PER_NODE
@@ -116,11 +116,10 @@ def _check(name: str, value: float | None, base: float) -> dict:
 def bless_problem(run_dir: Path, plan: dict, report: dict | None, why: str | None, preflight_only: bool) -> str | None:
     """Why a profiled run may not become a golden: its exposed shares cannot be read (read's `why`), with the one
     command that writes them; None when they can, or the run was not profiled or did not train."""
-    run = plan.get("run") or {}
-    knob, window = ("NSYS", run.get("nsys")) if run.get("nsys") else ("TORCH_PROFILE", run.get("torch_profile"))
-    if not window or report is not None or preflight_only:
+    planned = planned_window(plan.get("run"))
+    if not planned or report is not None or preflight_only:
         return None
-    a, b = window["steps"]
+    knob, (a, b) = PROFILERS[planned[0]][0], planned[1]["steps"]
     return (
         f"the run was profiled ({knob}={a}:{b}) but its exposed shares cannot be read ({why}): "
         f"write them (make overlap-report RUN={run_dir} writes {Path(run_dir) / OVERLAP_JSON}), then bless"

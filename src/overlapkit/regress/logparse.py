@@ -153,11 +153,13 @@ def summarize(iters, memory: list[dict], warmup: int = WARMUP_ITERS, exclude=())
 
 
 def profiled_iterations(plan: dict) -> range:
-    """The iterations plan.json's NSYS window slowed (runopts.perturbed_iterations; none for an unprofiled run)."""
+    """The iterations plan.json's profiler window (NSYS or TORCH_PROFILE) slowed (runopts.perturbed_iterations; none
+    for an unprofiled run)."""
     from overlapkit.plan import runopts
 
-    nsys = (plan.get("run") or {}).get("nsys") or {}
-    return runopts.perturbed_iterations(tuple(nsys["steps"]) if nsys.get("steps") else None)
+    if (planned := runopts.planned_window(plan.get("run"))) is None or not planned[1].get("steps"):
+        return range(0)
+    return runopts.perturbed_iterations(tuple(planned[1]["steps"]), planned[0])
 
 
 @dataclass(eq=False)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG
+from overlapkit.plan.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planned_window
 from overlapkit.regress import exposed, logparse
 from overlapkit.regress import rules as regress
 
@@ -110,24 +110,30 @@ def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
     none (never a silent blank)."""
     report, why = exposed.read(run_dir)
     png = run_dir / OVERLAP_PNG
+    planned = planned_window(plan.get("run"))
     if report is None:
-        nsys = (plan.get("run") or {}).get("nsys")
-        exports = sorted((run_dir / NSYS_DIR).glob("*.sqlite"))
         if preflight_only:
             why = "preflight only: no training, so no profile"
-        elif not nsys:
-            why = "not profiled: plan.json has no NSYS window"
-        elif exports:
-            why += f" but nsys/ has {len(exports)} SQLite export(s): make overlap-report RUN={run_dir}"
+        elif not planned:
+            why = "not profiled: plan.json has no NSYS or TORCH_PROFILE window"
         else:
-            why += " and no SQLite export in nsys/: the job log says why the profile was not exported"
+            folder = PROFILERS[planned[0]][1]
+            glob, what = PROFILE_FILES[planned[0]]
+            if files := sorted((run_dir / folder).glob(glob)):
+                why += f" but {folder}/ has {len(files)} {what}(s): make overlap-report RUN={run_dir}"
+            else:
+                why += f" and no {what} in {folder}/: the job log says why the profile was not kept"
     return {
         "report": report,
         "shares": exposed.shares(report),
         "missing": why,
         "png": str(png) if png.is_file() else None,
-        "steps": ((plan.get("run") or {}).get("nsys") or {}).get("steps"),
+        "steps": planned[1].get("steps") if planned else None,
     }
+
+
+# What each profiler leaves in its folder of the run directory (regress/profiled.py: exports).
+PROFILE_FILES = {"nsys": ("*.sqlite", "SQLite export"), "torch_profile": ("rank-*.json.gz", "PyTorch-profiler trace")}
 
 
 def _predicted_ms(plan: dict) -> float | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm, submit
+from overlapkit.cluster.profiles import PROFILER_CHOICES
 from overlapkit.plan import registry, runopts
 from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
@@ -50,34 +51,44 @@ class NightlyRun:
     dp: int
     gbs: int
     sets: str  # dotted overrides, as SET= takes them
-    nsys: str = ""  # NSYS=<start>:<end> (profile_window), "" when the night is too short to profile
-    nsys_ranks: str = ""  # NSYS_RANKS=: rank 0 of each node
+    window: str = ""  # <start>:<end> of the profiler (profile_window), "" when the night is too short to profile
+    ranks: str = ""  # its ranks: rank 0 of each node
+    profiler: str = "nsys"  # its key in runopts.PROFILERS: "nsys", or "torch_profile" (the cluster profile's choice)
 
     def to_dict(self) -> dict:
-        return {
-            "recipe": self.recipe,
-            "nodes": self.nodes,
-            "dp": self.dp,
-            "gbs": self.gbs,
-            "sets": self.sets,
-            "nsys": self.nsys,
-            "nsys_ranks": self.nsys_ranks,
-        }
+        """The night entry, the window under the run option's own names (nsys, nsys_ranks or torch_profile,
+        torch_profile_ranks): what run_options reads back."""
+        base = {"recipe": self.recipe, "nodes": self.nodes, "dp": self.dp, "gbs": self.gbs, "sets": self.sets}
+        return base | {self.profiler: self.window, f"{self.profiler}_ranks": self.ranks}
+
+    @property
+    def typed(self) -> str:
+        """The window as make variables (NSYS=33:35 NSYS_RANKS=0), as a user would type it."""
+        knob = runopts.PROFILERS[self.profiler][0]
+        return f"{knob}={self.window} {knob}_RANKS={self.ranks}"
 
 
 def run_options(entry: dict) -> runopts.RunOptions:
-    """The night entry's NSYS window as run options (a night.json from before the window has none)."""
-    return runopts.parse(nsys=entry.get("nsys", ""), nsys_ranks=entry.get("nsys_ranks", ""))
+    """The night entry's profiler window as run options (a night.json from before the window has none)."""
+    return runopts.parse(**{k: entry.get(k, "") for key in runopts.PROFILERS for k in (key, f"{key}_ranks")})
 
 
 def shape_for(
-    recipe: str, layout: dict, *, iters: int = NIGHTLY_ITERS, min_dp: int = MIN_DP, seed: int = NIGHTLY_SEED
+    recipe: str,
+    layout: dict,
+    *,
+    iters: int = NIGHTLY_ITERS,
+    min_dp: int = MIN_DP,
+    seed: int = NIGHTLY_SEED,
+    profiler: str = "nsys",
 ) -> NightlyRun:
     """TP/PP/CP/VPP stay (same overlap paths), and so do EP and ETP: an MoE run keeps its expert all-to-all (and
     its overlap) every night. DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes on which the expert
     grid ETP·EP·PP divides too. GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline
     schedule (warm-up, steady 1F1B, cool-down) and each rank's work per step stay those of the full-size run, so
-    step time is comparable."""
+    step time is comparable.
+
+    `profiler` (runopts.PROFILERS) profiles the same steady iterations whichever it is (runopts.same_capture)."""
     mp = layout["tp"] * layout["pp"] * layout["cp"]
     full_dp = layout["nodes"] * GPUS_PER_NODE // mp
     want = max(1, min(full_dp, min_dp))
@@ -99,9 +110,10 @@ def shape_for(
         "validation.eval_iters=0",
     ]
     window = profile_window(iters)
-    nsys = f"{window[0]}:{window[1]}" if window else ""
+    window = runopts.same_capture(window, profiler) if window else None
+    text = f"{window[0]}:{window[1]}" if window else ""
     ranks = ",".join(map(str, profiled_ranks(nodes))) if window else ""
-    return NightlyRun(recipe, nodes, dp, gbs, " ".join(sets), nsys, ranks)
+    return NightlyRun(recipe, nodes, dp, gbs, " ".join(sets), text, ranks, profiler)
 
 
 # --- submitting a night ---------------------------------------------------------------------------------------
@@ -139,7 +151,8 @@ def _layout(entry: registry.Recipe) -> dict:
 def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say) -> dict:
     """One recipe of the night: skipped (why), would-submit (dry run) or submitted (job id, run directory)."""
     layout = _layout(registry.get(name))
-    run = shape_for(name, layout, iters=req.iters, min_dp=req.min_dp)
+    profiler = PROFILER_CHOICES[req.profile.profiler]
+    run = shape_for(name, layout, iters=req.iters, min_dp=req.min_dp, profiler=profiler)
     row = {**run.to_dict(), "attempt": 0}
     if limit and run.nodes > limit:
         mp = layout["tp"] * layout["pp"] * layout["cp"]
@@ -148,8 +161,8 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
         )
         say(f"skip {name}: {row['skipped']}")
     elif req.dryrun:
-        nsys = f" NSYS={run.nsys} NSYS_RANKS={run.nsys_ranks}" if run.nsys else " (ITERS too short to profile)"
-        say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"{nsys}')
+        window = f" {run.typed}" if run.window else " (ITERS too short to profile)"
+        say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"{window}')
     else:
         try:
             sub = submit.prepare(

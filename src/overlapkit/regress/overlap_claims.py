@@ -6,6 +6,7 @@ communication-like kernel no rule knows, and a profile whose layout or GPU is no
 
 from __future__ import annotations
 
+from overlapkit.plan import runopts
 from overlapkit.plan.env import PINNED
 from overlapkit.regress.overlap_classes import CLASSES, Layout
 
@@ -195,7 +196,7 @@ def _layout_findings(report: dict, plan: dict, lay: Layout) -> list[dict]:
     if len(devices) > min(8, lay.gpus):
         msg = f"the profiles hold {len(devices)} GPUs per node; the plan has {min(8, lay.gpus)}"
         out.append(_finding("profile_mismatch", "error", msg, "give the RECIPE= / NODES= the run was planned with"))
-    planned = (plan.get("run") or {}).get("nsys") or {}
+    planned = (runopts.planned_window(plan.get("run")) or (None, {}))[1]  # whichever profiler the run used
     if planned.get("ranks") and nums and sorted(set(nums)) != sorted(planned["ranks"]):
         msg = f"the plan profiles ranks {planned['ranks']}; the profiles are of ranks {sorted(set(nums))}"
         out.append(_finding("profile_ranks", "warning", msg))

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG, TORCH_DIR
+from overlapkit.plan.planfile import read_plan
+from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG, TORCH_DIR, planned_window
 from overlapkit.regress import overlap_claims
 from overlapkit.regress import overlap_classes as oc
 from overlapkit.regress.nsys_sqlite import Profile, ProfileError, Range, load, profile_files, rank_of
@@ -353,8 +354,7 @@ def report_of(m: Measured) -> dict:
 
 
 def _window(m: Measured, sources: list[str]) -> dict:
-    run = m.plan.get("run") or {}
-    planned = run.get("nsys") or run.get("torch_profile") or {}
+    planned = (planned_window(m.plan.get("run")) or (None, {}))[1]
     if len(sources) == 1 and sources[0] in STEP_SOURCES:
         how = f"per step: {STEP_SOURCES[sources[0]]} ranges"
     elif "window" in sources:
@@ -373,16 +373,13 @@ def report_profiles(paths: list[Path], plan: dict) -> dict:
 
 
 def run_inputs(run_dir: Path) -> tuple[list[Path], dict]:
-    """A run directory's profiles (<run dir>/nsys/ and <run dir>/torch_profile/) and its plan (plan.json), or one line
-    saying what is missing."""
+    """A run directory's profiles (<run dir>/nsys/ and <run dir>/torch_profile/) and its plan (plan.json, through the
+    one reader of it), or one line saying what is missing or broken."""
     run_dir = Path(run_dir)
-    plan = jsonio.read_json(run_dir / "plan.json")
-    if plan is None or "layout" not in plan:
-        raise ProfileError(f"RUN={run_dir}: no plan.json there (make plan writes runs/<recipe>-<time>/plan.json)")
+    plan = read_plan(run_dir)
     dirs = [run_dir / d for d in (NSYS_DIR, TORCH_DIR) if (run_dir / d).is_dir()]
     if not dirs:
-        run = plan.get("run") or {}
-        hint = "has the job run?" if run.get("nsys") or run.get("torch_profile") else PROFILE_HINT
+        hint = "has the job run?" if planned_window(plan.get("run")) else PROFILE_HINT
         raise ProfileError(f"RUN={run_dir}: no {NSYS_DIR}/ or {TORCH_DIR}/ directory of profiles ({hint})")
     return [f for d in dirs for f in profile_files(d)], plan
 

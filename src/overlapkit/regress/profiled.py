@@ -106,16 +106,17 @@ def _torch_done(run_dir: Path, ranks) -> bool:
     return (Path(run_dir) / TORCH_DIR / DONE).is_file() and all(p.is_file() for p in exports(run_dir, ranks, TORCH_DIR))
 
 
-def after_training(run_dir: Path, plan: dict, tensorboard_dir: str | None = None) -> None:
+def after_training(run_dir: Path, plan: dict, tensorboard_dir: str | None = None, since: float = 0.0) -> None:
     """A rank that trained outside nsys in a profiled run: wait for the report (see the module doc: srun --wait).
     With TORCH_PROFILE, a profiled rank first copies its trace from where Bridge wrote it (under `tensorboard_dir`, the
-    job's cfg.logger.tensorboard_dir), and the first profiled rank writes the report."""
+    job's cfg.logger.tensorboard_dir; written after `since`, when its training began), and the first profiled rank
+    writes the report."""
     run = plan.get("run") or {}
     if run.get("nsys") and not os.environ.get(UNDER_NSYS):
         hold(run_dir)
     elif (torch := run.get("torch_profile")) and not _torch_done(run_dir, torch["ranks"]):
         rank = preflight.env_int("SLURM_PROCID", "RANK")
-        problem = keep_trace(run_dir, tensorboard_dir, rank) if rank in torch["ranks"] else None
+        problem = keep_trace(run_dir, tensorboard_dir, rank, since) if rank in torch["ranks"] else None
         if problem:
             _say(f"error: rank {rank}: {problem}")
         if rank == min(torch["ranks"]):
@@ -124,12 +125,18 @@ def after_training(run_dir: Path, plan: dict, tensorboard_dir: str | None = None
             hold(run_dir, where=TORCH_DIR)
 
 
-def keep_trace(run_dir: Path, tensorboard_dir: str | None, rank: int) -> str | None:
+def keep_trace(run_dir: Path, tensorboard_dir: str | None, rank: int, since: float = 0.0) -> str | None:
     """This rank's PyTorch-profiler trace copied into <run dir>/torch_profile/ (a temporary name, then renamed);
-    None, or what failed."""
+    None, or what failed. A trace older than `since` is an earlier run's (Bridge's directory is shared by every run
+    logging beside it): never reported as this one's."""
     src = Path(f"{tensorboard_dir}/../torch_profile/rank-{rank}.json.gz")  # Bridge's own f-string (profiling.py)
     if not src.is_file():
         return f"the PyTorch profiler wrote no {src} (did the run reach the profiled steps?)"
+    if src.stat().st_mtime < since:
+        return (
+            f"{src} predates this job's training: an earlier run's trace, not kept (did the run reach the profiled "
+            "steps?)"
+        )
     dst = exports(run_dir, [rank], TORCH_DIR)[0]
     dst.parent.mkdir(parents=True, exist_ok=True)
     part = dst.with_name(dst.name + ".part")

@@ -32,6 +32,7 @@ from overlapkit.plan import planfile
         (lambda p: p.update(run=[]), "run is list [], not an object"),
         (lambda p: p["run"].update(checkpoint_dir=5), "run.checkpoint_dir is int 5, not a path"),
         (lambda p: p["run"].update(nsys={"steps": [5]}), "run.nsys is not {steps: [start, end]"),
+        (lambda p: p["run"].update(torch_profile={"steps": [5, 3.5]}), "run.torch_profile is not {steps: [start, end]"),
     ],
 )
 def test_a_broken_plan_json_is_named_field_by_field(tmp_path, write_plan, edit, said):

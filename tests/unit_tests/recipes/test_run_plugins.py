@@ -441,6 +441,9 @@ BAD_PROFILES = [
     pytest.param("gpus_per_node = 0\n", "gpus_per_node = 0: expected a positive integer", id="zero-gpus"),
     pytest.param('gpus_per_node = "8"\n', "expected a positive integer", id="gpus-as-string"),
     pytest.param('exclusive = "yes"\n', "exclusive = 'yes': expected true or false", id="bool-as-string"),
+    pytest.param(
+        'profiler = "pytorch"\n', 'profiler = \'pytorch\': use "nsys" (Nsight Systems) or "torch"', id="profiler"
+    ),
     pytest.param('srun_args = "--mpi=pmix"\n', "expected a list of strings", id="args-not-list"),
     pytest.param('container_mounts = ["/lustre"]\n', "use SRC:DST[:FLAGS]", id="bad-mount"),
     pytest.param('[env]\nNCCL_IB_HCA = "mlx5_0 mlx5_1"\n', "unquoted into the sbatch script", id="unsafe-value"),
@@ -471,6 +474,7 @@ def test_profile_defaults_and_empty_container(tmp_path):
     prof = load_profile(_write(tmp_path, 'time_limit = "1-00:00:00"\ncontainer_image = ""\n'))
     assert (prof.name, prof.time_limit, prof.container_image, prof.exclusive) == ("site", "1-00:00:00", None, True)
     assert load_profile(_write(tmp_path, "")).container_image == DEFAULT_CONTAINER
+    assert prof.profiler == "nsys" and load_profile(_write(tmp_path, 'profiler = "torch"\n')).profiler == "torch"
 
 
 # --- CUDA_DEVICE_MAX_CONNECTIONS for the MoE recipes: NVIDIA's value, derived, and still an error where it breaks ---

@@ -62,7 +62,7 @@ def _bless(d, goldens):
 
 def test_every_night_profiles_two_steady_steps_of_one_rank_per_node():
     shape = nightly.shape_for("r", {"tp": 4, "pp": 4, "cp": 2, "mbs": 1, "gbs": 256, "nodes": 8})
-    assert (shape.nsys, shape.nsys_ranks) == ("33:35", "0,8,16,24,32,40,48,56")
+    assert (shape.profiler, shape.window, shape.ranks) == ("nsys", "33:35", "0,8,16,24,32,40,48,56")
     perturbed = runopts.perturbed_iterations(WINDOW)
     assert list(perturbed) == [34, 35, 36]  # two captured, and the one whose timer holds cudaProfilerStop
     assert min(perturbed) > logparse.WARMUP_ITERS and max(perturbed) < N  # steady, and not the last iteration
@@ -71,7 +71,29 @@ def test_every_night_profiles_two_steady_steps_of_one_rank_per_node():
     )
     assert nightly.profile_window(14) == (10, 12) and nightly.profile_window(13) is None  # 4 steady: 2 + 1 + 1 left
     short = nightly.shape_for("r", {"tp": 1, "pp": 1, "cp": 1, "mbs": 1, "gbs": 8, "nodes": 1}, iters=5)
-    assert (short.nsys, short.nsys_ranks) == ("", "") and nightly.run_options(short.to_dict()).nsys is None
+    assert (short.window, short.ranks) == ("", "") and nightly.run_options(short.to_dict()).nsys is None
+
+
+def test_a_night_on_a_cluster_without_nsys_profiles_the_same_iterations_with_the_pytorch_profiler():
+    """profiler = "torch" in the cluster profile: TORCH_PROFILE=34:36 captures iterations 34 and 35 as NSYS=33:35 does
+    (the PyTorch profiler records start..end-1, nsys start+1..end); its warm-up (33) and export (36) iterations are
+    left out of the step-time mean."""
+    layout = {"tp": 4, "pp": 4, "cp": 2, "mbs": 1, "gbs": 256, "nodes": 8}
+    shape = nightly.shape_for("r", layout, profiler="torch_profile")
+    assert (shape.window, shape.ranks) == ("34:36", "0,8,16,24,32,40,48,56")
+    assert shape.typed == "TORCH_PROFILE=34:36 TORCH_PROFILE_RANKS=0,8,16,24,32,40,48,56"
+    assert shape.sets == nightly.shape_for("r", layout).sets  # the same run otherwise
+    entry = json.loads(json.dumps(shape.to_dict()))  # as night.json holds it, and a retry reads it back
+    assert entry["torch_profile"] == "34:36" and "nsys" not in entry
+    assert nightly.run_options(entry) == runopts.RunOptions(
+        torch_profile=(34, 36), torch_profile_ranks=(0, 8, 16, 24, 32, 40, 48, 56)
+    )
+    plan = {**PLAN, "run": {"torch_profile": {"steps": [34, 36], "ranks": [0]}}}
+    assert list(logparse.profiled_iterations(plan)) == [33, 34, 35, 36]  # warm-up, ProfilerStep#34 and #35, export
+    short = nightly.shape_for(
+        "r", {**layout, "nodes": 1, "tp": 1, "pp": 1, "cp": 1, "gbs": 8}, iters=5, profiler="torch_profile"
+    )
+    assert (short.window, short.ranks) == ("", "") and nightly.run_options(short.to_dict()).torch_profile is None
 
 
 def test_the_profiled_iterations_are_left_out_of_the_step_time_comparison(tmp_path):
@@ -166,9 +188,9 @@ def test_a_preflight_night_and_an_unprofiled_run_say_why_there_is_no_column(tmp_
     pre = night_report.exposed_of(_run_dir(tmp_path, "pre"), PLAN, preflight_only=True)
     assert pre["shares"] is None and pre["missing"] == "preflight only: no training, so no profile"
     bare = night_report.exposed_of(_run_dir(tmp_path, "bare"), {**PLAN, "run": {}}, preflight_only=False)
-    assert bare["missing"] == "not profiled: plan.json has no NSYS window"
+    assert bare["missing"] == "not profiled: plan.json has no NSYS or TORCH_PROFILE window"
     lost = night_report.exposed_of(_run_dir(tmp_path, "lost"), PLAN, False)["missing"]
-    assert lost.endswith("and no SQLite export in nsys/: the job log says why the profile was not exported")
+    assert lost.endswith("and no SQLite export in nsys/: the job log says why the profile was not kept")
 
 
 def test_bless_records_the_exposed_shares_and_refuses_a_profiled_run_without_them(tmp_path):

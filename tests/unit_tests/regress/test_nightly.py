@@ -63,3 +63,26 @@ def test_the_latest_night_is_the_newest_stamp_and_none_before_the_first(tmp_path
         (tmp_path / stamp).mkdir()
         (tmp_path / stamp / "night.json").write_text("{}")
     assert nightly.latest_night(tmp_path).name == "20261202-020000"
+
+
+def test_a_night_on_a_torch_profiler_cluster_plans_each_run_with_the_pytorch_profiler(tmp_path):
+    """A cluster profile with profiler = "torch": the dry run says each run's window as it would be typed, and the
+    shape plans (Bridge's real config) with the PyTorch profiler on those steps, nsys off."""
+    import dataclasses
+
+    from overlapkit.cluster.profiles import load_profile
+    from overlapkit.plan.build import make_plan
+
+    name = "llama3_8b_pretrain_8gpu_h100_bf16"
+    profile = dataclasses.replace(load_profile("local"), profiler="torch", job_dir=str(tmp_path / "jobs"))
+    said = []
+    req = nightly.NightRequest(profile=profile, recipes=[name], max_nodes=8, dryrun=True)
+    assert nightly.submit_night(req, lambda text, err=False: said.append(text)) is None
+    (line,) = [t for t in said if t.startswith(f"would submit {name}")]
+    assert line.endswith(" TORCH_PROFILE=34:36 TORCH_PROFILE_RANKS=0")
+    shape = nightly.shape_for(name, nightly._layout(nightly.registry.get(name)), profiler="torch_profile")
+    plan = make_plan(name, nodes=shape.nodes, sets=shape.sets, run=nightly.run_options(shape.to_dict()))
+    p = plan.cfg.profiling
+    assert p.use_pytorch_profiler and not p.use_nsys_profiler and (p.profile_step_start, p.profile_step_end) == (34, 36)
+    assert p.profile_ranks == [0] and plan.report.ok
+    assert plan.to_dict()["run"]["torch_profile"] == {"steps": [34, 36], "ranks": [0]}

@@ -1,119 +1,24 @@
 """The overlap report on real PyTorch-profiler traces written by others (../shared/reference/traces: Holistic Trace
 Analysis' test data, real multi-GPU runs): per rank, per step and per class, communication and exposed time equal
-to an independent brute-force computation written here (its own JSON parsing, its own step projection, its own
-coverage sweep: nothing shared with the report), to the microsecond; and the same traces converted into Nsight's
-SQLite schema give the same figures."""
+to an independent brute-force computation (tests/reference_traces.py: its own JSON parsing, its own step
+projection, its own coverage sweep: nothing shared with the report), to the microsecond; and the same traces
+converted into Nsight's SQLite schema give the same figures."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 import sqlite3
-from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from nsys_fixtures import SCHEMA
+from reference_traces import TRACES, brute, ms, ns, traces_dir
 
-from overlapkit import stack
 from overlapkit.regress import overlap_report
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"  # TP1 PP1 CP2 DP4: AllReduce and Broadcast are DP's, SendRecv CP's
-
-
-def traces_dir() -> Path:
-    """../shared/reference/traces beside the checkout (CI clones beside a copy of shared/), or where
-    OVERLAPKIT_SHARED points (a worktree elsewhere)."""
-    places = [Path(os.environ["OVERLAPKIT_SHARED"]) / "reference"] if os.environ.get("OVERLAPKIT_SHARED") else []
-    places += [stack.REPO_ROOT.parent / "shared" / "reference", stack.REPO_ROOT.parents[1] / "shared" / "reference"]
-    for p in places:
-        if (p / "traces" / "README.md").is_file():
-            return p / "traces"
-    pytest.fail(f"no shared/reference/traces in {[str(p) for p in places]}: set OVERLAPKIT_SHARED=<shared checkout>")
-
-
-TRACES = ("nccl_data", "trace_diff_control", "df_index_resolver", "trace_diff_test")
-
-
-# --- the independent computation -------------------------------------------------------------------------------------
-
-
-def _ns(v) -> int:
-    return int(Decimal(str(v)) * 1000)
-
-
-def brute(path: Path) -> dict:
-    """{"rank", "steps": [{class: (comm ns, exposed ns)}]} computed the long way: kernels by cat, NCCL by substring,
-    each ProfilerStep's GPU span from the kernels and copies whose launch (by correlation) falls in it, coverage
-    by sweeping every boundary."""
-    data = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)
-    ev = [e for e in data["traceEvents"] if e.get("ph") == "X"]
-    launch = {e["args"]["correlation"]: (_ns(e["ts"]), e["tid"]) for e in ev if e.get("cat") == "cuda_runtime"}
-    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy")]
-    steps = sorted(
-        (_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e["tid"])
-        for e in ev
-        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
-    )
-    spans = []
-    for lo, hi, tid in steps:
-        inside = []
-        for e in gpu:
-            t = launch.get(e["args"]["correlation"])
-            if t and t[1] == tid and lo <= t[0] <= hi:
-                inside.append((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])))
-        if inside:
-            spans.append([min(s for s, _ in inside), max(e for _, e in inside)])
-    for a, b in zip(spans, spans[1:], strict=False):
-        a[1] = max(a[0], min(a[1], b[0]))
-    kinds = defaultdict(list)
-    for e in gpu:
-        iv = (_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]))
-        if e["cat"] == "gpu_memcpy":
-            if "PtoP" in e["name"]:
-                kinds["tp"].append(iv)
-        elif "nccl" not in e["name"]:
-            kinds["compute"].append(iv)
-        else:
-            kinds["cp" if "SendRecv" in e["name"] else "dp"].append(iv)
-    out = []
-    for lo, hi in spans:
-        row = {}
-        for cls in ("dp", "cp", "tp"):
-            if kinds[cls]:
-                row[cls] = _covered(kinds[cls], kinds["compute"], lo, hi)
-        out.append(row)
-    return {"rank": data["distributedInfo"]["rank"], "steps": out}
-
-
-def _covered(comm, compute, lo, hi) -> tuple[int, int]:
-    """(ns in [lo, hi) covered by `comm`, ns of those not covered by `compute`): a sweep over every boundary."""
-    points = sorted({lo, hi, *(x for iv in comm + compute for x in iv if lo < x < hi)})
-    events = defaultdict(lambda: [0, 0])
-    for s, e in comm:
-        events[s][0] += 1
-        events[e][0] -= 1
-    for s, e in compute:
-        events[s][1] += 1
-        events[e][1] -= 1
-    n_comm = sum(v[0] for t, v in events.items() if t <= lo)
-    n_comp = sum(v[1] for t, v in events.items() if t <= lo)
-    total = exposed = 0
-    for a, b in zip(points, points[1:], strict=False):
-        if a != lo:
-            n_comm += events[a][0] if a in events else 0
-            n_comp += events[a][1] if a in events else 0
-        if n_comm > 0:
-            total += b - a
-            if n_comp == 0:
-                exposed += b - a
-    return total, exposed
-
-
-def _ms(ns: int) -> float:
-    return round(ns / 1e6, 3)
 
 
 # --- the tests -------------------------------------------------------------------------------------------------------
@@ -134,10 +39,10 @@ def test_real_traces_match_an_independent_sweep(r8, name):
     assert len(rep["ranks"]) == 1
     for step, (row, exp) in enumerate(zip(got["per_step"], want["steps"], strict=True)):
         figures = {c: (row[c]["comm_ms"], row[c]["exposed_ms"]) for c in exp}
-        assert figures == {c: (_ms(a), _ms(b)) for c, (a, b) in exp.items()}, (name, step)
+        assert figures == {c: (ms(a), ms(b)) for c, (a, b) in exp.items()}, (name, step)
     totals = {c: (sum(s[c][0] for s in want["steps"]), sum(s[c][1] for s in want["steps"])) for c in want["steps"][0]}
     assert {c: (got["classes"][c]["comm_ms"], got["classes"][c]["exposed_ms"]) for c in totals} == {
-        c: (_ms(a), _ms(b)) for c, (a, b) in totals.items()
+        c: (ms(a), ms(b)) for c, (a, b) in totals.items()
     }
 
 
@@ -173,8 +78,8 @@ def to_nsys(src: Path, dst: Path) -> Path:
     for e in data["traceEvents"]:
         if e.get("ph") != "X":
             continue
-        s, a = _ns(e["ts"]), e.get("args", {})
-        end = s + _ns(e["dur"])
+        s, a = ns(e["ts"]), e.get("args", {})
+        end = s + ns(e["dur"])
         if e.get("cat") == "kernel":
             row = (s, end, a["device"], 1, a["stream"], a["correlation"], 1, sid(e["name"]), 0, 0, 0, 0, 1)
             con.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES ({','.join('?' * 27)})", row + (0,) * 14)

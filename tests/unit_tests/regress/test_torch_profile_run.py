@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import time
 
 import pytest
-from test_overlap_real_traces import traces_dir
+from reference_traces import traces_dir
 
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.plan import runopts
@@ -111,6 +113,19 @@ def test_a_missing_trace_is_one_line_and_the_report_still_says_so(torch_run, cap
     assert f"the PyTorch profiler wrote no {profile_dir.parent.parent / 'p/../torch_profile/rank-0.json.gz'}" in err
     done = json.loads((run_dir / TORCH_DIR / profiled.DONE).read_text())
     assert done["missing_exports"] == ["rank-0.json.gz"] and done["error"]
+
+
+def test_an_earlier_runs_trace_is_never_reported_as_this_ones(torch_run, capsys, monkeypatch):
+    """Bridge writes beside the TensorBoard directory, shared by every run that logs there: a trace older than this
+    training (an earlier run's, this one having stopped before its window) is one line, not kept."""
+    run_dir, plan, tb = torch_run
+    src = run_dir.parent / "jobs" / "tensorboard" / "torch_profile" / "rank-0.json.gz"
+    os.utime(src, (time.time() - 3600, time.time() - 3600))
+    monkeypatch.setattr(profiled, "write_report", lambda d, r, failed, where: REAL_WRITE(d, r, 5, failed, where))
+    profiled.after_training(run_dir, plan, tb, since=time.time() - 60)
+    assert "predates this job's training: an earlier run's trace, not kept" in capsys.readouterr().err
+    assert not (run_dir / TORCH_DIR / "rank-0.json.gz").exists() and not (run_dir / "overlap_report.json").exists()
+    assert json.loads((run_dir / TORCH_DIR / profiled.DONE).read_text())["missing_exports"] == ["rank-0.json.gz"]
 
 
 REAL_WRITE = profiled.write_report
