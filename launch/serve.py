@@ -169,7 +169,11 @@ class Worker(socketserver.BaseRequestHandler):
 def serve() -> int:
     """The server's main (`python -m launch plan-server --serve`, started by a client): lock, preload, serve."""
     sock, lock, log = paths(directory())
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:  # the lock keeps its inode (flock): opened in place, never through a link planted at its name
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        link = f"is a symbolic link to {os.readlink(lock)}, never followed" if lock.is_symlink() else ""
+        raise BadInput(f"{lock} {link or f'cannot be opened ({exc.strerror})'}: remove it, then run again") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
