@@ -353,3 +353,25 @@ def test_a_job_of_make_sbatchs_script_records_itself_or_stops_on_the_real_slurm(
     assert state == "FAILED" and f"error: RUN_NAME=plain is live in {ck} (job {held} PENDING" in log
     assert f"job {second} stops before training" in log and "preflight" not in log
     assert json.loads((run_dir / chain.MARKER).read_text())["job_id"] == job
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        (lambda p: p["layout"].update(tp="4"), "layout.tp is '4', not a whole number ≥ 1"),
+        (lambda p: p.update(audit="OK"), "audit is str 'OK', not an object"),
+        (lambda p: p.update(run={"checkpoint_dir": 5}), "run.checkpoint_dir is int 5, not a path"),
+    ],
+)
+def test_the_in_job_entry_reads_plan_json_through_planfile(tmp_path, write_plan, capsys, edit, said):
+    """Every rank's first read (launch/entry.py): a broken plan.json is one line in the job's log, exit 2, before
+    any check or training (it was a KeyError's traceback, once per rank)."""
+    from launch import entry
+
+    plan = write_plan(tmp_path)
+    edit(plan)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    code = entry.main(["--recipe", "r", "--run-dir", str(tmp_path), "--preflight-only"])
+    out, err = capsys.readouterr()
+    assert code == 2 and not out and said in _one_line(err) and err.startswith(f"error: {tmp_path / 'plan.json'}: ")
+    assert not (tmp_path / "preflight").exists()
