@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio
+from overlapkit.plan import planfile
 from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG, TORCH_DIR
 from overlapkit.regress import overlap_claims
 from overlapkit.regress import overlap_classes as oc
@@ -376,9 +377,7 @@ def run_inputs(run_dir: Path) -> tuple[list[Path], dict]:
     """A run directory's profiles (<run dir>/nsys/ and <run dir>/torch_profile/) and its plan (plan.json), or one line
     saying what is missing."""
     run_dir = Path(run_dir)
-    plan = jsonio.read_json(run_dir / "plan.json")
-    if plan is None or "layout" not in plan:
-        raise ProfileError(f"RUN={run_dir}: no plan.json there (make plan writes runs/<recipe>-<time>/plan.json)")
+    plan = planfile.read_plan(run_dir)  # missing, broken or a link: one line naming the file, the field and the fix
     dirs = [run_dir / d for d in (NSYS_DIR, TORCH_DIR) if (run_dir / d).is_dir()]
     if not dirs:
         run = plan.get("run") or {}

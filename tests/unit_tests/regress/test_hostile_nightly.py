@@ -63,7 +63,7 @@ def test_a_schedule_record_that_is_not_one_is_named(tmp_path, make_here, text, s
         assert code == 2 and not out and err.count("\n") == 1 and said in err and schedule.SCHEDULE_FILE in err
 
 
-# --- a run's plan.json, read back by the nightly's report, make bless and make calibrate: through planfile alone ---
+# --- a run's plan.json, read back by the nightly's report, bless, the overlap report, calibrate: planfile alone ---
 
 BROKEN_PLANS = [
     (lambda p: p["layout"].update(tp="4"), "layout.tp is '4', not a whole number ≥ 1"),
@@ -97,10 +97,17 @@ def _named(err: str, run_dir: Path, said: str) -> None:
 
 
 @pytest.mark.parametrize("edit, said", BROKEN_PLANS)
-def test_a_broken_plan_json_is_one_line_for_the_nightly_report_and_bless(
+def test_a_broken_plan_json_is_one_line_for_every_reader_of_a_run(
     tmp_path, make_here, write_plan, monkeypatch, edit, said
 ):
+    """make nightly-report, make bless, make overlap-report RUN= and make calibrate read a run's plan.json through
+    planfile (the in-job entry: cluster/test_hostile_records.py), each naming the file and the field."""
     run_dir = _broken_run(tmp_path, write_plan, edit)
+    (run_dir / "nsys").mkdir()
+    before = sorted(p.name for p in run_dir.iterdir())
+    code, out, err = make_here("overlap-report", f"RUN={run_dir}")
+    assert code == 2 and not out and sorted(p.name for p in run_dir.iterdir()) == before
+    _named(err, run_dir, said)
     monkeypatch.setattr(slurm, "job_state", lambda job: "COMPLETED")
     night = tmp_path / "nightly" / "20261201-020000"
     night.mkdir(parents=True)

@@ -276,7 +276,7 @@ def test_run_directory_reads_plan_and_nsys(planned, tmp_path, make_here):
     code, out, err = make_here("overlap-report", f"RUN={run}")
     assert code == 2 and out == "" and err.count("\n") == 1 and "is not an SQLite file" in err
     code, _, err = make_here("overlap-report", f"RUN={tmp_path / 'nowhere'}")
-    assert code == 2 and "no plan.json there" in err
+    assert code == 2 and f"{tmp_path / 'nowhere' / 'plan.json'}: no such file" in err
 
 
 def _brute(a, b):
