@@ -30,7 +30,7 @@ from pathlib import Path
 
 from launch import commands
 from launch.plan_server import HEADER, IDLE_VAR, ROOT, directory, paths, stamp
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -169,11 +169,7 @@ class Worker(socketserver.BaseRequestHandler):
 def serve() -> int:
     """The server's main (`python -m launch plan-server --serve`, started by a client): lock, preload, serve."""
     sock, lock, log = paths(directory())
-    try:  # the lock keeps its inode (flock): opened in place, never through a link planted at its name
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        link = f"is a symbolic link to {os.readlink(lock)}, never followed" if lock.is_symlink() else ""
-        raise BadInput(f"{lock} {link or f'cannot be opened ({exc.strerror})'}: remove it, then run again") from None
+    fd = jsonio.open_lock(lock)  # never through a link planted at its name: it would truncate the link's target
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

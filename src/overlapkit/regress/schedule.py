@@ -67,7 +67,7 @@ def _locked(path: Path):
     """An exclusive lock beside the schedule file, held while it is read, changed and written. A filesystem without
     flock (Lustre mounted without -o flock) gives none; the job-id check in fire() still keeps one chain."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as f:
+    with os.fdopen(jsonio.open_lock(path.with_name(path.name + ".lock"), 0o644)) as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX)
         except OSError:

@@ -124,3 +124,13 @@ def test_a_broken_plan_json_is_one_line_for_every_reader_of_a_run(
     _named(err, run_dir, said)
     skipped = calibrate.read_run(run_dir, "local")  # make calibrate: this run skipped with its line, the rest count
     _named(f"error: {skipped}\n", run_dir, said)
+
+
+def test_the_schedule_lock_is_never_opened_through_a_planted_link(tmp_path, make_here):
+    (tmp_path / "nightly").mkdir()
+    lock = tmp_path / "nightly" / f"{schedule.SCHEDULE_FILE}.lock"
+    lock.symlink_to(tmp_path / "elsewhere")  # opened for append, the link's target was created
+    code, out, err = make_here("nightly-unschedule", f"JOB_DIR={tmp_path}")
+    assert code == 2 and not out and err.count("\n") == 1
+    assert f"{lock} is a symbolic link to {tmp_path / 'elsewhere'}, never followed" in err
+    assert not (tmp_path / "elsewhere").exists()
