@@ -56,6 +56,7 @@ def _one_line(err: str) -> str:
         ({"job_id": ["7"]}, "job_id is list ['7'], not a Slurm job id"),
         ({"job_id": "7", "job_ids": "7"}, "job_ids is '7', not a list"),
         ({"job_id": "7 8"}, "job_id is '7 8', not a Slurm job id"),
+        ({"job_id": "7", "log": ["/etc/passwd"]}, "log is ['/etc/passwd'], not text"),  # a plain-sbatch job's log
     ],
 )
 @pytest.mark.parametrize("action", ["cancel", "status", "logs"])
