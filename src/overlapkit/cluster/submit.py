@@ -462,7 +462,10 @@ def describe(info: dict) -> str:
     if state == "dryrun":
         return "a dry run: nothing was submitted"
     if state == "sbatch-script":  # its job records itself when it starts (claim)
-        return f"a plain sbatch script, no job of it started yet: submit it with sbatch {info.get('script')}"
+        return (
+            f"a plain sbatch script (sbatch {info.get('script')}): no job of it has started yet; one still queued "
+            "records itself here when it starts (squeue --me lists it)"
+        )
     if state == "submitting":
         pid = info.get("pid") if isinstance(info.get("pid"), int) else -1  # checked_marker refuses another pid
         if info.get("host") == socket.gethostname() and not makewatch.alive(pid):

@@ -210,16 +210,25 @@ def test_written_files_keep_the_umask(tmp_path):
 # --- make sbatch while the run is live (the real local Slurm) ------------------------------------------------------
 
 
+def _held_job() -> str:
+    """A job held in the local Slurm's queue (live until scancel): what a run that is still queued looks like."""
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--hold",
+        "--partition=local",
+        "--account=root",
+        "--output=/dev/null",
+        "--wrap=true",
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
 @pytest.mark.slurm
 def test_make_sbatch_is_refused_while_its_run_name_is_live(make_here):
     name = f"hostile-{uuid.uuid4().hex[:8]}"
     ck = stack.REPO_ROOT / "runs" / "slurm" / "checkpoints" / name
-    held = subprocess.run(
-        ["sbatch", "--parsable", "--hold", "--partition=local", "--account=root", "--output=/dev/null", "--wrap=true"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    held = _held_job()
     try:
         runlock.record(ck, ck.parent / "run", [held])
         code, out, err = make_here("sbatch", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16", f"RUN_NAME={name}")
@@ -283,7 +292,7 @@ def test_a_plain_sbatch_job_is_recorded_where_make_submit_records_its_jobs(plain
     status/logs/cancel RUN= find it, and make submit/sbatch on its RUN_NAME are refused while it is live."""
     run_dir, ck = plain_run(live={"41"})
     code, out, err = make_here("status", f"RUN={run_dir}")
-    assert code == 0 and f"no job of it started yet: submit it with sbatch {run_dir / 'sbatch.sh'}" in out
+    assert code == 0 and f"a plain sbatch script (sbatch {run_dir / 'sbatch.sh'}): no job of it has started yet" in out
     assert _claim(run_dir, "41", monkeypatch, capsys) == (
         0,
         f"job 41: recorded in {run_dir / chain.MARKER} (make status|logs|cancel RUN={run_dir})\n",
@@ -339,12 +348,7 @@ def test_a_job_of_make_sbatchs_script_records_itself_or_stops_on_the_real_slurm(
     assert code == 0 and f"job {job} COMPLETED" in out and '"ok": true' in out
     code, out, _ = make_here("logs", f"RUN={run_dir}")
     assert code == 0 and f"job {job}: recorded in {run_dir / chain.MARKER}" in out and "preflight: OK (8/8" in out
-    held = subprocess.run(
-        ["sbatch", "--parsable", "--hold", "--partition=local", "--account=root", "--output=/dev/null", "--wrap=true"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    held = _held_job()
     try:
         runlock.record(ck, tmp_path / "other-run", [held])
         second, state = _sbatch_and_wait(run_dir / "sbatch.sh")
