@@ -47,11 +47,12 @@ class Run:
 
 
 def logs_of(run_dir: Path) -> list[Path]:
-    """The job's logs: nemo_run's (submission.json names the experiment) and any *.log beside plan.json."""
+    """The job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
+    when it started: cluster/submit.py claim), and any *.log beside plan.json."""
     from overlapkit.cluster import submit
 
     info = jsonio.read_json(run_dir / "submission.json")
-    logs = submit.log_files(info) if info and info.get("experiment_dir") else []
+    logs = submit.log_files(info) if info and (info.get("experiment_dir") or info.get("log")) else []
     return logs + sorted(run_dir.glob("*.log"))
 
 
