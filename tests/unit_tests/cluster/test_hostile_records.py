@@ -380,3 +380,17 @@ def test_the_in_job_entry_reads_plan_json_through_planfile(tmp_path, write_plan,
     out, err = capsys.readouterr()
     assert code == 2 and not out and said in _one_line(err) and err.startswith(f"error: {tmp_path / 'plan.json'}: ")
     assert not (tmp_path / "preflight").exists()
+
+
+def test_a_plain_sbatch_job_without_run_name_records_itself_and_takes_no_lock(
+    tmp_path, write_plan, monkeypatch, capsys
+):
+    """A benchmark (no RUN_NAME) saves no checkpoints: its job is recorded for make status/logs/cancel, and no
+    checkpoint directory, lock or run record is made for it."""
+    write_plan(tmp_path)
+    (tmp_path / "overrides.json").write_text(json.dumps({"run": runopts.RunOptions(job_dir=str(tmp_path)).to_dict()}))
+    (tmp_path / chain.MARKER).write_text(json.dumps({"state": "sbatch-script", "script": str(tmp_path / "sbatch.sh")}))
+    assert _claim(tmp_path, "9", monkeypatch, capsys)[0] == 0
+    info = json.loads((tmp_path / chain.MARKER).read_text())
+    assert (info["state"], info["job_id"], info["script"]) == ("submitted", "9", str(tmp_path / "sbatch.sh"))
+    assert not (tmp_path / "checkpoints").exists()
