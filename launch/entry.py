@@ -24,12 +24,16 @@ run directory and the first one writes the report the same way.
 It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin) work
 unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
 overrides.json (the SET pairs exactly as typed, and the run options).
+
+`--claim` is the plain-sbatch script's first step, one task before the ranks: the job records itself as the run's,
+where make submit records its jobs, or stops where another run is live on its checkpoints (cluster/submit.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,8 +43,9 @@ _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path]
 
 from overlapkit.cluster import chain, preflight, resume  # noqa: E402  (standard library only)
+from overlapkit.errors import BadInput, one_line  # noqa: E402  (standard library only)
 from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
-from overlapkit.plan import runopts  # noqa: E402  (standard library only at import)
+from overlapkit.plan import planfile, runopts  # noqa: E402  (standard library only at import)
 from overlapkit.regress import profiled  # noqa: E402  (standard library only at import)
 
 
@@ -74,10 +79,23 @@ def resume_guard(args, plan: dict) -> int | None:
     return verdict.code
 
 
-def checkpoint_dir(run_dir: Path) -> str | None:
-    """Where this rank's config saves and loads checkpoints: overrides.json's run options (what rebuild applies)."""
+def run_options(run_dir: Path) -> runopts.RunOptions:
+    """This run's options as the job applies them (overrides.json, what rebuild applies): where this rank's config
+    saves and loads checkpoints, under which RUN_NAME."""
     rec = json.loads((run_dir / "overrides.json").read_text())
-    return runopts.RunOptions.from_dict(rec.get("run")).checkpoint_dir
+    return runopts.RunOptions.from_dict(rec.get("run"))
+
+
+def claim(args) -> int:
+    """The plain-sbatch script's first step (slurm/templates/pretrain.sbatch), one task: this job recorded as the
+    run's where make submit records its jobs, or stopped where another run is live on its checkpoints
+    (cluster/submit.py claim)."""
+    from overlapkit.cluster import submit
+
+    info = submit.claim(args.run_dir, os.environ.get("SLURM_JOB_ID", ""), run_options(args.run_dir))
+    where = args.run_dir / chain.MARKER
+    print(f"job {info['job_id']}: recorded in {where} (make status|logs|cancel RUN={args.run_dir})")
+    return 0
 
 
 def out_dir(args) -> Path:
@@ -95,6 +113,7 @@ def _args(argv):
     ap.add_argument("--segments", type=int, default=1)
     ap.add_argument("--preflight-only", action="store_true")
     ap.add_argument("--checks", choices=("full", "env"), default="full", help="env: skip rank 0's Bridge re-audit")
+    ap.add_argument("--claim", action="store_true", help="the plain-sbatch script's first step: record this job")
     args, extra = ap.parse_known_args(argv)
     if bad := [t for t in extra if "=" not in t or t.startswith("-")]:
         ap.error(f"unrecognised arguments: {' '.join(bad)} (run plugins add key=value overrides only)")
@@ -113,7 +132,13 @@ def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
 
 def main(argv=None) -> int:
     args = _args(argv)
-    plan = json.loads((args.run_dir / "plan.json").read_text())
+    try:  # a refused claim or a broken plan.json: one line in the job's log naming the fix, no traceback
+        if args.claim:
+            return claim(args)
+        plan = planfile.read_plan(args.run_dir)
+    except BadInput as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
     again = [sys.executable, str(Path(__file__).resolve()), *(sys.argv[1:] if argv is None else argv)]
     if not args.preflight_only and (code := profiled.wrap(args.run_dir, plan, again)) is not None:
         return code  # this rank ran under nsys, as nsys's child: the status of its training
@@ -121,7 +146,7 @@ def main(argv=None) -> int:
         return guard
     ledger = json.loads((args.run_dir / "ledger.json").read_text())
     rec = preflight.rank_checks(plan, ledger["values"], ledger.get("secrets", ()))
-    rec["checkpoint_dir"] = checkpoint_dir(args.run_dir)
+    rec["checkpoint_dir"] = run_options(args.run_dir).checkpoint_dir
     (out_dir(args) / "preflight").mkdir(parents=True, exist_ok=True)
     write_json(out_dir(args) / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
     if rec["failures"]:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from launch import commands
 from launch.plan_server import HEADER, IDLE_VAR, ROOT, directory, paths, stamp
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -169,7 +169,7 @@ class Worker(socketserver.BaseRequestHandler):
 def serve() -> int:
     """The server's main (`python -m launch plan-server --serve`, started by a client): lock, preload, serve."""
     sock, lock, log = paths(directory())
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = jsonio.open_lock(lock)  # never through a link planted at its name: it would truncate the link's target
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

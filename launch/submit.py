@@ -52,7 +52,9 @@ def do_submit(args, out, req, profile) -> int:
 def _not_submitted(args, sub) -> int:
     if args.action == "sbatch":
         path = sbatch.write(sub)
-        submit.mark(sub.run_dir, "sbatch-script", script=str(path))
+        # what make submit records at once, a job of this script adds when it starts (submit.claim)
+        where = {"cluster": sub.profile.name, "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only}
+        submit.mark(sub.run_dir, "sbatch-script", script=str(path), checkpoint_dir=sub.plan.run.checkpoint_dir, **where)
         print(f"sbatch script: {path}")
         return 0
     text = submit.dryrun(sub)
@@ -115,7 +117,8 @@ def do_run_dir_action(args) -> int:
         for f in logs:
             print(f"==> {f} <==\n{f.read_text(errors='replace')}")
         if not logs:
-            print(f"no logs yet in {info['experiment_dir']} (job {info['job_id']}: make status says its state)")
+            where = info.get("experiment_dir") or info.get("log")
+            print(f"no logs yet in {where} (job {info['job_id']}: make status says its state)")
     elif len(chain.job_ids(info)) > 1:
         print("\n".join(f"{line} ({run_dir.name})" for line in chain.cancel(info)))
     elif ended := slurm.cancel(info["job_id"]):

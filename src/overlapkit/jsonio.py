@@ -58,6 +58,17 @@ def create_new(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
     return Path(path)
 
 
+def open_lock(path: Path, mode: int = 0o600) -> int:
+    """The file descriptor of the lock file `path` (created if missing), for flock: opened in place, since a lock must
+    keep its inode, and never through a link planted at its name (that would create, or truncate, the link's target);
+    BadInput naming it otherwise."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        link = f"is a symbolic link to {os.readlink(path)}, never followed" if Path(path).is_symlink() else ""
+        raise BadInput(f"{path} {link or f'cannot be opened ({exc.strerror})'}: remove it, then run again") from None
+
+
 class FileProblem(BadInput):
     """A JSON file a command needs is missing or not what it should be: one line naming the file, what it is (its
     role), what is wrong with it, and what to do."""

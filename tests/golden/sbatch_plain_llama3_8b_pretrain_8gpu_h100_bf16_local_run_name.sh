@@ -30,4 +30,8 @@ export NCCL_SOCKET_IFNAME=lo  # cluster: site setting in slurm/profiles/local.to
 # srun reads SLURM_EXPORT_ENV (sbatch set it to the --export list) as its own --export: the ranks get all of the above.
 export SLURM_EXPORT_ENV=ALL
 
+# One task first records this job as the run's, where make submit records its jobs (its id in
+# <RUN_DIR>/submission.json for make status|logs|cancel RUN=, and with RUN_NAME in the checkpoint directory's
+# overlapkit-runs.json), or stops the job where another run is live on those checkpoints (launch/entry.py --claim).
+srun --nodes=1 --ntasks=1 --mpi=pmix --chdir=<REPO> bash -c 'exec <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 1 --checks full --segment 1 --segments 2 --preflight-only --claim'
 srun --mpi=pmix --chdir=<REPO> bash -c 'exec <REPO>/.venv/bin/python launch/entry.py --recipe llama3_8b_pretrain_8gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 1 --checks full --segment 1 --segments 2 --preflight-only'

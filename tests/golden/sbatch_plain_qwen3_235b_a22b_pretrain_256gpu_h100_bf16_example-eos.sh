@@ -34,4 +34,8 @@ export NCCL_IB_SL=1  # cluster: site setting in slurm/profiles/example-eos.toml
 # srun reads SLURM_EXPORT_ENV (sbatch set it to the --export list) as its own --export: the ranks get all of the above.
 export SLURM_EXPORT_ENV=ALL
 
+# One task first records this job as the run's, where make submit records its jobs (its id in
+# <RUN_DIR>/submission.json for make status|logs|cancel RUN=, and with RUN_NAME in the checkpoint directory's
+# overlapkit-runs.json), or stops the job where another run is live on those checkpoints (launch/entry.py --claim).
+srun --nodes=1 --ntasks=1 --mpi=pmix --container-image=nvcr.io/nvidia/nemo:26.08 --container-mounts=/lustre:/lustre,<REPO>:<REPO>,<RUN_DIR>:<RUN_DIR> --chdir=<REPO> bash -c 'exec python launch/entry.py --recipe qwen3_235b_a22b_pretrain_256gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 32 --checks full --segment 1 --segments 1 --preflight-only --claim'
 srun --mpi=pmix --container-image=nvcr.io/nvidia/nemo:26.08 --container-mounts=/lustre:/lustre,<REPO>:<REPO>,<RUN_DIR>:<RUN_DIR> --chdir=<REPO> bash -c 'exec python launch/entry.py --recipe qwen3_235b_a22b_pretrain_256gpu_h100_bf16 --run-dir <RUN_DIR> --nodes 32 --checks full --segment 1 --segments 1 --preflight-only'

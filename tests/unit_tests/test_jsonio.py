@@ -4,10 +4,12 @@ reader: lenient, the object or None for anything else; strict (a role given), on
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from overlapkit import jsonio
+from overlapkit.errors import BadInput
 
 
 def test_write_reads_back_and_replaces_whole(tmp_path):
@@ -65,3 +67,28 @@ def test_read_json_with_a_role_says_what_the_file_is_whats_wrong_and_the_fix(tmp
     assert jsonio.read_json(path, role=role, keys=("stamp",)) == {"stamp": 1}
     with pytest.raises(jsonio.FileProblem, match=r": cannot be read \(Is a directory\); it should be"):
         jsonio.read_json(tmp_path, role=role)
+
+
+def test_a_lock_file_opens_in_place_and_never_through_a_planted_link(tmp_path):
+    lock = tmp_path / "x.lock"
+    fd = jsonio.open_lock(lock)
+    inode = os.fstat(fd).st_ino
+    os.close(fd)
+    fd = jsonio.open_lock(lock)  # the same file again (a lock keeps its inode), never replaced
+    assert os.fstat(fd).st_ino == inode and lock.stat().st_mode & 0o777 == 0o600 & ~_umask()
+    os.close(fd)
+    lock.unlink()
+    for target in (tmp_path / "precious", tmp_path / "not-yet"):  # an existing file, and a name it would create
+        lock.symlink_to(target)
+        if target.name == "precious":
+            target.write_text("keep")
+        with pytest.raises(BadInput, match=f"{lock} is a symbolic link to {target}, never followed: remove it"):
+            jsonio.open_lock(lock)
+        lock.unlink()
+    assert (tmp_path / "precious").read_text() == "keep" and not (tmp_path / "not-yet").exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -13,7 +13,7 @@ from overlapkit.plan import planfile
 
 MARKER = "submission.json"  # a run directory's record of its submission (cluster/submit.py writes it)
 ROLE = "the run's submission record that make submit writes"
-PATHS = ("experiment_dir", "checkpoint_dir", "run_dir", "script", "host", "cluster", "at", "reason")
+PATHS = ("experiment_dir", "checkpoint_dir", "run_dir", "script", "log", "host", "cluster", "at", "reason")
 
 
 def checked_marker(run_dir: Path, info: dict) -> dict:

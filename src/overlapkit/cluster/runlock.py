@@ -136,11 +136,12 @@ def record(directory: Path, run_dir: Path, job_ids: list[str]) -> None:
     jsonio.write_json(Path(directory) / RECORD, [*submissions(directory), entry])
 
 
-def live_problem(directory: Path, run_name: str) -> str | None:
+def live_problem(directory: Path, run_name: str, besides=()) -> str | None:
     """Why a new run may not start on `directory` now (one line naming the fix), or None. Slurm decides what is
-    live; when it does not answer, nothing can be decided and that is the answer."""
+    live; when it does not answer, nothing can be decided and that is the answer. `besides`: the asking job's own id
+    (a plain-sbatch job that Slurm requeued is recorded and live, and is not a second run)."""
     subs = [s for s in submissions(directory) if isinstance(s, dict) and isinstance(s.get("job_ids", []), list)]
-    ids = [job for sub in subs for job in sub.get("job_ids", [])]
+    ids = [job for sub in subs for job in sub.get("job_ids", []) if job not in besides]
     try:
         live = slurm.live_jobs(ids)
     except BadInput as exc:  # an edited record: its ids are never handed to squeue

@@ -50,6 +50,7 @@ def render(sub: Submission) -> str:
         exports=exports,
         srun_args=shlex.join(srun),
         code_dir=shlex.quote(str(stack.REPO_ROOT)),
+        claim=shlex.quote(f"{sub.command} --claim"),
         command=shlex.quote(sub.command),
     )
 

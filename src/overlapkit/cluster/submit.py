@@ -223,17 +223,33 @@ def resume_lines(plan: Plan) -> list[str]:
 
 
 @contextlib.contextmanager
-def _sole_live_run(sub: Submission):
+def _sole_live_run(run: runopts.RunOptions, run_dir: Path, besides=(), refused: str = "nothing submitted"):
     """The checkpoint directory's lock across "is a run live on it → sbatch → record the job ids" (cluster/runlock.py);
     yields the recorder of the job ids. A benchmark (no RUN_NAME) saves nothing and needs none."""
-    where = sub.plan.run.checkpoint_dir
+    where = run.checkpoint_dir
     if not where:
         yield lambda ids: None
         return
     with runlock.held(Path(where)):
-        if problem := runlock.live_problem(Path(where), sub.plan.run.run_name):
-            raise runlock.LiveRun(f"{problem}; nothing submitted")
-        yield lambda ids: runlock.record(Path(where), sub.run_dir, ids)
+        if problem := runlock.live_problem(Path(where), run.run_name, besides):
+            raise runlock.LiveRun(f"{problem}; {refused}")
+        yield lambda ids: runlock.record(Path(where), run_dir, ids)
+
+
+def claim(run_dir: Path, job_id: str, run: runopts.RunOptions) -> dict:
+    """The plain-sbatch path (make sbatch): a job from its script, submitted by hand, is known to us only once it
+    starts, so its first step (launch/entry.py --claim) records it where make submit records its jobs, under the same
+    lock: its id in the run directory's submission.json (make status/logs/cancel RUN=) and in the checkpoint
+    directory's overlapkit-runs.json (the live-run refusal of make submit/sbatch). Where another run is live on that
+    directory it stops instead (LiveRun): the script was submitted while one ran, or twice, and only one may train."""
+    job_id = slurm.checked_id(job_id, "SLURM_JOB_ID (this job's id)")
+    with _sole_live_run(run, run_dir, (job_id,), f"job {job_id} stops before training") as record_jobs:
+        info = {k: v for k, v in read_marker(run_dir).items() if k not in ("state", "at", "job_id", "job_ids")}
+        # the script's --output (slurm/templates/pretrain.sbatch): make logs reads it
+        info |= {"job_id": job_id, "job_ids": [job_id], "log": str(run_dir / f"slurm-{job_id}.out")}
+        mark(run_dir, "submitted", **info)
+        record_jobs([job_id])
+    return info
 
 
 def registry_time_limit(recipe: str) -> str | None:
@@ -385,7 +401,8 @@ def _run_chain(exp) -> None:
 
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
-    with transaction(sub), _sole_live_run(sub) as record_jobs, _no_stdin(), experiment(sub) as exp:
+    sole = _sole_live_run(sub.plan.run, sub.run_dir)
+    with transaction(sub), sole as record_jobs, _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         with _critical():  # a signal now waits until the job id is on disk
             _run_chain(exp)
@@ -444,8 +461,11 @@ def describe(info: dict) -> str:
         return f"submission failed at {info.get('at')}: {info.get('reason')}"
     if state == "dryrun":
         return "a dry run: nothing was submitted"
-    if state == "sbatch-script":
-        return f"a plain sbatch script, not submitted by make: sbatch {info.get('script')}"
+    if state == "sbatch-script":  # its job records itself when it starts (claim)
+        return (
+            f"a plain sbatch script (sbatch {info.get('script')}): no job of it has started yet; one still queued "
+            "records itself here when it starts (squeue --me lists it)"
+        )
     if state == "submitting":
         pid = info.get("pid") if isinstance(info.get("pid"), int) else -1  # checked_marker refuses another pid
         if info.get("host") == socket.gethostname() and not makewatch.alive(pid):
@@ -476,6 +496,8 @@ def log_files(info: dict) -> list[Path]:
     none yet (a pending job) is an empty list."""
     where = info.get("experiment_dir")
     fix = "the job's logs are in the experiment directory nemo_run made at submission; if it was removed they are gone"
+    if not where and info.get("log"):  # a plain-sbatch job (claim): the script's --output
+        return [Path(info["log"])] if Path(info["log"]).is_file() else []
     if not where:
         raise BadInput(f"{info.get('run_dir') or 'the run'}: its {MARKER} names no experiment_dir: {fix}")
     exp = Path(where)

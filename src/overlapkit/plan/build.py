@@ -224,6 +224,9 @@ def predict_throughput(plan: Plan) -> throughput.Prediction:
 
 def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     """runs/<recipe>-<UTC time>/{plan.json,config.yaml}; never overwrites an earlier run."""
+    import yaml
+    from megatron.training.config.yaml_utils import safe_yaml_representers
+
     stamp = stamp or dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     base = root / f"{plan.recipe.name}-{stamp}"
     root.mkdir(parents=True, exist_ok=True)
@@ -237,7 +240,10 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     plan.run_dir = run_dir
     cfg, r = copy.copy(plan.cfg), plan.resolved  # the recipe's config with Bridge's resolved parts swapped in
     cfg.model, cfg.optimizer, cfg.ddp, cfg.comm_overlap = r.model, r.optimizer, r.ddp, r.comm
-    cfg.to_yaml(str(run_dir / "config.yaml"))
+    # ConfigContainer.to_yaml's own dump (megatron/training/config/container.py), written by jsonio: to_yaml opens
+    # the path itself, through a link planted there, and a crash mid-write would leave half a file
+    with safe_yaml_representers():
+        jsonio.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), default_flow_style=False))
     jsonio.write_json(run_dir / "plan.json", plan.to_dict())
     # What the in-job preflight compares each rank's environment with (secrets by name only).
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}

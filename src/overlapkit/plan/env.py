@@ -20,10 +20,11 @@ never get a value here: a profile lists them by name, the ledger shows "<from ca
 only for the submitting process's own environment, a literal one in a layer is an audit error with its value
 dropped, and a credential-shaped value in a shell variable the ledger would record is refused (one line).
 
-The submitting shell's environment reaches the job too (sbatch's default `--export=ALL`; nemo_run's local executor
-copies os.environ). For a name the plan sets, the plan's value wins (nemo_run writes `export NAME=value` into the
-sbatch script), so the shell's value is silently ignored; a tuning name (NCCL_*, NVTE_*...) the plan does not set
-reaches the job unrecorded. Both are reported as `shell_overrides`.
+A shell's variables can reach the job unrecorded (REACH): nemo_run's local executor (make run-local) copies
+os.environ, and a Slurm job gets the user's login environment on the node (sbatch passes only PATH and the profile's
+secrets from the submitting shell, `--export=PATH,<secrets>`: cluster/slurm.py). For a name the plan sets, the plan's
+value wins (the script exports it), so the shell's value is silently ignored; a tuning name (NCCL_*, NVTE_*...) the
+plan does not set reaches the job unrecorded. Both are reported as `shell_overrides`.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ SECRET_VALUE = "<from caller env>"
 HOPPER = ("h100", "h200", "h800", "gh200")
 PERF = "megatron.bridge.perf_recipes.llama.h100.llama3"
 COMMON = "megatron.bridge.recipes.utils.environment_utils.COMMON_RECIPE_ENV_VARS"
-# Shell variables that change a run even when the plan does not set them: sbatch (--export=ALL by default) and
-# nemo_run's local executor (torchx copies os.environ) hand the caller's environment to the job.
+# Shell variables that change a run even when the plan does not set them, and how they get there (the docstring).
+REACH = "make run-local's ranks get it, a Slurm job too where your login environment sets it"
 TUNING_PREFIXES = ("NCCL_", "NVTE_", "TORCH_NCCL_", "CUDA_DEVICE_", "PYTORCH_CUDA_", "CUBLAS_", "UB_")
 # Every layout: Bridge's common recipe defaults, with the reasons its source gives (the H100 perf recipes repeat them;
 # TORCH_NCCL_HIGH_PRIORITY is also megatron.bridge.perf_recipes.environment.COMMON_PERF_ENV_VARS).
@@ -236,7 +237,7 @@ def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
                 led.conflicts.append(Conflict(name, (prev.layer, layer), (prev.value, value), "warning", msg))
             merged[name] = Entry(name, value, layer, reason, [*prev.overridden, (prev.layer, prev.value)])
     for name in secret_names(profile):
-        why = f"secret listed by {profile.source}: passed by name from the submitting shell (sbatch --export=ALL)"
+        why = f"secret listed by {profile.source}: passed by name from the submitting shell (sbatch --export=PATH,...)"
         merged[name] = Entry(name, SECRET_VALUE, "cluster", why, secret=True)
         if name not in caller_env:
             led.missing_secrets.append(name)
@@ -251,7 +252,7 @@ def _shell_overrides(led: Ledger, caller_env: dict, secrets: set[str]) -> list[S
         if name in secrets or is_secret(name):
             continue
         recorded = name in plan or name.startswith(TUNING_PREFIXES)
-        if recorded and (kind := credential_kind(shell)):  # the job gets it all the same (sbatch --export=ALL)
+        if recorded and (kind := credential_kind(shell)):  # the job may get it all the same (REACH)
             raise BadInput(
                 f"{name} in your shell holds what looks like {kind}: it would reach the job and its records; unset it "
                 f"(a secret goes by name: {FIX})"
@@ -265,7 +266,7 @@ def _shell_overrides(led: Ledger, caller_env: dict, secrets: set[str]) -> list[S
             out.append(ShellOverride(name, shell, plan[name], msg))
         elif name not in plan and name.startswith(TUNING_PREFIXES):
             msg = (
-                f"{name}={shell} is exported in this shell and reaches the job unrecorded (sbatch --export=ALL); "
+                f"{name}={shell} is exported in this shell and may reach the job unrecorded ({REACH}); "
                 "unset it or put it in the cluster profile's env"
             )
             out.append(ShellOverride(name, shell, None, msg))

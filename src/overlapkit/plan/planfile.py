@@ -1,7 +1,7 @@
 """The one reader of a run directory's plan.json (plan/build.py writes it): every command that reads a plan back (make
-status, make bless, the nightly's report, the overlap report, the in-job preflight) gets it through `read_plan`,
-checked field by field, or one line naming the file, the field and the fix. Standard library only: launch/entry.py
-reads the plan before anything may import torch.
+status, make bless, the nightly's report, the overlap report, make calibrate, the in-job entry) gets it through
+`read_plan`, checked field by field, or one line naming the file, the field and the fix. Standard library only:
+launch/entry.py reads the plan before anything may import torch.
 
 What is checked is what a reader relies on: the recipe's name (printed, so no control characters), the layout's
 sizes (whole numbers ≥ 1: a plan with 0 GPUs or DP −4 is a broken file, not a profile to blame), the audit's shape,

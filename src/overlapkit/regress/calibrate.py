@@ -23,6 +23,7 @@ from pathlib import Path
 
 from overlapkit import jsonio
 from overlapkit.errors import BadInput
+from overlapkit.plan import planfile
 from overlapkit.regress import logparse
 from overlapkit.sizing import calibration, throughput
 
@@ -46,11 +47,12 @@ class Run:
 
 
 def logs_of(run_dir: Path) -> list[Path]:
-    """The job's logs: nemo_run's (submission.json names the experiment) and any *.log beside plan.json."""
+    """The job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
+    when it started: cluster/submit.py claim), and any *.log beside plan.json."""
     from overlapkit.cluster import submit
 
     info = jsonio.read_json(run_dir / "submission.json")
-    logs = submit.log_files(info) if info and info.get("experiment_dir") else []
+    logs = submit.log_files(info) if info and (info.get("experiment_dir") or info.get("log")) else []
     return logs + sorted(run_dir.glob("*.log"))
 
 
@@ -59,10 +61,13 @@ def read_run(run_dir: Path, cluster: str) -> Run | str:
     from overlapkit.plan import request
     from overlapkit.plan.build import OVERRIDES, plan_for, prediction_inputs
 
-    plan = jsonio.read_json(run_dir / "plan.json")
+    try:  # a broken plan.json: its own one line (file, field, fix), the other runs still count
+        plan = planfile.read_plan(run_dir)
+    except BadInput as exc:
+        return str(exc)
     rec = jsonio.read_json(run_dir / OVERRIDES)
-    if plan is None or rec is None or "recipe" not in rec:
-        return f"no readable plan.json and {OVERRIDES}"
+    if rec is None or "recipe" not in rec:
+        return f"no readable {OVERRIDES}"
     if plan.get("cluster") not in (None, cluster):
         return f"planned for cluster {plan.get('cluster')}"
     logs = logs_of(run_dir)

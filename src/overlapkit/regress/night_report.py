@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from overlapkit import jsonio
+from overlapkit.plan import planfile
 from overlapkit.plan.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planned_window
 from overlapkit.regress import exposed, logparse
 from overlapkit.regress import rules as regress
@@ -66,7 +67,7 @@ def read_history(path: Path) -> list[dict]:
 def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, preflight_only: bool) -> dict:
     """One row of the report: parsed log, verdict, overlaps from plan.json's audit rows, preflight result."""
     run_dir = Path(entry["run_dir"])
-    plan = jsonio.read_json(run_dir / "plan.json") or {}
+    plan = planfile.read_plan(run_dir)  # what make nightly wrote; edited or broken: one line naming file and field
     rows = (plan.get("audit") or {}).get("rows", {})
     pre = jsonio.read_json(run_dir / "preflight.json")
     parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan)) if logs else None

@@ -18,7 +18,7 @@ from pathlib import Path
 from overlapkit import jsonio, stack
 from overlapkit.cluster import slurm, submit
 from overlapkit.cluster.profiles import PROFILER_CHOICES
-from overlapkit.plan import registry, runopts
+from overlapkit.plan import planfile, registry, runopts
 from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
 from overlapkit.regress.exposed import profile_window, profiled_ranks
@@ -349,7 +349,7 @@ def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR) -> Path:
         ) from None
     logs = submit.log_files(info) if info else []
     logs += sorted(run_dir.glob("*.log"))
-    skip = logparse.profiled_iterations(jsonio.read_json(run_dir / "plan.json") or {})  # bless says what is wrong
+    skip = logparse.profiled_iterations(planfile.read_plan(run_dir))
     parsed = logparse.parse_files(logs, exclude=skip) if logs else logparse.parse_text("")
     state = slurm.job_state(str(info["job_id"])) if info and info.get("job_id") else None
     return regress.bless(run_dir, parsed, goldens, state=state, submission=info)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
+from overlapkit.plan import planfile
 from overlapkit.regress import exposed
 
 GOLDENS_DIR = stack.REPO_ROOT / "nightly" / "goldens"
@@ -339,9 +340,7 @@ def bless(
     one-line BlessError with every reason. state: the job's Slurm state; submission: its submission.json
     (nightly.bless_run reads both)."""
     run_dir = Path(run_dir)
-    plan = _read_json(run_dir / "plan.json", "the run's plan that make plan/submit writes")
-    if plan is None:
-        raise BlessError(f"{run_dir}: no plan.json — give RUN=<a run directory from make nightly>")
+    plan = planfile.read_plan(run_dir)  # missing or broken: one line naming the file, the field and the fix
     meta = _read_json(run_dir / "nightly.json", "the run's nightly record that make nightly writes") or {}
     meta["run_dir"] = str(run_dir)
     meta["job_id"] = (submission or {}).get("job_id")

@@ -67,7 +67,7 @@ def _locked(path: Path):
     """An exclusive lock beside the schedule file, held while it is read, changed and written. A filesystem without
     flock (Lustre mounted without -o flock) gives none; the job-id check in fire() still keeps one chain."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as f:
+    with os.fdopen(jsonio.open_lock(path.with_name(path.name + ".lock"), 0o644)) as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX)
         except OSError:
@@ -268,9 +268,9 @@ def unschedule(profile, now: dt.datetime | None = None) -> tuple[dict | None, li
 
 
 def _leave_job_environment() -> None:
-    """Run as if from a login shell. sbatch exports the caller's environment (--export=ALL), and srun reads SLURM_*
-    as its options (SLURM_NTASKS is -n), so a night launched from inside this 1-task job would hand SLURM_NTASKS=1
-    and the rest to every run's srun. SLURM_CONF stays: it says which cluster to talk to."""
+    """Run as if from a login shell. A job's environment holds Slurm's SLURM_* (whatever sbatch's --export), and srun
+    reads them as its options (SLURM_NTASKS is -n), so a night launched from inside this 1-task job would hand
+    SLURM_NTASKS=1 and the rest to every run's srun. SLURM_CONF stays: it says which cluster to talk to."""
     for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
         if name != "SLURM_CONF":
             del os.environ[name]

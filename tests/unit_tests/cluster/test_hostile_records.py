@@ -56,6 +56,7 @@ def _one_line(err: str) -> str:
         ({"job_id": ["7"]}, "job_id is list ['7'], not a Slurm job id"),
         ({"job_id": "7", "job_ids": "7"}, "job_ids is '7', not a list"),
         ({"job_id": "7 8"}, "job_id is '7 8', not a Slurm job id"),
+        ({"job_id": "7", "log": ["/etc/passwd"]}, "log is ['/etc/passwd'], not text"),  # a plain-sbatch job's log
     ],
 )
 @pytest.mark.parametrize("action", ["cancel", "status", "logs"])
@@ -209,16 +210,25 @@ def test_written_files_keep_the_umask(tmp_path):
 # --- make sbatch while the run is live (the real local Slurm) ------------------------------------------------------
 
 
+def _held_job() -> str:
+    """A job held in the local Slurm's queue (live until scancel): what a run that is still queued looks like."""
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--hold",
+        "--partition=local",
+        "--account=root",
+        "--output=/dev/null",
+        "--wrap=true",
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
 @pytest.mark.slurm
 def test_make_sbatch_is_refused_while_its_run_name_is_live(make_here):
     name = f"hostile-{uuid.uuid4().hex[:8]}"
     ck = stack.REPO_ROOT / "runs" / "slurm" / "checkpoints" / name
-    held = subprocess.run(
-        ["sbatch", "--parsable", "--hold", "--partition=local", "--account=root", "--output=/dev/null", "--wrap=true"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    held = _held_job()
     try:
         runlock.record(ck, ck.parent / "run", [held])
         code, out, err = make_here("sbatch", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16", f"RUN_NAME={name}")
@@ -244,3 +254,143 @@ def test_an_edited_run_record_names_itself_and_reaches_no_squeue(tmp_path, slurm
     with pytest.raises(BadInput, match=f"{ck / runlock.RECORD}: a job id is '--me', not a Slurm job id") as exc:
         runlock.live_problem(ck, "x")
     assert "\n" not in str(exc.value) and not slurm_calls
+
+
+# --- the plain-sbatch path: a job of `make sbatch`'s script records itself where make submit records its jobs ------
+
+
+@pytest.fixture
+def plain_run(tmp_path, write_plan, monkeypatch):
+    """`plain_run(live)`: a run directory as `make sbatch RUN_NAME=plain` leaves it (plan.json, overrides.json, an
+    sbatch-script record), its checkpoint directory, and Slurm saying that the job ids in `live` are running."""
+    run_dir, ck = tmp_path / "runs" / "r", tmp_path / "checkpoints" / "plain"
+    run_dir.mkdir(parents=True)
+    write_plan(run_dir)
+    opts = runopts.RunOptions(run_name="plain", job_dir=str(tmp_path))
+    (run_dir / "overrides.json").write_text(json.dumps({"run": opts.to_dict()}))
+    script = {"script": str(run_dir / "sbatch.sh"), "cluster": "local", "preflight_only": True}
+    (run_dir / chain.MARKER).write_text(json.dumps({"state": "sbatch-script", **script, "checkpoint_dir": str(ck)}))
+
+    def start(live=()):
+        monkeypatch.setattr(slurm, "live_jobs", lambda ids: [(j, "RUNNING") for j in ids if j in live])
+        monkeypatch.setattr(slurm, "job_state", lambda job: "RUNNING" if job in live else "COMPLETED")
+        return run_dir, ck
+
+    return start
+
+
+def _claim(run_dir, job, monkeypatch, capsys):
+    from launch import entry
+
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    code = entry.main(["--recipe", "r", "--run-dir", str(run_dir), "--preflight-only", "--claim"])
+    return (code, *capsys.readouterr())
+
+
+def test_a_plain_sbatch_job_is_recorded_where_make_submit_records_its_jobs(plain_run, make_here, monkeypatch, capsys):
+    """The job's first step (launch/entry.py --claim) puts its id in submission.json and overlapkit-runs.json: make
+    status/logs/cancel RUN= find it, and make submit/sbatch on its RUN_NAME are refused while it is live."""
+    run_dir, ck = plain_run(live={"41"})
+    code, out, err = make_here("status", f"RUN={run_dir}")
+    assert code == 0 and f"a plain sbatch script (sbatch {run_dir / 'sbatch.sh'}): no job of it has started yet" in out
+    assert _claim(run_dir, "41", monkeypatch, capsys) == (
+        0,
+        f"job 41: recorded in {run_dir / chain.MARKER} (make status|logs|cancel RUN={run_dir})\n",
+        "",
+    )
+    info = json.loads((run_dir / chain.MARKER).read_text())
+    assert info["state"] == "submitted" and info["job_ids"] == ["41"] and info["preflight_only"] is True
+    assert [s["job_ids"] for s in runlock.submissions(ck)] == [["41"]]
+    code, out, _ = make_here("status", f"RUN={run_dir}")
+    assert code == 0 and "job 41 RUNNING" in out
+    (run_dir / "slurm-41.out").write_text("preflight: OK (8/8 ranks)\n")  # the script's --output
+    code, out, _ = make_here("logs", f"RUN={run_dir}")
+    assert code == 0 and "preflight: OK (8/8 ranks)" in out
+    problem = runlock.live_problem(ck, "plain")  # what make submit and make sbatch ask first
+    assert problem.startswith(f"RUN_NAME=plain is live in {ck} (job 41 RUNNING, run {run_dir})")
+
+
+def test_a_second_job_of_the_script_stops_before_training_while_the_first_is_live(plain_run, monkeypatch, capsys):
+    run_dir, ck = plain_run(live={"41", "42"})
+    assert _claim(run_dir, "41", monkeypatch, capsys)[0] == 0
+    code, out, err = _claim(run_dir, "42", monkeypatch, capsys)  # sbatch typed twice, or while make submit's runs
+    assert code == 2 and not out and "job 42 stops before training" in _one_line(err)
+    assert f"RUN_NAME=plain is live in {ck} (job 41 RUNNING" in err
+    assert json.loads((run_dir / chain.MARKER).read_text())["job_ids"] == ["41"]  # the live job's record kept
+    assert _claim(run_dir, "41", monkeypatch, capsys)[0] == 0  # Slurm requeued the first: it is no second run
+    code, _, err = _claim(run_dir, "--me", monkeypatch, capsys)
+    assert code == 2 and "SLURM_JOB_ID (this job's id) is '--me', not a Slurm job id" in _one_line(err)
+    assert [s["job_ids"] for s in runlock.submissions(ck)] == [["41"], ["41"]]
+
+
+def _sbatch_and_wait(script) -> tuple[str, str]:
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout
+    return job.strip(), slurm.wait_for(job.strip(), timeout=300, poll=1)
+
+
+@pytest.mark.slurm
+def test_a_job_of_make_sbatchs_script_records_itself_or_stops_on_the_real_slurm(make_here, tmp_path):
+    """`make sbatch RUN_NAME=` then `sbatch <script>` by hand: the job's first step records it (make status and logs
+    RUN= find it, overlapkit-runs.json holds it); sbatch'd again while another run is live there, the job stops in
+    that step, before any rank trains."""
+    profile = tmp_path / "mine.toml"
+    text = (stack.REPO_ROOT / "slurm" / "profiles" / "local.toml").read_text()
+    profile.write_text(text.replace('job_dir = "runs/slurm"', f'job_dir = "{tmp_path / "jobs"}"'))
+    args = ("RECIPE=llama3_8b_pretrain_8gpu_h100_bf16", f"CLUSTER={profile}", "RUN_NAME=plain", "PREFLIGHT=env")
+    code, out, err = make_here("sbatch", *args)
+    assert code == 0, err
+    (run_dir,) = (tmp_path / "jobs" / "runs").iterdir()
+    ck = tmp_path / "jobs" / "checkpoints" / "plain"
+    job, state = _sbatch_and_wait(run_dir / "sbatch.sh")
+    assert state == "COMPLETED", (run_dir / f"slurm-{job}.out").read_text()
+    assert [s["job_ids"] for s in runlock.submissions(ck)] == [[job]]
+    code, out, _ = make_here("status", f"RUN={run_dir}")
+    assert code == 0 and f"job {job} COMPLETED" in out and '"ok": true' in out
+    code, out, _ = make_here("logs", f"RUN={run_dir}")
+    assert code == 0 and f"job {job}: recorded in {run_dir / chain.MARKER}" in out and "preflight: OK (8/8" in out
+    held = _held_job()
+    try:
+        runlock.record(ck, tmp_path / "other-run", [held])
+        second, state = _sbatch_and_wait(run_dir / "sbatch.sh")
+    finally:
+        subprocess.run(["scancel", held], check=False)
+    log = (run_dir / f"slurm-{second}.out").read_text()
+    assert state == "FAILED" and f"error: RUN_NAME=plain is live in {ck} (job {held} PENDING" in log
+    assert f"job {second} stops before training" in log and "preflight" not in log
+    assert json.loads((run_dir / chain.MARKER).read_text())["job_id"] == job
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        (lambda p: p["layout"].update(tp="4"), "layout.tp is '4', not a whole number ≥ 1"),
+        (lambda p: p.update(audit="OK"), "audit is str 'OK', not an object"),
+        (lambda p: p.update(run={"checkpoint_dir": 5}), "run.checkpoint_dir is int 5, not a path"),
+    ],
+)
+def test_the_in_job_entry_reads_plan_json_through_planfile(tmp_path, write_plan, capsys, edit, said):
+    """Every rank's first read (launch/entry.py): a broken plan.json is one line in the job's log, exit 2, before
+    any check or training (it was a KeyError's traceback, once per rank)."""
+    from launch import entry
+
+    plan = write_plan(tmp_path)
+    edit(plan)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    code = entry.main(["--recipe", "r", "--run-dir", str(tmp_path), "--preflight-only"])
+    out, err = capsys.readouterr()
+    assert code == 2 and not out and said in _one_line(err) and err.startswith(f"error: {tmp_path / 'plan.json'}: ")
+    assert not (tmp_path / "preflight").exists()
+
+
+def test_a_plain_sbatch_job_without_run_name_records_itself_and_takes_no_lock(
+    tmp_path, write_plan, monkeypatch, capsys
+):
+    """A benchmark (no RUN_NAME) saves no checkpoints: its job is recorded for make status/logs/cancel, and no
+    checkpoint directory, lock or run record is made for it."""
+    write_plan(tmp_path)
+    (tmp_path / "overrides.json").write_text(json.dumps({"run": runopts.RunOptions(job_dir=str(tmp_path)).to_dict()}))
+    (tmp_path / chain.MARKER).write_text(json.dumps({"state": "sbatch-script", "script": str(tmp_path / "sbatch.sh")}))
+    assert _claim(tmp_path, "9", monkeypatch, capsys)[0] == 0
+    info = json.loads((tmp_path / chain.MARKER).read_text())
+    assert (info["state"], info["job_id"], info["script"]) == ("submitted", "9", str(tmp_path / "sbatch.sh"))
+    assert not (tmp_path / "checkpoints").exists()

@@ -6,9 +6,11 @@ diff like code.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -220,6 +222,33 @@ def test_run_directories_never_overwrite(tmp_path):
     p = make_plan(R70)
     a, b = write_run_dir(p, tmp_path, stamp="x"), write_run_dir(p, tmp_path, stamp="x")
     assert a != b and a.exists() and b.exists()
+
+
+def test_config_yaml_is_bridges_dump_written_through_no_planted_link(tmp_path, monkeypatch):
+    """A link planted in the new run directory (between its mkdir and the writes) is replaced, never followed; the
+    file holds what Bridge's own ConfigContainer.to_yaml writes."""
+    target, real_mkdir = tmp_path / "precious", Path.mkdir
+    target.write_text("keep")
+
+    def mkdir_then_plant(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self.parent == tmp_path / "runs":
+            (self / "config.yaml").symlink_to(target)
+
+    p = make_plan(R70)
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_plant)
+    run_dir = write_run_dir(p, tmp_path / "runs", stamp="x")
+    monkeypatch.undo()
+    assert target.read_text() == "keep" and not (run_dir / "config.yaml").is_symlink()
+    cfg = copy.copy(p.cfg)
+    cfg.model, cfg.optimizer, cfg.ddp, cfg.comm_overlap = (
+        p.resolved.model,
+        p.resolved.optimizer,
+        p.resolved.ddp,
+        p.resolved.comm,
+    )
+    cfg.to_yaml(str(tmp_path / "bridge.yaml"))
+    assert (run_dir / "config.yaml").read_text() == (tmp_path / "bridge.yaml").read_text()
 
 
 def test_recipes_list(capsys):

@@ -251,7 +251,9 @@ def test_shell_overrides_are_reported_from_the_given_caller_env():
     led = build_ledger(plan(B70), caller_env=env)
     got = [(s.name, s.shell_value, s.plan_value) for s in led.shell_overrides]
     assert got == [("NCCL_ALGO", "Ring", None), ("NCCL_NVLS_ENABLE", "1", "0")]
-    assert "unset" in led.shell_overrides[1].message and "--export=ALL" in led.shell_overrides[0].message
+    assert "unset" in led.shell_overrides[1].message and "--export=ALL" not in led.shell_overrides[0].message
+    said = led.shell_overrides[0].message  # what the scripts now do: sbatch passes PATH and the secrets, no more
+    assert "may reach the job unrecorded (make run-local's ranks get it" in said and "login environment" in said
 
 
 def test_to_dict_has_stable_keys_and_is_json():

@@ -91,6 +91,21 @@ def test_a_run_of_another_cluster_does_not_count(runs_root, tmp_path):
     assert calibrate.read_run(other, "example-eos").startswith("its plan no longer builds: ")
 
 
+def test_a_plain_sbatch_run_counts_by_the_log_its_job_recorded(runs_root, tmp_path):
+    """make sbatch's job records its log (slurm-<job>.out, the script's --output) when it starts: that run counts."""
+    run0 = runs_root / "llama3_8b_pretrain_8gpu_h100_bf16-run0"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for f in ("plan.json", "overrides.json"):
+        (plain / f).write_bytes((run0 / f).read_bytes())
+    (plain / "slurm-7.out").write_bytes((run0 / "train.log").read_bytes())
+    record = {"state": "submitted", "job_id": "7", "job_ids": ["7"], "log": str(plain / "slurm-7.out")}
+    (plain / "submission.json").write_text(json.dumps(record))
+    run = calibrate.read_run(plain, "local")
+    assert isinstance(run, calibrate.Run), run
+    assert run.measured_s == calibrate.read_run(run0, "local").measured_s
+
+
 def make(target: str, *args: str, env: dict) -> subprocess.CompletedProcess:
     """`make -s <target> <args>` in the checkout, in a new process, as a user types it."""
     return subprocess.run(

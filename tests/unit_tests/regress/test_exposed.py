@@ -19,7 +19,7 @@ N = 60
 WINDOW = exposed.profile_window(N)
 PLAN = {
     "recipe": "llama3_70b_pretrain_64gpu_h100_bf16",
-    "layout": {"tp": 4, "pp": 4, "cp": 2, "nodes": 8, "gpus": 64, "gbs": 256},
+    "layout": {"tp": 4, "pp": 4, "cp": 2, "dp": 2, "nodes": 8, "gpus": 64, "mbs": 1, "gbs": 256, "seq": 8192},
     "overrides": [],
     "audit": {"rows": {"tp_comm_overlap": {"state": "on"}}},
     "run": {"nsys": {"steps": list(WINDOW), "ranks": [0, 8, 16, 24, 32, 40, 48, 56]}},

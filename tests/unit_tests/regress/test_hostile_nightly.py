@@ -5,9 +5,14 @@ local Slurm (its partition check) and then its queue."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from overlapkit.regress import schedule
+from overlapkit.cluster import slurm
+from overlapkit.plan import planfile
+from overlapkit.regress import calibrate, schedule
 
 
 @pytest.mark.parametrize(
@@ -56,3 +61,76 @@ def test_a_schedule_record_that_is_not_one_is_named(tmp_path, make_here, text, s
     for target in ("nightly-status", "nightly-unschedule"):
         code, out, err = make_here(target, f"JOB_DIR={tmp_path}")
         assert code == 2 and not out and err.count("\n") == 1 and said in err and schedule.SCHEDULE_FILE in err
+
+
+# --- a run's plan.json, read back by the nightly's report, bless, the overlap report, calibrate: planfile alone ---
+
+BROKEN_PLANS = [
+    (lambda p: p["layout"].update(tp="4"), "layout.tp is '4', not a whole number ≥ 1"),
+    (lambda p: p.update(layout=None), "layout is null, not an object"),
+    (lambda p: p.update(audit="OK"), "audit is str 'OK', not an object"),
+    (lambda p: p.update(recipe="\x1b[2Jr"), r"recipe is '\x1b[2Jr', not a recipe's name"),
+    ("link", "is a symbolic link (to "),
+]
+
+
+def _broken_run(tmp_path, write_plan, edit) -> Path:
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    plan = write_plan(run_dir)
+    if edit == "link":  # a whole plan, elsewhere: make plan writes a file, so a link is no plan of this run
+        (tmp_path / "elsewhere.json").write_text(json.dumps(plan))
+        (run_dir / "plan.json").unlink()
+        (run_dir / "plan.json").symlink_to(tmp_path / "elsewhere.json")
+    else:
+        edit(plan)
+        (run_dir / "plan.json").write_text(json.dumps(plan))
+    (run_dir / "train.log").write_text("")
+    record = {"state": "submitted", "job_id": "7", "log": str(run_dir / "train.log"), "run_dir": str(run_dir)}
+    (run_dir / "submission.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def _named(err: str, run_dir: Path, said: str) -> None:
+    assert err.count("\n") == 1 and err.startswith(f"error: {run_dir / 'plan.json'}: ") and said in err, err
+    assert "\x1b" not in err and "Traceback" not in err and planfile.FIX in err
+
+
+@pytest.mark.parametrize("edit, said", BROKEN_PLANS)
+def test_a_broken_plan_json_is_one_line_for_every_reader_of_a_run(
+    tmp_path, make_here, write_plan, monkeypatch, edit, said
+):
+    """make nightly-report, make bless, make overlap-report RUN= and make calibrate read a run's plan.json through
+    planfile (the in-job entry: cluster/test_hostile_records.py), each naming the file and the field."""
+    run_dir = _broken_run(tmp_path, write_plan, edit)
+    (run_dir / "nsys").mkdir()
+    before = sorted(p.name for p in run_dir.iterdir())
+    code, out, err = make_here("overlap-report", f"RUN={run_dir}")
+    assert code == 2 and not out and sorted(p.name for p in run_dir.iterdir()) == before
+    _named(err, run_dir, said)
+    monkeypatch.setattr(slurm, "job_state", lambda job: "COMPLETED")
+    night = tmp_path / "nightly" / "20261201-020000"
+    night.mkdir(parents=True)
+    entry = {"recipe": "r", "nodes": 1, "dp": 8, "run_dir": str(run_dir), "job_id": "7"}
+    (night / "night.json").write_text(
+        json.dumps({"job_dir": str(tmp_path), "preflight_only": False, "entries": [entry]})
+    )
+    code, out, err = make_here("nightly-report", f"NIGHT={night}")
+    assert code == 2 and not out
+    _named(err, run_dir, said)
+    assert sorted(p.name for p in night.iterdir()) == ["night.json"]  # no report of a night it could not read
+    code, out, err = make_here("bless", f"RUN={run_dir}")
+    assert code == 2 and not out
+    _named(err, run_dir, said)
+    skipped = calibrate.read_run(run_dir, "local")  # make calibrate: this run skipped with its line, the rest count
+    _named(f"error: {skipped}\n", run_dir, said)
+
+
+def test_the_schedule_lock_is_never_opened_through_a_planted_link(tmp_path, make_here):
+    (tmp_path / "nightly").mkdir()
+    lock = tmp_path / "nightly" / f"{schedule.SCHEDULE_FILE}.lock"
+    lock.symlink_to(tmp_path / "elsewhere")  # opened for append, the link's target was created
+    code, out, err = make_here("nightly-unschedule", f"JOB_DIR={tmp_path}")
+    assert code == 2 and not out and err.count("\n") == 1
+    assert f"{lock} is a symbolic link to {tmp_path / 'elsewhere'}, never followed" in err
+    assert not (tmp_path / "elsewhere").exists()

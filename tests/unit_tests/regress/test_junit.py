@@ -16,7 +16,8 @@ from overlapkit.regress import junit, logparse, night_report, nightly
 from overlapkit.regress import rules as regress
 
 N = 30
-PLAN = {"recipe": "r", "layout": {"tp": 1, "pp": 1, "cp": 1, "nodes": 1}, "overrides": [], "audit": {"rows": {}}}
+LAYOUT = {"tp": 1, "pp": 1, "cp": 1, "dp": 8, "nodes": 1, "gpus": 8, "mbs": 1, "gbs": 8, "seq": 4096}
+PLAN = {"recipe": "r", "layout": LAYOUT, "overrides": [], "audit": {"rows": {}}}  # a whole plan.json: planfile reads it
 SKIP = "needs 32 nodes at DP=2 (TP·PP·CP = 128 GPUs); local has 8"
 
 

@@ -12,7 +12,8 @@ from nightly_fixtures import bridge_log, curve
 from overlapkit.regress import night_report, nightly
 
 N = 30
-PLAN = {"recipe": "r", "layout": {"tp": 1, "pp": 1, "cp": 1, "nodes": 1}, "overrides": [], "audit": {"rows": {}}}
+LAYOUT = {"tp": 1, "pp": 1, "cp": 1, "dp": 8, "nodes": 1, "gpus": 8, "mbs": 1, "gbs": 8, "seq": 4096}
+PLAN = {"recipe": "r", "layout": LAYOUT, "overrides": [], "audit": {"rows": {}}}  # a whole plan.json: planfile reads it
 
 
 def _entry(tmp_path, name: str, *, nan_at=None, attempt=0) -> dict:

@@ -141,7 +141,9 @@ def test_entry_hands_a_profiled_rank_to_the_wrapper_before_its_preflight(tmp_pat
     """launch/entry.py as srun starts it: rank 0 of a NSYS run re-runs itself under nsys (the fake one), and the
     child, with UNDER_NSYS set, goes on to the preflight; a preflight-only job never wraps."""
     run_dir, log, _ = job
-    (run_dir / "plan.json").write_text(json.dumps({**PLAN, "layout": {"gpus": 16, "nodes": 2}}))  # for resume.guard
+    layout = {"nodes": 2, "gpus": 16, "tp": 1, "pp": 1, "cp": 1, "dp": 16, "mbs": 1, "gbs": 16, "seq": 4096}
+    whole = {**PLAN, "recipe": "r", "layout": layout, "audit": {"rows": {}}}  # what planfile.read_plan accepts
+    (run_dir / "plan.json").write_text(json.dumps(whole))
     env = {**os.environ, "SLURM_PROCID": "0", "PYTHONPATH": "src:."}
     argv = [sys.executable, "launch/entry.py", "--recipe", "r", "--run-dir", str(run_dir)]
     out = subprocess.run(argv, cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)

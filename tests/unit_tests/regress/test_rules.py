@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from nightly_fixtures import bridge_log, curve
 
+from overlapkit.errors import BadInput
 from overlapkit.regress import logparse, night_report, nightly
 from overlapkit.regress import rules as regress
 
 N = 60
-PLAN = {"recipe": "llama3_70b_pretrain_64gpu_h100_bf16", "layout": {"tp": 4, "pp": 4, "cp": 2, "nodes": 8,
-                                                                    "gpus": 64, "gbs": 256},
+PLAN = {"recipe": "llama3_70b_pretrain_64gpu_h100_bf16", "layout": {"tp": 4, "pp": 4, "cp": 2, "dp": 2, "nodes": 8,
+                                                                    "gpus": 64, "mbs": 1, "gbs": 256, "seq": 8192},
         "overrides": [], "audit": {"rows": {"tp_comm_overlap": {"state": "on"}, "overlap_p2p_comm": {"state": "on"},
                                             "overlap_param_gather_with_optimizer_step": {"state": "off"}}}}  # fmt: skip
 
@@ -231,7 +232,7 @@ def test_bless_bad_submission_json_is_one_line(tmp_path):
 def test_bless_bad_plan_json_is_one_line(tmp_path):
     d = _run_dir(tmp_path, "bad", "")
     (d / "plan.json").write_text("{not json")
-    with pytest.raises(regress.BlessError, match="plan.json: is not JSON .*: give RUN="):
+    with pytest.raises(BadInput, match=r"plan.json: is not JSON .*: plan it again \(make plan\), or give RUN="):
         regress.bless(d, logparse.parse_text(""), tmp_path / "goldens", state="COMPLETED", submission={"job_id": "1"})
 
 
