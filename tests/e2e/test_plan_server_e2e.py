@@ -91,7 +91,10 @@ class Served:
         )
 
     def pid(self) -> int:
-        """The server's pid, started by a first (cold) plan when none runs."""
+        """The server's pid, started by a first (cold) plan when none runs (or the last one is still going: killed
+        by a test before this one, its lock not yet let go)."""
+        if (pid := plan_server.holder(self.lock)) is not None and gone(pid, timeout=0.5):
+            assert released(self.lock)
         if plan_server.holder(self.lock) is None:
             out = self.plan()
             assert out.returncode == 0, out.stderr[-3000:]
