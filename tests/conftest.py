@@ -97,7 +97,7 @@ def isolated_environ():
 
 def pytest_sessionfinish(session, exitstatus):
     _, lock, _ = plan_server.paths()
-    if (pid := plan_server.holder(lock)) is not None:
+    if pid := plan_server.holder(lock):  # 0: one is starting, its pid not yet written
         os.kill(pid, signal.SIGTERM)
     shutil.rmtree(SERVER_DIR, ignore_errors=True)
 

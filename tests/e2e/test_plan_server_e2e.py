@@ -120,7 +120,7 @@ class Served:
 def served(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("okps"))
     yield s
-    if (pid := plan_server.holder(s.lock)) is not None:
+    if pid := plan_server.holder(s.lock):
         os.kill(pid, signal.SIGTERM)
 
 
