@@ -105,7 +105,7 @@ calibrate: ## fit the throughput model on CLUSTER's finished runs (RUNS= dirs); 
 	@$(PY) -m launch calibrate --cluster="$$CLUSTER" --runs="$$RUNS"
 
 plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded between commands: docs/plan.md; OVERLAPKIT_PLAN_SERVER=0|1)
-	@$(PY) -m launch plan-server --stop
+	@$(PY) -m launch plan-server-stop
 
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
 	@$(PY) -m launch new-recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" --cluster="$$CLUSTER" $(FORK_FLAGS) --args="$$ARGS"
@@ -157,7 +157,7 @@ bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<reci
 	@$(PY) -m launch bless --run="$$RUN"
 
 parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
-	@$(PY) -m overlapkit.regress.logparse -- "$$LOG"
+	@$(PY) -m launch parse-log -- "$$LOG"
 
 nightly-schedule: ## run the nightly every day at AT (02:00, now+90, ISO date) through sbatch --begin (RECIPES=, PREFLIGHT=, DRYRUN=1)
 	@$(PY) -m launch nightly-schedule --cluster="$$CLUSTER" --at="$$AT" --recipes="$$RECIPES" --preflight="$$PREFLIGHT" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --dryrun="$$DRYRUN" --gpu="$$GPU"

@@ -7,8 +7,8 @@
 The log is synthetic but every line is in Bridge 0.6.2's format, copied from what its own training_log() and
 report_memory() print in tests/unit_tests/regress/nightly_fixtures.py (iteration lines, the memory report, the
 "Step Time" line), plus other ranks' NCCL chatter and our entry point's preflight line.
-Each side runs in a fresh interpreter with its JSON written to a file: the streaming side is the CLI
-(`python -m overlapkit.regress.logparse LOG`); the whole-file side reads the log into one string and builds the whole
+Each side runs in a fresh interpreter with its JSON written to a file: the streaming side is what `make parse-log`
+runs (`python -m launch parse-log LOG`); the whole-file side reads the log into one string and builds the whole
 dict before printing it (`to_json(parse_text(read_text()))`), which is what make parse-log did before, or runs an
 older logparse module file as a script (--baseline-module). Wall time and peak RSS (ru_maxrss of the child, from
 os.wait4) per side, their ratios, and whether the two JSON outputs are byte-identical.
@@ -110,14 +110,14 @@ def main() -> None:
             label = f"{args.baseline_module.name} (whole file)"
         else:
             base, label = [sys.executable, "-c", WHOLE_FILE, str(log)], "whole-file parse_text + to_json"
-        stream = [sys.executable, "-m", "overlapkit.regress.logparse", str(log)]
+        stream = [sys.executable, "-m", "launch", "parse-log", str(log)]
         wb, rb = run(base, Path(tmp) / "base.json")
         ws, rs = run(stream, Path(tmp) / "stream.json")
         drop = bool(args.baseline_module)
         same = digest(Path(tmp) / "base.json") == digest(Path(tmp) / "stream.json", drop_launch=drop)
         out_mb = (Path(tmp) / "stream.json").stat().st_size / 1e6
         print(f"{label:<40} wall {wb:6.1f} s   peak RSS {rb:7.0f} MB")
-        print(f"{'streaming (python -m ...logparse)':<40} wall {ws:6.1f} s   peak RSS {rs:7.0f} MB")
+        print(f"{'streaming (make parse-log)':<40} wall {ws:6.1f} s   peak RSS {rs:7.0f} MB")
         print(f"ratio streaming / whole-file: wall {ws / wb:.2f}, peak RSS {rs / rb:.3f}")
         print(f"JSON output: {out_mb:.0f} MB, byte-identical: {same}" + (" (without `launch`)" if drop else ""))
 

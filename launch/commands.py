@@ -48,11 +48,13 @@ COMMANDS = {
     "nightly": Command("launch.nightly", ("submit",)),
     "nightly-report": Command("launch.nightly", ("report",)),
     "bless": Command("launch.nightly", ("bless",)),
+    "parse-log": Command("launch.parse_log"),
     "nightly-schedule": Command("launch.nightly", ("schedule",)),
     "nightly-schedule-run": Command("launch.nightly", ("schedule-run",)),  # what the scheduler job runs
     "nightly-status": Command("launch.nightly", ("schedule-status",)),
     "nightly-unschedule": Command("launch.nightly", ("unschedule",)),
-    "plan-server": Command("launch.plan_server"),
+    "plan-server": Command("launch.plan_server", ("serve",)),  # what a client starts
+    "plan-server-stop": Command("launch.plan_server", ("stop",)),
 }
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shlex
@@ -97,8 +96,8 @@ def isolated_environ():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    _, lock, _ = plan_server.paths(plan_server.directory())
-    if (pid := plan_server.holder(lock)) is not None:
+    _, lock, _ = plan_server.paths()
+    if pid := plan_server.holder(lock):  # 0: one is starting, its pid not yet written
         os.kill(pid, signal.SIGTERM)
     shutil.rmtree(SERVER_DIR, ignore_errors=True)
 
@@ -136,10 +135,9 @@ def make_here(capsys):
     def run(target: str, *variables: str) -> tuple[int, str, str]:
         module, *argv = make_command(target, *variables)
         capsys.readouterr()
-        try:  # parse-log runs a module of the library (overlapkit.regress.logparse), not yet a row of the table
-            code = (
-                commands.call(argv[0], argv[1:]) if module == "launch" else importlib.import_module(module).main(argv)
-            )
+        assert module == "launch", f"make {target} runs {module}, not a row of launch/commands.py"
+        try:
+            code = commands.call(argv[0], argv[1:])
         except SystemExit as exc:  # argparse's bad-argument exit (launch.args.Parser): status 2, one line
             code = exc.code
         return (code, *capsys.readouterr())

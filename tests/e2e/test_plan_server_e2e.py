@@ -1,6 +1,6 @@
 """The plan server (launch/plan_server.py) as `make` uses it, in new processes, in a directory of this module's own:
-a served plan prints and writes what the plain path does (JSON and the text on a terminal), with the client's umask,
-TMPDIR and limits; an edited recipe shows in the next served plan; a stale client stops it; kill -9 of the server
+a served plan prints and writes what the plain path does (JSON and the text on a terminal), with the client's umask
+and TMPDIR; an edited recipe shows in the next served plan; a stale client stops it; kill -9 of the server
 or of the client leaves no worker behind, and a command the server accepted is never run twice; with the server
 off nothing is left running. Whether the server is on for the rest of the suite does not matter here.
 
@@ -16,6 +16,7 @@ import json
 import os
 import pty
 import re
+import resource
 import shlex
 import signal
 import stat
@@ -36,7 +37,7 @@ from overlapkit.plan import registry
 ROOT = stack.REPO_ROOT
 NAME = "llama3_8b_pretrain_8gpu_h100_bf16_okps"
 RECIPE = """
-import json, os, resource, tempfile
+import json, os, tempfile
 
 from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
 
@@ -50,7 +51,9 @@ def llama3_8b_pretrain_8gpu_h100_bf16_okps():
         os.umask(mask)
         seen = dict(pid=os.getpid(), ppid=os.getppid(), umask=mask, tmp=tempfile.gettempdir())
         with open(probe, "a") as f:
-            f.write(json.dumps(dict(seen, nofile=resource.getrlimit(resource.RLIMIT_NOFILE))) + "\\n")
+            f.write(json.dumps(seen) + "\\n")
+    if os.environ.get("OKPS_BUG"):  # a bug in what the command runs
+        raise KeyError("okps")
     if fifo := os.environ.get("OKPS_FIFO"):
         open(fifo).read()  # blocks until someone writes: a slow command
     return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=2, vpp=None, mbs=1, gbs={gbs}, seq=8192))
@@ -67,7 +70,7 @@ class Served:
         self.write(gbs=128)
         switch = {plan_server.SWITCH: "1", plan_server.DIR_VAR: str(tmp / "s"), "RECIPES_PATH": str(self.recipes)}
         self.env = {**os.environ, **switch}
-        self.sock, self.lock, self.log = plan_server.paths(plan_server.directory(self.env))
+        self.sock, self.lock, self.log = plan_server.paths(self.env)
 
     def write(self, gbs: int) -> None:
         (self.recipes / "okps.py").write_text(RECIPE.replace("{gbs}", str(gbs)))
@@ -88,7 +91,10 @@ class Served:
         )
 
     def pid(self) -> int:
-        """The server's pid, started by a first (cold) plan when none runs."""
+        """The server's pid, started by a first (cold) plan when none runs (or the last one is still going: killed
+        by a test before this one, its lock not yet let go)."""
+        if (pid := plan_server.holder(self.lock)) is not None and gone(pid, timeout=0.5):
+            assert released(self.lock)
         if plan_server.holder(self.lock) is None:
             out = self.plan()
             assert out.returncode == 0, out.stderr[-3000:]
@@ -114,7 +120,7 @@ class Served:
 def served(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("okps"))
     yield s
-    if (pid := plan_server.holder(s.lock)) is not None:
+    if pid := plan_server.holder(s.lock):
         os.kill(pid, signal.SIGTERM)
 
 
@@ -131,6 +137,14 @@ def gone(pid: int, timeout: float = 20) -> bool:
     return False
 
 
+def released(lock: Path, timeout: float = 20) -> bool:
+    """Is `lock` free within `timeout` seconds? (A process's files close after its main thread shows as a zombie.)"""
+    deadline = time.monotonic() + timeout
+    while plan_server.holder(lock) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return plan_server.holder(lock) is None
+
+
 def normalised(stdout: str) -> dict:
     """The JSON plan with its run directory reduced to the recipe's name (the time stamp and parent differ)."""
     plan = json.loads(stdout)
@@ -138,15 +152,15 @@ def normalised(stdout: str) -> dict:
     return plan
 
 
-def test_a_served_plan_is_the_plain_plan_made_with_the_clients_umask_tmpdir_and_limits(served, tmp_path, capsys):
+def test_a_served_plan_is_the_plain_plan_made_with_the_clients_umask_and_tmpdir(served, tmp_path, capsys):
     pid, probe = served.pid(), tmp_path / "probe.jsonl"
     tmpdir = tmp_path / "my tmp"
     tmpdir.mkdir()
-    out = served.plan("umask 077; ulimit -n 777; ", TMPDIR=str(tmpdir), OKPS_PROBE=str(probe))
+    out = served.plan("umask 077; ", TMPDIR=str(tmpdir), OKPS_PROBE=str(probe))
     assert out.returncode == 0, out.stderr
     (seen,) = [json.loads(line) for line in probe.read_text().splitlines()]
     assert seen["ppid"] == pid == plan_server.holder(served.lock)  # served: built in a worker of the server
-    assert (seen["umask"], seen["tmp"], seen["nofile"][0]) == (0o077, str(tmpdir), 777)
+    assert (seen["umask"], seen["tmp"]) == (0o077, str(tmpdir))
     run_dir = Path(json.loads(out.stdout)["run_dir"])
     assert stat.S_IMODE((run_dir / "plan.json").stat().st_mode) == 0o600  # written with the client's umask
     os.environ["RECIPES_PATH"] = str(served.recipes)  # the plain path, in this process (isolated_environ restores)
@@ -159,6 +173,14 @@ def test_a_served_plan_is_the_plain_plan_made_with_the_clients_umask_tmpdir_and_
         registry.unregister(NAME)
         sys.modules.pop("recipes.okps", None)
     assert normalised(capsys.readouterr().out) == normalised(out.stdout)
+
+
+def test_a_bug_in_a_served_command_shows_its_traceback_and_exits_1(served):
+    pid = served.pid()
+    out = served.plan(OKPS_BUG="1")
+    assert out.returncode == 1 and "note:" not in out.stderr, out.stderr  # served, not run again in the client
+    assert "Traceback (most recent call last)" in out.stderr and out.stderr.rstrip().endswith("KeyError: 'okps'")
+    assert plan_server.holder(served.lock) == pid  # the server serves on
 
 
 def test_an_edited_recipe_shows_in_the_next_served_plan(served):
@@ -209,10 +231,22 @@ def test_a_served_plan_on_a_terminal_prints_what_the_plain_path_prints(served):
 
 def test_a_client_of_another_stack_stops_the_server_and_runs_its_command_itself(served):
     pid = served.pid()
-    request = {"name": "plan", "args": None, "stamp": "another interpreter or environment", "limits": {}}
-    reply = plan_server.ask(served.sock, request)
-    assert reply and "differs" in reply["stale"]
-    assert gone(pid) and plan_server.holder(served.lock) is None  # its lock went with it
+    reply = plan_server.ask(served.sock, {"name": "plan", "args": None, "stamp": "another interpreter or environment"})
+    assert reply and "differs" in reply["declined"]
+    assert gone(pid) and released(served.lock)  # its lock went with it
+
+
+def test_other_resource_limits_are_another_stack():
+    """sbatch hands the submitting process's limits to the job: a client whose limits differ is never served by a
+    server started under others (its stamp differs, which stops that server: the test above)."""
+    before = plan_server.stamp(os.environ)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 777) - 1, hard))
+    try:
+        assert plan_server.stamp(os.environ) != before
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert plan_server.stamp(os.environ) == before
 
 
 def test_kill_9_of_the_server_ends_its_worker_and_the_command_is_not_run_again(served, tmp_path):

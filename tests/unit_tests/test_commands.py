@@ -21,13 +21,19 @@ from overlapkit.plan import build
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
 
+TOOLS = {"test", "bench", "gpu-check"}  # pytest and bench/ scripts: tools, not commands of the table
+
+
 def test_every_make_target_is_one_row_and_every_row_a_command():
     makefile = (stack.REPO_ROOT / "Makefile").read_text()
+    runs = dict(re.findall(r"^([a-z-]+):.*\n\t@?(.*\$\(PY\).*)$", makefile, re.MULTILINE))
+    assert {t for t, line in runs.items() if not line.startswith("$(PY) -m launch ")} == TOOLS
     called = re.findall(r"\$\(PY\) -m launch ([a-z-]+)", makefile)
     assert "-m launch." not in makefile  # no target runs a module of launch/ by itself
     assert set(called) <= set(commands.COMMANDS)
     unreached = set(commands.COMMANDS) - set(called)
-    assert unreached == {"nightly-schedule-run"}  # what the scheduler job runs (overlapkit/regress/schedule.py)
+    # What the scheduler job runs (overlapkit/regress/schedule.py), and the server a client starts (plan_server.py).
+    assert unreached == {"nightly-schedule-run", "plan-server"}
     for name, cmd in commands.COMMANDS.items():
         module = __import__(cmd.module, fromlist=["run"])
         assert all(callable(getattr(module, f, None)) for f in ("parse", "check", "run")), name

@@ -8,8 +8,8 @@ does not state them). The model is compared on tokens/s/GPU, the measured quanti
 release counts attention FLOPs (NeMo 24.07 counted them non-causal), tokens do not.
 
 `refit` fits sizing/calibration.py's constants on the runs (all, or all but one: the leave-one-out check); `rows`
-and `table` render the validation table of docs/throughput.md. They run in the test that keeps that page and the
-constants honest.
+and `table` render the validation table of docs/throughput.md (tools/published_tables.py prints them). They run in
+the test that keeps that page and the constants honest.
 """
 
 from __future__ import annotations
@@ -274,22 +274,3 @@ SPEEDUPS = (
     ("llama31_405b", 64, _LAYOUT.format(8, 8, 2, 8, 256), (1.52, 1.60)),
 )
 SPEEDUP_TOL = 0.10  # the model's ratio within ±10% of the published range (tests/unit_tests/sizing/test_throughput.py)
-
-
-def main() -> int:
-    """`python -m overlapkit.plan.published`: the refitted constants, the validation table (paste both into
-    docs/throughput.md) and its verdict."""
-    stack.import_bridge()
-    points = load()
-    inputs = inputs_of(points)
-    print(constants_table(calibration.rounded(refit(points, inputs))))
-    table_rows = rows(points, inputs)
-    print(table(table_rows))
-    print(bands_table(bands(table_rows)), end="")
-    for line in verdict(table_rows):
-        print(f"out of bar: {line}")
-    return 1 if verdict(table_rows) else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

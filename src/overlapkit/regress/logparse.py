@@ -1,19 +1,17 @@
 """A Megatron Bridge (or Megatron-LM) training log → per-iteration records, a summary, the events that decide a run's
 fate and what the log says of its launch (make bless compares that with plan.json). The lines read, and the rules for
 torn, cut, repeated and NaN lines, are in docs/nightly.md ("Log parser"). Memory: the log is read a line at a time and
-only the iteration records are kept, each packed by `marshal` (~300 bytes, a third of a dict); the CLI writes the JSON
-with `json.dump`, unpacking one record at a time. Iterations past 2**63 are none; `launch` keeps DISTINCT_CAP values.
+only the iteration records are kept, each packed by `marshal` (~300 bytes, a third of a dict); `write_json` writes the
+JSON with `json.dump`, unpacking one record at a time (`make parse-log`: launch/parse_log.py). Iterations past 2**63
+are none; `launch` keeps DISTINCT_CAP values.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import marshal
 import math
-import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,53 +247,9 @@ def to_json(parsed: dict) -> str:
     return json.dumps(_clean(parsed), indent=2)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, as every bad input (argparse prints its usage block first)
-        print(f"error: {message} (give LOG=<path to a training log>)", file=sys.stderr)
-        sys.exit(2)
-
-
-def main(argv=None) -> int:
-    """make parse-log: the JSON of to_json(parse_file(LOG)), written a record at a time (json.dump of _Records)."""
-    ap = _Parser(prog="make parse-log", description="Bridge training log → JSON")
-    ap.add_argument("log", nargs="?", default=None, help="the log (or --log=PATH, for a path starting with -)")
-    ap.add_argument("--log", dest="log_option", default=None)
-    ap.add_argument("--warmup", default=str(WARMUP_ITERS))
-    args = ap.parse_args(argv)
-    given = args.log_option if args.log_option is not None else args.log
-    if not given or not args.warmup.strip().isdigit():
-        ap.error("LOG= is empty" if not given else f"argument --warmup: {args.warmup!r} is not a whole number >= 0")
-    log = Path(given)
-    try:
-        # Before reading it through: missing, a directory, or binary (a NUL byte: no training log prints one).
-        why = None if log.is_file() else "not a file" if log.exists() else "no such file"
-        if why is None:
-            with log.open("rb") as f:
-                why = "binary (NUL bytes), not a training log" if b"\0" in f.read(64 << 10) else None
-        if why:
-            print(f"error: LOG={log}: {why} (give LOG=<path to a training log>)", file=sys.stderr)
-            return 2
-        parsed = parse_files([log], int(args.warmup), lazy=True)
-        if not parsed["iterations"]:
-            said = ", ".join(sorted(parsed["events"]))
-            said = f"; it reports {said} before any iteration" if said else ""
-            print(
-                f"error: LOG={log}: no training iterations found (Bridge and Megatron-LM print ' iteration   10/  "
-                f"100 | ... |' once per log interval){said}: give a training job's log (make logs RUN=...)",
-                file=sys.stderr,
-            )
-            return 1
-        records = _Records(parsed["iterations"].packed, clean=True)
-        json.dump({k: records if k == "iterations" else _clean(v) for k, v in parsed.items()}, sys.stdout, indent=2)
-        print(flush=True)
-    except BrokenPipeError:  # `make parse-log ... | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except OSError as exc:
-        print(f"error: LOG={log}: {exc.strerror or exc} (give LOG=<a readable training log>)", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def write_json(parsed: dict, out) -> None:
+    """`to_json(parsed)` written to `out` one record at a time (`parsed` from parse_files(..., lazy=True)), then a
+    newline: a large log's records are never all unpacked at once."""
+    records = _Records(parsed["iterations"].packed, clean=True)
+    json.dump({k: records if k == "iterations" else _clean(v) for k, v in parsed.items()}, out, indent=2)
+    out.write("\n")

@@ -140,7 +140,7 @@ def test_a_restarted_job_keeps_the_last_whole_line_per_iteration_and_streams_the
     by_it = {r["iteration"]: r for r in p["iterations"]}
     assert len(by_it) == N and by_it[20]["complete"] and by_it[21]["lm_loss"] == 1.0 and by_it[19]["lm_loss"] != 1.0
     env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
-    cli = [sys.executable, "-m", "overlapkit.regress.logparse", str(log)]
+    cli = [sys.executable, "-m", "launch", "parse-log", str(log)]
     out = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0 and out.stdout == logparse.to_json(p) + "\n", out.stderr
 
@@ -170,7 +170,7 @@ def test_every_event_pattern_is_behind_a_hint():
 # pytest's peak, not its own.
 MEASURE = """import os, subprocess, sys
 with open(sys.argv[2], "w") as out:
-    child = subprocess.Popen([sys.executable, "-m", "overlapkit.regress.logparse", sys.argv[1]], stdout=out)
+    child = subprocess.Popen([sys.executable, "-m", "launch", "parse-log", sys.argv[1]], stdout=out)
     _, status, usage = os.wait4(child.pid, 0)
 print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
 """
@@ -193,7 +193,7 @@ def test_make_parse_log_streams_a_large_log_in_bounded_memory(tmp_path, text):
 
 
 def test_parse_log_imports_neither_torch_nor_bridge():
-    code = ("import sys, overlapkit.regress.logparse; "
+    code = ("import sys, launch.commands, launch.parse_log; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'nemo_run'}))")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
@@ -203,7 +203,7 @@ def test_parse_log_imports_neither_torch_nor_bridge():
 def test_parse_log_bad_input_is_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
     for args in ([str(tmp_path / "missing.log")], [str(tmp_path)], [str(tmp_path), "--warmup", "-1"]):
-        out = subprocess.run([sys.executable, "-m", "overlapkit.regress.logparse", *args], capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "launch", "parse-log", *args], capture_output=True,
                              text=True, env=env, timeout=60)  # fmt: skip
         assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.count("error:") == 1, out.stderr
 
@@ -228,7 +228,7 @@ def test_parse_log_that_finds_no_iteration_says_so_in_one_line_and_fails(tmp_pat
     assert rc == 1 and maxrss_kb / 1024 < 100 and (tmp_path / "out.json").read_text() == ""
     for log, also in [(flat, "): give"), (crashed, "; it reports cuda_oom before any iteration: give")]:
         out = subprocess.run(
-            [sys.executable, "-m", "overlapkit.regress.logparse", f"--log={log}"],
+            [sys.executable, "-m", "launch", "parse-log", f"--log={log}"],
             capture_output=True,
             text=True,
             env=env,
@@ -242,7 +242,7 @@ def test_a_log_path_starting_with_a_dash_is_a_path(tmp_path):
     (tmp_path / "--help").write_text(" iteration        1/       2 | consumed samples:           8 |\n")
     env = {**os.environ, "PYTHONPATH": str(stack.REPO_ROOT / "src")}
     out = subprocess.run(
-        [sys.executable, "-m", "overlapkit.regress.logparse", "--log=--help"],
+        [sys.executable, "-m", "launch", "parse-log", "--log=--help"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
