@@ -15,12 +15,12 @@ def test_the_servers_lock_is_never_written_through_a_planted_link(tmp_path, monk
     d = tmp_path / "private"
     d.mkdir(mode=0o700)
     monkeypatch.setenv(plan_server.DIR_VAR, str(d))
-    _, lock, _ = plan_server.paths(d)
+    sock, lock, _ = plan_server.paths()
     target = tmp_path / "precious"
     target.write_text("keep")
     lock.symlink_to(target)
     with open(target) as held:  # a server that followed the link would find this flock and return 0 (not serve)
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(BadInput, match=f"{lock} is a symbolic link to {target}, never followed: remove it"):
-            serve.serve()
+            serve.serve(sock, lock)
     assert target.read_text() == "keep" and lock.is_symlink()
