@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from overlapkit import jsonio
 from overlapkit.cluster import preflight
 from overlapkit.errors import BadInput
 from overlapkit.plan.runopts import NSYS_DIR, TORCH_DIR
@@ -198,7 +199,7 @@ def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S, failed=(), where:
         done["error"] = str(exc)
     finally:  # whatever happened: the other ranks stop waiting
         (Path(run_dir) / where).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / where / DONE).write_text(json.dumps(done) + "\n")
+        jsonio.write_text(Path(run_dir) / where / DONE, json.dumps(done) + "\n")  # never through a planted link
     if done["error"]:
         _say(f"error: the overlap report of {run_dir}: {done['error']}")
 

@@ -110,6 +110,16 @@ def test_the_first_rank_whose_own_export_failed_reports_at_once(job, monkeypatch
     assert done == {"missing_exports": ["rank0.sqlite"], "error": None} and written == [run_dir]
 
 
+def test_the_marker_replaces_a_link_planted_at_its_name_and_leaves_its_target_alone(tmp_path):
+    run_dir, target = tmp_path / "run", tmp_path / "precious"
+    (run_dir / "nsys").mkdir(parents=True)
+    target.write_text("keep")
+    (run_dir / "nsys" / profiled.DONE).symlink_to(target)
+    profiled.write_report(run_dir, [0], wait_s=0)  # no export, no plan: the marker says so, whatever happened
+    assert target.read_text() == "keep" and not (run_dir / "nsys" / profiled.DONE).is_symlink()
+    assert json.loads((run_dir / "nsys" / profiled.DONE).read_text())["missing_exports"] == ["rank0.sqlite"]
+
+
 def test_training_that_fails_is_passed_on_and_nsys_missing_is_one_line(job, monkeypatch, capsys):
     run_dir, log, _ = job
     assert profiled.run_profiled(run_dir, 0, PLAN, _trainer(run_dir / "ran", code=3)) == 3
