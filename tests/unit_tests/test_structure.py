@@ -1,4 +1,4 @@
-"""The shape of the library, checked: stages import only earlier stages, no function grows past 60 lines and no
+"""The shape of the library, checked: stages import only earlier stages, no function grows past 80 lines and no
 launch/ entry past 250 (both measured as ruff formats them), `# fmt: skip` stays rare and says why, the
 CUDA_DEVICE_MAX_CONNECTIONS rule has one home, and every module has a test file whose tests use what it defines."""
 
@@ -128,11 +128,13 @@ def _files(*roots: str) -> list[Path]:
 
 
 @pytest.mark.parametrize("root", ["src", "launch", "bench", "tools"])
-def test_no_function_over_60_lines(root):
+def test_no_function_over_80_lines(root):
+    # A guard against giants, not a size to split toward (issue 35: "80 lines is plenty").
+    # Bridge's own comm_overlap._get_model_comm_overlap_cfgs is 139.
     long = []
     for path in _files(root):
         for node in ast.walk(ast.parse(_formatted(path))):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80:
                 long.append(f"{path.relative_to(stack.REPO_ROOT)}:{node.lineno} (formatted) {node.name}")
     assert long == []
 
