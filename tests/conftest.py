@@ -10,11 +10,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
+import make_targets
 import pytest
 
 from launch import commands, plan_server
 from overlapkit import stack
+
+sys.addaudithook(make_targets.record)  # every make a test starts, recorded: the docs' rule is judged on them
 
 # Every make a test runs is a make as a user types it, at the top level. Under `make test` the outer make's
 # MAKEFLAGS/MAKELEVEL reach pytest, and each make a test starts would be a sub-make: "Entering directory" lines on
@@ -82,6 +86,21 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"REQUIRE_SLURM=1 but {reason}")
         for item in need_slurm:
             item.add_marker(pytest.mark.skip(reason=reason))
+    WHOLE["args"] = [str(Path(a.split("::")[0]).resolve()) for a in config.args]
+
+
+# Whether this session runs the whole suite, the condition for judging which make targets it ran: the tests/ root
+# collected, nothing deselected (-k, -m, --lf, --deselect), nothing skipped but what needs a GPU.
+WHOLE = {"args": [], "partial": []}
+
+
+def pytest_deselected(items):
+    WHOLE["partial"].append(f"{len(items)} tests deselected")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and "gpu" not in report.keywords:
+        WHOLE["partial"].append(f"{report.nodeid} skipped")
 
 
 @pytest.fixture(autouse=True)
@@ -96,6 +115,19 @@ def isolated_environ():
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """The docs' make targets judged on the whole suite's run (tests/make_targets.py), then the server stopped."""
+    ran = not session.config.option.collectonly
+    whole = ran and WHOLE["args"] == [str(stack.REPO_ROOT / "tests")] and not WHOLE["partial"]
+    if (
+        whole
+        and exitstatus == pytest.ExitCode.OK
+        and (problems := make_targets.judge(make_targets.shown_targets(), make_targets.made))
+    ):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.section("make targets the docs show (tests/make_targets.py)", red=True)
+        for line in problems:
+            reporter.write_line(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _, lock, _ = plan_server.paths()
     if pid := plan_server.holder(lock):  # 0: one is starting, its pid not yet written
         os.kill(pid, signal.SIGTERM)

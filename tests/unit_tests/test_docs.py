@@ -6,31 +6,18 @@ reason no test runs it."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
+import make_targets
 import pytest
 
 from overlapkit import stack
 
 REPO = stack.REPO_ROOT
 README = REPO / "README.md"
-DOCS = sorted([README, *(REPO / "docs").glob("*.md")])
 README_MAX_BYTES = 12_000
 SETUP_COMMANDS = ("make plan RECIPE=llama3_70b_pretrain_64gpu_h100_bf16", "make test")
-
-# Targets the docs show that no test runs through make, each with the reason. One home: a target a test does run
-# must not be here (test_untested_targets_are_really_untested), nor a target the docs no longer show.
-UNTESTED = {
-    "help": "prints the Makefile's own ## comments; nothing to check beyond the Makefile",
-    "setup": "uv sync --frozen: the suite already runs inside the venv it installs",
-    "test": "the suite itself: it cannot run itself",
-    "lint": "ruff check and format check over the tree: a style gate run before a commit, not a behaviour",
-    "bench": "minutes of timed Bridge imports (docs/architecture.md, measured facts): a measurement, not a check",
-    "slurm-up": "installs Debian packages as root and starts the local Slurm that the e2e tests need",
-    "slurm-down": "stops the local Slurm the e2e tests need",
-    "logs": "prints a run's Slurm job logs (python -m launch logs); no test reads them through make yet",
-    "bless": "needs a completed GPU training run of a nightly shape; bless_checks are unit-tested in test_rules.py",
-}
 
 # Absolute paths an excerpt may show because the product itself uses them, with the file that uses each.
 ALLOWED_PATHS = {
@@ -42,64 +29,25 @@ ALLOWED_PATHS = {
 # Directories that only exist on the machine a doc was written on: a home, a workspace, pytest's or any temp dir.
 MACHINE_PATH = re.compile(r"(?<![\w.~<>$}/-])/(?:work|root|home|Users|tmp|private/var|var/folders)/[^\s`\"')\]|,;]*")
 
-FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.S | re.M)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-CODE_SPAN = re.compile(r"`([^`\n]+)`")
-MAKE_CALL = re.compile(r"(?<![\w./-])make\s+(?:-[-\w]+\s+)*([a-z][a-z0-9-]*)")
 
 
 def _rel(path: Path) -> str:
     return str(path.relative_to(REPO))
 
 
-def _code(text: str) -> list[str]:
-    """The fenced blocks and inline code spans of a Markdown text: where a command is shown."""
-    blocks = [m.group(0) for m in FENCE.finditer(text)]
-    return blocks + CODE_SPAN.findall(FENCE.sub("", text))
-
-
-def makefile_targets() -> set[str]:
-    text = (REPO / "Makefile").read_text()
-    return set(re.findall(r"^([a-z][a-z0-9-]*)\s*:(?!=)", text, re.M))
-
-
-def shown_targets() -> dict[str, set[str]]:
-    """target -> the docs that show `make <target>`."""
-    shown: dict[str, set[str]] = {}
-    for doc in DOCS:
-        for code in _code(doc.read_text()):
-            for target in MAKE_CALL.findall(code):
-                shown.setdefault(target, set()).add(_rel(doc))
-    return shown
-
-
-def tested_targets() -> set[str]:
-    """Targets some test runs through make: ["make", <flags>, "T", ...], a make("T", ...) helper call, or a
-    ("T", ...) parameter row in a file whose make call takes its target from a variable (["make", *args] or
-    ["make", target, ...])."""
-    found: set[str] = set()
-    literal = re.compile(r"\[\s*\"make\"\s*,\s*(?:\"-[^\"]*\"\s*,\s*)*\"([a-z][a-z0-9-]*)\"")
-    variable = re.compile(r"\[\s*\"make\"\s*,\s*(?:\"-[^\"]*\"\s*,\s*)*\*?[a-z_]+\b")
-    for path in (REPO / "tests").rglob("*.py"):
-        text = path.read_text()
-        found |= set(literal.findall(text)) | set(re.findall(r"\bmake\(\s*\"([a-z][a-z0-9-]*)\"", text))
-        if variable.search(text):
-            found |= set(re.findall(r"^\s*\(\s*\"([a-z][a-z0-9-]*)\"\s*,", text, re.M))
-    return found & makefile_targets()
-
-
 def test_readme_is_short_and_has_the_two_setup_commands():
     size = len(README.read_bytes())
     assert size <= README_MAX_BYTES, f"README.md is {size} bytes > {README_MAX_BYTES}: move detail to docs/"
-    code = "\n".join(_code(README.read_text()))
+    code = "\n".join(make_targets.code_of(README.read_text()))
     missing = [c for c in SETUP_COMMANDS if c not in code]
     assert not missing, f"README.md does not show {missing}"
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+@pytest.mark.parametrize("doc", make_targets.DOCS, ids=_rel)
 def test_relative_links_resolve_inside_the_repository(doc):
     bad = []
-    for target in LINK.findall(FENCE.sub("", doc.read_text())):
+    for target in LINK.findall(make_targets.FENCE.sub("", doc.read_text())):
         if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             continue  # a URL (https:, mailto:) or an anchor in the same page
         path = target.split("#", 1)[0]
@@ -109,7 +57,7 @@ def test_relative_links_resolve_inside_the_repository(doc):
     assert not bad, f"{_rel(doc)}: links that do not resolve to a file in the repository: {bad}"
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+@pytest.mark.parametrize("doc", make_targets.DOCS, ids=_rel)
 def test_no_machine_paths_in_excerpts(doc):
     text = doc.read_text()
     for allowed in ALLOWED_PATHS:
@@ -121,30 +69,67 @@ def test_no_machine_paths_in_excerpts(doc):
 def test_allowed_paths_are_the_products_own():
     for path, user in ALLOWED_PATHS.items():
         assert path in (REPO / user).read_text(), f"{path} is not in {user}: drop it from ALLOWED_PATHS"
-        assert any(path in d.read_text() for d in DOCS), f"no doc shows {path}: drop it from ALLOWED_PATHS"
+        assert any(path in d.read_text() for d in make_targets.DOCS), f"no doc shows {path}: drop it from ALLOWED_PATHS"
 
 
-def test_every_make_target_shown_exists_and_is_tested_or_listed():
-    shown, targets, tested = shown_targets(), makefile_targets(), tested_targets()
-    unknown = {t: sorted(d) for t, d in shown.items() if t not in targets}
-    assert not unknown, f"`make <target>` shown but not in the Makefile: {unknown}"
-    bare = {t: sorted(d) for t, d in shown.items() if t not in tested and t not in UNTESTED}
-    assert not bare, f"shown, run by no test and not in UNTESTED (add a test, or the reason): {bare}"
+def test_every_make_target_shown_is_a_target_and_every_reason_is_for_a_shown_target():
+    """The half of the docs' rule that needs no run; the other half (shown targets are run by a test) is judged on
+    the whole suite's own run, at its end (tests/conftest.py, tests/make_targets.py)."""
+    every_other_target = make_targets.makefile_targets() - set(make_targets.UNTESTED)
+    assert make_targets.judge(make_targets.shown_targets(), every_other_target) == []
 
 
-def test_untested_targets_are_really_untested():
-    tested, shown, targets = tested_targets(), shown_targets(), makefile_targets()
-    assert not set(UNTESTED) & tested, f"a test runs {sorted(set(UNTESTED) & tested)}: drop it from UNTESTED"
-    assert set(UNTESTED) <= targets, f"not Makefile targets: {sorted(set(UNTESTED) - targets)}"
-    assert set(UNTESTED) <= set(shown), f"no doc shows {sorted(set(UNTESTED) - set(shown))}: drop from UNTESTED"
+def test_make_help_lists_every_target_and_the_run_is_recorded():
+    """`make help` (the default goal) lists each target with its ## comment; the audit hook saw this test run it."""
+    out = subprocess.run(["make", "-s"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    commented = re.findall(r"^([a-z][a-z0-9-]*):.*?## (.+)$", (REPO / "Makefile").read_text(), re.M)
+    assert len(commented) == len(make_targets.makefile_targets()) > 20
+    for target, comment in commented:
+        assert re.search(rf"^  make {re.escape(target)} +{re.escape(comment)}$", out, re.M), target
+    assert "help" in make_targets.made
 
 
-def test_the_checks_see_what_they_claim():
-    """The detectors themselves, on known cases: a helper call, a parameter row, a machine path, a prose `make`."""
-    assert {"prep-data", "plan", "submit", "sbatch", "run-local", "nightly-schedule", "plan-server-stop"} <= (
-        tested_targets()
-    )
-    assert MAKE_CALL.findall("make -s prep-data IN=x; make: *** [Makefile:70: plan] Error 1") == ["prep-data"]
+@pytest.mark.parametrize(
+    ("argv", "cwd", "run"),
+    [
+        (["make", "-s", "plan", "RECIPE=x", "FORMAT=json"], REPO, ["plan"]),
+        (["/usr/bin/make", "submit", "PREFLIGHT=1", "nightly-report"], REPO, ["submit", "nightly-report"]),
+        (["make", "-s"], REPO, ["help"]),
+        (["make", "-C", str(REPO), "recipes"], "/", ["recipes"]),
+        (["make", "--directory=..", "recipes"], REPO / "docs", ["recipes"]),
+        (["make", "plan"], "/", []),  # another directory's Makefile
+        (["make", "-C", "/tmp", "plan"], REPO, []),
+        (["make", "-f", "other.mk", "plan"], REPO, []),
+        (["make", "-n", "plan"], REPO, []),  # a dry run runs no recipe
+        (["make", "-q", "plan"], REPO, []),
+        (["bash", "-c", "make plan"], REPO, []),  # not make itself: its make is another process's
+        (["makex", "plan"], REPO, []),
+    ],
+)
+def test_a_make_run_is_told_from_argv_and_directory(argv, cwd, run):
+    assert make_targets.targets_run(argv, cwd) == run
+
+
+def test_the_rule_names_each_kind_of_break():
+    targets = make_targets.makefile_targets()
+    everything_run = targets - set(make_targets.UNTESTED)
+    shown = {t: {"README.md"} for t in targets}
+    assert make_targets.judge(shown, everything_run) == []
+    problems = make_targets.judge({**shown, "nonesuch": {"docs/x.md"}}, everything_run - {"plan"} | {"bless"})
+    assert problems == [
+        "`make nonesuch` shown in ['docs/x.md'] is not a Makefile target",
+        "`make plan` shown in ['README.md']: no test ran it (add a test, or its reason to UNTESTED)",
+        "a test ran `make bless`: drop it from UNTESTED",
+    ]
+    del shown["bench"]
+    assert make_targets.judge(shown, everything_run) == ["UNTESTED names bench, which no doc shows"]
+
+
+def test_the_detectors_see_what_they_claim():
+    """The doc detectors on known cases: a prose `make`, an error line's target, a machine path."""
+    assert make_targets.MAKE_CALL.findall("make -s prep-data IN=x; make: *** [Makefile:70: plan] Error 1") == [
+        "prep-data"
+    ]
     assert MACHINE_PATH.findall("run directory /work/main/runs/x and <checkout>/runs/y, cd /root/a") == [
         "/work/main/runs/x",
         "/root/a",

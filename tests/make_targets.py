@@ -1,0 +1,106 @@
+"""Which Makefile targets the suite really runs, recorded as it runs them, and the rule the docs are held to: every
+`make <target>` a doc shows is a Makefile target that some test runs through make, or one UNTESTED names with the
+reason no test runs it.
+
+A test "runs" a target when this pytest process starts `make` on this repository's Makefile with that target, seen
+by an audit hook on every subprocess the process starts (`sys.addaudithook`, event "subprocess.Popen"); a test file
+that only mentions a target runs nothing. The rule is judged when a session has run the whole suite
+(tests/conftest.py): part of the suite (one file, -k, a machine whose Slurm is down) runs only part of the targets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MAKEFILE = REPO / "Makefile"
+DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+
+# Targets the docs show that no test runs through make, each with the reason. One home: a target a test does run
+# must not be here, nor one the docs no longer show (both are part of the rule).
+UNTESTED = {
+    "setup": "uv sync --frozen: the suite already runs inside the venv it installs",
+    "test": "the suite itself: it cannot run itself",
+    "lint": "ruff check and format check over the tree: a style gate run before a commit, not a behaviour",
+    "bench": "minutes of timed Bridge imports (docs/architecture.md, measured facts): a measurement, not a check",
+    "slurm-up": "installs Debian packages as root and starts the local Slurm that the e2e tests need",
+    "slurm-down": "stops the local Slurm the e2e tests need",
+    "logs": "prints a run's Slurm job logs (python -m launch logs); no test reads them through make yet",
+    "bless": "needs a completed GPU training run of a nightly shape; bless_checks are unit-tested in test_rules.py",
+}
+
+FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.S | re.M)
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+MAKE_CALL = re.compile(r"(?<![\w./-])make\s+(?:-[-\w]+\s+)*([a-z][a-z0-9-]*)")
+
+# GNU make's options whose value is the next argument (make --help, GNU make 4.3).
+VALUED = {"-C", "--directory", "-f", "--file", "--makefile", "-I", "--include-dir", "-o", "--old-file", "-W"}
+# Options under which make runs no recipe: the targets are printed or questioned, not run.
+NOT_RUN = {"-n", "--dry-run", "--just-print", "--recon", "-q", "--question", "-p", "--print-data-base"}
+
+made: set[str] = set()  # the targets this process has run, filled by `record`
+
+
+def code_of(text: str) -> list[str]:
+    """The fenced blocks and inline code spans of a Markdown text: where a command is shown."""
+    blocks = [m.group(0) for m in FENCE.finditer(text)]
+    return blocks + CODE_SPAN.findall(FENCE.sub("", text))
+
+
+def makefile_targets() -> set[str]:
+    return set(re.findall(r"^([a-z][a-z0-9-]*)\s*:(?!=)", MAKEFILE.read_text(), re.M))
+
+
+def shown_targets() -> dict[str, set[str]]:
+    """target -> the docs that show `make <target>`."""
+    shown: dict[str, set[str]] = {}
+    for doc in DOCS:
+        for code in code_of(doc.read_text()):
+            for target in MAKE_CALL.findall(code):
+                shown.setdefault(target, set()).add(str(doc.relative_to(REPO)))
+    return shown
+
+
+def targets_run(argv: list[str], cwd: str | os.PathLike | None) -> list[str]:
+    """The targets of this repository's Makefile that `argv`, started in `cwd`, runs: none when it is not make, when
+    make is given another makefile or directory, or when it runs no recipe (-n, -q, -p); the default goal (help)
+    when it names none."""
+    if not argv or os.path.basename(argv[0]) != "make":
+        return []
+    where, targets, args = Path(cwd or os.getcwd()), [], iter(argv[1:])
+    for arg in args:
+        if arg in ("-C", "--directory"):
+            where = where / next(args, "")
+        elif arg.startswith("--directory="):
+            where = where / arg.removeprefix("--directory=")
+        elif arg in NOT_RUN or arg in VALUED or arg.startswith(("-f", "--file=", "--makefile=", "-C")):
+            return []  # runs nothing, or another makefile, or an attached -Cdir we do not use: not ours to count
+        elif not arg.startswith("-") and "=" not in arg:
+            targets.append(arg)  # neither a flag nor a VAR=value
+    return (targets or ["help"]) if where.resolve() == REPO else []
+
+
+def record(event: str, args: tuple) -> None:
+    """The audit hook: every `make` this process starts, its targets added to `made`."""
+    if event == "subprocess.Popen" and isinstance(args[1], list | tuple):
+        made.update(targets_run([os.fsdecode(a) for a in args[1]], args[2]))
+
+
+def judge(shown: dict[str, set[str]], run: set[str]) -> list[str]:
+    """Each break of the rule, one line: a target shown but not in the Makefile; shown but neither run nor in
+    UNTESTED; in UNTESTED but run by a test; in UNTESTED but not a target, or shown by no doc."""
+    targets, untested = makefile_targets(), set(UNTESTED)
+    problems = [
+        f"`make {t}` shown in {sorted(d)} is not a Makefile target" for t, d in shown.items() if t not in targets
+    ]
+    for t, docs in sorted(shown.items()):
+        if t in targets and t not in run and t not in untested:
+            problems.append(
+                f"`make {t}` shown in {sorted(docs)}: no test ran it (add a test, or its reason to UNTESTED)"
+            )
+    problems += [f"a test ran `make {t}`: drop it from UNTESTED" for t in sorted(untested & run)]
+    problems += [f"UNTESTED names {t}, not a Makefile target" for t in sorted(untested - targets)]
+    problems += [f"UNTESTED names {t}, which no doc shows" for t in sorted((untested & targets) - set(shown))]
+    return problems
