@@ -223,17 +223,6 @@ def minutes(limit: str) -> int | None:
     return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
 
 
-def for_profile(opts: RunOptions, profile, time_limit_min: int | None) -> RunOptions:
-    """The options bound to a cluster: its shared job directory, its time limit, its W&B project."""
-    wandb = {"project": profile.wandb_project, "entity": profile.wandb_entity} if profile.wandb_project else None
-    if opts.segments > 1 and time_limit_min is not None and time_limit_min <= GUARD_MIN + PREEMPT_S // 60:
-        raise BadInput(
-            f"SEGMENTS needs a time limit above {GUARD_MIN + PREEMPT_S // 60} minutes (the save "
-            f"window): {profile.source} has {time_limit_min}"
-        )
-    return dataclasses.replace(opts, job_dir=str(profile.job_path), time_limit_min=time_limit_min, wandb=wandb)
-
-
 def spec_of(opts: RunOptions):
     """The DataSpec, re-read from its data.toml (in the job too: the files must be on the shared filesystem)."""
     from overlapkit.plan import data as data_spec
