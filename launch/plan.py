@@ -71,19 +71,10 @@ def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
         f"docs/throughput.md; constants: {calibration.for_cluster(cluster).label})"
         + ("" if gpu == DEFAULT_GPU else f"; memory and audit for GPU={gpu}")
     )
-    for line in broken:
-        print(f"error: {line}", file=sys.stderr)
-    return max(_load_errors(), 1 if broken else 0)
-
-
-def _load_errors() -> int:
-    """Recipe modules that failed to import: one line each on stderr, exit 1 (the others were listed or planned)."""
-    from overlapkit.plan import registry
-
-    errors = registry.load_errors()
+    errors = broken + registry.load_errors()  # recipes that failed to plan, then modules that failed to import
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
-    return 1 if errors else 0
+    return 1 if errors else 0  # the others were listed
 
 
 def check(args) -> bool:

@@ -186,10 +186,10 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         if leaf == "bucket_size" and isinstance(new, int):
             chunk, width = _chunk_params(cfg), _grad_dtype(res.ddp)[1]
             value = sane_bucket(new, chunk, width) if new >= min(chunk, BYTES_LIKE_BUCKET) else new
-        raw = overrides.to_raw
-        fix = f"{winner}={raw(value)}" if winner else None
+        fix = f"{winner}={overrides.to_raw(value)}" if winner else None
         where = f"{winner} wins; set {fix} instead" if winner else "Bridge decides it for this layout"
-        msg = f"{key}={raw(new)} is not applied: Bridge's setup replaces it with {raw(got)}; {where}"
+        replaced = f"is not applied: Bridge's setup replaces it with {overrides.to_raw(got)}"
+        msg = f"{key}={overrides.to_raw(new)} {replaced}; {where}"
         rep.findings.append(Finding("error", "override_replaced", msg, fix))
     return rep
 
