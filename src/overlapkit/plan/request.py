@@ -42,15 +42,15 @@ class PlanRequest:
     sets: tuple[tuple[str, str], ...] = ()  # the SET pairs as typed: (key, raw text)
     run: runopts.RunOptions = runopts.RunOptions()  # bound: job_dir, time_limit_min, wandb filled in by the binder
     gpu: str = hardware.DEFAULT_GPU  # GPU=: the HARDWARE entry memory and throughput are sized for
-    cluster: Cluster | None = None  # bound to by plan_for (its name picks the calibration); None: bound or local
-
-    def with_run(self, run: runopts.RunOptions) -> PlanRequest:
-        return dataclasses.replace(self, run=run)
+    # The cluster plan_for binds the run options to (its name picks the calibration); None where the caller bound
+    # them (make submit, the job's rebuild) or plans for no cluster (listings, forks)
+    cluster: Cluster | None = None
 
 
 def bind(req: PlanRequest, where, recipe_time_limit: str | None) -> PlanRequest:
-    """The request on this cluster (`where`: a Cluster): its job directory, the per-segment time limit (the
-    profile's, else the recipe's), its W&B project. A chained run needs a limit longer than its save window."""
+    """The request on this cluster: its job directory, the per-segment time limit (the profile's, else the
+    recipe's), its W&B project. A chained run needs a limit longer than its save window. `where`: a Cluster (make
+    plan); cluster/submit.py still passes its ClusterProfile, whose fields and properties have the same names."""
     limit = runopts.minutes(where.time_limit or recipe_time_limit or "") or None
     window = runopts.GUARD_MIN + runopts.PREEMPT_S // 60
     if req.run.segments > 1 and limit is not None and limit <= window:
