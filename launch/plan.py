@@ -5,6 +5,7 @@ Exit status: 0 when the audit has no errors, 1 when it has, 2 for bad input (unk
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
 from overlapkit.errors import BadInput
+from overlapkit.plan.request import Cluster
 
 ROOT = stack.REPO_ROOT
 
@@ -69,19 +71,10 @@ def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
         f"docs/throughput.md; constants: {calibration.for_cluster(cluster).label})"
         + ("" if gpu == DEFAULT_GPU else f"; memory and audit for GPU={gpu}")
     )
-    for line in broken:
-        print(f"error: {line}", file=sys.stderr)
-    return max(_load_errors(), 1 if broken else 0)
-
-
-def _load_errors() -> int:
-    """Recipe modules that failed to import: one line each on stderr, exit 1 (the others were listed or planned)."""
-    from overlapkit.plan import registry
-
-    errors = registry.load_errors()
+    errors = broken + registry.load_errors()  # recipes that failed to plan, then modules that failed to import
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
-    return 1 if errors else 0
+    return 1 if errors else 0  # the others were listed
 
 
 def check(args) -> bool:
@@ -91,7 +84,9 @@ def check(args) -> bool:
     if not args.list:  # CLUSTER's profile: its job_dir holds RUN_NAME's checkpoints, its limit sets the guards
         from overlapkit.cluster.profiles import load_profile
 
-        req = req.with_profile(load_profile(args.cluster))  # bound by plan_for; the plan is not laid out for it
+        p = load_profile(args.cluster)  # resolved here, so plan/ reads it; bound by plan_for, not laid out for it
+        where = Cluster(p.name, p.source, str(p.job_path), p.time_limit, p.wandb_project, p.wandb_entity)
+        req = dataclasses.replace(req, cluster=where)
     args.request = req
     return True
 
@@ -109,7 +104,7 @@ def run(args) -> int:
     from overlapkit.plan.build import plan_for, write_run_dir
     from overlapkit.plan.report import render_plan
 
-    plan = plan_for(args.request, cluster=args.cluster)
+    plan = plan_for(args.request)
     run_dir = write_run_dir(plan, Path(args.runs))
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))

@@ -150,7 +150,7 @@ class _Audit:
 def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None = None) -> AuditReport:
     """Audit recipe `cfg` (as written, with the recipe's `intent`) against Bridge's `resolved` state for `target`."""
     a = _Audit(cfg, target, resolved, intent or OverlapIntent())
-    for check in (_tp_overlap, _split, _p2p_overlap, _dp_overlap, _optimizer_step_overlap, _precision, _moe):
+    for check in (_tp_overlap, _split, _p2p_overlap, _dp_overlap, _precision, _moe):
         check(a)
     return a.rep
 
@@ -186,10 +186,10 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         if leaf == "bucket_size" and isinstance(new, int):
             chunk, width = _chunk_params(cfg), _grad_dtype(res.ddp)[1]
             value = sane_bucket(new, chunk, width) if new >= min(chunk, BYTES_LIKE_BUCKET) else new
-        raw = overrides.to_raw
-        fix = f"{winner}={raw(value)}" if winner else None
+        fix = f"{winner}={overrides.to_raw(value)}" if winner else None
         where = f"{winner} wins; set {fix} instead" if winner else "Bridge decides it for this layout"
-        msg = f"{key}={raw(new)} is not applied: Bridge's setup replaces it with {raw(got)}; {where}"
+        replaced = f"is not applied: Bridge's setup replaces it with {overrides.to_raw(got)}"
+        msg = f"{key}={overrides.to_raw(new)} {replaced}; {where}"
         rep.findings.append(Finding("error", "override_replaced", msg, fix))
     return rep
 
@@ -202,7 +202,8 @@ def _chunk_params(cfg) -> int:
 
 
 def _tp_overlap(a: _Audit) -> None:
-    """TP comm overlap (userbuffers): requested, kept by Bridge, and with a preset that fits the model."""
+    """TP comm overlap (userbuffers): requested, kept by Bridge, and with a userbuffers config that is a Bridge
+    preset matching the model."""
     cfg, tp = a.cfg, a.layout[0]
     requested = bool(cfg.comm_overlap is not None and cfg.comm_overlap.tp_comm_overlap)
     if tp < 2:
@@ -213,16 +214,16 @@ def _tp_overlap(a: _Audit) -> None:
                 f"TP overlap requested but Bridge drops it: TP={tp} < 2; set "
                 "model.tensor_model_parallel_size>=2 or comm_overlap.tp_comm_overlap=false",
             )
-    elif not requested and (why := a.intent.why_off("tp_comm_overlap")):
+        return
+    if not requested and (why := a.intent.why_off("tp_comm_overlap")):
         a.row("tp_comm_overlap", OFF, f"kept off: {why}")
-    elif not requested:
+        return
+    if not requested:
         a.row("tp_comm_overlap", OFF, f"TP={tp} but comm_overlap.tp_comm_overlap is off")
-        a.err(
-            "tp_overlap_off",
-            f"TP={tp} without TP comm overlap: set comm_overlap.tp_comm_overlap=true",
-            "comm_overlap.tp_comm_overlap=true",
-        )
-    elif not a.res.model.tp_comm_overlap:
+        msg = f"TP={tp} without TP comm overlap: set comm_overlap.tp_comm_overlap=true"
+        a.err("tp_overlap_off", msg, "comm_overlap.tp_comm_overlap=true")
+        return
+    if not a.res.model.tp_comm_overlap:
         if not cfg.model.sequence_parallel:
             why, fix = "sequence_parallel is off", "set model.sequence_parallel=true"
         elif not a.target.te_available:
@@ -232,14 +233,9 @@ def _tp_overlap(a: _Audit) -> None:
         a.row("tp_comm_overlap", OFF, f"dropped by Bridge: {why}")
         sets = "model.sequence_parallel=true" if not cfg.model.sequence_parallel else None
         a.err("tp_overlap_dropped", f"TP overlap requested but Bridge drops it: {why}; {fix}", sets)
-    else:
-        _tp_preset(a, tp)
-
-
-def _tp_preset(a: _Audit, tp: int) -> None:
-    """TP overlap is on: is its userbuffers config a Bridge preset that matches the model?"""
-    ub = a.cfg.comm_overlap.tp_comm_overlap_cfg
-    name, key = presets.name_of(ub), presets.key_of(a.cfg, a.target.gpu)
+        return
+    ub = cfg.comm_overlap.tp_comm_overlap_cfg  # on: its userbuffers config, a preset that fits the model?
+    name, key = presets.name_of(ub), presets.key_of(cfg, a.target.gpu)
     if ub is None:
         a.row("tp_comm_overlap", ON, f"TP={tp}, SP on; TE's default userbuffers config")
         if a.intent.tp_preset == presets.DEFAULT_TP_CONFIG:
@@ -316,81 +312,60 @@ def _grad_dtype(rddp) -> tuple[str, int]:
 
 
 def _dp_overlap(a: _Audit) -> None:
-    """Data-parallel grad reduce-scatter / param all-gather overlap (distributed optimizer), and the bucket size."""
+    """Data-parallel grad reduce-scatter / param all-gather overlap (distributed optimizer); the bucket size, which
+    counts parameters (a byte count by mistake, or one bucket per chunk, leaves nothing to overlap); and the opt-in
+    param-gather overlap with the optimizer step, which Bridge leaves off because of checkpointing."""
     rddp, (_, _, _, vpp, dp) = a.res.ddp, a.layout
+    dist_opt, bucket, (grad_dtype, width) = bool(rddp.use_distributed_optimizer), rddp.bucket_size, _grad_dtype(rddp)
     if dp == 1:
         for name in ("overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "bucket_size"):
             a.row(name, NA, "DP=1: no data-parallel collectives")
         a.warn("dp1", "DP=1 on this layout: grad-reduce and param-gather overlap are n/a (add nodes for DP>1)")
-        return
-    dist_opt = bool(rddp.use_distributed_optimizer)
-    if not dist_opt:
-        a.err(
-            "no_distributed_optimizer",
-            f"DP={dp} without the distributed optimizer: Bridge skips its DP overlap "
-            "setup and param-gather overlap cannot run; set ddp.use_distributed_optimizer=true",
-            "ddp.use_distributed_optimizer=true",
-        )
-    for name, what in (("overlap_grad_reduce", "grad reduce-scatter"), ("overlap_param_gather", "param all-gather")):
-        if getattr(rddp, name) and dist_opt:
-            a.row(name, ON, f"DP={dp}: {what} overlapped with backward/forward")
-        elif dist_opt and (why := a.intent.why_off(name)):
-            a.row(name, OFF, f"kept off: {why}")
-        elif dist_opt:
-            a.row(name, OFF, f"DP={dp} but comm_overlap.{name}=false")
-            a.err(
-                f"{name}_off",
-                f"DP={dp} without {what} overlap; set comm_overlap.{name}=true",
-                f"comm_overlap.{name}=true",
-            )
-        else:
-            a.row(name, OFF, f"DP={dp} but no distributed optimizer")
-    if rddp.align_param_gather:
-        a.row("align_param_gather", ON, "VPP>1: param all-gathers aligned across chunks")
     else:
-        a.row("align_param_gather", NA if not (vpp and vpp > 1) else OFF, "needs PP>1 and VPP>1")
-    _bucket_size(a)
-
-
-def _bucket_size(a: _Audit) -> None:
-    """`bucket_size` counts parameters: a byte count by mistake, or one bucket per chunk, leaves nothing to overlap."""
-    bucket, (grad_dtype, width) = a.res.ddp.bucket_size, _grad_dtype(a.res.ddp)
-    if bucket is None:
-        a.row("bucket_size", ON, MCORE_DEFAULT_BUCKET)
-        return
-    mb = bucket * width / 2**20
-    a.row("bucket_size", ON, f"{bucket:,} params = {mb:,.0f} MB at {grad_dtype}")
-    chunk = _chunk_params(a.cfg)
-    # The field that decides the bucket: Bridge's comm-overlap setup copies comm_overlap.bucket_size over
-    # ddp.bucket_size whenever it is set (training/comm_overlap.py, CommOverlapConfig.setup).
-    comm = a.cfg.comm_overlap
-    field = "comm_overlap.bucket_size" if comm is not None and comm.bucket_size is not None else "ddp.bucket_size"
-    if bucket >= BYTES_LIKE_BUCKET:
-        good = sane_bucket(bucket, chunk, width)
-        a.err(
-            "bucket_size_bytes",
-            f"{field}={bucket:,} looks like bytes: it counts parameters "
-            f"({mb:,.0f} MB of {grad_dtype} grads); use e.g. {field}={good}",
-            f"{field}={good}",
-        )
-    elif bucket >= chunk:
-        good = sane_bucket(bucket, chunk, width)
-        a.err(
-            "bucket_size_single",
-            f"{field}={bucket:,} params ≥ a model chunk ({chunk:,} params): "
-            f"one bucket, so grad reduce cannot overlap; use ≤ chunk/4, e.g. {field}={good}",
-            f"{field}={good}",
-        )
-
-
-def sane_bucket(bucket: int, chunk: int, width: int) -> int:
-    """A bucket that passes both rules: the byte count read as bytes, capped at a quarter chunk, whole millions."""
-    want = min(bucket // width if bucket >= BYTES_LIKE_BUCKET else bucket, chunk // 4, BYTES_LIKE_BUCKET - 1)
-    return max(1, want // 1_000_000 * 1_000_000 if want >= 1_000_000 else want)
-
-
-def _optimizer_step_overlap(a: _Audit) -> None:
-    """overlap_param_gather_with_optimizer_step: an opt-in that Bridge leaves off because of checkpointing."""
+        if not dist_opt:
+            a.err(
+                "no_distributed_optimizer",
+                f"DP={dp} without the distributed optimizer: Bridge skips its DP overlap "
+                "setup and param-gather overlap cannot run; set ddp.use_distributed_optimizer=true",
+                "ddp.use_distributed_optimizer=true",
+            )
+        for name, what in (
+            ("overlap_grad_reduce", "grad reduce-scatter"),
+            ("overlap_param_gather", "param all-gather"),
+        ):
+            if getattr(rddp, name) and dist_opt:
+                a.row(name, ON, f"DP={dp}: {what} overlapped with backward/forward")
+            elif dist_opt and (why := a.intent.why_off(name)):
+                a.row(name, OFF, f"kept off: {why}")
+            elif dist_opt:
+                a.row(name, OFF, f"DP={dp} but comm_overlap.{name}=false")
+                msg = f"DP={dp} without {what} overlap; set comm_overlap.{name}=true"
+                a.err(f"{name}_off", msg, f"comm_overlap.{name}=true")
+            else:
+                a.row(name, OFF, f"DP={dp} but no distributed optimizer")
+        if rddp.align_param_gather:
+            a.row("align_param_gather", ON, "VPP>1: param all-gathers aligned across chunks")
+        else:
+            a.row("align_param_gather", NA if not (vpp and vpp > 1) else OFF, "needs PP>1 and VPP>1")
+        if bucket is None:
+            a.row("bucket_size", ON, MCORE_DEFAULT_BUCKET)
+        else:
+            mb, chunk = bucket * width / 2**20, _chunk_params(a.cfg)
+            a.row("bucket_size", ON, f"{bucket:,} params = {mb:,.0f} MB at {grad_dtype}")
+            # The field that decides the bucket: Bridge's comm-overlap setup copies comm_overlap.bucket_size over
+            # ddp.bucket_size whenever it is set (training/comm_overlap.py, CommOverlapConfig.setup).
+            comm = a.cfg.comm_overlap
+            field = (
+                "comm_overlap.bucket_size" if comm is not None and comm.bucket_size is not None else "ddp.bucket_size"
+            )
+            good = sane_bucket(bucket, chunk, width)
+            if bucket >= BYTES_LIKE_BUCKET:
+                why = f"looks like bytes: it counts parameters ({mb:,.0f} MB of {grad_dtype} grads); use e.g."
+                a.err("bucket_size_bytes", f"{field}={bucket:,} {why} {field}={good}", f"{field}={good}")
+            elif bucket >= chunk:
+                why = f"params ≥ a model chunk ({chunk:,} params): one bucket, so grad reduce cannot overlap"
+                why += "; use ≤ chunk/4"
+                a.err("bucket_size_single", f"{field}={bucket:,} {why}, e.g. {field}={good}", f"{field}={good}")
     on = bool(getattr(a.res.optimizer, "overlap_param_gather_with_optimizer_step", False))
     detail = "opt-in" if on else "off by default (Bridge: checkpointing issue)"
     a.row("overlap_param_gather_with_optimizer_step", ON if on else OFF, detail)
@@ -401,6 +376,12 @@ def _optimizer_step_overlap(a: _Audit) -> None:
             "overlap_param_gather_with_optimizer_step with checkpoint saving on "
             f"(every {ckpt.save_interval} iters): Bridge disables it by default because of checkpointing",
         )
+
+
+def sane_bucket(bucket: int, chunk: int, width: int) -> int:
+    """A bucket that passes both rules: the byte count read as bytes, capped at a quarter chunk, whole millions."""
+    want = min(bucket // width if bucket >= BYTES_LIKE_BUCKET else bucket, chunk // 4, BYTES_LIKE_BUCKET - 1)
+    return max(1, want // 1_000_000 * 1_000_000 if want >= 1_000_000 else want)
 
 
 def _precision(a: _Audit) -> None:

@@ -146,11 +146,12 @@ def plan_for(
 ) -> Plan:
     """Build the requested recipe, bind it to the request's run options (checkpoints, data, segments, Nsight), apply
     its SET pairs, resolve for its nodes, lay out the launch environment (with `profile`'s layer when given) and
-    audit the whole stack, env rules included. The throughput is predicted with the calibration of `cluster` (else
-    `profile`'s) where make calibrate wrote one, else the published constants."""
+    audit the whole stack, env rules included. The throughput is predicted with the calibration of the request's
+    cluster (else `cluster`, a profile's name, for callers that plan without one: listings, forks; else `profile`'s)
+    where make calibrate wrote one, else the published constants."""
     entry = registry.get(req.recipe)
-    if req.profile is not None:  # bound here, where the recipe's time limit (the profile's default) is known
-        req = request.bind(req, req.profile, entry.time_limit)
+    if req.cluster is not None:  # bound here, where the recipe's time limit (the profile's default) is known
+        req = request.bind(req, req.cluster, entry.time_limit)
     if req.nodes is not None and req.nodes < 1:
         raise PlanError(f"NODES={req.nodes}: must be a positive number of 8-GPU nodes")
     with stack.silenced():
@@ -178,7 +179,7 @@ def plan_for(
     est = memory.estimate(cfg, target)
     report.findings += memory_findings(est)
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
-    cal = calibration.for_cluster(cluster or (profile.name if profile else None))
+    cal = calibration.for_cluster(req.cluster.name if req.cluster else cluster or (profile.name if profile else None))
     model_in = prediction_inputs(plan, cal)  # gathered once: the prediction and each overlap's worth read the same
     plan.throughput = model_in.predict()
     plan.worth = worth.overlap_worth(model_in, base=plan.throughput)

@@ -52,99 +52,85 @@ def inputs(path: str) -> list[Path]:
 LINE_LIMIT = 4 << 20  # bytes
 
 
-def _lines(f: Path):
-    """(line number, raw bytes with the newline stripped) of `f`, each read with a bound (LINE_LIMIT)."""
-    opener = gzip.open if f.name.endswith(".gz") else open
+def count_docs(f: Path, key: str) -> int:
+    """Documents in `f`, every line checked (file:line in the error) as modelopt's reader (text mode, universal
+    newlines) and encoder take it: UTF-8, at most LINE_LIMIT bytes (each read with that bound), a JSON object whose
+    `key` is a string. The preprocessor skips a malformed line with a warning and fails on a missing key deep in its
+    pool; here nothing is tokenized until the whole input is known good, so data.toml counts what the index holds."""
+    opener, n = gzip.open if f.name.endswith(".gz") else open, 0
     try:
         with opener(f, "rb") as fh:
             for n, raw in enumerate(iter(lambda: fh.readline(LINE_LIMIT + 2), b""), 1):
-                body = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
+                body, where = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n"), f"{f}:{n}"
                 if len(body) > LINE_LIMIT:
                     raise PrepError(
-                        f"{f}:{n}: a line over {LINE_LIMIT >> 20} MiB (one document is tokenized whole, ~170 bytes of "
-                        "memory a byte): split the document into several lines"
+                        f"{where}: a line over {LINE_LIMIT >> 20} MiB (one document is tokenized whole, ~170 bytes "
+                        "of memory a byte): split the document into several lines"
                     )
-                yield n, body
+                try:
+                    text = body.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise PrepError(
+                        f"{where}: byte {exc.start + 1} of the line is not UTF-8 (a binary file, or another "
+                        "encoding): IN= takes UTF-8 JSON Lines; convert it (iconv -t UTF-8)"
+                    ) from None
+                if "\r" in text:  # the preprocessor's reader ends a line there too: one line here would be two there
+                    raise PrepError(f"{where}: a carriage return inside the line: end lines with \\n only (dos2unix)")
+                if text.startswith("\ufeff"):
+                    raise PrepError(f"{where}: starts with a UTF-8 byte-order mark: save the file as UTF-8 without BOM")
+                if not text.strip():
+                    raise PrepError(f"{where}: an empty line: remove it (each line is one document)")
+                try:
+                    doc = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise PrepError(
+                        f"{where}: not JSON ({exc.msg}, column {exc.colno}): fix or remove the line"
+                    ) from None
+                except RecursionError:
+                    raise PrepError(f"{where}: JSON nested too deep to read: fix or remove the line") from None
+                if not isinstance(doc, dict) or key not in doc:
+                    kind = f"a JSON {type(doc).__name__}, no keys"
+                    keys = ", ".join(map(str, doc))[:200] if isinstance(doc, dict) else kind
+                    fix = "set KEY=" if n == 1 else "give every line the key, or remove the line"
+                    raise PrepError(f"{where}: no key {key!r} (its keys: {keys or 'none'}): {fix}")
+                if not isinstance(doc[key], str):
+                    what = "null" if doc[key] is None else f"a JSON {type(doc[key]).__name__}"
+                    raise PrepError(f"{where}: {key!r} is {what}, not a string: each document's text is a string")
     except (OSError, EOFError, zlib.error) as exc:  # gzip: BadGzipFile is an OSError, a cut stream an EOFError
         raise PrepError(f"{f}: cannot be read ({exc}): give a readable .jsonl or a whole .jsonl.gz") from None
-
-
-def _document(f: Path, n: int, body: bytes, key: str) -> None:
-    """One line as modelopt's reader (text mode, universal newlines) and encoder take it, or PrepError."""
-    where = f"{f}:{n}"
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PrepError(
-            f"{where}: byte {exc.start + 1} of the line is not UTF-8 (a binary file, or another encoding): "
-            "IN= takes UTF-8 JSON Lines; convert it (iconv -t UTF-8)"
-        ) from None
-    if "\r" in text:  # the preprocessor's reader ends a line there too: one line here would be two there
-        raise PrepError(f"{where}: a carriage return inside the line: end lines with \\n only (dos2unix)")
-    if text.startswith("\ufeff"):
-        raise PrepError(f"{where}: starts with a UTF-8 byte-order mark: save the file as UTF-8 without BOM")
-    if not text.strip():
-        raise PrepError(f"{where}: an empty line: remove it (each line is one document)")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PrepError(f"{where}: not JSON ({exc.msg}, column {exc.colno}): fix or remove the line") from None
-    except RecursionError:
-        raise PrepError(f"{where}: JSON nested too deep to read: fix or remove the line") from None
-    if not isinstance(doc, dict) or key not in doc:
-        keys = ", ".join(map(str, doc))[:200] if isinstance(doc, dict) else f"a JSON {type(doc).__name__}, no keys"
-        fix = "set KEY=" if n == 1 else "give every line the key, or remove the line"
-        raise PrepError(f"{where}: no key {key!r} (its keys: {keys or 'none'}): {fix}")
-    if not isinstance(doc[key], str):
-        what = "null" if doc[key] is None else f"a JSON {type(doc[key]).__name__}"
-        raise PrepError(f"{where}: {key!r} is {what}, not a string: each document's text is a string")
-
-
-def count_docs(f: Path, key: str) -> int:
-    """Documents in `f`, every line checked (file:line in the error): UTF-8, at most LINE_LIMIT bytes, a JSON object
-    whose `key` is a string. The preprocessor skips a malformed line with a warning and fails on a missing key deep
-    in its pool; here nothing is tokenized until the whole input is known good, so data.toml counts what the index
-    holds."""
-    n = 0
-    for n, body in _lines(f):
-        _document(f, n, body, key)
     if not n:
         raise PrepError(f"{f} is empty: give a JSONL file with one document per line")
     return n
 
 
-def eod_token(tok: Path, where: str) -> str:
-    """The end-of-document token prep-data appends after every document (modelopt's append_eod uses the tokenizer's
-    eos_token_id): named by tokenizer_config.json's eos_token, or special_tokens_map.json's as transformers also
-    reads it, and in tokenizer.json's vocabulary (transformers would add an unknown one as a new id, past the
-    vocabulary data.toml records)."""
+def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force: bool) -> tuple[list[Path], Path]:
+    """Everything about the request, before anything is written: returns (input files, OUT)."""
     from tokenizers import Tokenizer
 
-    name = None
+    files = inputs(in_path)
+    if not tokenizer:
+        raise PrepError("TOKENIZER= is required: a local Hugging Face tokenizer directory (tokenizer.json)")
+    tok, where = Path(tokenizer).expanduser(), f"TOKENIZER={tokenizer}"
+    data.tokenizer_vocab(tok, where)
+    # The end-of-document token prep-data appends after every document (modelopt's append_eod uses the tokenizer's
+    # eos_token_id): named by tokenizer_config.json's eos_token, or special_tokens_map.json's as transformers also
+    # reads it, and in tokenizer.json's vocabulary (transformers would add an unknown one as a new id, past the
+    # vocabulary data.toml records).
+    eos = None
     for file in ("tokenizer_config.json", "special_tokens_map.json"):
         cfg = jsonio.read_json(tok / file, role=f"the tokenizer's {file}", fix="re-save the tokenizer", missing_ok=True)
         value = (cfg or {}).get("eos_token")
-        name = value.get("content") if isinstance(value, dict) else value
-        if name is not None:
+        eos = value.get("content") if isinstance(value, dict) else value
+        if eos is not None:
             break
-    if not isinstance(name, str) or not name:
+    if not isinstance(eos, str) or not eos:
         raise PrepError(
             f"{where}: no end-of-document token (eos_token in tokenizer_config.json): prep-data appends one after "
             "each document; save the tokenizer with save_pretrained(..., eos_token=...) or add "
             '"eos_token": "<its EOS token>" to tokenizer_config.json'
         )
-    if Tokenizer.from_file(str(tok / "tokenizer.json")).token_to_id(name) is None:
-        raise PrepError(f"{where}: eos_token {name!r} is not in tokenizer.json's vocabulary: name its EOS token")
-    return name
-
-
-def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force: bool) -> tuple[list[Path], Path]:
-    """Everything about the request, before anything is written: returns (input files, OUT)."""
-    files = inputs(in_path)
-    if not tokenizer:
-        raise PrepError("TOKENIZER= is required: a local Hugging Face tokenizer directory (tokenizer.json)")
-    data.tokenizer_vocab(Path(tokenizer).expanduser(), f"TOKENIZER={tokenizer}")
-    eod_token(Path(tokenizer).expanduser(), f"TOKENIZER={tokenizer}")
+    if Tokenizer.from_file(str(tok / "tokenizer.json")).token_to_id(eos) is None:
+        raise PrepError(f"{where}: eos_token {eos!r} is not in tokenizer.json's vocabulary: name its EOS token")
     if not out:
         raise PrepError("OUT= is required: the directory for the .bin/.idx files and data.toml")
     worker_count(workers)
@@ -153,7 +139,8 @@ def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force:
     target = data.resolved(Path(out).expanduser(), f"OUT={out}")
     if target.exists() and not target.is_dir():
         raise PrepError(f"OUT={out} is a file: give a directory")
-    existing = [target / SPEC] + [target / f"{_stem(f)}_{key}.{ext}" for f in files for ext in ("bin", "idx")]
+    stems = [f.name.removesuffix(".gz").removesuffix(".jsonl") for f in files]  # modelopt's output names
+    existing = [target / SPEC] + [target / f"{stem}_{key}.{ext}" for stem in stems for ext in ("bin", "idx")]
     if not force and (clash := [p for p in existing if p.exists()]):
         raise PrepError(f"{clash[0]} exists: FORCE=1 overwrites it (or choose another OUT=)")
     return files, target
@@ -167,11 +154,6 @@ def worker_count(workers: str) -> int:
     if not re.fullmatch(r"[0-9]{1,6}", text) or not 1 <= int(text) <= cap:
         raise PrepError(f"WORKERS={workers!r}: a whole number of tokenizing processes from 1 to {cap} (the CPUs here)")
     return int(text)
-
-
-def _stem(f: Path) -> str:
-    """modelopt's output name for an input file: its stem without .jsonl(.gz)."""
-    return f.name.removesuffix(".gz").removesuffix(".jsonl")
 
 
 def work_dir(out: Path) -> Path:
@@ -189,22 +171,6 @@ def clear_stale(out: Path) -> list[Path]:
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
     return gone
-
-
-def spec_text(tokenizer: Path, prefixes: list[tuple[str, int]], docs: int) -> str:
-    total = sum(t for _, t in prefixes) or 1
-    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    out = [
-        f"# written by make prep-data at {stamp}: {docs} documents, {total} tokens (plan/data.py reads it)",
-        f"tokenizer = {json.dumps(str(tokenizer))}",
-        "# train,valid,test shares of the blend (Megatron's split); or replace [[blend]] with [blend_per_split]",
-        'split = "98,1,1"',
-        "# Megatron's sample-index cache (GPTDatasetConfig.path_to_cache): must be writable",
-        'cache = "index-cache"',
-    ]
-    for name, tokens in prefixes:  # weights: each file's share of the tokens, its natural proportion
-        out += ["", "[[blend]]", f"prefix = {json.dumps(name)}", f"weight = {tokens / total:.6f}"]
-    return "\n".join(out) + "\n"
 
 
 def prep(in_path, tokenizer, out, key="text", workers="1", force=False, log=print) -> Path:
@@ -242,6 +208,8 @@ def prep(in_path, tokenizer, out, key="text", workers="1", force=False, log=prin
 
 
 def _publish(made: list[str], work: Path, target: Path, tok: Path, docs: list[int], log) -> Path:
+    """Check each made dataset against its input and the tokenizer, move it into OUT (.bin before .idx), then write
+    OUT/data.toml last: the blend weighted by each file's tokens."""
     vocab = data.tokenizer_vocab(tok, f"TOKENIZER={tok}")
     checked = []
     for prefix, want in zip(made, docs, strict=True):  # one prefix per input file, in order (one key)
@@ -254,6 +222,18 @@ def _publish(made: list[str], work: Path, target: Path, tok: Path, docs: list[in
     for name, _ in checked:  # .bin first: an .idx in OUT always has its .bin
         for ext in ("bin", "idx"):
             os.replace(work / f"{name}.{ext}", target / f"{name}.{ext}")
-    spec = jsonio.write_text(target / SPEC, spec_text(tok, checked, sum(docs)))
+    total = sum(t for _, t in checked) or 1
+    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    text = [
+        f"# written by make prep-data at {stamp}: {sum(docs)} documents, {total} tokens (plan/data.py reads it)",
+        f"tokenizer = {json.dumps(str(tok))}",
+        "# train,valid,test shares of the blend (Megatron's split); or replace [[blend]] with [blend_per_split]",
+        'split = "98,1,1"',
+        "# Megatron's sample-index cache (GPTDatasetConfig.path_to_cache): must be writable",
+        'cache = "index-cache"',
+    ]
+    for name, tokens in checked:  # weights: each file's share of the tokens, its natural proportion
+        text += ["", "[[blend]]", f"prefix = {json.dumps(name)}", f"weight = {tokens / total:.6f}"]
+    spec = jsonio.write_text(target / SPEC, "\n".join(text) + "\n")
     log(f"wrote {len(checked)} dataset(s), {sum(t for _, t in checked):,} tokens, and {spec}")
     return spec

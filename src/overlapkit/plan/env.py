@@ -16,9 +16,9 @@ CUDA_DEVICE_MAX_CONNECTIONS: its value is the
 overlap's correctness (kernel order), which only the topology decides. This module is its one home: `connections`
 derives the value the layout needs, and `audit_rows` turns a final value that differs (whichever layer set it) into
 the audit's one `cuda_max_connections` error. Secrets (overlapkit/secrets.py: the one rule, by name and by value)
-never get a value here: a profile lists them by name, the ledger shows "<from caller env>", `passthrough_secrets` is
-only for the submitting process's own environment, a literal one in a layer is an audit error with its value
-dropped, and a credential-shaped value in a shell variable the ledger would record is refused (one line).
+never get a value here: a profile lists them by name, the ledger shows "<from caller env>" (sbatch passes the
+submitting shell's value by name), a literal one in a layer is an audit error with its value dropped, and a
+credential-shaped value in a shell variable the ledger would record is refused (one line).
 
 A shell's variables can reach the job unrecorded (REACH): nemo_run's local executor (make run-local) copies
 os.environ, and a Slurm job gets the user's login environment on the node (sbatch passes only PATH and the profile's
@@ -158,12 +158,6 @@ def derived_env(plan) -> dict[str, EnvEntry]:
 
 def secret_names(profile) -> tuple[str, ...]:
     return tuple(profile.secrets) if profile else ()
-
-
-def passthrough_secrets(profile, caller_env=None) -> dict[str, str]:
-    """The real secret values, for the submitting process's environment only (sbatch exports them); never write them."""
-    env = os.environ if caller_env is None else caller_env
-    return {name: env[name] for name in secret_names(profile) if name in env}
 
 
 @dataclass

@@ -3,10 +3,10 @@ with their fix, the expert-side divisibility rules, and the dispatcher backend t
 
 Bridge checks the EP all-to-all overlap's prerequisites only with bare `assert`s in
 `CommOverlapConfig._get_model_comm_overlap_cfgs` (megatron/bridge/training/comm_overlap.py), at setup on the GPUs.
-`bridge_assert_violations` states each of them once, on the config as written (and Bridge's resolved model for the
-dtype flags), so a plan names the fix before a job starts; the resolve records what Bridge itself asserted
-(`Resolved.bridge_asserts`) and tests/unit_tests/training/test_comm_overlap.py trips every one both ways with real
-Bridge objects. Dense models get no MoE rows.
+`rows_and_findings` states each of them once (`_ep_overlap_asserts`), on the config as written (and Bridge's
+resolved model for the dtype flags), so a plan names the fix before a job starts; the resolve records what Bridge
+itself asserted (`Resolved.bridge_asserts`) and tests/unit_tests/training/test_comm_overlap.py trips every one both
+ways with real Bridge objects. Dense models get no MoE rows.
 """
 
 from __future__ import annotations
@@ -27,48 +27,16 @@ BACKEND_MODULE = {"deepep": "deep_ep", "hybridep": "deep_ep"}
 TE_FOR_DELAY_WGRAD = "2.7.0"  # Bridge asserts is_te_min_version("2.7.0") for delay_wgrad with grad-reduce overlap
 
 
-def bridge_assert_violations(cfg, rmodel, comm_user, rddp, te_version: str | None) -> list[tuple[str, str, str]]:
-    """(code, one-line message naming the fix, SET fix) for each assert Bridge's MoE overlap validation would trip.
-    `comm_user`: the CommOverlapConfig as written; `rmodel`/`rddp`: Bridge's resolved model/ddp (bf16 flags)."""
-    m, out = cfg.model, []
-    if comm_user is not None and comm_user.overlap_moe_expert_parallel_comm:
-        checks = _ep_layout_checks(m, rmodel) + _ep_recompute_checks(m) + _ep_exclusive_checks(m)
-        for ok, code, why, fix in checks:
-            if not ok:
-                out.append((code, f"EP all-to-all overlap {why} (Bridge asserts at setup); set {fix}", fix))
-    if comm_user is None or not comm_user.delay_wgrad_compute:  # delay_wgrad_compute's own asserts
-        return out
-    fix = f"{DELAY_WGRAD}=false"
-    if not (m.overlap_moe_expert_parallel_comm or comm_user.overlap_moe_expert_parallel_comm):
-        out.append(
-            (
-                "delay_wgrad_needs_ep_overlap",
-                f"delay_wgrad_compute needs EP all-to-all overlap (Bridge "
-                f"asserts at setup); set {fix} or {EP_OVERLAP}=true",
-                fix,
-            )
-        )
-    needs_te = rddp.overlap_grad_reduce or comm_user.overlap_grad_reduce or m.gradient_accumulation_fusion
-    if needs_te and te_version is not None and Version(te_version) < Version(TE_FOR_DELAY_WGRAD):
-        out.append(
-            (
-                "delay_wgrad_te_version",
-                f"delay_wgrad_compute with grad-reduce overlap or gradient "
-                f"accumulation fusion needs TE >= {TE_FOR_DELAY_WGRAD}, the target has {te_version}; use a newer "
-                f"container or set {fix}",
-                fix,
-            )
-        )
-    return out
-
-
-# Bridge's EP overlap asserts in its order, in three groups; each check is (holds, code, why, SET fix).
-def _ep_layout_checks(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
-    """What the EP all-to-all overlap runs on: EP>1, several experts, a dispatcher that can overlap, 16-bit params,
-    and a virtual pipeline when PP>1."""
+# Bridge's EP overlap asserts in its order; each check is (holds, code, why, SET fix).
+def _ep_overlap_asserts(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
+    """What the EP all-to-all overlap runs on (EP>1, several experts, a dispatcher that can overlap, 16-bit params, a
+    virtual pipeline when PP>1), the recompute settings it cannot run with (full recompute, a recompute method or
+    layer count, recomputing the 'moe' module), and the MoE features that cannot run beside it (shared-expert
+    overlap, more than one MTP layer)."""
     # The fix for "EP overlap with PP needs VPP": a virtual-pipeline size that splits the layers evenly.
     units = m.num_layers + bool(m.account_for_embedding_in_pipeline_split) + bool(m.account_for_loss_in_pipeline_split)
     vpp = next((v for v in range(2, 9) if units % (m.pipeline_model_parallel_size * v) == 0), None)
+    mods = [x for x in (m.recompute_modules or []) if x != "moe"]
     return [
         (
             (m.expert_model_parallel_size or 1) > 1,
@@ -100,14 +68,6 @@ def _ep_layout_checks(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
             "with PP>1 needs a virtual pipeline (VPP)",
             f"model.virtual_pipeline_model_parallel_size={vpp}" if vpp else None,
         ),
-    ]
-
-
-def _ep_recompute_checks(m) -> list[tuple[bool, str, str, str | None]]:
-    """The recompute settings the EP overlap cannot run with: full recompute, a recompute method or layer count,
-    recomputing the 'moe' module."""
-    mods = [x for x in (m.recompute_modules or []) if x != "moe"]
-    return [
         (
             m.recompute_granularity != "full",
             "ep_overlap_full_recompute",
@@ -132,12 +92,6 @@ def _ep_recompute_checks(m) -> list[tuple[bool, str, str, str | None]]:
             "cannot recompute the 'moe' module",
             f"model.recompute_modules=[{','.join(mods)}]",
         ),
-    ]
-
-
-def _ep_exclusive_checks(m) -> list[tuple[bool, str, str, str | None]]:
-    """The MoE features that cannot run beside the EP overlap: shared-expert overlap, more than one MTP layer."""
-    return [
         (
             not m.moe_shared_expert_overlap,
             "ep_overlap_shared_expert",
@@ -213,14 +167,31 @@ def gpu_node() -> bool:
 
 
 def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple]]:
-    """(name, state, why) rows and (level, code, message, fix) findings for an MoE model; ([], []) for a dense one."""
-    m, rm = cfg.model, res.model
+    """(name, state, why) rows and (level, code, message, fix) findings for an MoE model; ([], []) for a dense one.
+    The findings first: each assert Bridge's MoE overlap validation would trip (on the config as written, and
+    Bridge's resolved model/ddp for the bf16 flags), then the expert split's divisibility rules."""
+    m, rm, comm_user, findings = cfg.model, res.model, cfg.comm_overlap, []
     if not is_moe(m):
         return [], []
-    findings = [
-        ("error", c, msg, fix)
-        for c, msg, fix in bridge_assert_violations(cfg, rm, cfg.comm_overlap, res.ddp, target.te_version)
-    ]
+    requested = bool(comm_user is not None and comm_user.overlap_moe_expert_parallel_comm)
+    if requested:
+        for ok, code, why, fix in _ep_overlap_asserts(m, rm):
+            if not ok:
+                msg = f"EP all-to-all overlap {why} (Bridge asserts at setup); set {fix}"
+                findings.append(("error", code, msg, fix))
+    if comm_user is not None and comm_user.delay_wgrad_compute:  # delay_wgrad_compute's own asserts
+        fix, te = f"{DELAY_WGRAD}=false", target.te_version
+        if not (m.overlap_moe_expert_parallel_comm or comm_user.overlap_moe_expert_parallel_comm):
+            msg = f"delay_wgrad_compute needs EP all-to-all overlap (Bridge asserts at setup); set {fix} or "
+            msg += f"{EP_OVERLAP}=true"
+            findings.append(("error", "delay_wgrad_needs_ep_overlap", msg, fix))
+        needs_te = res.ddp.overlap_grad_reduce or comm_user.overlap_grad_reduce or m.gradient_accumulation_fusion
+        if needs_te and te is not None and Version(te) < Version(TE_FOR_DELAY_WGRAD):
+            msg = (
+                f"delay_wgrad_compute with grad-reduce overlap or gradient accumulation fusion needs TE >= "
+                f"{TE_FOR_DELAY_WGRAD}, the target has {te}; use a newer container or set {fix}"
+            )
+            findings.append(("error", "delay_wgrad_te_version", msg, fix))
     if res.bridge_asserts and not findings:  # an assert this module does not know yet: never silent
         findings += [("error", "bridge_assert", f"Bridge's setup asserts: {msg}", None) for msg in res.bridge_asserts]
     expert_split = expert_split_violations(
@@ -232,63 +203,44 @@ def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple
         ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
     )
     findings += [("error", c, msg, None) for c, msg in expert_split]
-    requested = bool(cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)
-    rows = [_ep_row(m, rm, intent, findings, requested), _delay_row(rm), _shared_row(m, rm)]
-    rows.append(_dispatcher_row(m, findings))
-    rows.append(_expert_dp_row(m, res, target.world_size, intent))
-    return rows, findings
+    return _rows(m, res, intent, findings, requested, target.world_size), findings
 
 
-def _ep_row(m, rm, intent, findings, requested: bool) -> tuple:
-    ep = m.expert_model_parallel_size or 1
+def _rows(m, res, intent, findings, requested: bool, world: int) -> list[tuple]:
+    """The five MoE rows in the audit's order: EP all-to-all overlap, delayed expert wgrad, shared-expert overlap,
+    the dispatcher, expert-DP overlap. A missing EP overlap or dispatcher backend adds its finding."""
+    rm, ep, rows = res.model, m.expert_model_parallel_size or 1, []
     if ep == 1:
-        return "ep_a2a_overlap", NA, "EP=1: no expert all-to-all"
-    if rm.overlap_moe_expert_parallel_comm:
-        return (
-            "ep_a2a_overlap",
-            ON,
-            f"EP={ep}: dispatch/combine all-to-all overlapped with another microbatch's compute",
-        )
-    if why := intent.why_off("ep_a2a_overlap"):
-        return "ep_a2a_overlap", OFF, f"kept off: {why}"
-    if requested and findings:  # Bridge's setup would assert: the findings name the prerequisite and its fix
-        return "ep_a2a_overlap", OFF, f"EP={ep}: requested, but a prerequisite fails (see the errors)"
-    findings.append(
-        (
-            "error",
-            "ep_overlap_off",
-            f"EP={ep} without EP all-to-all overlap: set {EP_OVERLAP}=true",
-            f"{EP_OVERLAP}=true",
-        )
-    )
-    return "ep_a2a_overlap", OFF, f"EP={ep} but {EP_OVERLAP} is off"
-
-
-def _delay_row(rm) -> tuple:
+        rows.append(("ep_a2a_overlap", NA, "EP=1: no expert all-to-all"))
+    elif rm.overlap_moe_expert_parallel_comm:
+        why = f"EP={ep}: dispatch/combine all-to-all overlapped with another microbatch's compute"
+        rows.append(("ep_a2a_overlap", ON, why))
+    elif why := intent.why_off("ep_a2a_overlap"):
+        rows.append(("ep_a2a_overlap", OFF, f"kept off: {why}"))
+    elif requested and findings:  # Bridge's setup would assert: the findings name the prerequisite and its fix
+        rows.append(("ep_a2a_overlap", OFF, f"EP={ep}: requested, but a prerequisite fails (see the errors)"))
+    else:
+        msg = f"EP={ep} without EP all-to-all overlap: set {EP_OVERLAP}=true"
+        findings.append(("error", "ep_overlap_off", msg, f"{EP_OVERLAP}=true"))
+        rows.append(("ep_a2a_overlap", OFF, f"EP={ep} but {EP_OVERLAP} is off"))
     if not rm.overlap_moe_expert_parallel_comm:
-        return "delay_wgrad_compute", NA, "needs EP all-to-all overlap"
-    if rm.delay_wgrad_compute:
-        return (
-            "delay_wgrad_compute",
-            ON,
-            f"expert wgrad GEMMs delayed to overlap the combine a2a (TE >= {TE_FOR_DELAY_WGRAD})",
-        )
-    return "delay_wgrad_compute", OFF, "wgrad computed in place (the recipe's choice, as NVIDIA's)"
-
-
-def _shared_row(m, rm) -> tuple:
+        rows.append(("delay_wgrad_compute", NA, "needs EP all-to-all overlap"))
+    elif rm.delay_wgrad_compute:
+        why = f"expert wgrad GEMMs delayed to overlap the combine a2a (TE >= {TE_FOR_DELAY_WGRAD})"
+        rows.append(("delay_wgrad_compute", ON, why))
+    else:
+        rows.append(("delay_wgrad_compute", OFF, "wgrad computed in place (the recipe's choice, as NVIDIA's)"))
     if not m.moe_shared_expert_intermediate_size:
-        return "moe_shared_expert_overlap", NA, "no shared experts"
-    if rm.moe_shared_expert_overlap:
-        return "moe_shared_expert_overlap", ON, "shared-expert MLP overlapped with the dispatch all-to-all"
-    if rm.overlap_moe_expert_parallel_comm:
-        return "moe_shared_expert_overlap", OFF, "EP all-to-all overlap already hides it (Bridge forbids both)"
-    if m.moe_token_dispatcher_type == "flex":
-        return "moe_shared_expert_overlap", OFF, "flex dispatcher: Bridge's flex setup switches it off"
-    return "moe_shared_expert_overlap", OFF, "model.moe_shared_expert_overlap=false"
-
-
-def _dispatcher_row(m, findings) -> tuple:
+        shared = NA, "no shared experts"
+    elif rm.moe_shared_expert_overlap:
+        shared = ON, "shared-expert MLP overlapped with the dispatch all-to-all"
+    elif rm.overlap_moe_expert_parallel_comm:
+        shared = OFF, "EP all-to-all overlap already hides it (Bridge forbids both)"
+    elif m.moe_token_dispatcher_type == "flex":
+        shared = OFF, "flex dispatcher: Bridge's flex setup switches it off"
+    else:
+        shared = OFF, "model.moe_shared_expert_overlap=false"
+    rows.append(("moe_shared_expert_overlap", *shared))
     kind = m.moe_token_dispatcher_type
     detail = f"flex / {m.moe_flex_dispatcher_backend}" if kind == "flex" else kind
     if kind == "flex" and m.moe_flex_dispatcher_backend == "hybridep":
@@ -299,19 +251,17 @@ def _dispatcher_row(m, findings) -> tuple:
             detail += f"; {msg}"
         else:
             findings.append((level, "dispatcher_backend_missing", msg, None))
-    return "moe_dispatcher", ON, detail
-
-
-def _expert_dp_row(m, res, world: int, intent) -> tuple:
-    edp = expert_data_parallel_size(m, world)
+    rows.append(("moe_dispatcher", ON, detail))
+    edp, rddp = expert_data_parallel_size(m, world), res.ddp
     if edp == 1:
-        return "expert_dp_overlap", NA, f"expert-DP=1 (ETP·EP·PP = {world} GPUs): expert grads need no DP reduce"
-    rddp = res.ddp
-    if rddp.overlap_grad_reduce and rddp.overlap_param_gather:
-        return "expert_dp_overlap", ON, f"expert-DP={edp}: expert grad reduce-scatter / param all-gather overlapped"
-    why = intent.why_off("overlap_grad_reduce")
-    return (
-        "expert_dp_overlap",
-        OFF,
-        f"expert-DP={edp}: " + (f"grad reduce kept off: {why}" if why else "DP overlap off"),
-    )
+        rows.append(
+            ("expert_dp_overlap", NA, f"expert-DP=1 (ETP·EP·PP = {world} GPUs): expert grads need no DP reduce")
+        )
+    elif rddp.overlap_grad_reduce and rddp.overlap_param_gather:
+        why = f"expert-DP={edp}: expert grad reduce-scatter / param all-gather overlapped"
+        rows.append(("expert_dp_overlap", ON, why))
+    else:
+        why = intent.why_off("overlap_grad_reduce")
+        off = f"expert-DP={edp}: " + (f"grad reduce kept off: {why}" if why else "DP overlap off")
+        rows.append(("expert_dp_overlap", OFF, off))
+    return rows

@@ -182,25 +182,19 @@ def resolve(cfg, target: Target) -> Resolved:
         if comm is not None:
             comm.data_parallel_size = dp
             with te_flag(target.te_available, target.te_version):
-                asserted = _setup(comm, model, opt, ddp)
+                comm.finalize()
+                saved = copy.deepcopy((model, opt, ddp))
+                try:
+                    comm.setup(model, opt, ddp)
+                except AssertionError as exc:
+                    # Bridge's MoE overlap prerequisites are bare asserts: record the message and resolve the rest
+                    # of the stack without the EP overlap (the audit reports each one with its fix).
+                    asserted = [" ".join(str(exc).split())]
+                    for live, before in zip((model, opt, ddp), saved, strict=True):
+                        live.__dict__.update(before.__dict__)
+                    comm.user_comm_overlap_cfg.overlap_moe_expert_parallel_comm = False
+                    comm.user_comm_overlap_cfg.delay_wgrad_compute = False
+                    comm.setup(model, opt, ddp)
     finally:
         root.handlers, root.level = saved_handlers, saved_level
     return Resolved(model, ddp, opt, comm, dp, cap.messages, asserted)
-
-
-def _setup(comm, model, opt, ddp) -> list[str]:
-    """Bridge's CommOverlapConfig.finalize/setup. Its MoE overlap prerequisites are bare asserts: record the message
-    and resolve the rest of the stack without the EP overlap (the audit reports each one with its fix)."""
-    comm.finalize()
-    saved = copy.deepcopy((model, opt, ddp))
-    try:
-        comm.setup(model, opt, ddp)
-        return []
-    except AssertionError as exc:
-        message = " ".join(str(exc).split())
-    for live, before in zip((model, opt, ddp), saved, strict=True):
-        live.__dict__.update(before.__dict__)
-    comm.user_comm_overlap_cfg.overlap_moe_expert_parallel_comm = False
-    comm.user_comm_overlap_cfg.delay_wgrad_compute = False
-    comm.setup(model, opt, ddp)
-    return [message]

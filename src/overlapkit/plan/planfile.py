@@ -69,11 +69,7 @@ def plan_problem(plan: dict) -> str | None:
     for key in ("errors", "warnings"):
         if not isinstance(audit.get(key, []), list) or not all(isinstance(f, dict) for f in audit.get(key, [])):
             return f"audit.{key} is not a list of findings"
-    return _run_problem(plan.get("run"))
-
-
-def _run_problem(run) -> str | None:
-    if run is None:
+    if (run := plan.get("run")) is None:
         return None
     if not isinstance(run, dict):
         return f"run is {_kind(run)}, not an object"

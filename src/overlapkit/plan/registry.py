@@ -85,27 +85,13 @@ def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00
     return wrap
 
 
-def _import(module: str, path: Path) -> None:
-    """Import one recipe module; on failure drop what it registered and record one line naming the file."""
-    before = set(REGISTRY)
-    try:
-        with stack.silenced():
-            importlib.import_module(module)
-    except Exception as exc:  # any error in a user's file: report it, keep the other recipes
-        sys.modules.pop(module, None)
-        for name in set(REGISTRY) - before:
-            del REGISTRY[name]
-        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
-        why = f"{type(exc).__name__}{where}: {' '.join(str(exc).split())}"  # one line, whatever the error printed
-        _ERRORS[module] = f"{stack.repo_relative(path)} does not import: {why}"
-
-
 def _extra_dirs() -> list[str]:
     return [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
 
 
 def discover() -> None:
-    """Import every module of the `recipes` package (and RECIPES_PATH) once per process; never raises."""
+    """Import every module of the `recipes` package (and RECIPES_PATH) once per process; never raises: a module that
+    fails to import registers nothing and leaves one line naming its file (load_errors)."""
     global _DISCOVERED
     if _DISCOVERED:
         return
@@ -129,9 +115,19 @@ def discover() -> None:
                 )
                 continue
             seen[info.name] = path
-            module = f"{PACKAGE}.{info.name}"
-            if module not in sys.modules:
-                _import(module, path)
+            module, before = f"{PACKAGE}.{info.name}", set(REGISTRY)
+            if module in sys.modules:
+                continue
+            try:
+                with stack.silenced():
+                    importlib.import_module(module)
+            except Exception as exc:  # any error in a user's file: drop what it registered, keep the other recipes
+                sys.modules.pop(module, None)
+                for name in set(REGISTRY) - before:
+                    del REGISTRY[name]
+                where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+                why = f"{type(exc).__name__}{where}: {' '.join(str(exc).split())}"  # one line, whatever it printed
+                _ERRORS[module] = f"{stack.repo_relative(path)} does not import: {why}"
 
 
 def finds(path: Path) -> bool:

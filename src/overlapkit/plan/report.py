@@ -32,30 +32,26 @@ def table(title: str, columns: tuple[str, ...], rows, right: tuple[str, ...] = (
     return t
 
 
-def layout_line(layout: dict) -> str:
-    vpp = layout["vpp"] or "-"
-    moe = "ep" in layout  # MoE: expert parallelism, expert-DP, and parameters active per token
-    ep = f" EP{layout['ep']} ETP{layout['etp']} expert-DP{layout['expert_dp']}" if moe else ""
-    active = (
-        f" ({layout['active_params_b']}B active per token without the embedding lookup, top-{layout['topk']} of "
-        f"{layout['experts']} experts)"
-        if moe
-        else ""
-    )
-    return (
-        f"{layout['gpus']} GPUs = {layout['nodes']} nodes × 8 · TP{layout['tp']} PP{layout['pp']} CP{layout['cp']} "
-        f"VP{vpp}{ep} DP{layout['dp']} · MBS {layout['mbs']} GBS {layout['gbs']} · seq {layout['seq']} · "
-        f"{layout['dtype']} · {layout['params_b']}B params{active}"
-    )
-
-
 def render_plan(plan, con: Console) -> None:
     d = plan.to_dict()
     con.print(f"[bold]{d['recipe']}[/]  {d['layout']['model']}")
     con.print(f"source: {escape(d['source'])}")
     for line in stack.version_drift():  # a drifted install: the plan stands, Bridge's resolution may differ
         con.print(f"[yellow]warning[/] {escape(line)}")
-    con.print(layout_line(d["layout"]))
+    lay, vpp = d["layout"], d["layout"]["vpp"] or "-"
+    moe = "ep" in lay  # MoE: expert parallelism, expert-DP, and parameters active per token
+    ep = f" EP{lay['ep']} ETP{lay['etp']} expert-DP{lay['expert_dp']}" if moe else ""
+    active = (
+        f" ({lay['active_params_b']}B active per token without the embedding lookup, top-{lay['topk']} of "
+        f"{lay['experts']} experts)"
+        if moe
+        else ""
+    )
+    con.print(
+        f"{lay['gpus']} GPUs = {lay['nodes']} nodes × 8 · TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} "
+        f"VP{vpp}{ep} DP{lay['dp']} · MBS {lay['mbs']} GBS {lay['gbs']} · seq {lay['seq']} · "
+        f"{lay['dtype']} · {lay['params_b']}B params{active}"
+    )
     if d["gpu_note"]:
         con.print(escape(d["gpu_note"]))
     for o in d["overrides"]:

@@ -1,10 +1,11 @@
 """The request a plan is made from: what the user typed, parsed once and bound once, then passed down as plain data.
 
 `parse` checks everything that can be checked before the Bridge import (NODES, the recipe's name, SET's syntax, keys,
-types and sizes, RUN_NAME, SEGMENTS, NSYS, DATA): one line per bad value. The request carries the cluster profile it
-runs on when the caller loaded one (make plan's CLUSTER, before the import: `with_profile`); `bind` is the one home of
-binding the run options to it (its job directory, the per-segment time limit, its W&B project): plan/build.py
-`plan_for` binds a request that carries a profile, where the recipe's own time limit is known, and
+types and sizes, RUN_NAME, SEGMENTS, NSYS, DATA): one line per bad value. The request carries the cluster it runs on
+when the caller resolved one (make plan's CLUSTER, before the import: a `Cluster`, the profile's facts as plain
+values, resolved by the entry: plan/ reads them and never calls into cluster/, a later stage); `bind` is the one home
+of binding the run options to it (its job directory, the per-segment time limit, its W&B project): plan/build.py
+`plan_for` binds a request that carries a cluster, where the recipe's own time limit is known, and
 overlapkit.cluster.submit binds through it for make submit/sbatch and the nightly. The plan, its run directory's
 overrides.json and the job's rebuild (`from_record`) all carry the same bound request.
 
@@ -22,27 +23,43 @@ from overlapkit.sizing import hardware
 
 
 @dataclass(frozen=True)
+class Cluster:
+    """Where a request runs, as its caller resolved it from the cluster profile (cluster.profiles.ClusterProfile's
+    fields of the same names, its job directory made absolute): plan/ only reads these."""
+
+    name: str
+    source: str  # the profile's file, named in messages
+    job_path: str  # the shared job directory, absolute: checkpoints live under it
+    time_limit: str | None = None  # per segment; None: the recipe's
+    wandb_project: str | None = None
+    wandb_entity: str | None = None
+
+
+@dataclass(frozen=True)
 class PlanRequest:
     recipe: str
     nodes: int | None = None  # None: the recipe's
     sets: tuple[tuple[str, str], ...] = ()  # the SET pairs as typed: (key, raw text)
     run: runopts.RunOptions = runopts.RunOptions()  # bound: job_dir, time_limit_min, wandb filled in by the binder
     gpu: str = hardware.DEFAULT_GPU  # GPU=: the HARDWARE entry memory and throughput are sized for
-    profile: object = None  # cluster.profiles.ClusterProfile the run options are bound to by plan_for; None: bound
-
-    def with_run(self, run: runopts.RunOptions) -> PlanRequest:
-        return dataclasses.replace(self, run=run)
-
-    def with_profile(self, profile) -> PlanRequest:
-        """The request to be bound to `profile` (a loaded ClusterProfile) once its recipe is known (plan_for)."""
-        return dataclasses.replace(self, profile=profile)
+    # The cluster plan_for binds the run options to (its name picks the calibration); None where the caller bound
+    # them (make submit, the job's rebuild) or plans for no cluster (listings, forks)
+    cluster: Cluster | None = None
 
 
-def bind(req: PlanRequest, profile, recipe_time_limit: str | None) -> PlanRequest:
-    """The request on this cluster: its job directory, the per-segment time limit (the profile's, else the recipe's),
-    its W&B project."""
-    limit = runopts.minutes(profile.time_limit or recipe_time_limit or "") or None
-    return dataclasses.replace(req, run=runopts.for_profile(req.run, profile, limit), profile=None)
+def bind(req: PlanRequest, where, recipe_time_limit: str | None) -> PlanRequest:
+    """The request on this cluster: its job directory, the per-segment time limit (the profile's, else the
+    recipe's), its W&B project. A chained run needs a limit longer than its save window. `where`: a Cluster (make
+    plan); cluster/submit.py still passes its ClusterProfile, whose fields and properties have the same names."""
+    limit = runopts.minutes(where.time_limit or recipe_time_limit or "") or None
+    window = runopts.GUARD_MIN + runopts.PREEMPT_S // 60
+    if req.run.segments > 1 and limit is not None and limit <= window:
+        raise BadInput(
+            f"SEGMENTS needs a time limit above {window} minutes (the save window): {where.source} has {limit}"
+        )
+    wandb = {"project": where.wandb_project, "entity": where.wandb_entity} if where.wandb_project else None
+    run = dataclasses.replace(req.run, job_dir=str(where.job_path), time_limit_min=limit, wandb=wandb)
+    return dataclasses.replace(req, run=run)
 
 
 def parse(

@@ -223,17 +223,6 @@ def minutes(limit: str) -> int | None:
     return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
 
 
-def for_profile(opts: RunOptions, profile, time_limit_min: int | None) -> RunOptions:
-    """The options bound to a cluster: its shared job directory, its time limit, its W&B project."""
-    wandb = {"project": profile.wandb_project, "entity": profile.wandb_entity} if profile.wandb_project else None
-    if opts.segments > 1 and time_limit_min is not None and time_limit_min <= GUARD_MIN + PREEMPT_S // 60:
-        raise BadInput(
-            f"SEGMENTS needs a time limit above {GUARD_MIN + PREEMPT_S // 60} minutes (the save "
-            f"window): {profile.source} has {time_limit_min}"
-        )
-    return dataclasses.replace(opts, job_dir=str(profile.job_path), time_limit_min=time_limit_min, wandb=wandb)
-
-
 def spec_of(opts: RunOptions):
     """The DataSpec, re-read from its data.toml (in the job too: the files must be on the shared filesystem)."""
     from overlapkit.plan import data as data_spec
@@ -281,26 +270,43 @@ def apply(cfg, opts: RunOptions) -> None:
 
 
 def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
-    """(level, code, message) for the run's checkpoint, logging and data settings."""
-    out = _checkpoint_findings(cfg.checkpoint, opts) + _logging_findings(opts, profile) + _data_findings(cfg, opts)
-    return out + _preemption_findings(cfg, opts)
+    """(level, code, message) for the run's checkpoint settings, then its W&B logging (the key must come from the
+    profile's secrets), its data (epochs of the train split the run reads), and a SET that PREEMPTION_TRAIN
+    overrides in the job (refused, so what plan.json records is what runs)."""
+    from overlapkit.plan import data as data_spec
 
-
-def _preemption_findings(cfg, opts: RunOptions) -> list[tuple[str, str, str]]:
-    """A SET that PREEMPTION_TRAIN overrides in the job: refused, so what plan.json records is what runs."""
-    if not opts.checkpoint_dir:
-        return []
-    return [
-        (
-            "error",
-            "set_overridden_by_preemption",
-            f"train.{field}={getattr(cfg.train, field)} (SET): with RUN_NAME the job runs train.{field}={value} "
-            "(Bridge's PreemptionPlugin appends it after SET, to save a checkpoint on the time limit's SIGTERM); "
-            f"drop train.{field} from SET, or leave RUN_NAME empty",
+    out = _checkpoint_findings(cfg.checkpoint, opts)
+    if opts.wandb and "WANDB_API_KEY" not in getattr(profile, "secrets", ()):
+        out.append(
+            (
+                "error",
+                "wandb_key_not_secret",
+                f"W&B project {opts.wandb['project']} set in the profile but "
+                'WANDB_API_KEY is not in its secrets: add secrets = ["WANDB_API_KEY"]',
+            )
         )
-        for field, value in PREEMPTION_TRAIN.items()
-        if getattr(cfg.train, field) != value
-    ]
+    if opts.data and (eps := data_spec.consumption(cfg, spec_of(opts)).get("epochs")) and eps > 1:
+        out.append(
+            (
+                "warning",
+                "data_epochs",
+                f"the run reads {eps:.2f} epochs of the train split: more data, or "
+                "fewer train.train_iters, if repeating it is not intended",
+            )
+        )
+    if opts.checkpoint_dir:
+        out += [
+            (
+                "error",
+                "set_overridden_by_preemption",
+                f"train.{field}={getattr(cfg.train, field)} (SET): with RUN_NAME the job runs train.{field}={value} "
+                "(Bridge's PreemptionPlugin appends it after SET, to save a checkpoint on the time limit's SIGTERM); "
+                f"drop train.{field} from SET, or leave RUN_NAME empty",
+            )
+            for field, value in PREEMPTION_TRAIN.items()
+            if getattr(cfg.train, field) != value
+        ]
+    return out
 
 
 def directory_problem(path: str) -> str | None:
@@ -364,36 +370,6 @@ def _checkpoint_findings(ck, opts: RunOptions) -> list[tuple[str, str, str]]:
             )
         )
     return out
-
-
-def _logging_findings(opts: RunOptions, profile) -> list[tuple[str, str, str]]:
-    """The profile's W&B logging: its key must come from the profile's secrets."""
-    if not opts.wandb or "WANDB_API_KEY" in getattr(profile, "secrets", ()):
-        return []
-    return [
-        (
-            "error",
-            "wandb_key_not_secret",
-            f"W&B project {opts.wandb['project']} set in the profile but "
-            'WANDB_API_KEY is not in its secrets: add secrets = ["WANDB_API_KEY"]',
-        )
-    ]
-
-
-def _data_findings(cfg, opts: RunOptions) -> list[tuple[str, str, str]]:
-    """The data spec against the run's length: epochs of the train split it reads."""
-    from overlapkit.plan import data as data_spec
-
-    if not (opts.data and (eps := data_spec.consumption(cfg, spec_of(opts)).get("epochs")) and eps > 1):
-        return []
-    return [
-        (
-            "warning",
-            "data_epochs",
-            f"the run reads {eps:.2f} epochs of the train split: more data, or "
-            "fewer train.train_iters, if repeating it is not intended",
-        )
-    ]
 
 
 def summary(plan, opts: RunOptions) -> dict:

@@ -11,6 +11,7 @@ import pytest
 from launch import entry
 from launch import plan as plan_cli
 from launch.args import request_of
+from overlapkit import stack
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import BadInput
@@ -64,6 +65,27 @@ def test_bind_fills_the_profile_in_once(tmp_path):
     assert bound.run.checkpoint_dir == str(tmp_path / "jobs" / "checkpoints" / "a")
     local = submit.bind_local(req)
     assert local.nodes == 1 and local.run.job_dir == str(submit.LOCAL_RUNS) and local.run.time_limit_min is None
+
+
+def test_make_plan_resolves_clusters_profile_in_its_entry_and_plan_for_binds_it(tmp_path):
+    """CLUSTER's profile is read once, before the Bridge import, into plain values (the job directory absolute) that
+    plan/ binds with the recipe's time limit: a relative job_dir is under the repo root, as the profile says."""
+    site = tmp_path / "site.toml"
+    site.write_text('account = "a"\npartition = "p"\njob_dir = "runs/elsewhere"\ntime_limit = "00:45:00"\n')
+    args = plan_cli.parse([R8, "--cluster", str(site), "--run-name", "a", "--segments", "2"])
+    plan_cli.check(args)
+    where = args.request.cluster
+    assert (where.name, where.job_path, where.time_limit) == (
+        "site",
+        str(stack.REPO_ROOT / "runs/elsewhere"),
+        "00:45:00",
+    )
+    run = plan_for(args.request).run
+    assert run.checkpoint_dir == str(stack.REPO_ROOT / "runs/elsewhere/checkpoints/a") and run.time_limit_min == 45
+    site.write_text('account = "a"\npartition = "p"\ntime_limit = "00:20:00"\n')  # no room for the save window
+    plan_cli.check(args)
+    with pytest.raises(BadInput, match=r"^SEGMENTS needs a time limit above 20 minutes \(the save window\): .*site"):
+        plan_for(args.request)
 
 
 def test_the_job_rebuilds_the_request_that_was_planned(tmp_path):
