@@ -19,11 +19,21 @@ from pathlib import Path
 
 from launch.args import Parser, add_gpu_option, switch
 from overlapkit import stack
-from overlapkit.cluster.submit import Interrupted
+from overlapkit.cluster.submit import Interrupted, install_signal_handlers, preflight_mode
 from overlapkit.errors import BadInput
 from overlapkit.plan.inputs import positive_int
 from overlapkit.regress import begin, chain_status, nightly, schedule
 from overlapkit.regress import rules as regress
+
+# The commands of this module that Slurm jobs run, by their names in launch/commands.py's table; the library appends
+# only their options. The summary job runs under the cluster profile's python (a site may name its container's), the
+# scheduler job and the night it launches under this one, the python that scheduled the chain.
+REPORT_COMMAND = ("-m", "launch", "nightly-report")
+SCHEDULER_COMMANDS = schedule.Commands(
+    night=(sys.executable, "-m", "launch", "nightly"),
+    fire=(sys.executable, "-m", "launch", "nightly-schedule-run"),
+)
+ACTIONS = ("submit", "report", "bless", "schedule", "schedule-run", "schedule-status", "unschedule")
 
 
 def parse(argv):
@@ -56,118 +66,16 @@ def _say(text: str, err: bool = False) -> None:
     print(text, file=sys.stderr if err else sys.stdout)
 
 
-def do_submit(args) -> int:
-    from overlapkit.cluster.submit import preflight_mode
-
-    preflight_only, checks = preflight_mode(args.preflight)
-    nightly.check_gpu(args.gpu)
-    stack.import_bridge()
-    req = nightly.NightRequest(
-        profile=profile_of(args),
-        recipes=args.recipes.replace(",", " ").split(),
-        iters=args.iters,
-        min_dp=args.min_dp,
-        preflight_only=preflight_only,
-        checks=checks,
-        max_nodes=args.max_nodes,
-        goldens=args.goldens,
-        dryrun=bool(args.dryrun),
-    )
-    nightly.submit_night(req, _say)
-    return 0
-
-
-def do_report(args) -> int:
-    root = profile_of(args).job_path / "nightly"
-    night_dir = Path(args.night) if args.night else nightly.latest_night(root)
-    if night_dir is None:
-        raise BadInput(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
-    ok = nightly.report_night(night_dir, goldens=Path(args.goldens), retry=not args.no_retry, say=print)
-    return 0 if ok else 1
-
-
-def do_bless(args) -> int:
-    if not args.run:
-        raise regress.BlessError("RUN='': give RUN=<run directory of a reviewed nightly run>")
-    out = nightly.bless_run(Path(args.run), Path(args.goldens))
-    print(f"blessed {args.run} -> {out}")
-    return 0
-
-
-def do_schedule(args) -> int:
-    """Every check that needs no Bridge first (AT, PREFLIGHT, profile, partition): a typo answers at once and
-    submits nothing. Recipe names need the registry (Bridge), so they are checked last, and only when given."""
-    from overlapkit.cluster.submit import preflight_mode
-
-    at = begin.check_at(args.at)
-    preflight_mode(args.preflight)
-    nightly.check_gpu(args.gpu)
-    profile = profile_of(args)
-    schedule.check_partition(profile)
-    if names := args.recipes.replace(",", " ").split():
-        schedule.check_recipes(names)
-    req = schedule.ScheduleRequest(
-        profile=profile,
-        at=at,
-        cluster=args.cluster,
-        job_dir=args.job_dir,
-        recipes=" ".join(names),
-        preflight=args.preflight,
-        iters=args.iters,
-        min_dp=args.min_dp,
-    )
-    if args.dryrun:
-        print("\n".join(schedule.dryrun_lines(req)))
-        return 0
-    sched, replaced = schedule.schedule(req)
-    for line in schedule.scheduled_lines(sched, schedule.schedule_path(profile), replaced):
-        print(line)
-    return 0
-
-
-def do_schedule_run(args) -> int:
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        raise BadInput("schedule-run runs inside the scheduler job (no SLURM_JOB_ID here): use make nightly-schedule")
-    return schedule.fire(profile_of(args), job_id, say=print)
-
-
-def do_schedule_status(args) -> int:
-    st = chain_status.status(profile_of(args), args.cluster)
-    for line in st.lines:
-        print(line)
-    return 0 if st.ok else 1
-
-
-def do_unschedule(args) -> int:
-    sched, cancelled, running = schedule.unschedule(profile_of(args))
-    for line in schedule.unscheduled_lines(args.cluster, sched, cancelled, running):
-        print(line)
-    return 0
-
-
-ACTIONS = {
-    "submit": do_submit,
-    "report": do_report,
-    "bless": do_bless,
-    "schedule": do_schedule,
-    "schedule-run": do_schedule_run,
-    "schedule-status": do_schedule_status,
-    "unschedule": do_unschedule,
-}
-
-
 def check(args) -> bool:
-    """PREFLIGHT and the profile for every action; `submit` (the night plans and submits every recipe) and `schedule`
-    with RECIPES= (the names need the registry) need Bridge, once AT and the partition pass; the others do not."""
-    from overlapkit.cluster.submit import preflight_mode
-
+    """PREFLIGHT, GPU and the profile for every action, and for `schedule` every check that needs no Bridge (AT, the
+    partition): a typo answers at once and submits nothing. `submit` (the night plans and submits every recipe) and
+    `schedule` with RECIPES= (the names need the registry) need Bridge; the others do not."""
     preflight_mode(args.preflight)
     nightly.check_gpu(args.gpu)
-    if args.action == "schedule" and args.recipes.strip():
-        begin.check_at(args.at)
+    if args.action == "schedule":
+        args.start = begin.check_at(args.at)
         schedule.check_partition(profile_of(args))
-        return True
+        return bool(args.recipes.strip())
     if args.action == "submit":
         profile_of(args)  # CLUSTER= and JOB_DIR= before the import
         return True
@@ -175,14 +83,74 @@ def check(args) -> bool:
 
 
 def handlers() -> None:
-    from overlapkit.cluster.submit import install_signal_handlers
-
     install_signal_handlers()  # a night's submissions end marked (failed or submitted), even if make is killed
 
 
 def run(args) -> int:
+    """One action, after check(): its work, its lines printed, its exit status."""
+    names, code = args.recipes.replace(",", " ").split(), 0
     try:
-        return ACTIONS[args.action](args)
+        match args.action:
+            case "submit":
+                preflight_only, checks = preflight_mode(args.preflight)
+                stack.import_bridge()
+                req = nightly.NightRequest(
+                    profile=profile_of(args),
+                    recipes=names,
+                    report_command=REPORT_COMMAND,
+                    iters=args.iters,
+                    min_dp=args.min_dp,
+                    preflight_only=preflight_only,
+                    checks=checks,
+                    max_nodes=args.max_nodes,
+                    goldens=args.goldens,
+                    dryrun=bool(args.dryrun),
+                )
+                nightly.submit_night(req, _say)
+                lines = []
+            case "report":
+                root = profile_of(args).job_path / "nightly"
+                night_dir = Path(args.night) if args.night else nightly.latest_night(root)
+                if night_dir is None:
+                    raise BadInput(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
+                ok = nightly.report_night(
+                    night_dir, REPORT_COMMAND, goldens=Path(args.goldens), retry=not args.no_retry, say=print
+                )
+                lines, code = [], 0 if ok else 1
+            case "bless":
+                if not args.run:
+                    raise regress.BlessError("RUN='': give RUN=<run directory of a reviewed nightly run>")
+                lines = [f"blessed {args.run} -> {nightly.bless_run(Path(args.run), Path(args.goldens))}"]
+            case "schedule":
+                if names:  # the names need the registry (Bridge), so they are checked after everything else
+                    nightly.check_recipes(names)
+                req = schedule.ScheduleRequest(
+                    profile=profile_of(args),
+                    at=args.start,
+                    cluster=args.cluster,
+                    commands=SCHEDULER_COMMANDS,
+                    job_dir=args.job_dir,
+                    recipes=" ".join(names),
+                    preflight=args.preflight,
+                    iters=args.iters,
+                    min_dp=args.min_dp,
+                    dryrun=bool(args.dryrun),
+                )
+                lines = schedule.schedule(req)
+            case "schedule-run":
+                if not (job_id := os.environ.get("SLURM_JOB_ID")):
+                    raise BadInput(
+                        "schedule-run runs inside the scheduler job (no SLURM_JOB_ID here): use make nightly-schedule"
+                    )
+                return schedule.fire(profile_of(args), job_id, SCHEDULER_COMMANDS, say=print)
+            case "schedule-status":
+                st = chain_status.status(profile_of(args), args.cluster)
+                lines, code = st.lines, 0 if st.ok else 1
+            case "unschedule":
+                lines = schedule.unschedule(profile_of(args), args.cluster)
     except Interrupted as exc:
         print(f"error: {exc}; each run directory's submission.json says what became of it", file=sys.stderr)
         return 128 + exc.signum
+    for line in lines:
+        print(line)
+    return code

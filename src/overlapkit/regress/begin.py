@@ -57,18 +57,6 @@ def _too_far(text: str) -> ScheduleError:
     )
 
 
-def _clock(m: re.Match, text: str) -> tuple[int, int, int]:
-    h, minute, s = int(m["h"]), int(m["m"]), int(m["s"] or 0)
-    half = (m["half"] or "").lower()
-    if half and not 1 <= h <= 12 or h > 23 or minute > 59 or s > 59:  # parse_time.c _get_time's ranges
-        raise _bad_at(text)
-    if half == "am":
-        h %= 12  # 12:30AM is 00:30
-    elif half == "pm":
-        h = h % 12 + 12  # 12:30PM is 12:30
-    return h, minute, s
-
-
 def parse_at(text: str) -> At:
     """AT as make takes it → At; anything else is one ScheduleError naming the accepted forms."""
     t = (text or "").strip()
@@ -77,7 +65,15 @@ def parse_at(text: str) -> At:
     if t.lower() in NAMED:
         return At(t, clock=(NAMED[t.lower()], 0, 0))
     if m := _CLOCK.fullmatch(t):
-        return At(t, clock=_clock(m, t))
+        h, minute, s = int(m["h"]), int(m["m"]), int(m["s"] or 0)
+        half = (m["half"] or "").lower()
+        if half and not 1 <= h <= 12 or h > 23 or minute > 59 or s > 59:  # parse_time.c _get_time's ranges
+            raise _bad_at(t)
+        if half == "am":
+            h %= 12  # 12:30AM is 00:30
+        elif half == "pm":
+            h = h % 12 + 12  # 12:30PM is 12:30
+        return At(t, clock=(h, minute, s))
     if m := _NOW.fullmatch(t):
         unit = m["unit"].lower().removesuffix("s")
         if m["unit"] and unit not in UNITS:

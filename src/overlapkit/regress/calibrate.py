@@ -46,18 +46,9 @@ class Run:
         return calibration.kind(bool(self.inputs.moe.experts), self.inputs.w.dtype)
 
 
-def logs_of(run_dir: Path) -> list[Path]:
-    """The job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
-    when it started: cluster/submit.py claim), and any *.log beside plan.json."""
-    from overlapkit.cluster import submit
-
-    info = jsonio.read_json(run_dir / "submission.json")
-    logs = submit.log_files(info) if info and (info.get("experiment_dir") or info.get("log")) else []
-    return logs + sorted(run_dir.glob("*.log"))
-
-
 def read_run(run_dir: Path, cluster: str) -> Run | str:
     """The run, or why it does not count (one phrase)."""
+    from overlapkit.cluster import submit
     from overlapkit.plan import request
     from overlapkit.plan.build import OVERRIDES, plan_for, prediction_inputs
 
@@ -70,7 +61,11 @@ def read_run(run_dir: Path, cluster: str) -> Run | str:
         return f"no readable {OVERRIDES}"
     if plan.get("cluster") not in (None, cluster):
         return f"planned for cluster {plan.get('cluster')}"
-    logs = logs_of(run_dir)
+    # the job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
+    # when it started: cluster/submit.py claim), and any *.log beside plan.json
+    info = jsonio.read_json(run_dir / "submission.json")
+    logs = submit.log_files(info) if info and (info.get("experiment_dir") or info.get("log")) else []
+    logs += sorted(run_dir.glob("*.log"))
     if not logs:
         return "no log"
     summary = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan))["summary"]

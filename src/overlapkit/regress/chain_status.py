@@ -74,21 +74,6 @@ def _last_fire(sched: dict, state: str, firing: set[str]) -> tuple[bool, list[st
     return True, [f"last {where}: night {stack.repo_relative(Path(last['night']))}"]
 
 
-def _missed(sched: dict, job: dict | None, state: str) -> list[str]:
-    """Whole nights between the last firing (since this chain was scheduled) and the next begin."""
-    fired = [h for h in sched.get("history") or [] if h.get("fired_at", "") >= sched.get("scheduled_at", "")]
-    if not fired or job is None or state not in ("pending", "late"):
-        return []
-    last, nxt = parse_iso(fired[-1].get("begin")), parse_iso(job["begin"]) or parse_iso(sched["begin"])
-    days = round((nxt - last) / dt.timedelta(days=1)) if last and nxt else 1
-    if days <= 1:
-        return []
-    return [
-        f"{days - 1} night(s) did not run between {iso(last)} and {iso(nxt)}: the scheduler started over a day "
-        "late (a full or down partition); check sacct for it"
-    ]
-
-
 def analyse(
     sched: dict | None, queued: list[dict] | None, ended: str | None, now: dt.datetime, cluster: str
 ) -> ChainStatus:
@@ -132,7 +117,17 @@ def analyse(
         if j is not job and j["job_id"] not in firing
     ]
     fire_ok, fire_lines = _last_fire(sched, state, firing)
-    missed = _missed(sched, job, state)
+    # whole nights between the last firing (since this chain was scheduled) and the next begin
+    since = [h for h in sched.get("history") or [] if h.get("fired_at", "") >= sched.get("scheduled_at", "")]
+    missed = []
+    if since and job is not None and state in ("pending", "late"):
+        last, nxt = parse_iso(since[-1].get("begin")), parse_iso(job["begin"]) or parse_iso(sched["begin"])
+        days = round((nxt - last) / dt.timedelta(days=1)) if last and nxt else 1
+        if days > 1:
+            missed.append(
+                f"{days - 1} night(s) did not run between {iso(last)} and {iso(nxt)}: the scheduler started over a "
+                "day late (a full or down partition); check sacct for it"
+            )
     ok = state in ("pending", "running") and fire_ok and not missed and not others
     return ChainStatus(state, ok, [head, *lines, *others, *fire_lines, *missed])
 

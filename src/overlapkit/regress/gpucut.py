@@ -89,20 +89,21 @@ def resolve(dotted: str):
     return getattr(importlib.import_module(module), name)
 
 
-def base_config(cut: Cut, side: str):
-    """The full recipe a side starts from: our registered recipe, or Bridge's own H100 recipe."""
-    if side == "ours":
-        return registry.get(cut.recipe).build()
-    if side == "bridge":
-        return resolve(cut.reference)()
-    raise ValueError(f"unknown side {side!r}: use one of {', '.join(SIDES)}")
-
-
-def apply_cut(cfg, cut: Cut, iters: int = ITERS):
-    """Turn a full recipe config into the 1-GPU, no-TE cut (in place; returns cfg)."""
+def build(key: str, side: str, iters: int = ITERS):
+    """The cut config of `key` (a CUTS key) for one side: the full recipe that side starts from (our registered
+    recipe, or Bridge's own H100 recipe), turned into the 1-GPU, no-TE cut."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
     from megatron.core.transformer.enums import AttnBackend
 
+    if key not in CUTS:
+        raise KeyError(f"unknown cut {key!r}: use one of {', '.join(CUTS)}")
+    cut = CUTS[key]
+    if side == "ours":
+        cfg = registry.get(cut.recipe).build()
+    elif side == "bridge":
+        cfg = resolve(cut.reference)()
+    else:
+        raise ValueError(f"unknown side {side!r}: use one of {', '.join(SIDES)}")
     m, lay = cfg.model, cut.layout
     m.num_layers = cut.layers
     m.seq_length = cfg.dataset.seq_length = lay.seq
@@ -137,13 +138,6 @@ def apply_cut(cfg, cut: Cut, iters: int = ITERS):
     cfg.logger.tensorboard_dir = cfg.logger.wandb_project = None
     cfg.checkpoint.save = cfg.checkpoint.load = cfg.checkpoint.pretrained_checkpoint = None
     return cfg
-
-
-def build(key: str, side: str, iters: int = ITERS):
-    """The cut config of `key` (a CUTS key) for one side."""
-    if key not in CUTS:
-        raise KeyError(f"unknown cut {key!r}: use one of {', '.join(CUTS)}")
-    return apply_cut(base_config(CUTS[key], side), CUTS[key], iters)
 
 
 def estimate(cfg, gpu: str = "h100", hbm_gb: float | None = None) -> memory.MemoryEstimate:

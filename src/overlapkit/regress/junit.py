@@ -22,56 +22,39 @@ from overlapkit import jsonio
 from overlapkit.regress import rules as regress
 
 
-def _timestamp(stamp: str) -> str:
-    """The night's UTC stamp (YYYYmmdd-HHMMSS) as ISO 8601, which the schema's xs:dateTime wants."""
-    try:
-        return dt.datetime.strptime(stamp, "%Y%m%d-%H%M%S").isoformat()
-    except (TypeError, ValueError):
-        return dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(timespec="seconds")
-
-
-def _case(suite: ET.Element, classname: str, res: dict) -> str:
-    """One testcase; returns its outcome: passed | failure | skipped."""
-    case = ET.SubElement(suite, "testcase", name=res["recipe"], classname=classname, time="0")
-    if res.get("skipped"):
-        ET.SubElement(case, "skipped", message=res["skipped"])
-        return "skipped"
-    v = res["verdict"]
-    where = f"Slurm job {res.get('job_id')} ({res.get('state')}), run directory {res.get('run_dir')}"
-    notes = list(v["reasons"])
-    if res.get("golden") is None and regress.NO_GOLDEN not in notes:
-        notes.append(regress.NO_GOLDEN)
-    if v["ok"]:
-        ET.SubElement(case, "system-out").text = "\n".join([f"{v['status']}: {where}", *notes])
-        return "passed"
-    failure = ET.SubElement(case, "failure", message=(v["reasons"] or [v["status"]])[0], type=v["status"])
-    failure.text = "\n".join([*notes, where])
-    return "failure"
-
-
 def to_xml(night: dict, results: list[dict]) -> ET.Element:
     """<testsuites><testsuite name="nightly.<cluster>">, one testcase per result, with the counts set on both."""
     classname = f"nightly.{night.get('cluster', 'unknown')}"
+    try:  # the night's UTC stamp (YYYYmmdd-HHMMSS) as ISO 8601, which the schema's xs:dateTime wants
+        timestamp = dt.datetime.strptime(night.get("stamp"), "%Y%m%d-%H%M%S").isoformat()
+    except (TypeError, ValueError):
+        timestamp = dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(timespec="seconds")
     root = ET.Element("testsuites", name=f"nightly regression {night.get('stamp', '')}".strip())
     suite = ET.SubElement(
-        root,
-        "testsuite",
-        name=classname,
-        timestamp=_timestamp(night.get("stamp")),
-        hostname=socket.gethostname(),
-        time="0",
+        root, "testsuite", name=classname, timestamp=timestamp, hostname=socket.gethostname(), time="0"
     )
     props = ET.SubElement(suite, "properties")
     for key in ("stamp", "cluster", "preflight_only", "iters", "checks"):
         if key in night:
             ET.SubElement(props, "property", name=key, value=str(night[key]))
-    outcomes = [_case(suite, classname, r) for r in results]
-    counts = {
-        "tests": len(outcomes),
-        "failures": outcomes.count("failure"),
-        "errors": 0,
-        "skipped": outcomes.count("skipped"),
-    }
+    counts = {"tests": len(results), "failures": 0, "errors": 0, "skipped": 0}
+    for res in results:  # one testcase each: passed, <failure> or <skipped>
+        case = ET.SubElement(suite, "testcase", name=res["recipe"], classname=classname, time="0")
+        if res.get("skipped"):
+            ET.SubElement(case, "skipped", message=res["skipped"])
+            counts["skipped"] += 1
+            continue
+        v = res["verdict"]
+        where = f"Slurm job {res.get('job_id')} ({res.get('state')}), run directory {res.get('run_dir')}"
+        notes = list(v["reasons"])
+        if res.get("golden") is None and regress.NO_GOLDEN not in notes:
+            notes.append(regress.NO_GOLDEN)
+        if v["ok"]:
+            ET.SubElement(case, "system-out").text = "\n".join([f"{v['status']}: {where}", *notes])
+            continue
+        failure = ET.SubElement(case, "failure", message=(v["reasons"] or [v["status"]])[0], type=v["status"])
+        failure.text = "\n".join([*notes, where])
+        counts["failures"] += 1
     suite.attrib.update({k: str(v) for k, v in counts.items()})
     root.attrib.update({k: str(v) for k, v in counts.items() if k != "skipped"}, time="0")
     return root

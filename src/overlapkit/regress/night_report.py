@@ -30,20 +30,14 @@ def append_history(path: Path, records: list[dict]) -> None:
     atomic too, but rewrites every past night each time and needs the directory fsync as well."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(json.dumps(logparse._clean(r), sort_keys=True) + "\n" for r in records).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
-        if os.fstat(fd).st_size and not _ends_with_newline(path):
+        if (size := os.fstat(fd).st_size) and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data  # a previous crash left a torn line: start ours on a fresh one
         os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
 
 
 def read_history(path: Path) -> list[dict]:
@@ -71,7 +65,8 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     rows = (plan.get("audit") or {}).get("rows", {})
     pre = jsonio.read_json(run_dir / "preflight.json")
     parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan)) if logs else None
-    comm, worth = exposed_of(run_dir, plan, preflight_only), _worth(plan)
+    comm = exposed_of(run_dir, plan, preflight_only)
+    worth = (plan.get("throughput") or {}).get("overlap_worth")  # sizing/worth.py; None in a plan.json before it
     golden = regress.load_golden(entry["recipe"], goldens_dir)
     verdict = regress.classify(
         parsed,
@@ -143,11 +138,6 @@ def _predicted_ms(plan: dict) -> float | None:
     return step * 1e3 if isinstance(step, int | float) else None
 
 
-def _worth(plan: dict) -> dict | None:
-    """The plan's per-overlap worth (sizing/worth.py); None for a plan.json from before it."""
-    return (plan.get("throughput") or {}).get("overlap_worth")
-
-
 def vs_prediction(res: dict) -> tuple[str, str | None]:
     """('measured vs predicted' cell, a note when the run is beyond its prediction's band: rules.beyond_band)."""
     pred = res.get("predicted_step_ms")
@@ -185,44 +175,40 @@ def _fmt(value, golden=None, digits=1) -> str:
     return text
 
 
-def _loss_delta(res: dict) -> str:
-    check = next((c for c in res["verdict"]["checks"] if c["metric"] == "lm_loss"), None)
-    if check is None:
-        return "—"
-    return f"{check['delta']:+.2%} @ it {check['iteration']} (tol ±{check['tol']:.1%})"
-
-
-def _preflight(res: dict) -> str:
-    pre = res["preflight"]
-    if pre is None:
-        return "—"
-    errors = pre.get("reaudit_errors") or []
-    return f"{'OK' if pre.get('ok') else 'FAILED'} {pre.get('ranks_reported')}/{pre.get('world_size')} ranks" + (
-        f", {errors[0]}" if errors else ""
-    )
-
-
-def _notes(res: dict) -> list[str]:
-    notes = list(res["verdict"]["reasons"])
-    if under := vs_prediction(res)[1]:
-        notes.insert(0, under)
+def _row(res: dict, night_dir: Path | None) -> str:
+    """One judged run's row: its numbers against the golden and the prediction, the worst loss delta, the exposed
+    communication per class (vs the golden's, in points) with its timeline link, the preflight, the notes."""
+    v, s, g = res["verdict"], res["summary"] or {}, res["golden"] or {}
+    ex, pre = res.get("exposed") or {}, res["preflight"]
+    loss = next((c for c in v["checks"] if c["metric"] == "lm_loss"), None)
+    loss_cell = f"{loss['delta']:+.2%} @ it {loss['iteration']} (tol ±{loss['tol']:.1%})" if loss else "—"
+    if ex.get("shares") is None:
+        exposed_cell = f"— ({ex.get('missing') or f'no {OVERLAP_JSON}'})"
+    else:
+        gold = g.get("exposed_share") or {}
+        cells = [
+            f"{k} {x:.1%}" + (f" ({(x - gold[k]) * 100:+.1f} pts)" if k in gold else "")
+            for k, x in ex["shares"].items()
+        ]
+        png = ex.get("png")
+        link = f"[timeline]({os.path.relpath(png, night_dir) if night_dir else png})" if png else f"no {OVERLAP_PNG}"
+        exposed_cell = f"{', '.join(cells) or 'no communication'}; {link}"
+    pre_cell = "—"
+    if pre is not None:
+        errors = pre.get("reaudit_errors") or []
+        pre_cell = f"{'OK' if pre.get('ok') else 'FAILED'} {pre.get('ranks_reported')}/{pre.get('world_size')} ranks"
+        pre_cell += f", {errors[0]}" if errors else ""
+    prediction, under = vs_prediction(res)
+    notes = ([under] if under else []) + list(v["reasons"])
     if res["golden"] is None and regress.NO_GOLDEN not in notes:
         notes.append(regress.NO_GOLDEN)  # said on preflight-only nights too: the gap stays visible
-    return notes
-
-
-def _exposed(res: dict, night_dir: Path | None) -> str:
-    """The exposed-communication cell: share per class (vs the golden's, in points) and the timeline link."""
-    ex = res.get("exposed") or {}
-    if ex.get("shares") is None:
-        return f"— ({ex.get('missing') or f'no {OVERLAP_JSON}'})"
-    gold = (res.get("golden") or {}).get("exposed_share") or {}
-    cells = [
-        f"{k} {v:.1%}" + (f" ({(v - gold[k]) * 100:+.1f} pts)" if k in gold else "") for k, v in ex["shares"].items()
-    ]
-    png = ex.get("png")
-    link = f"[timeline]({os.path.relpath(png, night_dir) if night_dir else png})" if png else f"no {OVERLAP_PNG}"
-    return f"{', '.join(cells) or 'no communication'}; {link}"
+    return (
+        f"| {res['recipe']} | {res['nodes']} ({res['dp']}) | **{v['status']}** "
+        f"| {_fmt(s.get('step_time_ms'), g.get('step_time_ms'))} | {prediction} "
+        f"| {_fmt(s.get('tflops_per_gpu'), g.get('tflops_per_gpu'))} | {loss_cell} "
+        f"| {exposed_cell} | {', '.join(res['overlaps_on']) or '—'} | {pre_cell} "
+        f"| {'; '.join(notes) or '—'} |"
+    )
 
 
 def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: Path | None = None) -> str:
@@ -247,14 +233,7 @@ def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: P
         if res.get("skipped"):
             lines.append(f"| {res['recipe']} | — | skipped | — | — | — | — | — | — | — | {res['skipped']} |")
             continue
-        v, s, g = res["verdict"], res["summary"] or {}, res["golden"] or {}
-        lines.append(
-            f"| {res['recipe']} | {res['nodes']} ({res['dp']}) | **{v['status']}** "
-            f"| {_fmt(s.get('step_time_ms'), g.get('step_time_ms'))} | {vs_prediction(res)[0]} "
-            f"| {_fmt(s.get('tflops_per_gpu'), g.get('tflops_per_gpu'))} | {_loss_delta(res)} "
-            f"| {_exposed(res, night_dir)} | {', '.join(res['overlaps_on']) or '—'} | {_preflight(res)} "
-            f"| {'; '.join(_notes(res)) or '—'} |"
-        )
+        lines.append(_row(res, night_dir))
     failed = [r["recipe"] for r in results if not r.get("skipped") and not r["verdict"]["ok"]]
     lines += ["", f"**{len(failed)} failing**: {', '.join(failed)}" if failed else "**No failures.**", ""]
     for title, rel in plots.items():
@@ -262,8 +241,13 @@ def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: P
     return "\n".join(lines) + "\n"
 
 
-def history_records(night: dict, results: list[dict]) -> list[dict]:
-    return [
+def write_report(night_dir: Path, night: dict, results: list[dict], history_path: Path) -> Path:
+    """The history line(s) of the judged runs, then plots (from the whole history), results.json and report.md.
+    Returns the report path."""
+    from overlapkit.regress import plots as nightly_plots
+
+    recorded_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    records = [
         {
             "night": night["stamp"],
             "cluster": night["cluster"],
@@ -274,18 +258,12 @@ def history_records(night: dict, results: list[dict]) -> list[dict]:
             "tflops_per_gpu": (r["summary"] or {}).get("tflops_per_gpu"),
             "last_loss": (r["summary"] or {}).get("last_loss"),
             "exposed_share": (r.get("exposed") or {}).get("shares"),
-            "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "recorded_at": recorded_at,
         }
         for r in results
         if not r.get("skipped")
     ]
-
-
-def write_report(night_dir: Path, night: dict, results: list[dict], history_path: Path) -> Path:
-    """report.md + results.json + plots, then the history line(s). Returns the report path."""
-    from overlapkit.regress import plots as nightly_plots
-
-    append_history(history_path, history_records(night, results))
+    append_history(history_path, records)
     plots = nightly_plots.draw(night_dir / "plots", results, read_history(history_path))
     rel = {title: str(Path(p).relative_to(night_dir)) for title, p in plots.items()}
     jsonio.write_text(night_dir / "results.json", logparse.to_json(results) + "\n")

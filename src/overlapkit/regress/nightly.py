@@ -2,8 +2,9 @@
 the report (night_report) with one retry of infrastructure failures, and blessing a reviewed run into a golden.
 
 submit_night: every recipe (or a chosen few) in its nightly shape through overlapkit.cluster.submit (audit, env
-plugin, ledger, preflight), then one summary job that depends on all of them (afterany) and runs
-`python -m launch nightly-report`, so it runs last whatever their fate.
+plugin, ledger, preflight), then one summary job that depends on all of them (afterany) and runs `make
+nightly-report`'s command (NightRequest.report_command, handed down by launch/nightly.py), so it runs last whatever
+their fate.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ def shape_for(
 class NightRequest:
     profile: object  # cluster.profiles.ClusterProfile
     recipes: list[str]  # empty: every registered recipe
+    report_command: tuple[str, ...]  # the summary job's command after the profile's python, without its options
     iters: int = NIGHTLY_ITERS
     min_dp: int = MIN_DP
     preflight_only: bool = False  # cluster.submit.preflight_mode(PREFLIGHT=)
@@ -193,12 +195,19 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
     return row
 
 
+def check_recipes(names: list[str]) -> None:
+    """Unknown recipe names fail before anything is submitted or scheduled (not at 02:00); needs the registry, so
+    Bridge."""
+    stack.import_bridge()
+    for name in names:
+        registry.get(name)
+
+
 def submit_night(req: NightRequest, say) -> Path | None:
     """Submit the suite and its summary job; returns the night directory (None for a dry run). `say(text, err=)`
     prints progress."""
     names = req.recipes or registry.names()
-    for name in names:
-        registry.get(name)  # an unknown name fails before anything is submitted
+    check_recipes(names)
     limit = req.max_nodes or slurm.partition_nodes(req.profile.partition)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     entries = [_submit_one(req, name, stamp, limit, say) for name in names]
@@ -219,18 +228,17 @@ def submit_night(req: NightRequest, say) -> Path | None:
     }
     night_dir.mkdir(parents=True, exist_ok=True)
     ids = [e["job_id"] for e in entries if e.get("job_id")]
-    night["report_job_id"] = submit_report(req.profile, night_dir, ids)
+    night["report_job_id"] = submit_report(req.profile, night_dir, ids, req.report_command)
     jsonio.write_json(night_dir / "night.json", night)
     say(f"summary job {night['report_job_id']} runs after {len(ids)} job(s) (afterany); night: {night_dir}")
     return night_dir
 
 
-def submit_report(profile, night_dir: Path, ids: list[str]) -> str:
-    """A plain `sbatch --wrap` (one CPU task): it only reads files and sacct, so it needs no nemo_run packaging."""
-    cmd = (
-        f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(submit.python_for(profile))} "
-        f"-m launch nightly-report --night {shlex.quote(str(night_dir))}"
-    )
+def submit_report(profile, night_dir: Path, ids: list[str], command: tuple[str, ...]) -> str:
+    """A plain `sbatch --wrap` (one CPU task) of `command` (NightRequest.report_command) under the profile's python:
+    it only reads files and sacct, so it needs no nemo_run packaging."""
+    argv = [submit.python_for(profile), *command, "--night", str(night_dir)]
+    cmd = f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.join(argv)}"
     return slurm.sbatch_wrap(
         cmd,
         account=profile.account,
@@ -259,34 +267,16 @@ def read_night(night_dir: Path) -> dict:
     fix = "give NIGHT=<a night directory that make nightly wrote> (leave NIGHT= empty for the latest)"
     role = "the night's record that make nightly writes"
     night = jsonio.read_json(night_dir / "night.json", role=role, fix=fix, keys=NIGHT_KEYS)
-    if not isinstance(night["entries"], list) or not all(map(_entry_ok, night["entries"])):
-        what = "its entries are not runs (each a recipe, and a run_dir where it has a job_id)"
-        raise jsonio.file_problem(night_dir / "night.json", what, role, fix)
-    return night
-
-
-def _entry_ok(e) -> bool:
-    return (
+    entries = night["entries"]
+    if not isinstance(entries, list) or not all(
         isinstance(e, dict)
         and isinstance(e.get("recipe"), str)
         and (not e.get("job_id") or isinstance(e.get("run_dir"), str))
-    )
-
-
-def evaluate_night(night: dict, goldens_default: Path) -> list[dict]:
-    """One result per entry: skipped as submitted, else judged from Slurm's state and the job's logs."""
-    goldens, results = Path(night.get("goldens") or goldens_default), []
-    for e in night["entries"]:
-        if e.get("skipped") or not e.get("job_id"):
-            results.append({"recipe": e["recipe"], "skipped": e.get("skipped", "not submitted")})
-            continue
-        info = submit.load_submission(Path(e["run_dir"]))
-        results.append(
-            night_report.evaluate(
-                e, slurm.job_state(e["job_id"]), submit.log_files(info), goldens, night["preflight_only"]
-            )
-        )
-    return results
+        for e in entries
+    ):
+        what = "its entries are not runs (each a recipe, and a run_dir where it has a job_id)"
+        raise jsonio.file_problem(night_dir / "night.json", what, role, fix)
+    return night
 
 
 def to_retry(night: dict, results: list[dict]) -> list[dict]:
@@ -295,44 +285,54 @@ def to_retry(night: dict, results: list[dict]) -> list[dict]:
     return [e for e in night["entries"] if e["recipe"] in judged and judged[e["recipe"]]["verdict"]["retry"]]
 
 
-def report_night(night_dir: Path, *, goldens: Path = regress.GOLDENS_DIR, retry: bool = True, say=print) -> bool:
-    """Write the night's report, junit.xml (and history); resubmit infrastructure failures once. True when nothing
-    failed: `make nightly-report` exits 1 otherwise, so the summary job's Slurm state is FAILED on a bad night."""
+def report_night(
+    night_dir: Path,
+    report_command: tuple[str, ...],
+    *,
+    goldens: Path = regress.GOLDENS_DIR,
+    retry: bool = True,
+    say=print,
+) -> bool:
+    """Judge each entry of the night (skipped as submitted, else from Slurm's state and the job's logs), write the
+    report, junit.xml (and history), and resubmit infrastructure failures once, with a new summary job after them
+    (`report_command`: NightRequest's). True when nothing failed: `make nightly-report` exits 1 otherwise, so the
+    summary job's Slurm state is FAILED on a bad night."""
     night = read_night(night_dir)
-    results = evaluate_night(night, goldens)
+    goldens, results = Path(night.get("goldens") or goldens), []
+    for e in night["entries"]:
+        if e.get("skipped") or not e.get("job_id"):
+            results.append({"recipe": e["recipe"], "skipped": e.get("skipped", "not submitted")})
+            continue
+        logs = submit.log_files(submit.load_submission(Path(e["run_dir"])))
+        results.append(night_report.evaluate(e, slurm.job_state(e["job_id"]), logs, goldens, night["preflight_only"]))
     job_dir = Path(night["job_dir"])
     job_root = job_dir if job_dir.is_absolute() else stack.REPO_ROOT / job_dir
     report = night_report.write_report(night_dir, night, results, job_root / "nightly" / "history.jsonl")
     say(report.read_text())
     say(f"junit: {junit.write(night_dir, night, results)}")  # for CI dashboards (Jenkins, GitLab)
     if retry and (again := to_retry(night, results)):
-        resubmit(night_dir, night, again, say)
+        from overlapkit.cluster.profiles import load_profile
+
+        stack.import_bridge()
+        profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
+        ids = []
+        for e in again:
+            sub = submit.prepare(
+                e["recipe"],
+                profile,
+                nodes=e["nodes"],
+                sets=e["sets"],
+                preflight_only=night["preflight_only"],
+                checks=night["checks"],
+                run=run_options(e),
+            )
+            info = submit.submit(sub)
+            e.update(attempt=e.get("attempt", 0) + 1, job_id=info["job_id"], run_dir=str(sub.run_dir))
+            ids.append(info["job_id"])
+            say(f"retry {e['recipe']} (infrastructure failure): job {info['job_id']}")
+        night["report_job_id"] = submit_report(profile, night_dir, ids, report_command)
+        jsonio.write_json(night_dir / "night.json", night)
     return all(r.get("skipped") or r["verdict"]["ok"] for r in results)
-
-
-def resubmit(night_dir: Path, night: dict, entries: list[dict], say) -> None:
-    """Infrastructure failures only: resubmit each once, and a new summary job after them."""
-    from overlapkit.cluster.profiles import load_profile
-
-    stack.import_bridge()
-    profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
-    ids = []
-    for e in entries:
-        sub = submit.prepare(
-            e["recipe"],
-            profile,
-            nodes=e["nodes"],
-            sets=e["sets"],
-            preflight_only=night["preflight_only"],
-            checks=night["checks"],
-            run=run_options(e),
-        )
-        info = submit.submit(sub)
-        e.update(attempt=e.get("attempt", 0) + 1, job_id=info["job_id"], run_dir=str(sub.run_dir))
-        ids.append(info["job_id"])
-        say(f"retry {e['recipe']} (infrastructure failure): job {info['job_id']}")
-    night["report_job_id"] = submit_report(profile, night_dir, ids)
-    jsonio.write_json(night_dir / "night.json", night)
 
 
 def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR) -> Path:

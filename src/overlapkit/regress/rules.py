@@ -311,23 +311,6 @@ def _disagreement(what: str, stated: list | None, planned, required: bool = Fals
     return []
 
 
-def launched_preflight_only(submission: dict | None) -> bool:
-    """Whether the job's launch command asked for the preflight alone: make submit records PREFLIGHT= nowhere but
-    there, in the task script nemo_run keeps (<experiment_dir>/<task>/scripts/<task>.sh)."""
-    exp = (submission or {}).get("experiment_dir")
-    scripts = sorted(Path(exp).glob("*/scripts/*.sh")) if exp else []
-    return any("--preflight-only" in p.read_text(errors="replace") for p in scripts)
-
-
-def _read_json(path: Path, role: str) -> dict | None:
-    """A run directory's JSON file, None when it is not there; one that is there must be an object (jsonio's rule)."""
-    try:
-        fix = "give RUN=<a run directory written by make nightly or make submit>"
-        return jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
-    except jsonio.FileProblem as exc:
-        raise BlessError(str(exc)) from None
-
-
 def bless(
     run_dir: Path,
     parsed: dict,
@@ -341,13 +324,22 @@ def bless(
     (nightly.bless_run reads both)."""
     run_dir = Path(run_dir)
     plan = planfile.read_plan(run_dir)  # missing or broken: one line naming the file, the field and the fix
-    meta = _read_json(run_dir / "nightly.json", "the run's nightly record that make nightly writes") or {}
+    role = "the run's nightly record that make nightly writes"
+    fix = "give RUN=<a run directory written by make nightly or make submit>"
+    try:  # none: a run of make submit; one that is there must be an object (jsonio's rule)
+        meta = jsonio.read_json(run_dir / "nightly.json", role=role, fix=fix, missing_ok=True) or {}
+    except jsonio.FileProblem as exc:
+        raise BlessError(str(exc)) from None
+    # make submit records PREFLIGHT= in submission.json; older runs only in the job's launch command, the task script
+    # nemo_run keeps (<experiment_dir>/<task>/scripts/<task>.sh)
+    exp = (submission or {}).get("experiment_dir")
+    scripts = sorted(Path(exp).glob("*/scripts/*.sh")) if exp else []
     meta["run_dir"] = str(run_dir)
     meta["job_id"] = (submission or {}).get("job_id")
     meta["preflight_only"] = (
         bool(meta.get("preflight_only"))
         or bool((submission or {}).get("preflight_only"))
-        or launched_preflight_only(submission)  # the task script: older runs recorded it only there
+        or any("--preflight-only" in p.read_text(errors="replace") for p in scripts)
     )
     problems = bless_checks(plan, parsed, state, meta)
     overlap, why = exposed.read(run_dir)

@@ -3,10 +3,10 @@
 Login nodes often forbid cron, and a laptop's cron dies with the laptop. Slurm's own cron (`scrontab`) is not built
 on every site (Debian's Slurm 22.05 packages, the local dev Slurm included, ship none), but every Slurm honours
 `sbatch --begin`. So `make nightly-schedule CLUSTER=<profile> AT=<time>` submits one small CPU job, the scheduler,
-held until AT. When it runs (`python -m launch nightly-schedule-run`) it first queues its successor for the same time
-of day tomorrow, then launches the night exactly as `make nightly` does (`python -m launch nightly`: audit,
-ledger, preflight, summary job). Successor first: a night that fails to launch, or a scheduler killed at its time
-limit, must not end the chain.
+held until AT. When it runs it first queues its successor for the same time of day tomorrow, then launches the night
+exactly as `make nightly` does (audit, ledger, preflight, summary job). Successor first: a night that fails to
+launch, or a scheduler killed at its time limit, must not end the chain. What the scheduler job and the night run
+are the entry layer's commands (Commands, handed down by launch/nightly.py); this module only appends their options.
 
 The chain's state is `<profile job_dir>/nightly/schedule.json`: the queued scheduler's job id and begin time, AT, the
 night's options and the history of fired runs. Every scheduler job is named `nightly-scheduler` and carries the
@@ -28,7 +28,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
@@ -96,13 +96,10 @@ def _where(sched: dict) -> str:
     return f"CLUSTER={shlex.quote(sched['cluster'])}{job_dir}"
 
 
-def night_argv(sched: dict) -> list[str]:
-    """What the scheduler runs for the night: the command `make nightly` runs, with the same options."""
+def night_argv(sched: dict, command: tuple[str, ...]) -> list[str]:
+    """What the scheduler runs for the night: `make nightly`'s command (Commands.night), with the same options."""
     return [
-        sched["python"],
-        "-m",
-        "launch",
-        "nightly",
+        *command,
         "--cluster",
         sched["profile"],
         "--job-dir",
@@ -118,11 +115,11 @@ def night_argv(sched: dict) -> list[str]:
     ]
 
 
-def scrontab_lines(sched: dict, begin: dt.datetime) -> list[str]:
+def scrontab_lines(sched: dict, begin: dt.datetime, command: tuple[str, ...]) -> list[str]:
     """The same nightly as a scrontab entry (scrontab(1): `#SCRON` lines carry sbatch options; cron fields are
-    minute hour day month weekday), for sites that build scrontab."""
+    minute hour day month weekday), for sites that build scrontab. `command`: Commands.night."""
     opts = f"#SCRON --partition={sched['partition']} --account={sched['account']} --time={SCHEDULER_TIME} -J nightly"
-    cmd = f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.join(night_argv(sched))}"
+    cmd = f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.join(night_argv(sched, command))}"
     return [opts, f"{begin.minute} {begin.hour} * * * {cmd}"]
 
 
@@ -130,31 +127,33 @@ def scrontab_lines(sched: dict, begin: dt.datetime) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Commands:
+    """The entry layer's command lines the chain runs, each without its options (launch/nightly.py: the python that
+    scheduled the chain, and launch/commands.py's names): `night` what `make nightly` runs, `fire` what each
+    scheduler job runs. The scheduler job hands them on to its successor, so a chain keeps the python it began with."""
+
+    night: tuple[str, ...]
+    fire: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ScheduleRequest:
     profile: object  # cluster.profiles.ClusterProfile, loaded from a file (the scheduler job reloads it)
     at: At
     cluster: str  # CLUSTER= as given: the restart hint repeats it
+    commands: Commands
     job_dir: str = ""  # JOB_DIR= as given ("" = the profile's)
     recipes: str = ""  # RECIPES= as given ("" = every recipe)
     preflight: str = ""  # PREFLIGHT= as given
     iters: int = NIGHTLY_ITERS
     min_dp: int = MIN_DP
-    python: str = field(default_factory=lambda: sys.executable)
+    dryrun: bool = False  # DRYRUN=1: say what would be queued; queue and write nothing
 
 
 def check_partition(profile) -> None:
     """Before anything is submitted: a partition sinfo knows, whose nodes can run the one-CPU scheduler job."""
     if bad := slurm.request_problems(profile, 1, SCHEDULER_TIME):
         raise ScheduleError(bad[0])
-
-
-def check_recipes(names: list[str]) -> None:
-    """Unknown recipe names fail now, not at 02:00 (needs the registry, so Bridge: only when RECIPES= is given)."""
-    from overlapkit.plan import registry
-
-    stack.import_bridge()
-    for name in names:
-        registry.get(name)
 
 
 def chain_jobs(path: Path) -> list[dict] | None:
@@ -167,7 +166,7 @@ def _cancel(job_id: str) -> bool:
     """True when this call cancelled the job; False when it had ended meanwhile or scancel refused."""
     try:
         return slurm.cancel(job_id) is None
-    except RuntimeError:
+    except ClusterFailure:
         return False
 
 
@@ -178,14 +177,12 @@ def _queued_or_fail(path: Path, doing: str) -> list[dict]:
     return jobs
 
 
-def submit_scheduler(sched: dict, path: Path, begin: dt.datetime) -> str:
-    """One scheduler job held until `begin`; it reruns this module's fire() from the checkout, with the python
-    that scheduled it (the one `make nightly` uses: it plans with Bridge and submits with nemo_run)."""
-    cmd = (
-        f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.quote(sched['python'])} "
-        f"-m launch nightly-schedule-run --cluster {shlex.quote(sched['profile'])} "
-        f"--job-dir {shlex.quote(sched['job_dir'])}"
-    )
+def submit_scheduler(sched: dict, path: Path, begin: dt.datetime, command: tuple[str, ...]) -> str:
+    """One scheduler job held until `begin`; from the checkout it runs `command` (Commands.fire), which reruns this
+    module's fire() with the python that scheduled the chain (the one `make nightly` uses: it plans with Bridge and
+    submits with nemo_run)."""
+    argv = [*command, "--cluster", sched["profile"], "--job-dir", sched["job_dir"]]
+    cmd = f"cd {shlex.quote(str(stack.REPO_ROOT))} && PYTHONPATH=src:. {shlex.join(argv)}"
     return slurm.sbatch_wrap(
         cmd,
         account=sched["account"],
@@ -216,7 +213,6 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
         "preflight": req.preflight,
         "iters": req.iters,
         "min_dp": req.min_dp,
-        "python": req.python,
         "secrets": list(p.secrets),  # names only: sbatch passes their values on from the shell (slurm.export_list)
         "active": True,
         "scheduled_at": iso(now),
@@ -226,36 +222,33 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
     }
 
 
-def dryrun_lines(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
-    """What `schedule` would queue (DRYRUN=1), queueing and writing nothing."""
-    new_schedule(req, None, now or local_now())  # what it would refuse, it refuses now
-    begin = first_begin(req.at, now or local_now())
-    night = f"RECIPES={req.recipes}" if req.recipes else "every recipe"
-    return [
-        f"dry run: would queue {SCHEDULER_NAME} on partition {req.profile.partition}, held until {iso(begin)}, "
-        f"then one a day; each runs make nightly ({night}) and records {schedule_path(req.profile)}",
-        "dry run: nothing queued, nothing written",
-    ]
-
-
-def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> tuple[dict, list[dict]]:
+def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
     """Queue a scheduler held until AT, then cancel this chain's other queued ones (new first: if sbatch refuses,
-    the old chain stands), and record it. Returns the schedule and the jobs it replaced."""
+    the old chain stands), and record it; returns what `make nightly-schedule` prints. A dry run says what it would
+    queue, and queues and writes nothing."""
     path, now = schedule_path(req.profile), now or local_now()
+    if req.dryrun:
+        new_schedule(req, None, now)  # what it would refuse, it refuses now
+        night = f"RECIPES={req.recipes}" if req.recipes else "every recipe"
+        return [
+            f"dry run: would queue {SCHEDULER_NAME} on partition {req.profile.partition}, held until "
+            f"{iso(first_begin(req.at, now))}, then one a day; each runs make nightly ({night}) and records {path}",
+            "dry run: nothing queued, nothing written",
+        ]
     with _locked(path):
         sched = new_schedule(req, read(path), now)
         queued = _queued_or_fail(path, "nothing scheduled")
         begin = first_begin(req.at, now)
-        sched.update(job_id=submit_scheduler(sched, path, begin), begin=iso(begin))
+        sched.update(job_id=submit_scheduler(sched, path, begin, req.commands.fire), begin=iso(begin))
         replaced = [j for j in queued if j["state"] == "PENDING" and _cancel(j["job_id"])]
         jsonio.write_json(path, sched)
-    return sched, replaced
+    return scheduled_lines(sched, path, replaced, req.commands.night)
 
 
-def unschedule(profile, now: dt.datetime | None = None) -> tuple[dict | None, list[dict], list[dict]]:
-    """Cancel the chain's queued scheduler jobs and mark the chain off. Returns the schedule (None: there was none),
-    the cancelled jobs, and any scheduler running now (one that has not reached the lock finds the chain off and
-    does nothing; one past it has queued its successor, cancelled here, and launches its night)."""
+def unschedule(profile, cluster: str, now: dt.datetime | None = None) -> list[str]:
+    """Cancel the chain's queued scheduler jobs and mark the chain off; returns what `make nightly-unschedule`
+    prints. A scheduler running now is named: one that has not reached the lock finds the chain off and does
+    nothing; one past it has queued its successor, cancelled here, and launches its night."""
     path = schedule_path(profile)
     with _locked(path):
         sched = read(path)
@@ -264,32 +257,15 @@ def unschedule(profile, now: dt.datetime | None = None) -> tuple[dict | None, li
         if sched:
             sched.update(active=False, unscheduled_at=iso(now or local_now()), job_id=None)
             jsonio.write_json(path, sched)
-    return sched, cancelled, [j for j in queued if j["state"] != "PENDING"]
-
-
-def _leave_job_environment() -> None:
-    """Run as if from a login shell. A job's environment holds Slurm's SLURM_* (whatever sbatch's --export), and srun
-    reads them as its options (SLURM_NTASKS is -n), so a night launched from inside this 1-task job would hand
-    SLURM_NTASKS=1 and the rest to every run's srun. SLURM_CONF stays: it says which cluster to talk to."""
-    for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
-        if name != "SLURM_CONF":
-            del os.environ[name]
-
-
-def _queue_successor(sched: dict, path: Path, job_id: str, now: dt.datetime, say) -> dict:
-    """Queue tomorrow's scheduler and record this firing; the schedule now names the successor (or, if sbatch
-    refused, still names this job, which nightly-status then reports as a broken chain)."""
-    fired = {"job_id": job_id, "begin": sched["begin"], "fired_at": iso(now)}
-    begin = next_begin(parse_iso(sched["begin"]) or now, now)
-    try:
-        fired["successor"] = submit_scheduler(sched, path, begin)
-        sched.update(job_id=fired["successor"], begin=iso(begin))
-        say(f"queued the successor: job {fired['successor']} begins {iso(begin)}")
-    except RuntimeError as exc:
-        fired["successor_error"] = str(exc)
-        say(f"error: no successor queued, the chain ends here: {exc}")
-    sched["history"] = [*sched.get("history", []), fired][-HISTORY_KEEP:]
-    return fired
+    running = [j for j in queued if j["state"] != "PENDING"]
+    lines = [f"cancelled: {SCHEDULER_NAME} job {j['job_id']} (was to begin {j['begin']})" for j in cancelled]
+    lines += [
+        f"job {j['job_id']} is {j['state']} now: tonight's night may still launch; the chain stays off" for j in running
+    ]
+    if not cancelled and not running:
+        lines.append(f"no scheduler job was queued for {cluster}")
+    lines.append(f"the nightly chain for {cluster} is off" + (" (its history stays in schedule.json)" if sched else ""))
+    return lines
 
 
 def _nightly_root(sched: dict) -> Path:
@@ -301,12 +277,40 @@ def scheduler_log(sched: dict, job_id: str) -> str:
     return stack.repo_relative(_nightly_root(sched) / f"scheduler-{job_id}.out")
 
 
-def launch_night(sched: dict, say) -> tuple[int, str | None]:
-    """`make nightly`'s command in a child process (its failure cannot undo the bookkeeping); returns its exit
-    status and the night directory it wrote, if any."""
+def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime | None = None) -> int:
+    """What the scheduler job runs: queue the successor, launch the night, record both. Exit status: the night's
+    launch (non-zero also when no successor could be queued), so Slurm's state of the scheduler job tells.
+
+    The night runs as if from a login shell: a job's environment holds Slurm's SLURM_* (whatever sbatch's --export),
+    and srun reads them as its options (SLURM_NTASKS is -n), so a night launched from inside this 1-task job would
+    hand SLURM_NTASKS=1 and the rest to every run's srun. SLURM_CONF stays: it says which cluster to talk to. The
+    night is `make nightly`'s command in a child process, so its failure cannot undo the bookkeeping."""
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
+        if name != "SLURM_CONF":
+            del os.environ[name]
+    path, now = schedule_path(profile), now or local_now()
+    with _locked(path):
+        sched = read(path)
+        if not sched or not sched.get("active") or sched.get("job_id") != job_id:
+            mine = (sched or {}).get("job_id") if (sched or {}).get("active") else "none: the chain is off"
+            say(f"scheduler job {job_id} is no longer this chain's (its queued job: {mine}); nothing to do")
+            return 0
+        # the schedule now names the successor (or, if sbatch refused, still names this job, which nightly-status
+        # then reports as a broken chain)
+        fired = {"job_id": job_id, "begin": sched["begin"], "fired_at": iso(now)}
+        begin = next_begin(parse_iso(sched["begin"]) or now, now)
+        try:
+            fired["successor"] = submit_scheduler(sched, path, begin, commands.fire)
+            sched.update(job_id=fired["successor"], begin=iso(begin))
+            say(f"queued the successor: job {fired['successor']} begins {iso(begin)}")
+        except ClusterFailure as exc:
+            fired["successor_error"] = str(exc)
+            say(f"error: no successor queued, the chain ends here: {exc}")
+        sched["history"] = [*sched.get("history", []), fired][-HISTORY_KEEP:]
+        jsonio.write_json(path, sched)
     root = _nightly_root(sched)
     before = set(root.glob("*/night.json"))
-    argv = night_argv(sched)
+    argv = night_argv(sched, commands.night)
     say(f"$ {shlex.join(argv)}")
     sys.stdout.flush()
     env = {**os.environ, "PYTHONPATH": f"{stack.REPO_ROOT / 'src'}:{stack.REPO_ROOT}"}
@@ -316,24 +320,7 @@ def launch_night(sched: dict, say) -> tuple[int, str | None]:
         say(f"error: could not start the night: {exc}")
         rc = 127
     new = sorted(set(root.glob("*/night.json")) - before)
-    return rc, str(new[-1].parent) if new else None
-
-
-def fire(profile, job_id: str, say=print, now: dt.datetime | None = None) -> int:
-    """What the scheduler job runs: queue the successor, launch the night, record both. Exit status: the night's
-    launch (non-zero also when no successor could be queued), so Slurm's state of the scheduler job tells."""
-    _leave_job_environment()
-    path = schedule_path(profile)
-    now = now or local_now()
-    with _locked(path):
-        sched = read(path)
-        if not sched or not sched.get("active") or sched.get("job_id") != job_id:
-            mine = (sched or {}).get("job_id") if (sched or {}).get("active") else "none: the chain is off"
-            say(f"scheduler job {job_id} is no longer this chain's (its queued job: {mine}); nothing to do")
-            return 0
-        fired = _queue_successor(sched, path, job_id, now, say)
-        jsonio.write_json(path, sched)
-    rc, night = launch_night(sched, say)
+    night = str(new[-1].parent) if new else None
     with _locked(path):
         latest = read(path) or sched
         for entry in latest.get("history", []):
@@ -344,8 +331,8 @@ def fire(profile, job_id: str, say=print, now: dt.datetime | None = None) -> int
     return rc or (0 if "successor" in fired else 1)
 
 
-def scheduled_lines(sched: dict, path: Path, replaced: list[dict]) -> list[str]:
-    """What `make nightly-schedule` prints."""
+def scheduled_lines(sched: dict, path: Path, replaced: list[dict], command: tuple[str, ...]) -> list[str]:
+    """What `make nightly-schedule` prints (`command`: Commands.night, for the scrontab alternative)."""
     daily = parse_iso(sched["begin"]).strftime("%H:%M:%S")
     lines = [
         f"scheduled: {SCHEDULER_NAME} job {sched['job_id']} on partition {sched['partition']} begins "
@@ -361,18 +348,6 @@ def scheduled_lines(sched: dict, path: Path, replaced: list[dict]) -> list[str]:
         lines += [
             "scrontab is available here: instead of this chain, `make nightly-unschedule` and put these two "
             "lines in `scrontab -e`:",
-            *scrontab_lines(sched, parse_iso(sched["begin"])),
+            *scrontab_lines(sched, parse_iso(sched["begin"]), command),
         ]
-    return lines
-
-
-def unscheduled_lines(cluster: str, sched: dict | None, cancelled: list[dict], running: list[dict]) -> list[str]:
-    """What `make nightly-unschedule` prints."""
-    lines = [f"cancelled: {SCHEDULER_NAME} job {j['job_id']} (was to begin {j['begin']})" for j in cancelled]
-    lines += [
-        f"job {j['job_id']} is {j['state']} now: tonight's night may still launch; the chain stays off" for j in running
-    ]
-    if not cancelled and not running:
-        lines.append(f"no scheduler job was queued for {cluster}")
-    lines.append(f"the nightly chain for {cluster} is off" + (" (its history stays in schedule.json)" if sched else ""))
     return lines

@@ -25,7 +25,7 @@ from overlapkit.sizing import memory
 from overlapkit.topology import Target
 
 REPO = stack.REPO_ROOT
-CASES = [(k, s) for k in gpucut.CUTS for s in gpucut.SIDES]
+CASES = [(k, s) for k in gpucut.CUTS for s in gpucut.SIDES] or [(None, "ours")]  # none: build(None) fails
 
 
 def _bench():

@@ -12,7 +12,8 @@ import pytest
 from nightly_fixtures import bridge_log, curve
 
 from launch import commands
-from overlapkit.regress import junit, logparse, night_report, nightly
+from overlapkit.cluster import slurm
+from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
 
 N = 30
@@ -92,13 +93,22 @@ def test_no_golden_and_preflight_only_pass_with_the_note():
 
 
 def test_the_summary_job_writes_junit_and_exits_1_when_a_recipe_regressed(tmp_path, night, monkeypatch):
-    meta, results = night
+    """make nightly-report's command on the night: each run's log found through its submission.json (a plain-sbatch
+    job's record); Slurm's word on these made-up jobs is the one thing replaced: COMPLETED."""
+    meta, _ = night
+    for e in meta["entries"][:2]:
+        log = tmp_path / e["recipe"] / "train.log"
+        record = {"state": "submitted", "job_id": e["job_id"], "log": str(log), "run_dir": e["run_dir"]}
+        (tmp_path / e["recipe"] / "submission.json").write_text(json.dumps(record))
+    monkeypatch.setattr(slurm, "job_state", lambda job_id: "COMPLETED")
     night_dir = tmp_path / "jobs" / "nightly" / meta["stamp"]
     night_dir.mkdir(parents=True)
     (night_dir / "night.json").write_text(json.dumps(meta))
-    monkeypatch.setattr(nightly, "evaluate_night", lambda night, goldens: results)  # Slurm's states: judged above
     assert commands.call("nightly-report", ["--night", str(night_dir), "--no-retry"]) == 1
     suite = ET.parse(night_dir / "junit.xml").getroot().find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
-    monkeypatch.setattr(nightly, "evaluate_night", lambda night, goldens: [results[0], results[2]])
+    failure = suite.find("testcase[@name='slow']/failure")
+    assert failure.get("message").startswith("step_time_ms: 2400 vs golden 2000")
+    without_slow = [e for e in meta["entries"] if e["recipe"] != "slow"]
+    (night_dir / "night.json").write_text(json.dumps({**meta, "entries": without_slow}))
     assert commands.call("nightly-report", ["--night", str(night_dir), "--no-retry"]) == 0

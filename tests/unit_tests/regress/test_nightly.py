@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from nightly_fixtures import bridge_log, curve
 
+from launch.nightly import REPORT_COMMAND
 from overlapkit.regress import night_report, nightly
 
 N = 30
@@ -77,7 +78,7 @@ def test_a_night_on_a_torch_profiler_cluster_plans_each_run_with_the_pytorch_pro
     name = "llama3_8b_pretrain_8gpu_h100_bf16"
     profile = dataclasses.replace(load_profile("local"), profiler="torch", job_dir=str(tmp_path / "jobs"))
     said = []
-    req = nightly.NightRequest(profile=profile, recipes=[name], max_nodes=8, dryrun=True)
+    req = nightly.NightRequest(profile=profile, recipes=[name], report_command=REPORT_COMMAND, max_nodes=8, dryrun=True)
     assert nightly.submit_night(req, lambda text, err=False: said.append(text)) is None
     (line,) = [t for t in said if t.startswith(f"would submit {name}")]
     assert line.endswith(" TORCH_PROFILE=34:36 TORCH_PROFILE_RANKS=0")

@@ -1,16 +1,19 @@
 """The nightly's schedule on its own: AT in sbatch --begin's syntax (Slurm's parse_time.c decides what is valid and
 which day a time of day means), the successor's begin time, the chain's status as a truth table, and the scheduler's
-bookkeeping with Slurm's calls replaced. The chain on the real local Slurm is tests/e2e/test_schedule_e2e.py."""
+bookkeeping on the real local Slurm, called in this process with a stand-in for the night's command. The chain
+through make, its scheduler jobs firing, is tests/e2e/test_schedule_e2e.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import json
-import os
+import sys
 
 import pytest
 
+from launch import commands
+from launch import nightly as nightly_command
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.regress import begin as begin_time
@@ -106,7 +109,7 @@ def test_next_begin(prev, now, successor):
 
 SCHED = {"cluster": "local", "profile": "/repo/slurm/profiles/local.toml", "partition": "local", "account": "root",
          "job_dir": "runs/slurm", "job_dir_given": "", "at": "02:00", "recipes": "", "preflight": "", "iters": 60,
-         "min_dp": 2, "python": "/repo/.venv/bin/python", "active": True, "scheduled_at": "2026-11-20T10:00:00",
+         "min_dp": 2, "active": True, "scheduled_at": "2026-11-20T10:00:00",
          "job_id": "12", "begin": "2026-12-01T02:00:00", "history": []}  # fmt: skip
 
 
@@ -118,11 +121,27 @@ def test_restart_command_repeats_what_was_asked():
     )
 
 
+def test_the_chain_runs_the_commands_make_runs():
+    """The entry layer hands the library its command lines: each is a row of launch/commands.py's table, routed to
+    the action the scheduler means (a renamed target would otherwise leave every queued chain running a dead one)."""
+    routes = {"night": ("submit",), "fire": ("schedule-run",)}
+    for field, prefix in routes.items():
+        python, m, package, name = getattr(nightly_command.SCHEDULER_COMMANDS, field)
+        assert (python, m, package) == (sys.executable, "-m", "launch")
+        assert commands.COMMANDS[name] == commands.Command("launch.nightly", prefix), field
+    *_, report = nightly_command.REPORT_COMMAND
+    assert nightly_command.REPORT_COMMAND[:2] == ("-m", "launch")
+    assert commands.COMMANDS[report] == commands.Command("launch.nightly", ("report",))
+
+
+NIGHT = ("/repo/.venv/bin/python", "-m", "launch", "nightly")
+
+
 def test_the_night_is_make_nightlys_command_and_scrontab_gets_the_same():
-    argv = schedule.night_argv({**SCHED, "recipes": "a", "preflight": "1"})
-    assert argv[:4] == ["/repo/.venv/bin/python", "-m", "launch", "nightly"]
+    argv = schedule.night_argv({**SCHED, "recipes": "a", "preflight": "1"}, NIGHT)
+    assert argv[:4] == list(NIGHT)
     assert argv[argv.index("--recipes") + 1] == "a" and argv[argv.index("--preflight") + 1] == "1"
-    opts, line = schedule.scrontab_lines(SCHED, T(2026, 12, 1, 2, 30))
+    opts, line = schedule.scrontab_lines(SCHED, T(2026, 12, 1, 2, 30), NIGHT)
     assert opts.startswith("#SCRON --partition=local --account=root") and line.startswith("30 2 * * * cd ")
     assert "-m launch nightly --cluster /repo/slurm/profiles/local.toml" in line
 
@@ -209,108 +228,115 @@ def test_last_night_reads_the_results_the_summary_job_writes(tmp_path):
     assert lines[1] == "verdict: no failures; 1 pass; report.md there", lines
 
 
-# --- the scheduler's bookkeeping: the real local Slurm, or Slurm replaced where a test needs it to fail on cue ---
+# --- the scheduler's bookkeeping on the real local Slurm ------------------------------------------------------------
+# Each scheduler job is held by sbatch --begin an hour or two ahead, so none fires here: fire() is called in this
+# process as the job would call it. The night it launches is a stand-in for make nightly's command (a Bridge import
+# and a whole night: tests/e2e/test_schedule_e2e.py runs that): it writes a night directory where make nightly would,
+# recording the job schedule.json names by then and any SLURM_ variable it was handed.
+STAND_IN = """
+import json, os, pathlib, sys
+root = pathlib.Path(sys.argv[sys.argv.index("--job-dir") + 1]) / "nightly"
+night = root / "20261201-020040"
+night.mkdir(parents=True)
+slurm_vars = sorted(k for k in os.environ if k.startswith("SLURM_") and k != "SLURM_CONF")
+queued = json.loads((root / "schedule.json").read_text())["job_id"]
+(night / "night.json").write_text(json.dumps({"queued": queued, "slurm": slurm_vars}))
+"""
+STAND_IN_COMMANDS = schedule.Commands(
+    night=(sys.executable, "-c", STAND_IN), fire=nightly_command.SCHEDULER_COMMANDS.fire
+)
 
 
 @pytest.fixture
-def fake_slurm(tmp_path, monkeypatch):
-    """A queue of this chain's scheduler jobs; sbatch appends, scancel removes."""
+def chain(tmp_path):
+    """A profile on the local Slurm with a temporary job_dir, and a function listing its chain's queued jobs; every job
+    of the chain is cancelled at the end."""
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     path = schedule.schedule_path(profile)
-    queue, ids = [], iter(range(100, 200))
 
-    def sbatch(sched, p, begin):
-        job = {"job_id": str(next(ids)), "state": "PENDING", "begin": begin_time.iso(begin), "reason": "BeginTime",
-               "comment": str(p)}  # fmt: skip
-        queue.append(job)
-        return job["job_id"]
+    def queued() -> list[dict]:
+        return [j for j in slurm.queued(schedule.SCHEDULER_NAME) if j["comment"] == str(path)]
 
-    def cancel(job_id):
-        queue[:] = [j for j in queue if j["job_id"] != job_id]
-
-    monkeypatch.setattr(schedule, "submit_scheduler", sbatch)
-    monkeypatch.setattr(slurm, "queued", lambda name: [dict(j) for j in queue])
-    monkeypatch.setattr(slurm, "cancel", cancel)
-    return profile, path, queue
+    yield profile, path, queued
+    for job in queued():
+        slurm.cancel(job["job_id"])
 
 
-def _request(profile, at="02:00"):
-    return schedule.ScheduleRequest(profile=profile, at=begin_time.parse_at(at), cluster="local", recipes="a",
-                                    preflight="1")  # fmt: skip
+def _request(profile, at="now+3600"):
+    return schedule.ScheduleRequest(profile=profile, at=begin_time.parse_at(at), cluster="local",
+                                    commands=STAND_IN_COMMANDS, recipes="a", preflight="1")  # fmt: skip
 
 
 @pytest.mark.slurm
-def test_scheduling_twice_leaves_one_chain_and_unschedule_ends_it(tmp_path):
-    """On the real local Slurm: each scheduler job is held by sbatch --begin an hour or two ahead, so none fires
-    here; scheduling again replaces the queued one (scancel), unscheduling cancels the last."""
-    profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
-    path = schedule.schedule_path(profile)
-
-    def chain() -> list[str]:
-        return [j["job_id"] for j in slurm.queued(schedule.SCHEDULER_NAME) if j["comment"] == str(path)]
-
-    try:
-        first, replaced = schedule.schedule(_request(profile, "now+3600"))
-        assert replaced == [] and chain() == [first["job_id"]]
-        second, replaced = schedule.schedule(_request(profile, "now+7200"))
-        assert [j["job_id"] for j in replaced] == [first["job_id"]] and chain() == [second["job_id"]]
-        saved = json.loads(path.read_text())
-        assert saved["job_id"] == second["job_id"] and saved["at"] == "now+7200" and saved["active"] is True
-        sched, cancelled, running = schedule.unschedule(profile)
-        assert [j["job_id"] for j in cancelled] == [second["job_id"]] and running == [] and chain() == []
-        assert json.loads(path.read_text())["active"] is False
-    finally:
-        for job_id in chain():
-            slurm.cancel(job_id)
+def test_scheduling_twice_leaves_one_chain_and_unschedule_ends_it(chain):
+    """Scheduling again replaces the queued scheduler (scancel); unscheduling cancels the last."""
+    profile, path, queued = chain
+    schedule.schedule(_request(profile, "now+3600"))
+    first = json.loads(path.read_text())
+    assert [j["job_id"] for j in queued()] == [first["job_id"]]
+    lines = schedule.schedule(_request(profile, "now+7200"))
+    second = json.loads(path.read_text())
+    assert [j["job_id"] for j in queued()] == [second["job_id"]] != [first["job_id"]]
+    assert f"replaced: job {first['job_id']} (was to begin {first['begin']})" in lines
+    assert second["at"] == "now+7200" and second["active"] is True
+    lines = schedule.unschedule(profile, "local")
+    assert lines == [
+        f"cancelled: nightly-scheduler job {second['job_id']} (was to begin {second['begin']})",
+        "the nightly chain for local is off (its history stays in schedule.json)",
+    ]
+    assert queued() == [] and json.loads(path.read_text())["active"] is False
 
 
-def test_fire_queues_the_successor_then_launches_the_night(fake_slurm, monkeypatch):
-    profile, path, queue = fake_slurm
-    sched, _ = schedule.schedule(_request(profile), now=NOW)
-    queue[0]["state"] = "RUNNING"
-    launched = []
-    monkeypatch.setattr(schedule, "launch_night", lambda s, say: launched.append(s["job_id"]) or (0, "/j/night"))
-    monkeypatch.setenv("SLURM_NTASKS", "1")
-    assert schedule.fire(profile, "100", say=lambda text: None, now=T(2026, 12, 1, 2, 0, 40)) == 0
-    assert launched == ["101"]  # the successor was queued before the night launched
-    assert "SLURM_NTASKS" not in os.environ  # the night sees a login shell's environment
+@pytest.mark.slurm
+def test_fire_queues_the_successor_then_launches_the_night(chain, monkeypatch):
+    profile, path, queued = chain
+    schedule.schedule(_request(profile))
+    first = json.loads(path.read_text())
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # as in the 1-task scheduler job
+    assert schedule.fire(profile, first["job_id"], STAND_IN_COMMANDS, say=lambda text: None) == 0
     saved = json.loads(path.read_text())
-    assert saved["job_id"] == "101" and saved["begin"] == "2026-12-02T02:00:00"
-    assert saved["history"] == [{"job_id": "100", "begin": "2026-12-01T02:00:00", "fired_at": "2026-12-01T02:00:40",
-                                 "successor": "101", "night": "/j/night", "rc": 0}]  # fmt: skip
+    (successor,) = [j for j in queued() if j["job_id"] != first["job_id"]]
+    begin = begin_time.parse_iso(first["begin"]) + dt.timedelta(days=1)  # the same time tomorrow
+    assert saved["job_id"] == successor["job_id"] and saved["begin"] == successor["begin"] == begin_time.iso(begin)
+    (fired,) = saved["history"]
+    assert fired["job_id"] == first["job_id"] and fired["successor"] == successor["job_id"] and fired["rc"] == 0
+    night = json.loads((path.parent / "20261201-020040" / "night.json").read_text())
+    assert fired["night"] == str(path.parent / "20261201-020040")
+    assert night == {"queued": successor["job_id"], "slurm": []}  # successor first; a login shell's environment
     # a scheduler the chain no longer names (replaced or unscheduled meanwhile) does nothing
-    assert schedule.fire(profile, "100", say=lambda text: None) == 0 and launched == ["101"]
+    assert schedule.fire(profile, first["job_id"], STAND_IN_COMMANDS, say=lambda text: None) == 0
+    assert json.loads(path.read_text())["history"] == saved["history"]
 
 
-def test_fire_without_a_successor_says_so_and_fails(fake_slurm, monkeypatch):
-    profile, path, queue = fake_slurm
-    schedule.schedule(_request(profile), now=NOW)
-
-    def refuse(*a):
-        raise RuntimeError("sbatch for nightly-scheduler failed: Invalid account")
-
-    monkeypatch.setattr(schedule, "submit_scheduler", refuse)
-    monkeypatch.setattr(schedule, "launch_night", lambda s, say: (0, "/j/night"))
+@pytest.mark.slurm
+def test_fire_without_a_successor_says_so_and_fails(chain):
+    """sbatch refuses the successor (here: the partition the chain was scheduled on is gone): the night still
+    launches, the scheduler job fails, and nightly-status calls the chain broken with sbatch's words."""
+    profile, path, queued = chain
+    schedule.schedule(_request(profile))
+    first = json.loads(path.read_text())
+    path.write_text(json.dumps({**first, "partition": "gone"}))
     said = []
-    assert schedule.fire(profile, "100", say=said.append, now=T(2026, 12, 1, 2, 1)) == 1
+    assert schedule.fire(profile, first["job_id"], STAND_IN_COMMANDS, say=said.append) == 1
     assert any("no successor queued" in s for s in said)
     saved = json.loads(path.read_text())
-    assert saved["job_id"] == "100" and "Invalid account" in saved["history"][0]["successor_error"]
-    st = chain_status.analyse(saved, [], "COMPLETED", T(2026, 12, 1, 3), "local")
-    assert st.state == "broken" and "Invalid account" in st.lines[1]
+    assert saved["job_id"] == first["job_id"] and "invalid partition" in saved["history"][0]["successor_error"].lower()
+    assert saved["history"][0]["rc"] == 0 and [j["job_id"] for j in queued()] == [first["job_id"]]
+    st = chain_status.analyse(saved, [], "COMPLETED", begin_time.local_now(), "local")
+    assert st.state == "broken" and "partition" in st.lines[1]
 
 
 def test_scheduled_lines_offer_scrontab_only_where_it_exists(tmp_path, monkeypatch):
     path = tmp_path / "nightly" / "schedule.json"
     monkeypatch.setattr(schedule.shutil, "which", lambda name: None)
-    lines = schedule.scheduled_lines({**SCHED, "job_dir_given": "/tmp/j"}, path, [PENDING])
+    lines = schedule.scheduled_lines({**SCHED, "job_dir_given": "/tmp/j"}, path, [PENDING], NIGHT)
     assert lines[0] == ("scheduled: nightly-scheduler job 12 on partition local begins 2026-12-01T02:00:00 (AT=02:00), "
                         "then every day at 02:00:00")  # fmt: skip
     assert "replaced: job 12 (was to begin 2026-12-02T02:00:00)" in lines
     assert lines[-1] == ("check: make nightly-status CLUSTER=local JOB_DIR=/tmp/j; "
                          "stop: make nightly-unschedule CLUSTER=local JOB_DIR=/tmp/j")  # fmt: skip
     monkeypatch.setattr(schedule.shutil, "which", lambda name: f"/usr/bin/{name}")
-    more = schedule.scheduled_lines(SCHED, path, [])
+    more = schedule.scheduled_lines(SCHED, path, [], NIGHT)
     assert more[-3].startswith("scrontab is available here") and more[-1].startswith("0 2 * * * cd ")
 
 
