@@ -203,6 +203,7 @@ def _device_trace(label, prof, dev, decisions, m: Measured) -> tuple[DeviceTrace
     """The device's trace measured, and its raw intervals per stream and class (for the timeline)."""
     compute, comm, kernels = [], defaultdict(list), Counter()
     streams: dict = defaultdict(lambda: defaultdict(list))
+    comm_like: dict[str, bool] = {}  # each distinct name searched once: a profile repeats each thousands of times
     for a in (*prof.kernels, *prof.memcpys):
         if a.device != dev:
             continue
@@ -211,7 +212,9 @@ def _device_trace(label, prof, dev, decisions, m: Measured) -> tuple[DeviceTrace
             if a.copy_kind is None:  # host/device copies other than peer-to-peer: neither
                 compute.append((a.start, a.end))
                 streams[a.stream]["compute"].append((a.start, a.end))
-                if oc.COMM_LIKE.search(a.name):  # no rule knows it (it has no decision): is it communication?
+                if (like := comm_like.get(a.name)) is None:
+                    like = comm_like[a.name] = oc.COMM_LIKE.search(a.name) is not None
+                if like:  # no rule knows it (it has no decision), yet its name looks like communication
                     seen = m.unknown.setdefault(a.name, [0, 0])
                     seen[0], seen[1] = seen[0] + 1, seen[1] + a.end - a.start
             continue
