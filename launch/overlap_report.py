@@ -69,30 +69,23 @@ def check(args) -> bool:
     return True
 
 
-def _inputs(args):
-    """(profile files, plan dict, default PNG path, run dir or None)."""
-    from overlapkit.plan import runopts
-    from overlapkit.regress import overlap_report
-
-    if args.request is None:
-        run_dir = _run_dir(args.run)
-        files, plan = overlap_report.run_inputs(run_dir)
-        return files, plan, run_dir / runopts.OVERLAP_PNG, run_dir
-    stack.import_bridge()
-    from overlapkit.plan.build import plan_for
-
-    plan = plan_for(args.request).to_dict()
-    where = Path(args.profile)
-    png = where / runopts.OVERLAP_PNG if where.is_dir() else where.with_name(f"{where.stem}.timeline.png")
-    return args.files, plan, png, None
-
-
 def run(args) -> int:
+    from overlapkit.plan import runopts
     from overlapkit.plan.report import console
     from overlapkit.regress import overlap_render, overlap_report
 
     out = console()
-    files, plan, png, run_dir = _inputs(args)
+    if args.request is None:  # RUN=: the run's own plan and profiles; the report and its picture go into it
+        run_dir = _run_dir(args.run)
+        files, plan = overlap_report.run_inputs(run_dir)
+        png = run_dir / runopts.OVERLAP_PNG
+    else:  # PROFILE=: the recipe planned as make plan does; the picture beside the profiles
+        stack.import_bridge()
+        from overlapkit.plan.build import plan_for
+
+        plan = plan_for(args.request).to_dict()
+        files, run_dir, where = args.files, None, Path(args.profile)
+        png = where / runopts.OVERLAP_PNG if where.is_dir() else where.with_name(f"{where.stem}.timeline.png")
     measured = overlap_report.measure(files, plan)
     report = overlap_report.report_of(measured)
     if warning := overlap_report.save(measured, report, Path(args.png) if args.png else png, run_dir):

@@ -75,8 +75,9 @@ def shares(report: dict | None) -> dict[str, float] | None:
 
 
 def compare(report: dict | None, missing: str | None, golden: dict) -> list[dict]:
-    """One check per class the golden or the run has; one `missing` check when the run has no report (`missing`:
-    read's reason). Each check carries its own `text` (rules._describe prints it)."""
+    """One check per class the golden or the run has (a class the golden lacks had nothing exposed: 0); one `missing`
+    check when the run has no report (`missing`: read's reason). Each check carries its own `text` (rules._describe
+    prints it)."""
     gold = golden.get("exposed_share")
     if not gold:  # a golden blessed before the nightly profiled, or from a run without communication
         return []
@@ -87,30 +88,33 @@ def compare(report: dict | None, missing: str | None, golden: dict) -> list[dict
         )
         return [{"metric": "exposed_share", "value": None, "golden": gold, "verdict": "missing", "text": text}]
     run = shares(report)
-    return [_check(name, run.get(name), gold.get(name, 0.0)) for name in EXPOSED_CLASSES if name in gold or name in run]
-
-
-def _check(name: str, value: float | None, base: float) -> dict:
-    """A class's check; `base` 0 for a class the golden lacks (it had nothing exposed)."""
-    d = None if value is None else value - base
-    if d is None:
-        verdict, text = "missing", f"{name} communication: none in the profile (golden exposed share {base:.1%})"
-    else:
-        verdict = "ok" if abs(d) <= EXPOSED_MARGIN else "worse" if d > 0 else "better"  # larger exposure is worse
-        text = (
-            f"{name} communication exposed {value:.1%} vs golden {base:.1%} "
-            f"({d * 100:+.1f} points, margin ±{EXPOSED_MARGIN * 100:.0f})"
-            + (": an overlap stopped hiding it" if verdict == "worse" else "")
+    checks = []
+    for name in EXPOSED_CLASSES:
+        if name not in gold and name not in run:
+            continue
+        value, base = run.get(name), gold.get(name, 0.0)
+        d = None if value is None else value - base
+        if d is None:
+            verdict, text = "missing", f"{name} communication: none in the profile (golden exposed share {base:.1%})"
+        else:
+            verdict = "ok" if abs(d) <= EXPOSED_MARGIN else "worse" if d > 0 else "better"  # larger exposure is worse
+            text = (
+                f"{name} communication exposed {value:.1%} vs golden {base:.1%} "
+                f"({d * 100:+.1f} points, margin ±{EXPOSED_MARGIN * 100:.0f})"
+                + (": an overlap stopped hiding it" if verdict == "worse" else "")
+            )
+        checks.append(
+            {
+                "metric": f"exposed_share.{name}",
+                "value": value,
+                "golden": base,
+                "delta": d,
+                "tol": EXPOSED_MARGIN,
+                "verdict": verdict,
+                "text": text,
+            }
         )
-    return {
-        "metric": f"exposed_share.{name}",
-        "value": value,
-        "golden": base,
-        "delta": d,
-        "tol": EXPOSED_MARGIN,
-        "verdict": verdict,
-        "text": text,
-    }
+    return checks
 
 
 def bless_problem(run_dir: Path, plan: dict, report: dict | None, why: str | None, preflight_only: bool) -> str | None:

@@ -64,42 +64,6 @@ def _fields(pieces) -> list[tuple[str, float]]:
     return [(f.group(1).strip(), float(f.group(2))) for f in map(_FIELD.match, pieces) if f]
 
 
-def parse_iteration_line(line: str) -> dict | None:
-    if not (m := _ITER.search(line)) or int(m.group(1)) >= _MAX_ITER:  # past int64: no iteration
-        return None
-    rec: dict = {"iteration": int(m.group(1)), "train_iters": int(m.group(2))}
-    # Only `|`-terminated pieces are fields: the text after the last `|` is unterminated (cut or torn).
-    for label, val in _fields(line[m.end() :].split("|")[:-1]):
-        if (key := FIELDS.get(label)) and key not in INT_FIELDS:
-            rec[key] = val
-        elif key and math.isfinite(val):  # a count printed as nan/inf is no count
-            rec[key] = int(val)
-    rec["complete"] = LAST_FIELD in rec
-    return rec
-
-
-def parse_memory_line(line: str, terminated: bool) -> dict | None:
-    if not (m := _MEM.search(line)):
-        return None
-    pieces = m.group(4).split("|")[1 : None if terminated else -1]  # a cut line's last value may miss digits
-    values = {label: v / 1024.0 if m.group(3) == "MB" else v for label, v in _fields(pieces)}
-    return {"rank": int(m.group(1)), "after": int(m.group(2)), "gb": values}
-
-
-def parse_launch_line(line: str) -> tuple[str, int | str] | None:
-    """("world_sizes" | "recipes", value) when the line states the launch's world size or recipe."""
-    if not (m := _LAUNCH.search(line)):
-        return None
-    g = m.groupdict()
-    if g["preflight"] or g["megatron"]:
-        return "world_sizes", int(g["preflight"] or g["megatron"])
-    if g["tp"]:
-        return "world_sizes", math.prod(int(g[k]) for k in ("tp", "pp", "cp", "dp"))
-    if g["recipe"] and "usage:" in line:
-        return None
-    return "recipes", g["recipe"] or g["experiment"]
-
-
 def warmup_skip(count: int, warmup: int = WARMUP_ITERS) -> int:
     """The leading iterations the summary leaves out of a log of `count`: the warm-up, or with fewer iterations than
     that the first half (the second half is the best steady-state estimate there is)."""
@@ -183,16 +147,32 @@ def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) ->
     facts: dict[str, set] = {"recipes": set(), "world_sizes": set(), "global_batch_sizes": set()}
     for line, terminated in lines:
         fact = None
-        if "iteration" in line and (rec := parse_iteration_line(line)) is not None:
+        if "iteration" in line and (m := _ITER.search(line)) and int(m.group(1)) < _MAX_ITER:  # past int64: none
+            rec: dict = {"iteration": int(m.group(1)), "train_iters": int(m.group(2))}
+            # Only `|`-terminated pieces are fields: the text after the last `|` is unterminated (cut or torn).
+            for label, val in _fields(line[m.end() :].split("|")[:-1]):
+                if (key := FIELDS.get(label)) and key not in INT_FIELDS:
+                    rec[key] = val
+                elif key and math.isfinite(val):  # a count printed as nan/inf is no count
+                    rec[key] = int(val)
+            rec["complete"] = LAST_FIELD in rec
             old = packed.get(rec["iteration"])
             if rec["complete"] or old is None or not marshal.loads(old)["complete"]:
                 packed[rec["iteration"]] = marshal.dumps(rec)  # the last wins, but never a torn line over a whole one
             if "global_batch_size" in rec:
                 fact = "global_batch_sizes", rec["global_batch_size"]
-        elif "[Rank " in line and (mem := parse_memory_line(line, terminated)) is not None:
-            memory.append(mem)
-        else:
-            fact = parse_launch_line(line)
+        elif "[Rank " in line and (m := _MEM.search(line)):
+            pieces = m.group(4).split("|")[1 : None if terminated else -1]  # a cut line's last value may miss digits
+            values = {label: v / 1024.0 if m.group(3) == "MB" else v for label, v in _fields(pieces)}
+            memory.append({"rank": int(m.group(1)), "after": int(m.group(2)), "gb": values})
+        elif m := _LAUNCH.search(line):  # the launch's world size or recipe
+            g = m.groupdict()
+            if g["preflight"] or g["megatron"]:
+                fact = "world_sizes", int(g["preflight"] or g["megatron"])
+            elif g["tp"]:
+                fact = "world_sizes", math.prod(int(g[k]) for k in ("tp", "pp", "cp", "dp"))
+            elif not (g["recipe"] and "usage:" in line):
+                fact = "recipes", g["recipe"] or g["experiment"]
         if fact and len(facts[fact[0]]) < DISTINCT_CAP:
             facts[fact[0]].add(fact[1])
         low = line.lower()

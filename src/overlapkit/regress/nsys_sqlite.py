@@ -105,19 +105,6 @@ class Profile:
 EXPORT = "nsys export --type sqlite --output {sqlite} {rep}"
 
 
-def export_rep(rep: Path) -> Path:
-    """The SQLite export next to `rep` (made with nsys when it is on the PATH and the export is missing)."""
-    out = rep.with_suffix(".sqlite")
-    if out.is_file():
-        return out
-    if (nsys := shutil.which("nsys")) is None:
-        cmd = EXPORT.format(sqlite=out, rep=rep)
-        raise ProfileError(f"{rep} is an Nsight report and nsys is not on this PATH: export it where nsys is ({cmd})")
-    if problem := export(nsys, rep.with_suffix("")):
-        raise ProfileError(problem)
-    return out
-
-
 def export(nsys: str, base: Path) -> str | None:
     """`nsys export --type sqlite` of base.nsys-rep into base.sqlite (via the node's $TMPDIR); None, or what failed."""
     rep = base.with_name(base.name + ".nsys-rep")
@@ -139,8 +126,16 @@ def export(nsys: str, base: Path) -> str | None:
 def read(path: Path) -> Profile:
     """The profile in `path` (an .sqlite export, or an .nsys-rep exported first)."""
     path = Path(path)
-    if path.suffix == ".nsys-rep":
-        path = export_rep(path)
+    if path.suffix == ".nsys-rep":  # its export beside it is read, made with nsys where it is missing
+        rep, path = path, path.with_suffix(".sqlite")
+        if not path.is_file():
+            if (nsys := shutil.which("nsys")) is None:
+                cmd = EXPORT.format(sqlite=path, rep=rep)
+                raise ProfileError(
+                    f"{rep} is an Nsight report and nsys is not on this PATH: export it where nsys is ({cmd})"
+                )
+            if problem := export(nsys, rep.with_suffix("")):
+                raise ProfileError(problem)
     if path_kind(path) != "file":
         raise ProfileError(f"{path} is a directory: give the export in it, or the directory as PROFILE=")
     try:
@@ -164,13 +159,9 @@ def read(path: Path) -> Profile:
         raise ProfileError(f"{path} is corrupt ({exc}): export the report again") from None
 
 
-def _columns(con, table: str) -> set[str]:
-    return {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
-
-
 def _need(con, path: Path, table: str, cols: tuple[str, ...]) -> bool:
     """Whether `table` is there; a table that is there without the columns Nsight writes is a wrong schema."""
-    have = _columns(con, table)
+    have = {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
     if not have:
         return False
     if missing := [c for c in cols if c not in have]:

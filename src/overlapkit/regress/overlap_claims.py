@@ -84,103 +84,9 @@ def claim(cls: str, lay: Layout) -> str:
 
 
 def findings(report: dict, plan: dict) -> list[dict]:
+    """The profile against the plan's layout (ranks it cannot have, GPUs it was not planned for), then each class's
+    claim (_class_findings), then the communication no rule knows or could tell apart."""
     lay = Layout.of_plan(plan)
-    out = _layout_findings(report, plan, lay)
-    if not any(c["kernels"] for c in (*report["classes"].values(), report.get("unclassified") or {"kernels": 0})):
-        out.append(
-            _finding(
-                "no_communication",
-                "error",
-                f"the profile holds no communication kernel at all, but the plan runs on {lay.gpus} GPUs: nothing "
-                "to check the overlaps against",
-                "profile the run's GPU activity with NCCL (nsys --trace=cuda,nvtx; the PyTorch profiler's CUDA "
-                "activities), over training steps",
-            )
-        )
-    foreign = any(f["level"] == "error" for f in out)  # no communication, or another layout: said once, above
-    for cls in CLASSES:
-        c = report["classes"][cls]
-        if c["kernels"] == 0:
-            if claim(cls, lay) == "on" and not foreign:
-                out.append(_absent(cls, lay))
-            continue
-        if lay.size(cls) < 2:
-            size = f"{cls.upper()}={lay.size(cls)}"
-            out.append(
-                _finding(
-                    "class_not_in_plan",
-                    "error",
-                    f"{cls.upper()} communication in the profile ({c['kernels']} kernels, {c['comm_ms']} ms) but the "
-                    f"plan has {size}: the profile is not of this plan's layout",
-                    f"profile a run of this plan, or plan the layout that ran ({SIZE_FIX[cls]})",
-                )
-            )
-            continue
-        out += _claim_findings(cls, c, claim(cls, lay), plan)
-    if unknown := report.get("unknown_comm"):
-        top = ", ".join(f"{u['name'][:100]} ({u['kernels']} kernels, {u['ms']} ms)" for u in unknown[:3])
-        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-        out.append(
-            _finding(
-                "unknown_comm_kernel",
-                "warning",
-                f"{len(unknown)} kernel name(s) look like communication but no rule knows them, so they were counted "
-                f"as compute: {top}{more}",
-                "report the name (docs/overlap_report.md lists the families known and their sources)",
-            )
-        )
-    if u := report.get("unclassified"):
-        out.append(
-            _finding(
-                "unclassified_comm",
-                "warning",
-                f"{u['kernels']} communication kernels ({u['comm_ms']} ms, {u['exposed_ms']} ms exposed) could "
-                f"not be told apart: {', '.join(f'{k}: {n}' for k, n in u['candidates'].items())}",
-                "profile with Megatron's NVTX ranges on (SET=profiling.nvtx_ranges=true): they name who sent",
-            )
-        )
-    return out
-
-
-def _absent(cls: str, lay: Layout) -> dict:
-    what = "context-parallel attention overlaps it" if cls == "cp" else f"the plan says {CLAIMS[cls][0]} is on"
-    return _finding(
-        f"{cls}_overlap_unmeasured",
-        "error",
-        f"{cls.upper()}: {what} ({cls.upper()}={lay.size(cls)}), but the profile holds no {cls.upper()} kernel: "
-        "the profile missed it, or the overlap does not run as claimed",
-        "profile whole training steps of a rank that runs it (NSYS=<start>:<end> or TORCH_PROFILE=<start>:<end>); "
-        f"if it was profiled, {FIXES[cls]}",
-    )
-
-
-def _claim_findings(cls: str, c: dict, state: str, plan: dict) -> list[dict]:
-    share = c["exposed_share"]
-    if state == "on" and share > (limit := threshold(cls, plan)):
-        what = "context-parallel attention overlaps it" if cls == "cp" else f"the plan says {CLAIMS[cls][0]} is on"
-        return [
-            _finding(
-                f"{cls}_overlap_exposed",
-                "error",
-                f"{cls.upper()}: {what}, but {share:.1%} of its communication is exposed ({c['exposed_ms']} of "
-                f"{c['comm_ms']} ms; at most {limit:.0%} expected: {THRESHOLDS[cls][1]})",
-                FIXES[cls],
-            )
-        ]
-    if state == "off" and c["comm_ms"] > 0 and share <= 1 - OFF_HIDDEN:
-        return [
-            _finding(
-                f"{cls}_hidden_while_off",
-                "warning",
-                f"{cls.upper()}: the plan says its overlap is off, yet {1 - share:.1%} of its communication is hidden "
-                f"under compute: the plan's claim understates this run",
-            )
-        ]
-    return []
-
-
-def _layout_findings(report: dict, plan: dict, lay: Layout) -> list[dict]:
-    """The profile against the plan's layout: ranks it cannot have, GPUs it was not planned for."""
     out = []
     nums = [int(r.split("/")[0]) for r in report["ranks"] if r.split("/")[0].isdigit()]
     if bad := sorted(n for n in nums if n >= lay.gpus):
@@ -206,4 +112,92 @@ def _layout_findings(report: dict, plan: dict, lay: Layout) -> list[dict]:
         msg = f"profiled on {', '.join(other)}, but the plan is for GPU={planned}: its memory, throughput and the "
         msg += "claims' thresholds are sized for that GPU"
         out.append(_finding("profile_gpu", "warning", msg, "plan with the GPU= the run ran on (h100, h200)"))
+    if not any(c["kernels"] for c in (*report["classes"].values(), report.get("unclassified") or {"kernels": 0})):
+        out.append(
+            _finding(
+                "no_communication",
+                "error",
+                f"the profile holds no communication kernel at all, but the plan runs on {lay.gpus} GPUs: nothing "
+                "to check the overlaps against",
+                "profile the run's GPU activity with NCCL (nsys --trace=cuda,nvtx; the PyTorch profiler's CUDA "
+                "activities), over training steps",
+            )
+        )
+    foreign = any(f["level"] == "error" for f in out)  # no communication, or another layout: said once, above
+    for cls in CLASSES:
+        out += _class_findings(cls, report["classes"][cls], lay, plan, foreign)
+    if unknown := report.get("unknown_comm"):
+        top = ", ".join(f"{u['name'][:100]} ({u['kernels']} kernels, {u['ms']} ms)" for u in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        out.append(
+            _finding(
+                "unknown_comm_kernel",
+                "warning",
+                f"{len(unknown)} kernel name(s) look like communication but no rule knows them, so they were counted "
+                f"as compute: {top}{more}",
+                "report the name (docs/overlap_report.md lists the families known and their sources)",
+            )
+        )
+    if u := report.get("unclassified"):
+        out.append(
+            _finding(
+                "unclassified_comm",
+                "warning",
+                f"{u['kernels']} communication kernels ({u['comm_ms']} ms, {u['exposed_ms']} ms exposed) could "
+                f"not be told apart: {', '.join(f'{k}: {n}' for k, n in u['candidates'].items())}",
+                "profile with Megatron's NVTX ranges on (SET=profiling.nvtx_ranges=true): they name who sent",
+            )
+        )
     return out
+
+
+def _class_findings(cls: str, c: dict, lay: Layout, plan: dict, foreign: bool) -> list[dict]:
+    """Class `cls`'s figures `c` against the plan's claim: an overlap said on with no kernel of its class (unless the
+    profile is `foreign`, which is said once), a class the plan says cannot exist, an overlap said on whose class is
+    exposed above its threshold, an overlap said off that the profile shows hidden."""
+    state = claim(cls, lay)
+    what = "context-parallel attention overlaps it" if cls == "cp" else f"the plan says {CLAIMS[cls][0]} is on"
+    if c["kernels"] == 0:
+        if state != "on" or foreign:
+            return []
+        return [
+            _finding(
+                f"{cls}_overlap_unmeasured",
+                "error",
+                f"{cls.upper()}: {what} ({cls.upper()}={lay.size(cls)}), but the profile holds no {cls.upper()} "
+                "kernel: the profile missed it, or the overlap does not run as claimed",
+                "profile whole training steps of a rank that runs it (NSYS=<start>:<end> or "
+                f"TORCH_PROFILE=<start>:<end>); if it was profiled, {FIXES[cls]}",
+            )
+        ]
+    if lay.size(cls) < 2:
+        return [
+            _finding(
+                "class_not_in_plan",
+                "error",
+                f"{cls.upper()} communication in the profile ({c['kernels']} kernels, {c['comm_ms']} ms) but the "
+                f"plan has {cls.upper()}={lay.size(cls)}: the profile is not of this plan's layout",
+                f"profile a run of this plan, or plan the layout that ran ({SIZE_FIX[cls]})",
+            )
+        ]
+    share = c["exposed_share"]
+    if state == "on" and share > (limit := threshold(cls, plan)):
+        return [
+            _finding(
+                f"{cls}_overlap_exposed",
+                "error",
+                f"{cls.upper()}: {what}, but {share:.1%} of its communication is exposed ({c['exposed_ms']} of "
+                f"{c['comm_ms']} ms; at most {limit:.0%} expected: {THRESHOLDS[cls][1]})",
+                FIXES[cls],
+            )
+        ]
+    if state == "off" and c["comm_ms"] > 0 and share <= 1 - OFF_HIDDEN:
+        return [
+            _finding(
+                f"{cls}_hidden_while_off",
+                "warning",
+                f"{cls.upper()}: the plan says its overlap is off, yet {1 - share:.1%} of its communication is hidden "
+                f"under compute: the plan's claim understates this run",
+            )
+        ]
+    return []

@@ -183,11 +183,6 @@ def name_kind(name: str) -> str | None:
     return kind
 
 
-def looks_like_comm(name: str) -> bool:
-    """A kernel no rule knows whose name looks like communication (COMM_LIKE)."""
-    return name_kind(name) is None and COMM_LIKE.search(name) is not None
-
-
 @dataclass
 class Decision:
     cls: str | None  # None: unclassified
@@ -202,7 +197,6 @@ class Ranges:
     KEYS = (NVTX_PP, *NVTX_CP, *NVTX_EP)
 
     def __init__(self, prof: Profile):
-        self.prof = prof
         self.by_tid = defaultdict(list)
         for r in prof.ranges:
             if any(k in r.text for k in self.KEYS):
@@ -213,35 +207,15 @@ class Ranges:
         self.longest = {tid: max(r.end - r.start for r in rs) for tid, rs in self.by_tid.items()}
         self.megatron = any(NVTX_PP in r.text for r in prof.ranges)
 
-    def around(self, a: Activity) -> list[str]:
-        """The deciding ranges (innermost first) open on the launching thread when `a` was launched."""
-        launch = self.prof.launches.get(a.correlation)
-        if launch is None or launch[1] not in self.by_tid:
-            return []
-        t, tid = launch
-        starts = self.starts[tid]
-        lo, hi = bisect.bisect_left(starts, t - self.longest[tid]), bisect.bisect_right(starts, t)
-        inside = [r for r in self.by_tid[tid][lo:hi] if r.end >= t]
-        return [r.text for r in sorted(inside, key=lambda r: r.end - r.start)]
-
-
-def _by_nvtx(texts: list[str], cands: tuple[str, ...], megatron_nvtx: bool) -> Decision | None:
-    """`megatron_nvtx`: Megatron's ranges are in this trace and this kernel's launch is known, so a kernel outside
-    every p2p range is not PP."""
-    for text in texts:
-        for cls, keys in (("pp", (NVTX_PP,)), ("cp", NVTX_CP), ("ep", NVTX_EP)):
-            if cls in cands and any(k in text for k in keys):
-                return Decision(cls, f"nvtx: launched in range {text!r}")
-    rest = tuple(c for c in cands if c != "pp")
-    if megatron_nvtx and "pp" in cands and len(rest) == 1:
-        return Decision(rest[0], f"nvtx: outside every {NVTX_PP} range, where Megatron issues all PP p2p")
-    return None
-
 
 def classify(prof: Profile, lay: Layout) -> dict[int, Decision]:
-    """{id(activity): Decision} for every communication activity of the profile (kernels and P2P copies)."""
+    """{id(activity): Decision} for every communication activity of the profile (kernels and P2P copies): each by
+    itself first (_first_rule), then the undecided NCCL kernels by their stream, since each process group has its own
+    stream: a stream whose decided kernels are all of one class gives it to the rest; then, a kernel whose other
+    candidates already run on other streams of the device takes the one left. Repeated until nothing changes."""
     ranges = Ranges(prof)
     out, pending, fixed = {}, [], {}  # fixed: the decision of a kind that no per-kernel rule can change
+    nccl = []  # the NCCL kernels, whose streams are their process groups' (not userbuffers' or DeepEP's own)
     for a in (*prof.kernels, *prof.memcpys):
         kind = kind_of(a)
         if kind is None or kind == "copy":
@@ -253,34 +227,14 @@ def classify(prof: Profile, lay: Layout) -> dict[int, Decision]:
         out[id(a)] = d
         if d.cls is None:
             pending.append(a)
-    _by_stream(prof, lay, out, pending)
-    return out
-
-
-def _first_rule(prof: Profile, a: Activity, kind: str, lay: Layout, ranges: Ranges) -> Decision:
-    if a.group and (cls := group_class(a.group)):
-        return Decision(cls, f"group: NCCL {kind} in Megatron's {a.group.split('_GROUP')[0]} process group")
-    if kind in ("userbuffers", "ce_p2p"):
-        what = "Transformer Engine userbuffers kernel" if kind == "userbuffers" else "peer-to-peer copy-engine memcpy"
-        return Decision("tp", f"name: {what} (TP comm overlap's ring exchange / reduce-scatter / all-gather)")
-    if kind == "deepep":
-        return Decision("ep", "name: DeepEP-family dispatch or combine kernel (deep_ep, hybrid_ep, dpsk::ep)")
-    cands = lay.candidates(kind)
-    if not cands:
-        return Decision(NATURAL[kind], f"name: NCCL {kind}, which no parallelism of this layout issues")
-    if len(cands) == 1:
-        return Decision(cands[0], f"plan: only {cands[0].upper()} issues NCCL {kind} in this layout")
-    known = ranges.megatron and a.correlation in prof.launches
-    return _by_nvtx(ranges.around(a), cands, known) or Decision(None, f"NCCL {kind}: {' or '.join(cands)}", cands)
-
-
-def _by_stream(prof: Profile, lay: Layout, out: dict, pending: list[Activity]) -> None:
-    """Undecided NCCL kernels decided by their stream, since each process group has its own stream: a stream whose
-    decided kernels are all of one class gives it to the rest; then, a kernel whose other candidates already run on
-    other streams of the device takes the one left. Repeated until nothing changes."""
+        if kind not in ("userbuffers", "deepep", "ce_p2p"):
+            nccl.append(a)
     changed = True
     while changed and pending:
-        owners = _stream_owners(prof, out)
+        owners = defaultdict(Counter)  # (device, stream) → the classes decided for its NCCL kernels
+        for a in nccl:
+            if (cls := out[id(a)].cls) is not None:
+                owners[(a.device, a.stream)][cls] += 1
         changed, still = False, []
         for a in pending:
             d = out[id(a)]
@@ -297,18 +251,37 @@ def _by_stream(prof: Profile, lay: Layout, out: dict, pending: list[Activity]) -
                 still.append(a)
                 continue
             out[id(a)], changed = Decision(cls, rule, d.candidates), True
-        pending[:] = still
+        pending = still
+    return out
 
 
-def _stream_owners(prof: Profile, out: dict) -> dict:
-    """(device, stream) → Counter of the classes decided for its NCCL kernels."""
-    owners = defaultdict(Counter)
-    for a in prof.kernels:
-        d = out.get(id(a))
-        if d is not None and d.cls is not None and kind_of(a) not in ("userbuffers", "deepep"):
-            owners[(a.device, a.stream)][d.cls] += 1
-    return owners
-
-
-def is_compute(a: Activity) -> bool:
-    return a.copy_kind is None and kind_of(a) is None
+def _first_rule(prof: Profile, a: Activity, kind: str, lay: Layout, ranges: Ranges) -> Decision:
+    """The rules that decide one activity by itself, in order: its process group (PyTorch traces), its kernel name,
+    the classes the plan's layout leaves for its kind, then the deciding NVTX ranges open on its launching thread when
+    it was launched (innermost first)."""
+    if a.group and (cls := group_class(a.group)):
+        return Decision(cls, f"group: NCCL {kind} in Megatron's {a.group.split('_GROUP')[0]} process group")
+    if kind in ("userbuffers", "ce_p2p"):
+        what = "Transformer Engine userbuffers kernel" if kind == "userbuffers" else "peer-to-peer copy-engine memcpy"
+        return Decision("tp", f"name: {what} (TP comm overlap's ring exchange / reduce-scatter / all-gather)")
+    if kind == "deepep":
+        return Decision("ep", "name: DeepEP-family dispatch or combine kernel (deep_ep, hybrid_ep, dpsk::ep)")
+    cands = lay.candidates(kind)
+    if not cands:
+        return Decision(NATURAL[kind], f"name: NCCL {kind}, which no parallelism of this layout issues")
+    if len(cands) == 1:
+        return Decision(cands[0], f"plan: only {cands[0].upper()} issues NCCL {kind} in this layout")
+    launch = prof.launches.get(a.correlation)
+    if launch is not None and (tid := launch[1]) in ranges.by_tid:
+        t, starts = launch[0], ranges.starts[tid]
+        lo, hi = bisect.bisect_left(starts, t - ranges.longest[tid]), bisect.bisect_right(starts, t)
+        inside = [r for r in ranges.by_tid[tid][lo:hi] if r.end >= t]
+        for text in [r.text for r in sorted(inside, key=lambda r: r.end - r.start)]:
+            for cls, keys in (("pp", (NVTX_PP,)), ("cp", NVTX_CP), ("ep", NVTX_EP)):
+                if cls in cands and any(k in text for k in keys):
+                    return Decision(cls, f"nvtx: launched in range {text!r}")
+    # Megatron's ranges are in this trace and this kernel's launch is known: outside every p2p range, it is not PP.
+    rest = tuple(c for c in cands if c != "pp")
+    if ranges.megatron and launch is not None and "pp" in cands and len(rest) == 1:
+        return Decision(rest[0], f"nvtx: outside every {NVTX_PP} range, where Megatron issues all PP p2p")
+    return Decision(None, f"NCCL {kind}: {' or '.join(cands)}", cands)

@@ -66,10 +66,6 @@ def length(intervals) -> int:
     return sum(e - s for s, e in intervals)
 
 
-def clip(intervals, lo: int, hi: int) -> list[tuple[int, int]]:
-    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
-
-
 def per_span(intervals: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
     """The length of sorted disjoint `intervals` inside each of sorted disjoint `spans`: one merge pass."""
     out, j = [], 0
@@ -95,18 +91,14 @@ STEP_RANGE = "train_step"
 STEP_SOURCES = {"nvtx": "Bridge's train_step NVTX ranges", "profiler_step": "the PyTorch profiler's ProfilerStep#N"}
 
 
-def _step_ranges(prof: Profile) -> tuple[str, list]:
-    ranges = [r for r in prof.ranges if r.text.endswith(STEP_RANGE)]
-    if ranges:
-        return "nvtx", ranges
-    return "profiler_step", [r for r in prof.ranges if r.text.startswith(STEP_PREFIX)]
-
-
 def steps_of(prof: Profile, device: int) -> tuple[str, list[tuple[int, int]]]:
     """(source, one GPU span per step) when the trace has step ranges (source "nvtx" or "profiler_step"), else
     ("window", [the whole profile]). One pass over the device's activities, each placed by bisection."""
     acts = [a for a in (*prof.kernels, *prof.memcpys) if a.device == device]
-    source, ranges = _step_ranges(prof)
+    if ranges := [r for r in prof.ranges if r.text.endswith(STEP_RANGE)]:
+        source = "nvtx"
+    else:
+        source, ranges = "profiler_step", [r for r in prof.ranges if r.text.startswith(STEP_PREFIX)]
     by_tid = defaultdict(list)
     for r in sorted(ranges, key=lambda r: r.start):
         by_tid[r.tid].append(r)
@@ -211,6 +203,7 @@ def _device_trace(label, prof, dev, decisions, m: Measured) -> tuple[DeviceTrace
     """The device's trace measured, and its raw intervals per stream and class (for the timeline)."""
     compute, comm, kernels = [], defaultdict(list), Counter()
     streams: dict = defaultdict(lambda: defaultdict(list))
+    comm_like: dict[str, bool] = {}  # each distinct name searched once: a profile repeats each thousands of times
     for a in (*prof.kernels, *prof.memcpys):
         if a.device != dev:
             continue
@@ -219,7 +212,9 @@ def _device_trace(label, prof, dev, decisions, m: Measured) -> tuple[DeviceTrace
             if a.copy_kind is None:  # host/device copies other than peer-to-peer: neither
                 compute.append((a.start, a.end))
                 streams[a.stream]["compute"].append((a.start, a.end))
-                if oc.looks_like_comm(a.name):
+                if (like := comm_like.get(a.name)) is None:
+                    like = comm_like[a.name] = oc.COMM_LIKE.search(a.name) is not None
+                if like:  # no rule knows it (it has no decision), yet its name looks like communication
                     seen = m.unknown.setdefault(a.name, [0, 0])
                     seen[0], seen[1] = seen[0] + 1, seen[1] + a.end - a.start
             continue
@@ -250,12 +245,14 @@ PIXELS = 2000  # the figure is 990 px wide (11 in at 90 dpi): a gap under 1/2000
 
 
 def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
-    step = worst_step(trace)
+    """What to draw of `trace`: its profiled step with the most exposed communication (the first of equals)."""
+    worst = [sum(e for _, e in fig.values()) for fig in trace.figures]
+    step = worst.index(max(worst))
     lo, hi = trace.steps[step]
     gap = max(1, (hi - lo) // PIXELS)
 
     def drawn(intervals):
-        return coarse(clip(union(intervals), lo, hi), gap)
+        return coarse([(max(s, lo), min(e, hi)) for s, e in union(intervals) if e > lo and s < hi], gap)
 
     per_stream = {st: {c: drawn(ivs) for c, ivs in by_cls.items()} for st, by_cls in raw["streams"].items()}
     per_stream = {st: {c: ivs for c, ivs in d.items() if ivs} for st, d in per_stream.items()}
@@ -283,12 +280,6 @@ def coarse(intervals: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
     return [(s, e) for s, e in out]
 
 
-def worst_step(trace: DeviceTrace) -> int:
-    """The profiled step of `trace` with the most exposed communication (the first of equals): the one to draw."""
-    exposed = [sum(e for _, e in fig.values()) for fig in trace.figures]
-    return exposed.index(max(exposed))
-
-
 def _ms(ns: int) -> float:
     return round(ns / 1e6, 3)  # a microsecond is the finest figure the report gives
 
@@ -303,32 +294,28 @@ def _entry(comm: int, exposed: int, kernels: int) -> dict:
     }
 
 
-def _rank_entry(t: DeviceTrace) -> dict:
-    names = [c for c in (*oc.CLASSES, "unclassified") if c in t.kernels]
-    per_step = []
-    for i, (span, fig) in enumerate(zip(t.steps, t.figures, strict=True)):
-        row = {c: _entry(*fig[c], t.kernels[c]) for c in names}
-        for c in names:
-            del row[c]["kernels"]  # counted once, for the whole window
-        per_step.append({"step": i, "span_ms": _ms(span[1] - span[0])} | row)
-    figs = t.figures
-    classes = {c: _entry(sum(f[c][0] for f in figs), sum(f[c][1] for f in figs), t.kernels[c]) for c in names}
-    return {
-        "file": t.file,
-        "device": t.device,
-        "gpu": t.gpu,
-        "steps": {"source": t.step_source, "count": len(t.steps)},
-        "classes": classes,
-        "per_step": per_step,
-    }
-
-
 def report_of(m: Measured) -> dict:
-    figs = {t.rank: t.figures for t in m.traces}
-    ranks = {t.rank: _rank_entry(t) for t in m.traces}
+    ranks = {}
+    for t in m.traces:
+        names = [c for c in (*oc.CLASSES, "unclassified") if c in t.kernels]
+        per_step = []
+        for i, (span, fig) in enumerate(zip(t.steps, t.figures, strict=True)):
+            row = {c: _entry(*fig[c], t.kernels[c]) for c in names}
+            for c in names:
+                del row[c]["kernels"]  # counted once, for the whole window
+            per_step.append({"step": i, "span_ms": _ms(span[1] - span[0])} | row)
+        figs = t.figures
+        ranks[t.rank] = {
+            "file": t.file,
+            "device": t.device,
+            "gpu": t.gpu,
+            "steps": {"source": t.step_source, "count": len(t.steps)},
+            "classes": {c: _entry(sum(f[c][0] for f in figs), sum(f[c][1] for f in figs), t.kernels[c]) for c in names},
+            "per_step": per_step,
+        }
     classes = {}
     for c in (*oc.CLASSES, "unclassified"):
-        pairs = [f[c] for per_step in figs.values() for f in per_step if c in f]
+        pairs = [f[c] for t in m.traces for f in t.figures if c in f]
         if pairs or c in oc.CLASSES:
             n = sum(t.kernels[c] for t in m.traces)
             classes[c] = _entry(sum(p[0] for p in pairs), sum(p[1] for p in pairs), n)
@@ -336,13 +323,25 @@ def report_of(m: Measured) -> dict:
     if unclassified is not None:
         unclassified["candidates"] = dict(m.unclassified)
     sources = sorted({t.step_source for t in m.traces})
+    if len(sources) == 1 and sources[0] in STEP_SOURCES:
+        how = f"per step: {STEP_SOURCES[sources[0]]} ranges"
+    elif "window" in sources:
+        how = "per profiled window (no train_step NVTX or ProfilerStep ranges in the trace: steps not told apart)"
+    else:
+        how = "per step: " + " and ".join(STEP_SOURCES[s] for s in sources if s in STEP_SOURCES) + " ranges"
+    planned = (planned_window(m.plan.get("run")) or (None, {}))[1]
     report = {
         "recipe": m.plan.get("recipe"),
         "layout": {k: m.plan["layout"].get(k) for k in ("tp", "pp", "cp", "dp", "ep", "vpp", "gpus", "nodes")},
         "classes": classes,
         "unclassified": unclassified,
         "ranks": ranks,
-        "window": _window(m, sources),
+        "window": {
+            "measured": how,
+            "step_sources": sources,
+            "planned_steps": planned.get("steps"),
+            "ranks": planned.get("ranks"),
+        },
         "rules": [{"class": c, "rule": r, "kernels": n} for (c, r), n in sorted(m.rules.items())],
         "unknown_comm": [
             {"name": name, "kernels": n, "ms": _ms(t)}
@@ -351,18 +350,6 @@ def report_of(m: Measured) -> dict:
     }
     report["findings"] = overlap_claims.findings(report, m.plan)
     return report
-
-
-def _window(m: Measured, sources: list[str]) -> dict:
-    planned = (planned_window(m.plan.get("run")) or (None, {}))[1]
-    if len(sources) == 1 and sources[0] in STEP_SOURCES:
-        how = f"per step: {STEP_SOURCES[sources[0]]} ranges"
-    elif "window" in sources:
-        how = "per profiled window (no train_step NVTX or ProfilerStep ranges in the trace: steps not told apart)"
-    else:
-        how = "per step: " + " and ".join(STEP_SOURCES[s] for s in sources if s in STEP_SOURCES) + " ranges"
-    steps, ranks = planned.get("steps"), planned.get("ranks")
-    return {"measured": how, "step_sources": sources, "planned_steps": steps, "ranks": ranks}
 
 
 def report_profiles(paths: list[Path], plan: dict) -> dict:

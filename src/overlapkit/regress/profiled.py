@@ -110,44 +110,38 @@ def _torch_done(run_dir: Path, ranks) -> bool:
 def after_training(run_dir: Path, plan: dict, tensorboard_dir: str | None = None, since: float = 0.0) -> None:
     """A rank that trained outside nsys in a profiled run: wait for the report (see the module doc: srun --wait).
     With TORCH_PROFILE, a profiled rank first copies its trace from where Bridge wrote it (under `tensorboard_dir`, the
-    job's cfg.logger.tensorboard_dir; written after `since`, when its training began), and the first profiled rank
-    writes the report."""
+    job's cfg.logger.tensorboard_dir) into <run dir>/torch_profile/ (a temporary name, then renamed), and the first
+    profiled rank writes the report. A trace older than `since` (when this job's training began) is an earlier run's
+    (Bridge's directory is shared by every run logging beside it): never reported as this one's."""
     run = plan.get("run") or {}
     if run.get("nsys") and not os.environ.get(UNDER_NSYS):
         hold(run_dir)
-    elif (torch := run.get("torch_profile")) and not _torch_done(run_dir, torch["ranks"]):
-        rank = preflight.env_int("SLURM_PROCID", "RANK")
-        problem = keep_trace(run_dir, tensorboard_dir, rank, since) if rank in torch["ranks"] else None
-        if problem:
-            _say(f"error: rank {rank}: {problem}")
-        if rank == min(torch["ranks"]):
-            write_report(run_dir, torch["ranks"], failed=(rank,) if problem else (), where=TORCH_DIR)
+        return
+    if not (torch := run.get("torch_profile")) or _torch_done(run_dir, torch["ranks"]):
+        return
+    rank = preflight.env_int("SLURM_PROCID", "RANK")
+    problem = None
+    if rank in torch["ranks"]:
+        src = Path(f"{tensorboard_dir}/../torch_profile/rank-{rank}.json.gz")  # Bridge's own f-string (profiling.py)
+        if not src.is_file():
+            problem = f"the PyTorch profiler wrote no {src} (did the run reach the profiled steps?)"
+        elif src.stat().st_mtime < since:
+            problem = (
+                f"{src} predates this job's training: an earlier run's trace, not kept (did the run reach the "
+                "profiled steps?)"
+            )
         else:
-            hold(run_dir, where=TORCH_DIR)
-
-
-def keep_trace(run_dir: Path, tensorboard_dir: str | None, rank: int, since: float = 0.0) -> str | None:
-    """This rank's PyTorch-profiler trace copied into <run dir>/torch_profile/ (a temporary name, then renamed);
-    None, or what failed. A trace older than `since` is an earlier run's (Bridge's directory is shared by every run
-    logging beside it): never reported as this one's."""
-    src = Path(f"{tensorboard_dir}/../torch_profile/rank-{rank}.json.gz")  # Bridge's own f-string (profiling.py)
-    if not src.is_file():
-        return f"the PyTorch profiler wrote no {src} (did the run reach the profiled steps?)"
-    if src.stat().st_mtime < since:
-        return (
-            f"{src} predates this job's training: an earlier run's trace, not kept (did the run reach the profiled "
-            "steps?)"
-        )
-    dst = exports(run_dir, [rank], TORCH_DIR)[0]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    part = dst.with_name(dst.name + ".part")
-    shutil.copyfile(src, part)
-    os.replace(part, dst)
-    return None
-
-
-def profile_command(nsys: str, run_dir: Path, rank: int, program: list[str]) -> list[str]:
-    return [nsys, *PROFILE_ARGS, "-o", str(report_base(run_dir, rank)), *program]
+            dst = exports(run_dir, [rank], TORCH_DIR)[0]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            part = dst.with_name(dst.name + ".part")
+            shutil.copyfile(src, part)
+            os.replace(part, dst)
+    if problem:
+        _say(f"error: rank {rank}: {problem}")
+    if rank == min(torch["ranks"]):
+        write_report(run_dir, torch["ranks"], failed=(rank,) if problem else (), where=TORCH_DIR)
+    else:
+        hold(run_dir, where=TORCH_DIR)
 
 
 def _say(text: str) -> None:
@@ -166,7 +160,8 @@ def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> in
     ranks = plan["run"]["nsys"]["ranks"]
     if rank == min(ranks):  # this job's report: the others wait for a fresh marker
         (nsys_dir(run_dir) / DONE).unlink(missing_ok=True)
-    child = subprocess.Popen(profile_command(nsys, run_dir, rank, program), env={**os.environ, UNDER_NSYS: "1"})
+    cmd = [nsys, *PROFILE_ARGS, "-o", str(report_base(run_dir, rank)), *program]
+    child = subprocess.Popen(cmd, env={**os.environ, UNDER_NSYS: "1"})
     forward = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         code = child.wait()

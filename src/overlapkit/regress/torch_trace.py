@@ -58,7 +58,11 @@ def ns(v) -> int | None:
     return None
 
 
-def _json(path: Path) -> dict:
+def read(path: Path) -> Profile:
+    """The trace in `path` as a Profile (kernels, memcpys, launches, ProfilerStep and other record_function ranges,
+    GPUs, rank). Bad input: one ProfileError line."""
+    path = Path(path)
+    path_kind(path)
     try:
         raw = path.read_bytes()
         if raw[:2] == GZIP_MAGIC:
@@ -73,15 +77,6 @@ def _json(path: Path) -> dict:
         raise ProfileError(f"{path} is not JSON ({getattr(exc, 'msg', exc)}): {NOT_TRACE}") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ProfileError(f"{path} has no traceEvents list: {NOT_TRACE}")
-    return data
-
-
-def read(path: Path) -> Profile:
-    """The trace in `path` as a Profile (kernels, memcpys, launches, ProfilerStep and other record_function ranges,
-    GPUs, rank). Bad input: one ProfileError line."""
-    path = Path(path)
-    path_kind(path)
-    data = _json(path)
     prof = Profile(path, [], [])
     info = data.get("distributedInfo")
     if isinstance(info, dict) and type(info.get("rank")) is int and info["rank"] >= 0:

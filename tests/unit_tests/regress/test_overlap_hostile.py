@@ -156,11 +156,12 @@ def test_real_kernel_families(name):
 
 def test_an_unknown_comm_like_kernel_is_a_warning_naming_it(r8, tmp_path):
     odd = "void mscclpp::allreduce_packet_kernel<bf16>(void*)"
-    write(tmp_path / "rank0.sqlite", [K(GEMM, 0, 100), K(RS, 10, 20, stream=9), K(odd, 200, 260, stream=8)])
+    acts = [K(GEMM, 0, 100), K(RS, 10, 20, stream=9), K(odd, 200, 260, stream=8), K(odd, 300, 330, stream=8)]
+    write(tmp_path / "rank0.sqlite", acts)
     rep = overlap_report.report_profiles([tmp_path], r8)
-    assert rep["unknown_comm"] == [{"name": odd, "kernels": 1, "ms": 0.06}]
+    assert rep["unknown_comm"] == [{"name": odd, "kernels": 2, "ms": 0.09}]  # each of its kernels counted
     f = next(f for f in rep["findings"] if f["code"] == "unknown_comm_kernel")
-    assert odd in f["message"] and "0.06 ms" in f["message"] and f["level"] == "warning"
+    assert odd in f["message"] and "(2 kernels, 0.09 ms)" in f["message"] and f["level"] == "warning"
 
 
 def test_megatron_process_groups_decide_the_class():
