@@ -194,15 +194,6 @@ _RULE_NAMES = (
 )
 
 
-def predict(
-    s: ModelShape, w: Workload, flops: throughput.Flops, gpu: str, constants: throughput.Constants | None = None
-) -> throughput.Prediction:
-    """The throughput model for a split with every overlap it allows on (what apply_overlap_stack does)."""
-    on = throughput.Overlaps(tp=w.tp > 1, p2p=w.pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1, ep=w.ep > 1)
-    moe = throughput.Moe(s.experts, s.topk, w.ep, s.moe_layers) if s.experts else None
-    return throughput.predict(w, flops, on, gpu=gpu, moe=moe, bucket=BRIDGE_BUCKET, constants=constants)
-
-
 def why_loses(c: Candidate, best: Candidate, s: ModelShape, best_tflops: float) -> str:
     """One phrase: the first part of the sort key (_rank) on which `c` ranks after `best`."""
     key, best_key = _rank(c, s, best_tflops), _rank(best, s, best_tflops)
@@ -283,9 +274,12 @@ def search(
             except presets.PresetError:
                 preset = presets.DEFAULT_TP_CONFIG
         c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, est, ep=ep)
-        if est.fits:
+        if est.fits:  # predicted with every overlap the split allows on (what apply_overlap_stack does)
             f = flops[tp] = flops.get(tp) or throughput.flops_of_shape(s, tp)  # the padded vocabulary depends on TP
-            fitting.append(replace(c, prediction=predict(s, w, f, gpu, constants)))
+            on = throughput.Overlaps(tp=tp > 1, p2p=pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1, ep=ep > 1)
+            moe = throughput.Moe(s.experts, s.topk, ep, s.moe_layers) if s.experts else None
+            pred = throughput.predict(w, f, on, gpu=gpu, moe=moe, bucket=BRIDGE_BUCKET, constants=constants)
+            fitting.append(replace(c, prediction=pred))
         elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:
             best_unfit = c
     pinned = f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""
