@@ -259,6 +259,7 @@ def collective_terms(c: _Ctx, ov: Overlaps, layer_s: float) -> list:
 
 
 def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
+    """The schedule's bubble (of `per_mb_s`, the time of one microbatch) and what overlap leaves of the p2p sends."""
     w, m = c.w, c.w.microbatches
     if w.pp == 1:
         return []
