@@ -12,6 +12,7 @@ no file written).
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 from launch.args import Parser, add_gpu_option
@@ -80,7 +81,7 @@ def run(args) -> int:
 
     res = fork(args.request)
     out = console()
-    line = lambda text: out.print(text, markup=False, soft_wrap=True)  # noqa: E731  (one line, never re-wrapped)
+    line = functools.partial(out.print, markup=False, soft_wrap=True)  # one line, never re-wrapped
     line(f"wrote {res.path} (forked from {args.from_name})")
     line(f"layout: {res.choice.describe()}")
     line(f"  why: {res.choice.why}")

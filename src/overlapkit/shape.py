@@ -138,22 +138,14 @@ class ModelShape:
         return self.experts * self.mlp_params(self.moe_ffn)
 
     @property
-    def moe_dense_part(self) -> int:
-        """One MoE layer's non-expert MLP parameters: router, shared experts, the MLP norm."""
-        shared = self.mlp_params(self.shared_ffn) if self.shared_ffn else 0
-        return self.hidden * self.experts + shared + self.hidden
-
-    @property
-    def params_per_layer(self) -> int:
-        """Mean parameters per transformer layer (weights and norms; biases where the model has them)."""
-        return self.layer_split[0] + self.layer_split[1]
-
-    @property
     def layer_split(self) -> tuple[int, int]:
         """(non-expert, routed-expert) parameters per layer on average: TP shards the first, EP·ETP the second."""
         dense = self.layers - self.moe_layers
         dense_layer = self.attention_params + self.mlp_params(self.ffn) + self.hidden
-        moe_layer = self.attention_params + self.moe_dense_part  # and its routed experts, the second part
+        # An MoE layer's non-expert part: attention, router, shared experts, the MLP norm (its routed experts: the
+        # second part).
+        shared = self.mlp_params(self.shared_ffn) if self.shared_ffn else 0
+        moe_layer = self.attention_params + self.hidden * self.experts + shared + self.hidden
         non_expert = dense * dense_layer + self.moe_layers * moe_layer
         return non_expert // self.layers, self.moe_layers * self.expert_params_per_moe_layer // self.layers
 
@@ -162,12 +154,6 @@ class ModelShape:
         """The model card's total: every layer and the embeddings, MTP layers excluded."""
         embedding = self.vocab * self.hidden * (1 if self.tied else 2)
         return sum(self.layer_split) * self.layers + embedding + self.hidden  # + final norm
-
-    @property
-    def mtp_params(self) -> int:
-        """Multi-token prediction: per layer one MoE layer, its input projection (2h→h) and three norms."""
-        layer = self.attention_params + self.moe_dense_part + self.expert_params_per_moe_layer
-        return self.mtp_layers * (layer + 2 * self.hidden * self.hidden + 3 * self.hidden)
 
     @property
     def active_params(self) -> int:

@@ -1,8 +1,8 @@
 """Where a run executes, in numbers: GPUs per node, the planned target, a layout (how a model is split over the GPUs and
 batched) and the data parallelism it leaves.
 
-The one home of GPUS_PER_NODE: an H100 SXM node (DGX/HGX H100) has 8 GPUs on one NVLink switch, so tensor
-parallelism stays inside it and every node count is a multiple of 8 GPUs.
+The one home of GPUS_PER_NODE and DEFAULT_GPU: an H100 SXM node (DGX/HGX H100) has 8 GPUs on one NVLink switch, so
+tensor parallelism stays inside it and every node count is a multiple of 8 GPUs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from overlapkit.errors import BadInput
 
 GPUS_PER_NODE = 8
+DEFAULT_GPU = "h100"  # what every recipe was written and published for (its name says so; sizing/hardware.py's rows)
 
 
 class LayoutError(BadInput):
@@ -40,7 +41,7 @@ class Target:
 
     nodes: int
     gpus_per_node: int = GPUS_PER_NODE
-    gpu: str = "h100"
+    gpu: str = DEFAULT_GPU
     te_available: bool = True
     te_version: str | None = None  # the container's TE when known (cluster profile); None: new enough, unchecked
 

@@ -31,7 +31,7 @@ from overlapkit.plan.moe import expert_split_violations
 from overlapkit.shape import ModelShape, head_dim_problem
 from overlapkit.sizing import throughput
 from overlapkit.sizing.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
-from overlapkit.topology import GPUS_PER_NODE
+from overlapkit.topology import DEFAULT_GPU, GPUS_PER_NODE
 
 TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NVLink node
 # The estimate is a model, not a measurement: a layout within 10% of the budget is one allocator spike from an OOM on
@@ -76,13 +76,6 @@ class Candidate:
     def describe(self) -> str:
         ep = f" EP{self.ep}" if self.ep > 1 else ""
         return f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vpp or '-'}{ep} DP{self.dp} MBS{self.mbs} GBS{self.gbs}"
-
-
-def shape_errors(s: ModelShape) -> list[str]:
-    errs = [msg] if (msg := head_dim_problem(s.hidden, s.heads, s.kv_channels)) else []
-    if s.heads % s.query_groups:
-        errs.append(f"heads {s.heads} are not divisible by query groups {s.query_groups} (GQA)")
-    return errs
 
 
 def layout_errors(
@@ -143,15 +136,6 @@ def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs, ep: int = 1) -
     )
 
 
-def preset_for(s: ModelShape, tp: int, cp: int, mbs: int, gpu: str = "h100") -> str | None:
-    if tp == 1:
-        return None
-    try:
-        return presets.select(presets.PresetKey.of(s, tp=tp, cp=cp, mbs=mbs, gpu=gpu))
-    except presets.PresetError:
-        return presets.DEFAULT_TP_CONFIG
-
-
 def divisors(n: int) -> list[int]:
     """The divisors of `n` ≥ 1, ascending: √n steps, so a split search never walks every number up to n."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -181,20 +165,20 @@ def tight(c: Candidate) -> bool:
     return c.memory.headroom_gb < TIGHT_FRACTION * c.memory.budget_gb
 
 
-def _rules(c: Candidate, s: ModelShape) -> tuple:
-    """The rules of thumb, in order: they break ties of predicted throughput."""
+def _class(c: Candidate) -> tuple[bool, bool]:
+    """What ranks a layout after others whatever its prediction: tight memory (a crash risk), then DP1 (the audit's
+    dp1 warning: no DP overlap). The throughput model prices DP1's unhidden reduce, but `make new-recipe` writes a
+    recipe its own audit warns about only when no layout with DP>1 fits."""
+    return tight(c), c.dp == 1
+
+
+def _rank(c: Candidate, s: ModelShape, best_tflops: float) -> tuple:
+    """The sort key, best first: the class (_class); then the predicted throughput, outside the tie band of the
+    leading class's best (`best_tflops`); then the rules of thumb, in order (_RULE_NAMES), which break the ties."""
+    tied = c.tflops >= best_tflops * (1 - TIE_FRACTION)
     per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
-    return (
-        not c.exact_preset,
-        c.pp,
-        c.tp,
-        c.cp,
-        c.ep,
-        per_chunk < 2,
-        -(c.vpp or 1),
-        c.mbs,
-        -c.memory.headroom_gb,
-    )
+    rules = (not c.exact_preset, c.pp, c.tp, c.cp, c.ep, per_chunk < 2, -(c.vpp or 1), c.mbs, -c.memory.headroom_gb)
+    return (*_class(c), not tied, 0.0 if tied else -c.tflops, *rules)
 
 
 _RULE_NAMES = (
@@ -210,50 +194,22 @@ _RULE_NAMES = (
 )
 
 
-def _tied(c: Candidate, best_tflops: float) -> bool:
-    return c.tflops >= best_tflops * (1 - TIE_FRACTION)
-
-
-def _class(c: Candidate) -> tuple[bool, bool]:
-    """What ranks a layout after others whatever its prediction: tight memory (a crash risk), then DP1 (the audit's
-    dp1 warning: no DP overlap). The throughput model prices DP1's unhidden reduce, but `make new-recipe` writes a
-    recipe its own audit warns about only when no layout with DP>1 fits."""
-    return tight(c), c.dp == 1
-
-
-def _rank(c: Candidate, s: ModelShape, best_tflops: float):
-    tied = _tied(c, best_tflops)
-    return (*_class(c), not tied, 0.0 if tied else -c.tflops, *_rules(c, s))
-
-
-def predict(
-    s: ModelShape, w: Workload, flops: throughput.Flops, gpu: str, constants: throughput.Constants | None = None
-) -> throughput.Prediction:
-    """The throughput model for a split with every overlap it allows on (what apply_overlap_stack does)."""
-    on = throughput.Overlaps(tp=w.tp > 1, p2p=w.pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1, ep=w.ep > 1)
-    moe = throughput.Moe(s.experts, s.topk, w.ep, s.moe_layers) if s.experts else None
-    return throughput.predict(w, flops, on, gpu=gpu, moe=moe, bucket=BRIDGE_BUCKET, constants=constants)
-
-
 def why_loses(c: Candidate, best: Candidate, s: ModelShape, best_tflops: float) -> str:
-    """One phrase: what makes `c` rank after `best`."""
-    if tight(c) and not tight(best):
+    """One phrase: the first part of the sort key (_rank) on which `c` ranks after `best`."""
+    key, best_key = _rank(c, s, best_tflops), _rank(best, s, best_tflops)
+    first = next((i for i, (a, b) in enumerate(zip(key, best_key, strict=True)) if a != b), None)
+    if first is None:
+        return "ties on every rule"
+    if first == 0:
         return f"tight memory: {c.memory.headroom_gb:.1f} GB free (< 10% of the budget)"
-    if c.dp == 1 and best.dp > 1 and tight(c) == tight(best):
+    if first == 1:
         return "DP1: no DP overlap (the audit warns); a layout with DP>1 fits"
-    if not _tied(c, best_tflops):
-        mine, theirs = dict(_terms(c)), dict(_terms(best))
+    if first <= 3:  # outside the tie band (the leading class's best is inside it)
+        mine, theirs = ({n: t for n, t, _ in x.prediction.terms} for x in (c, best))
         worse = sorted(((mine.get(k, 0) - theirs.get(k, 0), k) for k in mine | theirs), reverse=True)[:2]
         parts = ", ".join(f"+{d:.2f} s {k}" for d, k in worse if d > 0.005)
         return f"{1 - c.tflops / best.tflops:.1%} slower predicted" + (f" ({parts} per step)" if parts else "")
-    for name, a, b in zip(_RULE_NAMES, _rules(c, s), _rules(best, s), strict=True):
-        if a != b:
-            return f"within {TIE_FRACTION:.0%} of the best prediction (a tie); {name}"
-    return "ties on every rule"
-
-
-def _terms(c: Candidate) -> list:
-    return [(n, t) for n, t, _ in c.prediction.terms] if c.prediction else []
+    return f"within {TIE_FRACTION:.0%} of the best prediction (a tie); {_RULE_NAMES[first - 4]}"
 
 
 def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
@@ -283,7 +239,7 @@ def search(
     gbs: int,
     fixed: dict | None = None,
     top: int = 5,
-    gpu: str = "h100",
+    gpu: str = DEFAULT_GPU,
     constants: throughput.Constants | None = None,
 ):
     """The `top` best layouts of `s` on `gpus` H100s, best first; LayoutSearchError (one line) when none qualifies.
@@ -299,7 +255,10 @@ def search(
         raise LayoutSearchError(f"TP{fixed['tp']} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")
     if fixed.get("ep", 1) > 1 and not s.is_moe:
         raise LayoutSearchError(f"EP={fixed['ep']} pinned for a dense model: expert parallelism needs experts")
-    if errs := shape_errors(s):
+    errs = [msg] if (msg := head_dim_problem(s.hidden, s.heads, s.kv_channels)) else []
+    if s.heads % s.query_groups:
+        errs.append(f"heads {s.heads} are not divisible by query groups {s.query_groups} (GQA)")
+    if errs:
         raise LayoutSearchError(f"model shape {s.describe()} does not divide: {'; '.join(errs)}")
     why_not, fitting, best_unfit, flops = Counter(), [], None, {}
     for tp, pp, vpp, cp, mbs, ep in _splits(s, gpus, fixed):
@@ -308,11 +267,19 @@ def search(
             continue
         w = workload(s, gpus, tp, pp, vpp, cp, mbs, gbs, ep)
         est = estimate_workload(w, gpu)
-        dp = gpus // (tp * pp * cp)
-        c = Candidate(tp, pp, vpp, cp, dp, mbs, gbs, preset_for(s, tp, cp, mbs, gpu), est, ep=ep)
-        if est.fits:
+        preset = None  # TP1: no TP overlap to configure
+        if tp > 1:
+            try:
+                preset = presets.select(presets.PresetKey.of(s, tp=tp, cp=cp, mbs=mbs, gpu=gpu))
+            except presets.PresetError:
+                preset = presets.DEFAULT_TP_CONFIG
+        c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, est, ep=ep)
+        if est.fits:  # predicted with every overlap the split allows on (what apply_overlap_stack does)
             f = flops[tp] = flops.get(tp) or throughput.flops_of_shape(s, tp)  # the padded vocabulary depends on TP
-            fitting.append(replace(c, prediction=predict(s, w, f, gpu, constants)))
+            on = throughput.Overlaps(tp=tp > 1, p2p=pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1, ep=ep > 1)
+            moe = throughput.Moe(s.experts, s.topk, ep, s.moe_layers) if s.experts else None
+            pred = throughput.predict(w, f, on, gpu=gpu, moe=moe, bucket=BRIDGE_BUCKET, constants=constants)
+            fitting.append(replace(c, prediction=pred))
         elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:
             best_unfit = c
     pinned = f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from overlapkit.errors import BadInput
+from overlapkit.topology import DEFAULT_GPU
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,6 @@ HARDWARE = {
     "h100": Hardware("H100 SXM", _PEAKS, 450.0, 50.0, 3.35, 81559 / 1024, "h100"),
     "h200": Hardware("H200 SXM", _PEAKS, 450.0, 50.0, 4.8, 143771 / 1024, "h100"),
 }
-DEFAULT_GPU = "h100"  # what every recipe was written and published for (its name says so)
 
 
 class GpuError(BadInput):

@@ -28,43 +28,6 @@ class Knob:
         return {"setting": self.setting, "direction": self.direction, "why": self.why}
 
 
-def _moe(m) -> list[Knob]:
-    out = []
-    if not getattr(m, "moe_router_fusion", False):
-        out.append(Knob("model.moe_router_fusion=False", "slower", "unfused router top-k; every published run fuses"))
-    if not getattr(m, "moe_permute_fusion", False):
-        out.append(
-            Knob("model.moe_permute_fusion=False", "slower", "unfused permute/unpermute; every published run fuses")
-        )
-    if m.moe_token_dispatcher_type == "flex":
-        backend = getattr(m, "moe_flex_dispatcher_backend", None)
-        sms = getattr(m, f"moe_{backend}_num_sms", None) if backend else None
-        out.append(
-            Knob(
-                f"model.moe_flex_dispatcher_backend={backend} ({sms} SMs)",
-                "either way",
-                "SMs the dispatch kernels hold are taken from overlapped GEMMs; the all-to-all is priced at the "
-                "fitted link efficiency whatever the SM count",
-            )
-        )
-    if getattr(m, "moe_shared_expert_intermediate_size", None) and getattr(m, "moe_shared_expert_overlap", False):
-        out.append(
-            Knob(
-                "model.moe_shared_expert_overlap=True", "faster", "shared experts beside the dispatch; priced in series"
-            )
-        )
-    if not getattr(m, "moe_router_force_load_balancing", False):
-        out.append(
-            Knob(
-                "model.moe_router_force_load_balancing=False",
-                "slower",
-                "a learned router's imbalance; the busiest EP rank is priced under random routing, as the published "
-                "runs force it",
-            )
-        )
-    return out
-
-
 def not_modelled(m, train) -> list[Knob]:
     """What the plan's model config `m` (as Bridge resolved it) and `train` set that moves the step and the model does
     not price."""
@@ -80,7 +43,37 @@ def not_modelled(m, train) -> list[Knob]:
             why = "beyond the router and preprocess the model prices: " + why
         out.append(Knob(f"model.cuda_graph_impl={m.cuda_graph_impl} cuda_graph_modules={rest}", "faster", why))
     if getattr(m, "num_moe_experts", None):
-        out += _moe(m)
+        for fusion, what in (("moe_router_fusion", "router top-k"), ("moe_permute_fusion", "permute/unpermute")):
+            if not getattr(m, fusion, False):
+                out.append(Knob(f"model.{fusion}=False", "slower", f"unfused {what}; every published run fuses"))
+        if m.moe_token_dispatcher_type == "flex":
+            backend = getattr(m, "moe_flex_dispatcher_backend", None)
+            sms = getattr(m, f"moe_{backend}_num_sms", None) if backend else None
+            out.append(
+                Knob(
+                    f"model.moe_flex_dispatcher_backend={backend} ({sms} SMs)",
+                    "either way",
+                    "SMs the dispatch kernels hold are taken from overlapped GEMMs; the all-to-all is priced at the "
+                    "fitted link efficiency whatever the SM count",
+                )
+            )
+        if getattr(m, "moe_shared_expert_intermediate_size", None) and getattr(m, "moe_shared_expert_overlap", False):
+            out.append(
+                Knob(
+                    "model.moe_shared_expert_overlap=True",
+                    "faster",
+                    "shared experts beside the dispatch; priced in series",
+                )
+            )
+        if not getattr(m, "moe_router_force_load_balancing", False):
+            out.append(
+                Knob(
+                    "model.moe_router_force_load_balancing=False",
+                    "slower",
+                    "a learned router's imbalance; the busiest EP rank is priced under random routing, as the "
+                    "published runs force it",
+                )
+            )
     if m.recompute_granularity == "selective":
         mods = sorted(set(m.recompute_modules or ["core_attn"]) - PRICED_RECOMPUTE)
         if mods:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from overlapkit.shape import ModelShape
 from overlapkit.sizing import moe_memory
 from overlapkit.sizing.hardware import HARDWARE
-from overlapkit.topology import Target, data_parallel_size, expert_data_parallel_size
+from overlapkit.topology import DEFAULT_GPU, Target, data_parallel_size, expert_data_parallel_size
 
 GB = 2**30
 MARGIN_GB = 4.0  # allocator fragmentation: about 5% of the card
@@ -99,6 +99,12 @@ class Workload:
     def microbatches(self) -> int:
         return max(1, self.gbs // (self.dp * self.mbs))
 
+    @property
+    def tokens_per_rank(self) -> float:
+        """Tokens of a microbatch one GPU's layer works on: its sequence-parallel slice s·b/(CP·TP) (and, ETP 1, the
+        tokens it routes in an MoE layer: the MoE layer keeps the TP split)."""
+        return self.seq * self.mbs / (self.cp * self.tp)
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
@@ -113,7 +119,7 @@ class MemoryEstimate:
     margin_gb: float
     params_per_gpu: int
     notes: dict[str, str] = field(default_factory=dict)
-    gpu: str = "h100"
+    gpu: str = DEFAULT_GPU
 
     @property
     def total_gb(self) -> float:
@@ -277,7 +283,7 @@ def activation_bytes(w: Workload) -> tuple[float, str]:
     return chunks * stored + transient, note
 
 
-def estimate_workload(w: Workload, gpu: str = "h100", hbm_gb: float | None = None) -> MemoryEstimate:
+def estimate_workload(w: Workload, gpu: str = DEFAULT_GPU, hbm_gb: float | None = None) -> MemoryEstimate:
     """hbm_gb: the card's total memory when measured (torch.cuda.mem_get_info), else the GPU's (sizing/hardware.py)."""
     layers = first_stage_layers(w)[1]
     two = w.pp == 1 and not w.tied  # the untied output layer sits on the first stage too when PP=1

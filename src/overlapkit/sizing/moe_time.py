@@ -18,7 +18,8 @@
   hierarchical dispatch), so the network carries the expected number of distinct remote nodes a token's top-k
   experts live on. NVLink and network move at once: the slower of the two, at the fitted all-to-all efficiency.
 - EP overlap: with `ep_a2a_overlap` on in the overlap table, Megatron Core's 1F1B all-to-all overlap runs one
-  microbatch's all-to-all under another's layer compute: what exceeds that compute is exposed; off, all of it.
+  microbatch's all-to-all under another's layer compute: what exceeds that compute is exposed; off, all of it
+  (priced with the layer's other collectives, sizing/throughput.py `collective_terms`, on `a2a_bytes`).
 - expert-data-parallel gradient reduce: sizing/throughput.py's DP terms, with the routed experts' parameters
   reduced over the expert-DP group.
 
@@ -154,62 +155,36 @@ def a2a_bytes(moe: Moe, tokens: float, hidden: int, gpus_per_node: int) -> tuple
     return copies * (moe.ep - per_node) / moe.ep, copies * (per_node - 1) / moe.ep
 
 
-def tokens_per_rank(w) -> float:
-    """Tokens one GPU routes per microbatch: its sequence-parallel slice (ETP 1: the MoE layer keeps the TP split)."""
-    return w.seq * w.mbs / (w.cp * w.tp)
-
-
-def router_permute_term(c) -> tuple:
-    """Memory-bound passes at HBM bandwidth, plus the fitted per-token time of an MoE layer beyond a dense layer's
-    (router scores and top-k, the probabilities applied to k copies, the dispatcher's per-token metadata)."""
+def layer_terms(c, rate: float, recomputed: float) -> list:
+    """The MoE layer's own work beyond a dense layer's: the routed experts' GEMMs (Bridge's expert FLOPs at the
+    grouped-GEMM rate, on the busiest EP rank), then the router and permute/unpermute (memory-bound passes at HBM
+    bandwidth, plus the fitted per-token time: router scores and top-k, the probabilities applied to k copies, the
+    dispatcher's per-token metadata). `rate`: the dense GEMM rate of the run's dtype; `recomputed`: the share of the
+    layers whose forward runs twice."""
     w, moe = c.w, c.moe
-    t = tokens_per_rank(w)
+    t = w.tokens_per_rank
+    busiest = moe.busiest_rank(t)
+    gemm_s = c.flops.experts * (1 + recomputed / 3) * busiest * w.gbs / c.gpus / (rate * c.k.grouped_gemm)
+    gemm_how = (
+        f"{c.flops.experts * w.gbs / 1e15:.2f} PFLOP/step of routed experts at {c.k.grouped_gemm:.0%} of the dense "
+        f"rate (grouped GEMMs); busiest of EP{moe.ep} ranks at {busiest:.3f}× the mean load"
+        + (" (dropless)" if moe.capacity is None else f" (capacity factor {moe.capacity})")
+    )
     per_layer = t * (8 * moe.topk * w.hidden * 2 + ROUTER_PASSES * moe.experts * 4) / (c.hw.hbm_tbs * 1e12)
     cast = 0.0
     if w.dtype == "fp8":
         gate_up = w.shape.moe_ffn * (2 if w.shape.gated else 1)
         cast = t * moe.topk * (2 * w.hidden + w.shape.moe_ffn + gate_up) * FP8_CAST_BYTES / (c.hw.hbm_tbs * 1e12)
-    passes = moe.layers / w.pp * c.m
+    passes = moe.layers / w.pp * w.microbatches
     host = 1 - GRAPHED_SHARE if moe.graphed else 1.0
-    how = (
+    router_how = (
         f"top-{moe.topk} copies permuted/unpermuted (read + write, fwd + bwd) and the router's logits at HBM "
         f"bandwidth, {per_layer * 1e3:.2f} ms, + {t:.0f} tokens × {c.k.moe_token_s * 1e9:.0f} ns per MoE "
         "layer/microbatch"
         + (f" × {host:.0%} (TE CUDA graphs of the router and preprocess)" if moe.graphed else "")
         + (f"; FP8 casts of the experts' inputs {cast * 1e3:.2f} ms" if cast else "")
     )
-    return ("MoE router + permute", (per_layer + cast + c.k.moe_token_s * t * host) * passes, how)
-
-
-def expert_term(c, rate: float, recomputed: float) -> tuple:
-    """The routed experts' GEMMs: Bridge's expert FLOPs at the grouped-GEMM rate, on the busiest EP rank."""
-    w, moe = c.w, c.moe
-    busiest = moe.busiest_rank(tokens_per_rank(w))
-    t = c.flops.experts * (1 + recomputed / 3) * busiest * w.gbs / c.gpus / (rate * c.k.grouped_gemm)
-    how = (
-        f"{c.flops.experts * w.gbs / 1e15:.2f} PFLOP/step of routed experts at {c.k.grouped_gemm:.0%} of the dense "
-        f"rate (grouped GEMMs); busiest of EP{moe.ep} ranks at {busiest:.3f}× the mean load"
-        + (" (dropless)" if moe.capacity is None else f" (capacity factor {moe.capacity})")
-    )
-    return ("MoE expert GEMMs", t, how)
-
-
-def a2a_term(c, on: bool, layer_s: float):
-    w, moe = c.w, c.moe
-    if moe.ep == 1:
-        return None
-    net, nvl = a2a_bytes(moe, tokens_per_rank(w), w.hidden, c.gpus_per_node)
-    eff = c.k.a2a_efficiency
-    one = max(net / (c.hw.network_gbs * 1e9 * eff), nvl / (c.hw.nvlink_gbs * 1e9 * eff))
-    per_layer = 4 * one
-    passes = moe.layers / w.pp * c.m
-    exposed = (max(0.0, per_layer - layer_s) if on else per_layer) * passes
-    per_node, nodes = expert_group(moe.ep, moe.etp, c.gpus_per_node)
-    where = f"EP{moe.ep} on {nodes} node(s) × {per_node} GPUs"
-    dispatcher = f"flex/{moe.backend}" if moe.dispatcher == "flex" else moe.dispatcher
-    how = (
-        f"{dispatcher}: {net / 1e6:.1f} MB network + {nvl / 1e6:.1f} MB NVLink per all-to-all, 4 per MoE "
-        f"layer/microbatch, {where}, {per_layer * passes:.2f} s; "
-        + ("overlap on: the excess over the other microbatch's layer compute" if on else "overlap OFF: all exposed")
-    )
-    return ("EP all-to-all", exposed, how)
+    return [
+        ("MoE expert GEMMs", gemm_s, gemm_how),
+        ("MoE router + permute", (per_layer + cast + c.k.moe_token_s * t * host) * passes, router_how),
+    ]

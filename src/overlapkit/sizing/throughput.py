@@ -45,7 +45,7 @@ from overlapkit.sizing.flops import Flops, flops_of_config, flops_of_model, flop
 from overlapkit.sizing.hardware import HARDWARE, Hardware, hardware
 from overlapkit.sizing.memory import Workload, first_stage_layers
 from overlapkit.sizing.moe_time import Moe
-from overlapkit.topology import GPUS_PER_NODE
+from overlapkit.topology import DEFAULT_GPU, GPUS_PER_NODE, expert_group
 
 __all__ = ["HARDWARE", "Constants", "Flops", "Hardware", "Inputs", "Moe", "Overlaps", "Prediction", "predict"]
 __all__ += ["flops_of_config", "flops_of_model", "flops_of_shape"]
@@ -152,27 +152,21 @@ class _Ctx:
         return self.hw.peak_tflops["fp8"] * 1e12 * self.k.gemm_fp8 * blockwise
 
     @property
-    def linear_rate(self) -> float:
-        return self.rate(self.w.dtype)
-
-    @property
     def gpus(self) -> int:
         return self.w.tp * self.w.pp * self.w.cp * self.w.dp
 
     @property
-    def m(self) -> int:
-        return self.w.microbatches
-
-    @property
     def layer_passes(self) -> float:
         """Transformer layers times microbatches each GPU runs per step (its pipeline stage's share)."""
-        return self.w.layers / self.w.pp * self.m
+        return self.w.layers / self.w.pp * self.w.microbatches
 
     def link(self, span: int) -> float:
         return (self.hw.network_gbs if _crosses_node(span) else self.hw.nvlink_gbs) * 1e9
 
 
 def compute_terms(c: _Ctx) -> list:
+    """The GPU's work: the GEMMs at their dtype's rate (recomputed forwards included), the per-layer non-GEMM time,
+    the MoE layer's own work (moe_time.layer_terms) and the output layer's excess on the last pipeline stage."""
     w, hw, f = c.w, c.hw, c.flops
     # The share of the layers whose forward runs twice: full recompute, of every layer ("uniform") or of the first
     # recompute_num_layers of each chunk ("block").
@@ -186,11 +180,11 @@ def compute_terms(c: _Ctx) -> list:
     if w.recompute == "selective":
         attn_rec = 1.0 if not w.recompute_modules or "core_attn" in w.recompute_modules else 0.0
     attn_rec /= 3  # a forward is a third of forward + backward
-    bf16 = c.rate("bf16")
+    bf16, linear = c.rate("bf16"), c.rate(w.dtype)
     dense_linear = f.linear - f.experts
-    per_seq = dense_linear * (1 + rec / 3) / c.linear_rate + f.attention * (1 + attn_rec) / bf16 + f.logits / bf16
+    per_seq = dense_linear * (1 + rec / 3) / linear + f.attention * (1 + attn_rec) / bf16 + f.logits / bf16
     t = per_seq * w.gbs / c.gpus
-    eff = c.linear_rate / (hw.peak_tflops[w.dtype] * 1e12)
+    eff = linear / (hw.peak_tflops[w.dtype] * 1e12)
     how = (
         f"{(f.total - f.experts) * w.gbs / 1e15:.2f} PFLOP/step (Bridge's count) / {c.gpus} GPUs at {eff:.0%} of "
         f"{hw.peak_tflops[w.dtype]:.0f} TFLOP/s {w.dtype}"
@@ -199,7 +193,7 @@ def compute_terms(c: _Ctx) -> list:
         how += f" ({w.fp8_recipe}; attention and output layer at {c.k.gemm_bf16:.0%} of bf16's)"
     if rec:
         how += f"; +{rec:.0%} of layers' forward recomputed"
-    tokens = w.seq * w.mbs / (w.cp * w.tp)  # the GPU's share of the layer's elementwise work (SP splits the rest)
+    tokens = w.tokens_per_rank  # the GPU's share of the layer's elementwise work (SP splits the rest)
     per_pass = c.k.layer_overhead_s + c.k.layer_token_s * tokens
     out = [
         ("compute", t, how),
@@ -211,74 +205,72 @@ def compute_terms(c: _Ctx) -> list:
         ),
     ]
     if c.moe.experts:
-        out += [moe_time.expert_term(c, c.linear_rate, rec), moe_time.router_permute_term(c)]
-    if last := last_stage_term(c):
-        out.append(last)
+        out += moe_time.layer_terms(c, linear, rec)
+    # The output layer runs on the last pipeline stage only, and a pipeline goes at its slowest stage: the last
+    # stage's output-layer time beyond the even share `compute` spreads over every stage. Not where the split already
+    # gives the loss a layer's slot (account_for_loss_in_pipeline_split) or an explicit layout places the stages, nor
+    # on an interleaved schedule: the published interleaved runs (Llama3 70B, GPT3 175B, Llama3.1 405B) do not show
+    # it (fitted with it there, the Llama3.1 405B rows leave the validation bar: docs/throughput.md), so it is priced
+    # where a stage's layers run as one chunk (GPT-OSS 120B: 9 layers and a 201k-vocabulary output layer).
+    if w.pp > 1 and not (w.account_loss or w.first_chunks or w.vpp):
+        even = f.logits / bf16 * w.gbs / c.gpus
+        share = f"{f.logits / f.total:.1%} of the FLOPs on 1 of {w.pp} stages (no loss slot in the split)"
+        out.append(("output layer on the last stage", even * (w.pp - 1), share))
     return out
 
 
-def last_stage_term(c: _Ctx):
-    """The output layer runs on the last pipeline stage only, and a pipeline goes at its slowest stage: the last
-    stage's output-layer time beyond the even share `compute` spreads over every stage. None where the split already
-    gives the loss a layer's slot (account_for_loss_in_pipeline_split) or an explicit layout places the stages, and
-    on an interleaved schedule: the published interleaved runs (Llama3 70B, GPT3 175B, Llama3.1 405B) do not show it
-    (fitted with it there, the Llama3.1 405B rows leave the validation bar: docs/throughput.md), so it is priced
-    where a stage's layers run as one chunk (GPT-OSS 120B: 9 layers and a 201k-vocabulary output layer)."""
-    w = c.w
-    if w.pp == 1 or w.account_loss or w.first_chunks or w.vpp:
-        return None
-    even = c.flops.logits / c.rate("bf16") * w.gbs / c.gpus
-    return (
-        "output layer on the last stage",
-        even * (w.pp - 1),
-        f"{c.flops.logits / c.flops.total:.1%} of the FLOPs on 1 of {w.pp} stages (no loss slot in the split)",
-    )
-
-
-def tp_term(c: _Ctx, on: bool):
-    w = c.w
-    if w.tp == 1:
-        return None
-    act = w.seq * w.mbs / w.cp * w.hidden
-    gather = 1 if w.dtype == "fp8" else 2  # FP8 all-gathers move FP8 inputs; reduce-scatters stay BF16
-    per_layer = act * (4 * gather + 4 * 2) * (w.tp - 1) / w.tp / c.link(w.tp)
-    moe_share = min(1.0, c.moe.layers / w.layers) if c.moe.experts else 0.0
-    t = per_layer * c.layer_passes * (1 - moe_share / 2)  # an MoE layer: the attention's collectives only
-    exposed = t / w.tp if on else t
-    how = f"8 collectives/layer/microbatch over NVLink, {t:.2f} s total; " + (
-        f"overlap on: 1/{w.tp} exposed" if on else "overlap OFF: all exposed"
-    )
-    return ("TP all-gather/reduce-scatter", exposed, how)
-
-
-def cp_term(c: _Ctx):
-    w = c.w
-    if w.cp == 1:
-        return None
-    kv = w.head_dim * w.query_groups
-    chunk = w.seq * w.mbs / w.cp * 2 * kv * 2 / w.tp  # K and V of one CP rank's tokens, BF16, per TP rank
-    comm = (w.cp - 1) * 3 * chunk / c.link(w.tp * w.cp)  # forward K,V; backward K,V and dK,dV
-    attn = c.flops.attention * w.mbs / (w.tp * w.cp * w.layers) / c.rate("bf16")
-    exposed = max(0.0, comm - attn) * c.layer_passes
-    return (
-        "CP ring exchange",
-        exposed,
-        f"K/V ring over {w.cp} ranks, {comm * 1e3:.2f} ms/layer vs {attn * 1e3:.2f} ms attention to hide it",
-    )
+def collective_terms(c: _Ctx, ov: Overlaps, layer_s: float) -> list:
+    """What the collectives inside a layer leave exposed: TP's all-gathers and reduce-scatters (hidden by userbuffers
+    but for the last chunk), CP's K/V ring (hidden by core attention) and EP's all-to-all (hidden by the other
+    microbatch's layer compute, `layer_s` per layer pass)."""
+    w, moe, out = c.w, c.moe, []
+    if w.tp > 1:
+        act = w.seq * w.mbs / w.cp * w.hidden
+        gather = 1 if w.dtype == "fp8" else 2  # FP8 all-gathers move FP8 inputs; reduce-scatters stay BF16
+        per_layer = act * (4 * gather + 4 * 2) * (w.tp - 1) / w.tp / c.link(w.tp)
+        moe_share = min(1.0, moe.layers / w.layers) if moe.experts else 0.0
+        t = per_layer * c.layer_passes * (1 - moe_share / 2)  # an MoE layer: the attention's collectives only
+        how = f"8 collectives/layer/microbatch over NVLink, {t:.2f} s total; " + (
+            f"overlap on: 1/{w.tp} exposed" if ov.tp else "overlap OFF: all exposed"
+        )
+        out.append(("TP all-gather/reduce-scatter", t / w.tp if ov.tp else t, how))
+    if w.cp > 1:
+        kv = w.head_dim * w.query_groups
+        chunk = w.seq * w.mbs / w.cp * 2 * kv * 2 / w.tp  # K and V of one CP rank's tokens, BF16, per TP rank
+        comm = (w.cp - 1) * 3 * chunk / c.link(w.tp * w.cp)  # forward K,V; backward K,V and dK,dV
+        attn = c.flops.attention * w.mbs / (w.tp * w.cp * w.layers) / c.rate("bf16")
+        how = f"K/V ring over {w.cp} ranks, {comm * 1e3:.2f} ms/layer vs {attn * 1e3:.2f} ms attention to hide it"
+        out.append(("CP ring exchange", max(0.0, comm - attn) * c.layer_passes, how))
+    if moe.experts and moe.ep > 1:
+        net, nvl = moe_time.a2a_bytes(moe, w.tokens_per_rank, w.hidden, c.gpus_per_node)
+        eff = c.k.a2a_efficiency
+        per_layer = 4 * max(net / (c.hw.network_gbs * 1e9 * eff), nvl / (c.hw.nvlink_gbs * 1e9 * eff))
+        passes = moe.layers / w.pp * w.microbatches
+        per_node, nodes = expert_group(moe.ep, moe.etp, c.gpus_per_node)
+        dispatcher = f"flex/{moe.backend}" if moe.dispatcher == "flex" else moe.dispatcher
+        hidden = "the excess over the other microbatch's layer compute"
+        how = (
+            f"{dispatcher}: {net / 1e6:.1f} MB network + {nvl / 1e6:.1f} MB NVLink per all-to-all, 4 per MoE "
+            f"layer/microbatch, EP{moe.ep} on {nodes} node(s) × {per_node} GPUs, {per_layer * passes:.2f} s; "
+            + (f"overlap on: {hidden}" if ov.ep else "overlap OFF: all exposed")
+        )
+        out.append(("EP all-to-all", (max(0.0, per_layer - layer_s) if ov.ep else per_layer) * passes, how))
+    return out
 
 
 def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
-    w = c.w
+    """The schedule's bubble (of `per_mb_s`, the time of one microbatch) and what overlap leaves of the p2p sends."""
+    w, m = c.w, c.w.microbatches
     if w.pp == 1:
         return []
     vpp = w.vpp or 1
-    bubble = (w.pp - 1) / (vpp * c.m) * per_mb_s * c.m
-    send = w.seq * w.mbs / (w.cp * w.tp) * w.hidden * 2 / c.link(c.gpus)  # one activation (or its grad)
-    sends = 2 * vpp * c.m  # forward and backward, at every chunk boundary
+    bubble = (w.pp - 1) / (vpp * m) * per_mb_s * m
+    send = w.tokens_per_rank * w.hidden * 2 / c.link(c.gpus)  # one activation (or its grad)
+    sends = 2 * vpp * m  # forward and backward, at every chunk boundary
     filled = 2 * (w.pp - 1)  # the fill and the drain, where no compute is there to hide a send
     p2p = send * (filled if on else sends + filled)
     return [
-        ("pipeline bubble", bubble, f"(PP−1)/(VPP·m) = {w.pp - 1}/({vpp}·{c.m}) = {(w.pp - 1) / (vpp * c.m):.1%}"),
+        ("pipeline bubble", bubble, f"(PP−1)/(VPP·m) = {w.pp - 1}/({vpp}·{m}) = {(w.pp - 1) / (vpp * m):.1%}"),
         (
             "PP p2p",
             p2p,
@@ -288,10 +280,12 @@ def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
     ]
 
 
-def _dp_groups(c: _Ctx, bucket: int | None) -> list:
-    """(params per GPU, group size, group span in GPUs, one bucket in params, name) for the dense parameters over
-    DP×CP and, for an MoE model, the routed experts over expert-DP."""
+def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list:
+    """The grad reduce-scatter and param all-gather of each GPU's parameters over their DP groups (the dense ones
+    over DP×CP, an MoE model's routed experts over expert-DP), what overlap leaves exposed; then Adam's step over the
+    GPU's optimizer shard of them."""
     w, moe = c.w, c.moe
+    # (params per GPU, group size, group span in GPUs, one bucket in params, name) of each DP group.
     # Routed-expert parameters one GPU holds: EP·ETP shard them, PP splits the layers.
     experts = w.shape.expert_params_per_moe_layer * moe.layers / (moe.ep * moe.etp * w.pp) if moe.experts else 0.0
     dense = (w.shape.total_params - w.shape.expert_params_per_moe_layer * w.shape.moe_layers) / (w.tp * w.pp)
@@ -299,12 +293,7 @@ def _dp_groups(c: _Ctx, bucket: int | None) -> list:
     groups = [(dense, w.dp * w.cp, w.tp * w.cp * w.dp, min(bucket or chunk, chunk), "DP×CP")]
     if experts:
         groups.append((experts, w.expert_dp, moe.etp * moe.ep * w.expert_dp, min(bucket or chunk, chunk), "expert-DP"))
-    return groups
-
-
-def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, groups: list) -> list:
-    """The grad reduce-scatter and param all-gather over the DP groups (_dp_groups), what overlap leaves exposed."""
-    w = c.w
+    reduced = [g for g in groups if g[1] > 1]
     out = []
     for name, nbytes, on, window in (
         ("DP grad reduce-scatter", 4 if w.grad_fp32 else 2, ov.grad_reduce, 2 / 3 * per_mb_s),
@@ -312,7 +301,7 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, groups: list) -> list:
     ):
         full = one = 0.0
         parts = []
-        for params, n, span, bucket_params, group in [g for g in groups if g[1] > 1]:
+        for params, n, span, bucket_params, group in reduced:
             bw = c.link(span)
             full += params * nbytes * (n - 1) / n / bw
             one = max(one, bucket_params * nbytes * (n - 1) / n / bw)
@@ -327,6 +316,11 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, groups: list) -> list:
             + ("overlap on: the tail that cannot hide" if on else "overlap OFF: all exposed")
         )
         out.append((name, min(exposed, full), how))
+    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in groups)
+    adam = shard * ADAM_BYTES_PER_PARAM / (c.hw.hbm_tbs * 1e12)
+    out.append(
+        ("optimizer step", adam, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
+    )
     return out
 
 
@@ -339,7 +333,7 @@ class Inputs:
     overlaps: Overlaps
     moe: Moe = field(default_factory=Moe)
     bucket: int | None = None
-    gpu: str = "h100"
+    gpu: str = DEFAULT_GPU
     calibration: calibration.Calibration = calibration.PUBLISHED  # the cluster's (make calibrate) or the published
 
     def predict(self, constants: Constants | None = None, overlaps: Overlaps | None = None) -> Prediction:
@@ -365,7 +359,7 @@ def predict(
     flops: Flops,
     overlaps: Overlaps,
     *,
-    gpu: str = "h100",
+    gpu: str = DEFAULT_GPU,
     moe: Moe | None = None,
     bucket: int | None = None,
     constants: Constants | None = None,
@@ -377,18 +371,10 @@ def predict(
     # What hides an overlapped all-to-all: the other microbatch's GEMMs (its elementwise kernels contend for the SMs
     # the communication kernels run on).
     layer_s = sum(t for n, t, _ in terms if n in ("compute", "MoE expert GEMMs")) / c.layer_passes
-    a2a = moe_time.a2a_term(c, overlaps.ep, layer_s) if c.moe.experts else None
-    terms += [t for t in (tp_term(c, overlaps.tp), cp_term(c), a2a) if t]
-    per_mb = sum(t for _, t, _ in terms) / c.m
+    terms += collective_terms(c, overlaps, layer_s)
+    per_mb = sum(t for _, t, _ in terms) / w.microbatches
     terms += pipeline_terms(c, overlaps.p2p, per_mb)
-    groups = _dp_groups(c, bucket)
-    terms += dp_terms(c, overlaps, per_mb, groups)
-    # Adam's memory traffic over the GPU's optimizer shard.
-    shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in groups)
-    adam = shard * ADAM_BYTES_PER_PARAM / (c.hw.hbm_tbs * 1e12)
-    terms.append(
-        ("optimizer step", adam, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
-    )
+    terms += dp_terms(c, overlaps, per_mb, bucket)
     step = sum(t for _, t, _ in terms)
     tflops = flops.total * w.gbs / c.gpus / step / 1e12
     return Prediction(step, w.gbs * w.seq / c.gpus / step, tflops, tflops / c.hw.peak_tflops["bf16"], gpu, terms)

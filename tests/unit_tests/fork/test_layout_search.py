@@ -51,10 +51,15 @@ def test_a_dp1_layout_ranks_after_every_dp_layout_that_fits_even_when_predicted_
     assert dp1[0].describe() == "TP1 PP8 CP4 VP3 DP1 MBS1 GBS256" and dp1[0].tflops > top.tflops
     assert max(c.tflops for c in dp1) > top.tflops / 0.98  # VP6: outside the tie band it would lead
     assert top.prediction.share("TP all-gather/reduce-scatter") > 0.02
-    with_dp1 = [c for c in search(SHAPE_34B, 32, gbs=256, top=1000) if not tight(c)]  # tight ones rank after all
+    every = search(SHAPE_34B, 32, gbs=256, top=1000)
+    with_dp1 = [c for c in every if not tight(c)]
     first_dp1 = next(i for i, c in enumerate(with_dp1) if c.dp == 1)
     assert all(c.dp > 1 for c in with_dp1[:first_dp1]) and all(c.dp == 1 for c in with_dp1[first_dp1:])
     assert with_dp1[first_dp1].loses == "DP1: no DP overlap (the audit warns); a layout with DP>1 fits"
+    # Tight memory ranks after every layout with headroom (DP1 ones too), and says so.
+    assert every[len(with_dp1) :] and all(tight(c) for c in every[len(with_dp1) :])
+    first_tight = every[len(with_dp1)]
+    assert first_tight.loses == f"tight memory: {first_tight.memory.headroom_gb:.1f} GB free (< 10% of the budget)"
 
 
 def test_a_slower_layout_says_how_much_and_where():

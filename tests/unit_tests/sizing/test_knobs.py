@@ -69,7 +69,7 @@ def test_the_output_layer_weighs_on_gpt_oss_last_stage_only():
     assert got == [pytest.approx(expected, rel=1e-6)] and expected / plan.throughput.step_s > 0.05
     loss_slot = make_plan(GPT_OSS, sets="model.account_for_loss_in_pipeline_split=true", caller_env={})
     assert "output layer on the last stage" not in {n for n, _, _ in loss_slot.throughput.terms}
-    interleaved = make_plan("llama3_70b_pretrain_64gpu_h100_bf16", caller_env={})  # VPP: see last_stage_term
+    interleaved = make_plan("llama3_70b_pretrain_64gpu_h100_bf16", caller_env={})  # VPP: see throughput.compute_terms
     assert "output layer on the last stage" not in {n for n, _, _ in interleaved.throughput.terms}
 
 
