@@ -42,14 +42,8 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         argv = sys.argv[1:] if args is None else list(args)
-        self._refuse_credentials(argv)
-        ns, extra = super().parse_known_args(self._split_rest(argv) if self.rest else argv, namespace)
-        self._refuse_expansions(ns)
-        return ns, extra
-
-    def _refuse_credentials(self, argv: list[str]) -> None:
-        """A credential-shaped value (overlapkit/secrets.py) in any argument, before argparse could echo it: one line
-        naming the variable, never the value."""
+        # A credential-shaped value (overlapkit/secrets.py) in any argument, before argparse could echo it: one line
+        # naming the variable, never the value.
         positional = next((a.dest for a in self._actions if not a.option_strings), "an argument")
         for i, token in enumerate(argv):
             if not (kind := credential_kind(token)):
@@ -64,34 +58,42 @@ class Parser(argparse.ArgumentParser):
                 f"{flag_name(flag)} holds what looks like {kind}: a value here is written to the run's files and "
                 f"printed, so a credential never goes in a variable ({FIX})"
             )
-
-    def _split_rest(self, argv: list[str]) -> list[str]:
-        out, i = [], 0
-        while i < len(argv):
+        words, i = [] if self.rest else argv, 0  # --args=<text> split where it stood (the class docstring)
+        while self.rest and i < len(argv):
             token = argv[i]
             if token == "--":
-                return out + argv[i:]
+                words += argv[i:]
+                break
             if token.startswith(f"{REST}="):
                 text = token[len(REST) + 1 :]
             elif token == REST and i + 1 < len(argv):
                 text, i = argv[i + 1], i + 1
             else:
-                out.append(token)
+                words.append(token)
                 i += 1
                 continue
             try:
-                out += shlex.split(text)
+                words += shlex.split(text)
             except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
                 fail(f"ARGS={text!r}: {str(exc).lower()} (it is split as a shell splits words: close each quote)")
             i += 1
-        return out
-
-    def _refuse_expansions(self, ns) -> None:
-        for action in self._actions:
+        ns, extra = super().parse_known_args(words, namespace)
+        for action in self._actions:  # a value naming a variable or a command, refused (the module docstring)
             value = getattr(ns, action.dest, None)
             if not isinstance(value, str) or value == action.default or not (m := EXPANSION.search(value)):
                 continue
-            fail(expansion_error(make_name(action), value, m.group(0)))
+            # the make variable the option stands for: the Makefile names each flag after its variable (--run-name
+            # is RUN_NAME=, the positional recipe RECIPE=)
+            name, found = flag_name(max(action.option_strings, key=len, default=action.dest)), m.group(0)
+            typed = f"{name}={value!r}: {found!r} is passed as typed, never"
+            if found == "$(":  # a command (shell) or a function (make): run by neither
+                fail(f"{typed} run (make hands its variables over as text): write the value itself")
+            quoted = f'{name}="{value}"' if '"' not in value and "\n" not in value else f'{name}="..."'
+            fail(
+                f"{typed} expanded (make hands its variables over as text): write it out, or let your shell expand "
+                f"it: {quoted}"
+            )
+        return ns, extra
 
 
 # The one rule for a yes/no make variable (DRYRUN=, FORCE=): these words, any case; empty is off; anything else is
@@ -112,22 +114,6 @@ def switch(text: str) -> bool:
 def fail(message: str):
     print(f"error: {one_line(message)}", file=sys.stderr)
     sys.exit(2)
-
-
-def expansion_error(name: str, value: str, found: str) -> str:
-    typed = f"{name}={value!r}: {found!r} is passed as typed, never"
-    if found == "$(":  # a command (shell) or a function (make): run by neither
-        return f"{typed} run (make hands its variables over as text): write the value itself"
-    quoted = f'{name}="{value}"' if '"' not in value and "\n" not in value else f'{name}="..."'
-    return (
-        f"{typed} expanded (make hands its variables over as text): write it out, or let your shell expand it: {quoted}"
-    )
-
-
-def make_name(action: argparse.Action) -> str:
-    """The make variable an option stands for (the Makefile names each flag after its variable: --run-name is
-    RUN_NAME=, the positional recipe RECIPE=)."""
-    return flag_name(max(action.option_strings, key=len, default=action.dest))
 
 
 def flag_name(flag: str) -> str:
@@ -156,16 +142,10 @@ def add_gpu_option(p: argparse.ArgumentParser) -> None:
 RUN_OPTIONS = ("run_name", "segments", "nsys", "nsys_ranks", "torch_profile", "torch_profile_ranks", "data")
 
 
-def run_text(args) -> dict:
-    """The run options as typed, by overlapkit.plan.runopts.parse's keywords."""
-    return {k: getattr(args, k) for k in RUN_OPTIONS}
-
-
 def request_of(args, *, listing: bool = False, action: str = "plan"):
     """The request (overlapkit.plan.request.PlanRequest) from an entry's arguments (--recipe or the positional
     recipe, --nodes, --set and the run options), every check made before the Bridge import; not yet bound."""
     from overlapkit.plan import request
 
-    return request.parse(
-        args.recipe, args.nodes, args.set, run_text(args), listing=listing, action=action, gpu=args.gpu
-    )
+    typed = {k: getattr(args, k) for k in RUN_OPTIONS}  # the run options as typed, by runopts.parse's keywords
+    return request.parse(args.recipe, args.nodes, args.set, typed, listing=listing, action=action, gpu=args.gpu)

@@ -121,15 +121,6 @@ def _args(argv):
     return args
 
 
-def rank0_verdict(args, plan: dict, rec: dict, rebuilt) -> bool:
-    """Rank 0: the re-audit (when rebuilt), every rank's record, and the run's preflight.json."""
-    ranks = preflight.collect(out_dir(args), rec["world_size"] or 1, timeout=120)
-    verdict = preflight.summary(plan, rec, ranks, rebuilt, args.checks)
-    write_json(out_dir(args) / "preflight.json", verdict)
-    print(f"preflight: {'OK' if verdict['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
-    return verdict["ok"]
-
-
 def main(argv=None) -> int:
     args = _args(argv)
     try:  # a refused claim or a broken plan.json: one line in the job's log naming the fix, no traceback
@@ -154,7 +145,12 @@ def main(argv=None) -> int:
     ok, rebuilt = rec["ok"], None
     if rec["rank"] == 0:
         rebuilt = rebuild(args) if args.checks == "full" else None  # built once: re-audited, then trained
-        ok = rank0_verdict(args, plan, rec, rebuilt)
+        # rank 0's verdict: the re-audit (when rebuilt), every rank's record, and the run's preflight.json
+        ranks = preflight.collect(out_dir(args), rec["world_size"] or 1, timeout=120)
+        verdict = preflight.summary(plan, rec, ranks, rebuilt, args.checks)
+        write_json(out_dir(args) / "preflight.json", verdict)
+        print(f"preflight: {'OK' if verdict['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
+        ok = verdict["ok"]
     elif ok:
         # Wait for rank 0's verdict: srun ends a step 60 s (--wait) after the first task exits, and rank 0's
         # Bridge re-audit can take longer than that on a loaded node. All ranks then exit with the same verdict.
@@ -167,13 +163,17 @@ def main(argv=None) -> int:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    resume.before_training(cfg, plan["layout"], args.ckpt_step, args.resume, rec["rank"] or 0)
+    if args.ckpt_step is not None:  # the resume guard's fallback: the tracker's iteration is incomplete
+        cfg.checkpoint.ckpt_step = args.ckpt_step
+    if not rec["rank"] and cfg.checkpoint.save:  # the layout this run saves with, beside its checkpoints
+        resume.record_layout(cfg.checkpoint.save, plan["layout"], args.resume, os.environ.get("SLURM_JOB_ID"))
     started = time.time()  # a profiler's trace older than this is not this training's
     pretrain(cfg, forward_step)
-    for line in (
-        chain.cancel_if_over(args.run_dir, args.segment, plan.get("run") or {}, cfg) if rec["rank"] == 0 else ()
-    ):
-        print(line)  # the later segments would only start to exit
+    iters = (plan.get("run") or {}).get("train_iters")
+    if rec["rank"] == 0 and iters:  # checkpoints at train_iters: the later segments would only start to exit
+        done = resume.state(cfg.checkpoint.save, cfg.checkpoint.ckpt_format).named or 0
+        for line in chain.cancel_after(args.run_dir, args.segment) if done >= iters else ():
+            print(line)
     # no task may exit while a profiled rank still exports (srun --wait); TORCH_PROFILE: Bridge's trace kept, reported
     profiled.after_training(args.run_dir, plan, cfg.logger.tensorboard_dir, since=started)
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from subprocess import DEVNULL, Popen
 
 from launch.args import Parser
-from overlapkit import makewatch, stack
+from overlapkit import jsonio, makewatch, stack
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import BadInput
 from overlapkit.secrets import is_secret
@@ -126,7 +126,7 @@ def ask(sock: Path, request: dict) -> dict | None:
 
 def started(sock: Path, lock: Path, log: Path) -> bool:
     """Start a server, its output to `log`: True once it, or one already holding the lock, listens; else False."""
-    with open(log, "ab") as out:
+    with os.fdopen(jsonio.open_lock(log, append=True), "ab") as out:  # never through a link planted at its name
         argv = [sys.executable, "-m", "launch", "plan-server"]
         proc = Popen(argv, cwd=ROOT, stdin=DEVNULL, stdout=out, stderr=out, start_new_session=True)
     while proc.poll() is None or holder(lock) is not None:

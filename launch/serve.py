@@ -23,20 +23,6 @@ from launch.plan_server import ROOT, peer_uid, stamp
 from overlapkit import jsonio, stack
 
 
-def preload() -> dict[str, int | None]:
-    """Bridge and what launch/ and recipes/ import (lazy imports too; not themselves): {loaded file: its mtime}."""
-    stack.import_bridge()
-    files = [*ROOT.glob("launch/*.py"), *ROOT.glob("recipes/*.py")]
-    nodes = [node for path in files for node in ast.walk(ast.parse(path.read_bytes()))]
-    names = {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module and not n.level}
-    names |= {alias.name for n in nodes if isinstance(n, ast.Import) for alias in n.names}
-    with stack.silenced():
-        for name in sorted(n for n in names if n.split(".")[0] not in ("recipes", "launch")):
-            with contextlib.suppress(Exception):  # a module that imports only in context: the worker's then
-                importlib.import_module(name)
-    return {f: mtime(f) for m in list(sys.modules.values()) if (f := getattr(m, "__file__", None))}
-
-
 def mtime(path: str) -> int | None:
     with contextlib.suppress(OSError):
         return os.stat(path).st_mtime_ns
@@ -47,7 +33,17 @@ class Server(socketserver.ForkingUnixStreamServer):
 
     def __init__(self, sock: Path, lock_fd: int):
         self.pid, self.lock_fd, self.stamp0 = os.getpid(), lock_fd, stamp(os.environ)  # before Bridge sets any
-        self.files, self.last, self.done = preload(), time.monotonic(), ""
+        stack.import_bridge()  # preloaded: Bridge, what launch/ and recipes/ import (lazy imports too; not themselves)
+        files = [*ROOT.glob("launch/*.py"), *ROOT.glob("recipes/*.py")]
+        nodes = [node for path in files for node in ast.walk(ast.parse(path.read_bytes()))]
+        names = {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        names |= {alias.name for n in nodes if isinstance(n, ast.Import) for alias in n.names}
+        with stack.silenced():
+            for name in sorted(n for n in names if n.split(".")[0] not in ("recipes", "launch")):
+                with contextlib.suppress(Exception):  # a module that imports only in context: the worker's then
+                    importlib.import_module(name)
+        self.files = {f: mtime(f) for m in list(sys.modules.values()) if (f := getattr(m, "__file__", None))}
+        self.last, self.done = time.monotonic(), ""
         self.idle = float(os.environ.get("OVERLAPKIT_PLAN_SERVER_IDLE") or 900)  # seconds without a command
         sock.unlink(missing_ok=True)  # a dead server's: we hold the lock
         super().__init__(str(sock), Worker)

@@ -44,60 +44,41 @@ def do_submit(args, out, req, profile) -> int:
     sub = submit.submission(bound, profile, preflight_only=preflight_only, checks=checks, check_partition=real)
     with submit.transaction(sub):
         render_plan(sub.plan, out)
+        if args.action == "sbatch":
+            path = sbatch.write(sub)
+            # what make submit records at once, a job of this script adds when it starts (submit.claim)
+            where = {"cluster": sub.profile.name, "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only}
+            submit.mark(
+                sub.run_dir, "sbatch-script", script=str(path), checkpoint_dir=sub.plan.run.checkpoint_dir, **where
+            )
+            print(f"sbatch script: {path}")
+            return 0
         if not real:
-            return _not_submitted(args, sub)
-        return _submitted(args, sub)
-
-
-def _not_submitted(args, sub) -> int:
-    if args.action == "sbatch":
-        path = sbatch.write(sub)
-        # what make submit records at once, a job of this script adds when it starts (submit.claim)
-        where = {"cluster": sub.profile.name, "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only}
-        submit.mark(sub.run_dir, "sbatch-script", script=str(path), checkpoint_dir=sub.plan.run.checkpoint_dir, **where)
-        print(f"sbatch script: {path}")
-        return 0
-    text = submit.dryrun(sub)
-    submit.mark(sub.run_dir, "dryrun")
-    print(text)
-    print(f"# every rank runs launch/entry.py (the srun line above) with the overrides in {sub.run_dir}/overrides.json")
-    print(f"dry run: nothing submitted; plan and ledger in {sub.run_dir}")
-    return 0
-
-
-def _submitted(args, sub) -> int:
-    sha, dirty = submit.shipped_commit()
-    if dirty:  # the rank-0 re-audit also fails a job whose rebuilt recipe differs from this plan
-        print(
-            f"warning: uncommitted changes are not shipped (the job runs {sha[:12]}): {', '.join(dirty[:5])}",
-            file=sys.stderr,
-        )
-    info = submit.submit(sub)
-    jobs = info["job_ids"]
-    chained = f"jobs {', '.join(jobs)} (each afterany the one before)" if len(jobs) > 1 else f"job {jobs[0]}"
-    print(f"submitted {chained} to {sub.profile.name}; run directory: {sub.run_dir}")
-    if not args.wait:
-        return 0
-    state = slurm.wait_for(info["job_id"])
-    print(f"job {info['job_id']}: {state}")
-    return 0 if state == "COMPLETED" else 1
-
-
-def do_run_local(args, out, req) -> int:
-    from overlapkit.plan.build import plan_for
-    from overlapkit.plan.report import render_plan
-
-    preflight_only, checks = submit.preflight_mode(args.preflight)
-    plan = plan_for(submit.bind_local(req))
-    render_plan(plan, out)
-    if not plan.report.ok:
-        return 1
-    submit.run_local(plan, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
-    return 0
+            text = submit.dryrun(sub)
+            submit.mark(sub.run_dir, "dryrun")
+            print(text)
+            overrides = sub.run_dir / "overrides.json"
+            print(f"# every rank runs launch/entry.py (the srun line above) with the overrides in {overrides}")
+            print(f"dry run: nothing submitted; plan and ledger in {sub.run_dir}")
+            return 0
+        sha, dirty = submit.shipped_commit()
+        if dirty:  # the rank-0 re-audit also fails a job whose rebuilt recipe differs from this plan
+            print(
+                f"warning: uncommitted changes are not shipped (the job runs {sha[:12]}): {', '.join(dirty[:5])}",
+                file=sys.stderr,
+            )
+        info = submit.submit(sub)
+        jobs = info["job_ids"]
+        chained = f"jobs {', '.join(jobs)} (each afterany the one before)" if len(jobs) > 1 else f"job {jobs[0]}"
+        print(f"submitted {chained} to {sub.profile.name}; run directory: {sub.run_dir}")
+        if not args.wait:
+            return 0
+        state = slurm.wait_for(info["job_id"])
+        print(f"job {info['job_id']}: {state}")
+        return 0 if state == "COMPLETED" else 1
 
 
 def do_run_dir_action(args) -> int:
-
     run_dir = submit.run_dir_of(load_profile(args.cluster), args.run, submitted=args.action != "status")
     if not run_dir.is_dir():
         raise BadInput(f"RUN={args.run!r} is not a directory: give RUN=<run directory> (make status: the latest)")
@@ -170,13 +151,21 @@ def run(args) -> int:
     os.environ.setdefault("NEMORUN_HOME", str(stack.REPO_ROOT / "runs" / "nemo_run"))
     if args.action in ("status", "logs", "cancel"):
         return do_run_dir_action(args)
-    from overlapkit.plan.report import console
+    from overlapkit.plan.report import console, render_plan
 
     stack.import_bridge()
     try:
-        if args.action == "run-local":
-            return do_run_local(args, console(), args.request)
-        return do_submit(args, console(), args.request, args.profile)
+        if args.action != "run-local":
+            return do_submit(args, console(), args.request, args.profile)
+        from overlapkit.plan.build import plan_for
+
+        preflight_only, checks = submit.preflight_mode(args.preflight)  # run-local: on this node, no Slurm
+        plan = plan_for(submit.bind_local(args.request))
+        render_plan(plan, console())
+        if not plan.report.ok:
+            return 1
+        submit.run_local(plan, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
+        return 0
     except submit.Interrupted as exc:
         print(f"error: {exc}; the run directory (if any) says what became of the submission", file=sys.stderr)
         return 128 + exc.signum

@@ -58,12 +58,13 @@ def create_new(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
     return Path(path)
 
 
-def open_lock(path: Path, mode: int = 0o600) -> int:
-    """The file descriptor of the lock file `path` (created if missing), for flock: opened in place, since a lock must
-    keep its inode, and never through a link planted at its name (that would create, or truncate, the link's target);
-    BadInput naming it otherwise."""
+def open_lock(path: Path, mode: int = 0o600, *, append: bool = False) -> int:
+    """The file descriptor of the lock file `path` (created if missing), for flock, or with `append` of a log to add
+    to: opened in place, since a lock must keep its inode and a log its lines, and never through a link planted at its
+    name (that would create, truncate or write to the link's target); BadInput naming it otherwise."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else 0)
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        return os.open(path, flags, mode)
     except OSError as exc:
         link = f"is a symbolic link to {os.readlink(path)}, never followed" if Path(path).is_symlink() else ""
         raise BadInput(f"{path} {link or f'cannot be opened ({exc.strerror})'}: remove it, then run again") from None

@@ -108,21 +108,16 @@ class _DeferredLoader(importlib.abc.Loader):
         module.__class__ = _DeferredModule
 
 
-def _real_spec(finder, fullname, path, target):
-    for other in sys.meta_path:
-        if other is not finder and (spec := getattr(other, "find_spec", lambda *a: None)(fullname, path, target)):
-            return spec
-    return None
-
-
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in LAZY or fullname in sys.modules or _importer_name() != LAZY[fullname][0]:
             return None
-        spec = _real_spec(self, fullname, path, target)
-        if spec is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _DeferredLoader(spec.loader)
-        return spec  # None: absent, as an eager import would find
+        for other in sys.meta_path:  # the real module's spec, as the rest of the meta path finds it
+            if other is not self and (spec := getattr(other, "find_spec", lambda *a: None)(fullname, path, target)):
+                if hasattr(spec.loader, "exec_module"):
+                    spec.loader = _DeferredLoader(spec.loader)
+                return spec
+        return None  # absent, as an eager import would find
 
 
 _FINDER = _Finder()

@@ -15,13 +15,13 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 
 MAKE_PID = "OVERLAPKIT_MAKE_PID"
 POLL_S = 0.5  # how soon after make's death its child hears of it
 
 _WATCHING: list[threading.Thread] = []
-_STOP = threading.Event()
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -82,14 +82,6 @@ def _die_with_parent() -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-def stop_watching() -> None:
-    """End the watcher: a process about to fork into the plan server must have no other thread (a fork copies
-    only the calling thread, and with it any lock another thread held)."""
-    _STOP.set()
-    for thread in _WATCHING:
-        thread.join()
-
-
 def is_ancestor(pid: int) -> bool:
     """Is `pid` this process's parent, grandparent, ...? (Linux /proc; elsewhere: no.)"""
     current = os.getppid()
@@ -107,8 +99,7 @@ def is_ancestor(pid: int) -> bool:
 
 def _watch_parent(pid: int, poll: float = POLL_S) -> None:
     while alive(pid):
-        if _STOP.wait(poll):
-            return
+        time.sleep(poll)
     os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -128,9 +128,3 @@ def install() -> bool:
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     return True
-
-
-def uninstall() -> None:
-    if _FINDER in sys.meta_path:
-        sys.meta_path.remove(_FINDER)
-    purge()

@@ -104,9 +104,3 @@ def cancel_after(run_dir: Path, segment: int) -> list[str]:
             continue
         out.append(f"segment {i} (job {job}): " + (f"already {ended}" if ended else "cancelled: training is over"))
     return out
-
-
-def cancel_if_over(run_dir: Path, segment: int, run: dict, cfg) -> list[str]:
-    """After pretrain: a run whose checkpoints reached train_iters cancels its later segments; one line each."""
-    done = resume.state(cfg.checkpoint.save, cfg.checkpoint.ckpt_format).named or 0
-    return cancel_after(run_dir, segment) if run.get("train_iters") and done >= run["train_iters"] else []

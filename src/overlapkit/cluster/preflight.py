@@ -79,15 +79,6 @@ def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.envir
     }
 
 
-def reaudit(plan: dict, rebuilt) -> list[str]:
-    """Rank 0: does the recipe rebuilt in the job (an overlapkit Plan) still audit as the submitted plan said?"""
-    again = rebuilt.to_dict()
-    out = [f"re-audit error: {e['message']}" for e in again["audit"]["errors"]]
-    if again["layout"] != plan["layout"] or again["audit"]["rows"] != plan["audit"]["rows"]:
-        out.append("the recipe rebuilt in the job differs from the submitted plan (code changed since submit?)")
-    return out
-
-
 def collect(run_dir: Path, world: int, timeout: float) -> list[dict]:
     deadline = time.monotonic() + timeout
     files = []
@@ -111,7 +102,12 @@ def wait_for_summary(path: Path, timeout: float) -> bool:
 
 def summary(plan: dict, rec: dict, ranks: list[dict], rebuilt, checks: str) -> dict:
     """Rank 0's verdict for the job's preflight.json: its own record, every rank's, and the re-audit (when rebuilt)."""
-    errors = reaudit(plan, rebuilt) if rebuilt is not None else []
+    errors = []
+    if rebuilt is not None:  # does the recipe rebuilt in the job still audit as the submitted plan said?
+        again = rebuilt.to_dict()
+        errors = [f"re-audit error: {e['message']}" for e in again["audit"]["errors"]]
+        if again["layout"] != plan["layout"] or again["audit"]["rows"] != plan["audit"]["rows"]:
+            errors.append("the recipe rebuilt in the job differs from the submitted plan (code changed since submit?)")
     bad = [r["rank"] for r in ranks if not r["ok"]]
     return {
         "ok": rec["ok"] and not errors and not bad and len(ranks) == rec["world_size"],

@@ -174,8 +174,21 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
             if not isinstance(data[key], bool):
                 fail(f"{key} = {data[key]!r}: expected true or false")
             out[key] = data[key]
-    if "env" in data:
-        out["env"] = _env(data["env"], fail)
+    if "env" in data and not isinstance(data["env"], dict):
+        fail(f'env = {data["env"]!r}: expected a table, e.g. [env] NCCL_IB_HCA = "mlx5"')
+    for key, value in data.get("env", {}).items():
+        if why := secret_problem(key, value):
+            fail(f"env.{key} has a literal value and {why}: {FIX}")
+        if not _ENV_NAME.match(key):
+            fail(f"env key {key!r} is not an environment variable name (letters, digits, _)")
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            fail(f'env.{key} = {value!r}: expected a string or integer, e.g. {key} = "1"')
+        if _UNSAFE.search(str(value)):
+            fail(
+                f"env.{key} = {str(value)!r}: nemo_run writes `export {key}=value` unquoted into the sbatch "
+                "script; use a value without spaces, quotes or shell characters"
+            )
+        out.setdefault("env", {})[key] = str(value)
     _refuse_literal_secrets(out, fail)
     both = set(out.get("env", {})) & set(out.get("secrets", ()))
     if both:
@@ -190,26 +203,6 @@ def with_job_dir(profile: ClusterProfile, job_dir: str | None, where: str = "JOB
     if problem := directory_problem(str(out.job_path)):
         raise ProfileError(f"{where}: job_dir: {problem}: give job_dir a directory on the shared filesystem")
     return out
-
-
-def _env(table, fail) -> dict[str, str]:
-    if not isinstance(table, dict):
-        fail(f'env = {table!r}: expected a table, e.g. [env] NCCL_IB_HCA = "mlx5"')
-    env = {}
-    for key, value in table.items():
-        if why := secret_problem(key, value):
-            fail(f"env.{key} has a literal value and {why}: {FIX}")
-        if not _ENV_NAME.match(key):
-            fail(f"env key {key!r} is not an environment variable name (letters, digits, _)")
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            fail(f'env.{key} = {value!r}: expected a string or integer, e.g. {key} = "1"')
-        if _UNSAFE.search(str(value)):
-            fail(
-                f"env.{key} = {str(value)!r}: nemo_run writes `export {key}=value` unquoted into the sbatch "
-                "script; use a value without spaces, quotes or shell characters"
-            )
-        env[key] = str(value)
-    return env
 
 
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")

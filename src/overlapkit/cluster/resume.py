@@ -14,7 +14,6 @@ each was saved with. Standard library only: launch/entry.py asks before anything
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +41,6 @@ LAYOUT_KEYS = ("nodes", "gpus", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "gbs
 
 
 DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
-
-
-def _iteration(name: str) -> int | None:
-    return int(name[5:]) if name.startswith("iter_") and DIGITS.fullmatch(name[5:]) else None
 
 
 @dataclass(frozen=True)
@@ -80,8 +75,8 @@ def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
     d, need = Path(directory), COMPLETE.get(ckpt_format, COMPLETE_OTHER)
     missing = {}
     for p in d.glob("iter_*"):
-        if (it := _iteration(p.name)) is not None and p.is_dir():
-            missing[it] = tuple(f for f in need if not (p / f).is_file() or not (p / f).stat().st_size)
+        if DIGITS.fullmatch(p.name[5:]) and p.is_dir():  # iter_<digits>
+            missing[int(p.name[5:])] = tuple(f for f in need if not (p / f).is_file() or not (p / f).stat().st_size)
     legacy = d / TRACKERS[1]
     text = legacy.read_bytes().decode("utf-8", "replace").strip() if legacy.is_file() else ""
     # Without the text tracker (an older Bridge): the last iteration whose train_state.pt is written, which Bridge
@@ -110,51 +105,35 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
     """`run` is the plan's run summary (plan/runopts.py: summary), `layout` the plan's layout. A later segment must
     resume (no tracker: exit 1, never a silent start from iteration 0); a tracker naming an incomplete iteration
     falls back or stops; a finished run exits 0; a changed layout stops unless opted in."""
-    d, v = run.get("checkpoint_dir"), Verdict()
+    d, asked = run.get("checkpoint_dir"), run.get("ckpt_step")
     st = state(d, run.get("ckpt_format") or "torch_dist")
-    if st.problem:
-        v.code = 1
-        v.lines.append((f"error: {where}: {st.problem}: fix it, or use another RUN_NAME to start over", True))
-        return v
-    if not st.tracker:
-        if later_segment:
-            v.code = 1
-            v.lines.append(
-                (
-                    f"error: {where}: no checkpoint to resume from in {d} (no {' or '.join(TRACKERS)}): the "
-                    "previous segment saved none; refusing to start from iteration 0 (make status shows what each "
-                    "segment did)",
-                    True,
-                )
-            )
-        return v
-    asked = run.get("ckpt_step")
     want = asked if asked is not None else st.named
     at = st.fallback(want) if want is not None else None
-    if want is None:
-        v.code = 1
-        v.lines.append(
-            (
-                f"error: {where}: {d} has a tracker but no {TRACKERS[1]} and no iteration with its "
-                "train_state.pt: nothing to resume; restore it, or use another RUN_NAME to start over",
-                True,
-            )
+    stop = None  # why this run may not start: exit 1 with it
+    if st.problem:
+        stop = f"{st.problem}: fix it, or use another RUN_NAME to start over"
+    elif not st.tracker and later_segment:
+        stop = (
+            f"no checkpoint to resume from in {d} (no {' or '.join(TRACKERS)}): the previous segment saved none; "
+            "refusing to start from iteration 0 (make status shows what each segment did)"
         )
-        return v
-    if at is None or (asked is not None and at != asked):
-        v.code = 1
-        v.lines.append(
-            (
-                f"error: {where}: {'checkpoint.ckpt_step' if asked is not None else 'the tracker'} names iteration "
-                f"{want} in {d}, which is incomplete (missing {', '.join(st.lacks(want))}), and no complete "
-                "iteration precedes it: refusing to resume a partial checkpoint; restore it, or use another "
-                "RUN_NAME to start over",
-                True,
-            )
+    elif not st.tracker:
+        return Verdict()  # a fresh start
+    elif want is None:
+        stop = (
+            f"{d} has a tracker but no {TRACKERS[1]} and no iteration with its train_state.pt: nothing to resume; "
+            "restore it, or use another RUN_NAME to start over"
         )
-        return v
+    elif at is None or (asked is not None and at != asked):
+        stop = (
+            f"{'checkpoint.ckpt_step' if asked is not None else 'the tracker'} names iteration {want} in {d}, which "
+            f"is incomplete (missing {', '.join(st.lacks(want))}), and no complete iteration precedes it: refusing "
+            "to resume a partial checkpoint; restore it, or use another RUN_NAME to start over"
+        )
+    if stop:
+        return Verdict(1, [(f"error: {where}: {stop}", True)])
+    v = Verdict(ckpt_step=at if at != want else None, resume=at)
     if at != want:
-        v.ckpt_step = at
         v.lines.append(
             (
                 f"warning: {where}: iteration {want} in {d} is incomplete (missing {', '.join(st.lacks(want))}): "
@@ -162,15 +141,10 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
                 False,
             )
         )
-    v.resume = at
-    return _resumable(v, st, run, layout, where)
-
-
-def _resumable(v: Verdict, st: State, run: dict, layout: dict, where: str) -> Verdict:
-    d, at, iters = st.directory, v.resume, run.get("train_iters")
     for it in sorted(i for i in st.missing if i > at and st.missing[i]):
         lack = ", ".join(st.missing[it])
         v.lines.append((f"note: {where}: iter_{it:07d} is a save cut short (missing {lack}): not resumed", False))
+    iters = run.get("train_iters")
     if iters and at >= iters and not run.get("finetune"):
         v.code, v.finished = 0, True
         v.lines.append((f"{where}: training finished at iteration {at} (train_iters {iters}): nothing to run", False))
@@ -182,8 +156,8 @@ def _resumable(v: Verdict, st: State, run: dict, layout: dict, where: str) -> Ve
     if problem:
         v.code = 1
         v.lines.append((f"error: {where}: {problem}", True))
-        return v
-    v.lines.append((f"{where}: resuming from iteration {at} in {d}", False))
+    else:
+        v.lines.append((f"{where}: resuming from iteration {at} in {d}", False))
     return v
 
 
@@ -216,17 +190,13 @@ def layout_at(directory: str | None, iteration: int) -> dict | None:
     return before[-1].get("layout") if before else None
 
 
-def opted_in(run: dict) -> bool:
-    """The run loads only the checkpoint's weights, which Core's torch_dist reshards to any layout: no optimizer or
-    LR-scheduler state (checkpoint.load_optim=false: Bridge's checkpointing.py loads neither then), or it starts
-    over at iteration 0 from them (checkpoint.finetune=true: no optimizer, no RNG, iteration 0)."""
-    return run.get("load_optim") is False or bool(run.get("finetune"))
-
-
 def layout_problem(directory: str | None, iteration: int, layout: dict, run: dict) -> str | None:
     """Why resuming `iteration` under `layout` is refused (one line naming the fix), or None."""
     saved = layout_at(directory, iteration)
-    if saved is None or opted_in(run):
+    # Opted in: the run loads only the checkpoint's weights, which Core's torch_dist reshards to any layout: no
+    # optimizer or LR-scheduler state (checkpoint.load_optim=false: Bridge's checkpointing.py loads neither then), or
+    # it starts over at iteration 0 from them (checkpoint.finetune=true: no optimizer, no RNG, iteration 0).
+    if saved is None or run.get("load_optim") is False or run.get("finetune"):
         return None
     changed = [f"{k} {saved.get(k)}→{layout.get(k)}" for k in LAYOUT_KEYS if saved.get(k) != layout.get(k)]
     if not changed:
@@ -254,12 +224,3 @@ def record_layout(directory: str, layout: dict, from_iteration: int | None, job_
         return  # the next segment of the same run: the layout of its iterations is already on record
     Path(directory).mkdir(parents=True, exist_ok=True)
     jsonio.write_json(Path(directory) / LAYOUTS, [*earlier, entry])
-
-
-def before_training(cfg, layout: dict, ckpt_step: int | None, from_iteration: int | None, rank: int) -> None:
-    """Just before pretrain: load the guard's fallback where the tracker's iteration is incomplete
-    (checkpoint.ckpt_step), and on rank 0 record the layout this run saves with, beside its checkpoints."""
-    if ckpt_step is not None:
-        cfg.checkpoint.ckpt_step = ckpt_step
-    if rank == 0 and cfg.checkpoint.save:
-        record_layout(cfg.checkpoint.save, layout, from_iteration, os.environ.get("SLURM_JOB_ID"))

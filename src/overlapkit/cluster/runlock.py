@@ -76,28 +76,6 @@ def stale(path: Path, holder: dict | None, stale_s: float = STALE_S) -> bool:
     return _age(path) > (stale_s if holder else max(stale_s / 60, 5.0))
 
 
-def _break(path: Path, holder: dict | None) -> None:
-    """Remove the stale lock `path` if it still holds `holder`, under a breaker's lock (see the module docstring)."""
-    breaker = path.with_name(path.name + ".break")
-    if breaker.exists() and _age(breaker) > BREAK_STALE_S:
-        with contextlib.suppress(FileNotFoundError):
-            breaker.unlink()
-    if not _create(breaker, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}):
-        return
-    try:
-        if jsonio.read_json(path) == holder:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-    finally:
-        breaker.unlink()
-
-
-def describe_holder(holder: dict | None) -> str:
-    if not holder:
-        return "a submitter still writing it"
-    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('at')}"
-
-
 @contextlib.contextmanager
 def held(directory: Path, wait_s: float = WAIT_S, poll: float = 0.5):
     """The checkpoint directory's lock, for the block (created with the directory); waits `wait_s` for a live
@@ -106,15 +84,29 @@ def held(directory: Path, wait_s: float = WAIT_S, poll: float = 0.5):
     path, me = directory / LOCK, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}
     me["token"] = uuid.uuid4().hex
     deadline = time.monotonic() + wait_s
+    breaker = path.with_name(path.name + ".break")
     while not _create(path, me):
         holder = jsonio.read_json(path)
-        if stale(path, holder):
-            _break(path, holder)
+        if stale(path, holder):  # removed if it still holds `holder`, under the breaker's lock (the module docstring)
+            if breaker.exists() and _age(breaker) > BREAK_STALE_S:
+                with contextlib.suppress(FileNotFoundError):
+                    breaker.unlink()
+            if not _create(breaker, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}):
+                continue
+            try:
+                if jsonio.read_json(path) == holder:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+            finally:
+                breaker.unlink()
             continue
         if time.monotonic() > deadline:
+            who = "a submitter still writing it"
+            if holder:
+                who = f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('at')}"
             raise LiveRun(
-                f"another submission onto {directory} holds {path} ({describe_holder(holder)}): wait for it to "
-                f"end; if that process is gone (another host's lock counts as stale after {STALE_S} s), remove the file"
+                f"another submission onto {directory} holds {path} ({who}): wait for it to end; if that process is "
+                f"gone (another host's lock counts as stale after {STALE_S} s), remove the file"
             )
         time.sleep(poll)
     try:

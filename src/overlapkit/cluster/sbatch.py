@@ -24,6 +24,14 @@ def render(sub: Submission) -> str:
         f"export {name}={shlex.quote(value)}  # {by_name[name].layer}: {by_name[name].reason}"
         for name, value in plan.ledger.values().items()
     )
+    nsys = "# (no NSYS: no Nsight Systems profile)"
+    if plan.run.nsys:  # launch/entry.py runs the profiled ranks under nsys itself (overlapkit/regress/profiled.py)
+        (a, b), ranks = plan.run.nsys, ",".join(map(str, plan.run.nsys_ranks))
+        nsys = (
+            f"# NSYS={a}:{b} NSYS_RANKS={ranks}: launch/entry.py runs those ranks under nsys profile and exports each "
+            f"report: {sub.run_dir / runopts.NSYS_DIR}/rank<R>.{{nsys-rep,sqlite}}, then "
+            f"{sub.run_dir}/{{{runopts.OVERLAP_JSON},{runopts.OVERLAP_PNG}}}"
+        )
     srun = list(p.srun_args)
     if p.container_image:  # pyxis: the image, the mounts, and the checkout itself at the same path
         mounts = [*p.container_mounts, f"{stack.REPO_ROOT}:{stack.REPO_ROOT}", f"{sub.run_dir}:{sub.run_dir}"]
@@ -43,7 +51,7 @@ def render(sub: Submission) -> str:
         signal=f"#SBATCH --signal=TERM@{PREEMPT_S}"
         if plan.run.run_name
         else "# (no RUN_NAME: no checkpoints, so no --signal=TERM@<s> to save one before the time limit)",
-        nsys=_nsys_line(plan, sub.run_dir),
+        nsys=nsys,
         secrets=" " + ", ".join(plan.ledger.secrets) if plan.ledger.secrets else " none",
         export=slurm.export_list(plan.ledger.secrets),
         step_export="\n".join(f"export {k}={v}" for k, v in slurm.STEP_EXPORT.items()),
@@ -52,18 +60,6 @@ def render(sub: Submission) -> str:
         code_dir=shlex.quote(str(stack.REPO_ROOT)),
         claim=shlex.quote(f"{sub.command} --claim"),
         command=shlex.quote(sub.command),
-    )
-
-
-def _nsys_line(plan, run_dir) -> str:
-    """NSYS's comment: launch/entry.py runs the profiled ranks under nsys itself (overlapkit/regress/profiled.py)."""
-    if not plan.run.nsys:
-        return "# (no NSYS: no Nsight Systems profile)"
-    (a, b), ranks = plan.run.nsys, ",".join(map(str, plan.run.nsys_ranks))
-    return (
-        f"# NSYS={a}:{b} NSYS_RANKS={ranks}: launch/entry.py runs those ranks under nsys profile and exports each "
-        f"report: {run_dir / runopts.NSYS_DIR}/rank<R>.{{nsys-rep,sqlite}}, then "
-        f"{run_dir}/{{{runopts.OVERLAP_JSON},{runopts.OVERLAP_PNG}}}"
     )
 
 

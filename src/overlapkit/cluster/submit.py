@@ -128,11 +128,6 @@ def entry_args(plan: Plan, run_dir: Path, preflight_only: bool, checks: str, seg
     return args + (["--preflight-only"] if preflight_only else [])
 
 
-def entry_command(plan: Plan, profile: ClusterProfile, run_dir: Path, preflight_only: bool, checks: str) -> str:
-    """Bash for one rank of the plain-sbatch path, from the checkout (entry.py puts src/ on its own path)."""
-    return f"exec {shlex.join([python_for(profile), ENTRY, *entry_args(plan, run_dir, preflight_only, checks)])}"
-
-
 def preflight_mode(text: str) -> tuple[bool, str]:
     """PREFLIGHT= → (stop after the in-job preflight, which checks): "" or 0 trains; 1 or full stops after the
     preflight with rank 0's Bridge re-audit; env stops after the environment checks alone."""
@@ -193,7 +188,8 @@ def submission(
             print(line, file=sys.stderr)
     run_dir = write_run_dir(plan, profile.job_path / "runs")
     mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
-    command = entry_command(plan, profile, run_dir, preflight_only, checks)
+    # what every rank of the plain-sbatch path runs, from the checkout (entry.py puts src/ on its own path)
+    command = f"exec {shlex.join([python_for(profile), ENTRY, *entry_args(plan, run_dir, preflight_only, checks)])}"
     return Submission(plan, profile, run_dir, command, preflight_only, checks)
 
 
@@ -252,12 +248,6 @@ def claim(run_dir: Path, job_id: str, run: runopts.RunOptions) -> dict:
     return info
 
 
-def registry_time_limit(recipe: str) -> str | None:
-    from overlapkit.plan import registry
-
-    return registry.get(recipe).time_limit
-
-
 # The one home of binding a request to where it runs: make plan (CLUSTER's profile), make submit/sbatch (the
 # profile), make run-local (this node) and the nightly bind here; the job rebuilds the bound request from
 # overrides.json (request.from_record) and never binds again.
@@ -266,7 +256,9 @@ def registry_time_limit(recipe: str) -> str | None:
 def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
     """The request on this cluster: its job directory, the per-segment time limit (profile, else recipe), its W&B
     project. The recipe's limit is looked up even when the profile has one: an unknown recipe is that error first."""
-    return request.bind(req, profile, registry_time_limit(req.recipe))
+    from overlapkit.plan import registry
+
+    return request.bind(req, profile, registry.get(req.recipe).time_limit)
 
 
 LOCAL_RUNS = stack.REPO_ROOT / "runs" / "local"  # run-local's job directory: its checkpoints and run directories
@@ -351,11 +343,6 @@ def add_task(exp, sub: Submission) -> list[str]:
     return ids
 
 
-def sbatch_text(job) -> str:
-    """The sbatch script nemo_run generated for a dry-run job."""
-    return job._dryrun_info.request.materialize()
-
-
 @contextlib.contextmanager
 def _no_stdin():
     """nemo_run's LocalTunnel runs git/sbatch through invoke, which mirrors stdin; a submission never needs input
@@ -373,7 +360,7 @@ def dryrun(sub: Submission) -> str:
     with _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         exp.dryrun(log=False)
-        return "\n".join(sbatch_text(job) for job in exp.jobs)
+        return "\n".join(job._dryrun_info.request.materialize() for job in exp.jobs)  # nemo_run's sbatch scripts
 
 
 def shipped_commit() -> tuple[str, list[str]]:
@@ -384,28 +371,24 @@ def shipped_commit() -> tuple[str, list[str]]:
     return sha, [line[3:] for line in dirty.stdout.splitlines()]
 
 
-def _run_chain(exp) -> None:
-    """exp.run; when sbatch refuses a later segment, the segments already queued are cancelled (a chain is all or
-    nothing: half a chain would train without its continuation, unrecorded)."""
-    try:
-        exp.run(detach=True)
-    except Exception as exc:
-        queued = [m.group(1) for job in exp.jobs if (m := re.search(r"(\d+)$", getattr(job, "handle", "") or ""))]
-        for job_id in queued:
-            with contextlib.suppress(RuntimeError):
-                slurm.cancel(job_id)
-        raise ClusterFailure(
-            f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already queued"
-        ) from exc
-
-
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
     sole = _sole_live_run(sub.plan.run, sub.run_dir)
     with transaction(sub), sole as record_jobs, _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         with _critical():  # a signal now waits until the job id is on disk
-            _run_chain(exp)
+            try:
+                exp.run(detach=True)
+            except Exception as exc:  # a chain is all or nothing: half a chain would train without its continuation
+                queued = [
+                    m.group(1) for job in exp.jobs if (m := re.search(r"(\d+)$", getattr(job, "handle", "") or ""))
+                ]
+                for job_id in queued:  # the segments already queued when sbatch refused a later one
+                    with contextlib.suppress(RuntimeError):
+                        slurm.cancel(job_id)
+                raise ClusterFailure(
+                    f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already queued"
+                ) from exc
             exp_dir, ids = exp._exp_dir, []
             for job in exp.jobs:  # one per segment, in order
                 m = re.search(r"(\d+)$", job.handle or "")
@@ -479,10 +462,9 @@ def describe(info: dict) -> str:
 
 def run_dir_of(profile: ClusterProfile, run: str = "", submitted: bool = True) -> Path:
     """RUN= as given, else the latest run under the profile's job directory (with a job, or in any state)."""
-    return Path(run) if run else latest_run(profile.job_path / "runs", submitted)
-
-
-def latest_run(root: Path, submitted: bool = True) -> Path:
+    if run:
+        return Path(run)
+    root = profile.job_path / "runs"
     runs = sorted((p for p in root.glob(f"*/{MARKER}")), key=lambda p: p.stat().st_mtime)
     runs = [p for p in runs if not submitted or read_marker(p.parent).get("job_id")]
     if not runs:
