@@ -6,9 +6,10 @@ keeps every file ruff-formatted, and this tool says when one is not).
     .venv/bin/python tools/function_metrics.py            # the figures
     .venv/bin/python tools/function_metrics.py --list     # and every function named once elsewhere, with its length
 
-"Named": a NAME token (tokenize: code, not strings or comments) in any .py file of the repository outside .venv and
-recipes/hf_cache, its own `def` not counted. A name defined more than once (`main`, `to_dict`) pools its mentions:
-each of its definitions counts as named once elsewhere only when the mentions beyond the definitions number one.
+"Named": a NAME token (tokenize: code, not strings or comments) in any .py file of the repository (git's files,
+tracked or new, never ignored ones), its own `def` not counted. A name defined more than once (`main`, `to_dict`)
+pools its mentions: each of its definitions counts as named once elsewhere only when the mentions beyond the
+definitions number one.
 """
 
 from __future__ import annotations
@@ -25,14 +26,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = ("src", "launch")
-SKIP = (".venv", "recipes/hf_cache", ".git")
 
 
 def python_files(*tops: str) -> list[Path]:
-    roots = [REPO / t for t in tops] if tops else [REPO]
-    return sorted(
-        p for root in roots for p in root.rglob("*.py") if not any(part in str(p.relative_to(REPO)) for part in SKIP)
-    )
+    """The repository's own .py files under `tops` (all when none): tracked or new, never what git ignores (.venv,
+    runs/, where nemo_run copies the whole tree into each experiment and would double every mention)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *tops],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    return sorted(REPO / f for f in listed if f.endswith(".py") and (REPO / f).exists())
 
 
 def functions(path: Path) -> list[tuple[str, int, str]]:
