@@ -212,7 +212,7 @@ def resume_lines(plan: Plan) -> list[str]:
     its notes, or a SubmitError where the job would stop (an incomplete checkpoint, a changed layout)."""
     if not plan.run.checkpoint_dir:
         return []
-    verdict = resume.guard(runopts.summary(plan, plan.run), plan.layout, f"RUN_NAME={plan.run.run_name}")
+    verdict = resume.guard(plan.run_summary, plan.layout, f"RUN_NAME={plan.run.run_name}")
     if verdict.code == 1:
         raise SubmitError(f"{verdict.lines[-1][0].removeprefix('error: ')}; nothing submitted")
     return [line for line, _ in verdict.lines]

@@ -42,6 +42,7 @@ class Plan:
     throughput: throughput.Prediction | None = None  # step time, tokens/s, TFLOP/s on the target GPU
     request: PlanRequest | None = None  # what was asked for, its run options bound (plan/request.py)
     worth: dict = dataclasses.field(default_factory=dict)  # sizing/worth.py: each on overlap's step time when off
+    run_summary: dict | None = None  # plan.json's `run` key (runopts.summary), made once the step time is known
 
     @property
     def gpu_note(self) -> str | None:
@@ -114,8 +115,8 @@ class Plan:
             "cluster": self.profile.name if self.profile else None,
             "env": self.ledger.to_dict() if self.ledger else None,
             "run_dir": str(self.run_dir) if self.run_dir else None,
-            "data": data.consumption(self.cfg, runopts.spec_of(self.run)),
-            "run": runopts.summary(self, self.run),
+            "data": data.consumption(self.cfg, self.run.data_spec()),
+            "run": self.run_summary,
         }
 
 
@@ -168,21 +169,22 @@ def plan_for(
     if bad := inputs.config_problems(cfg, facts, [k for k, _ in pairs]):  # before anything divides by them
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
     target = Target(nodes=req.nodes or entry.nodes, gpu=req.gpu, te_available=te_available)
-    if msg := runopts.nsys_problem(req.run, cfg.train.train_iters, target.world_size):
-        raise PlanError(msg)
     res = resolve(cfg, target)
     partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, request=req)
     ledger = build_ledger(partial, profile, caller_env)
     report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
     report.extend(audit_rows(partial, ledger))
-    report.findings += [Finding(*f) for f in runopts.findings(cfg, req.run, profile)]
     est = memory.estimate(cfg, target)
-    report.findings += memory_findings(est)
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
     cal = calibration.for_cluster(req.cluster.name if req.cluster else cluster or (profile.name if profile else None))
     model_in = prediction_inputs(plan, cal)  # gathered once: the prediction and each overlap's worth read the same
     plan.throughput = model_in.predict()
     plan.worth = worth.overlap_worth(model_in, base=plan.throughput)
+    # The run options last, once the step time is predicted: their findings (a profiler window the run cannot honour
+    # stops the plan here), the memory's, and the plan's `run` key, which quotes the predicted step time.
+    report.findings += [Finding(*f) for f in runopts.findings(cfg, req.run, profile, target.world_size)]
+    report.findings += memory_findings(est)
+    plan.run_summary = runopts.summary(plan, req.run)
     return plan
 
 
@@ -216,11 +218,6 @@ def prediction_inputs(plan: Plan, cal: calibration.Calibration = calibration.PUB
         plan.target.gpu,
         cal,
     )
-
-
-def predict_throughput(plan: Plan) -> throughput.Prediction:
-    """The throughput model on the plan (prediction_inputs), with the fitted constants."""
-    return prediction_inputs(plan).predict()
 
 
 def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:

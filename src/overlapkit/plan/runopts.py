@@ -84,6 +84,12 @@ class RunOptions:
             return "TORCH_PROFILE", self.torch_profile, self.torch_profile_ranks
         return None
 
+    def data_spec(self):
+        """The DataSpec, re-read from its data.toml (in the job too: the files must be on the shared filesystem)."""
+        from overlapkit.plan import data as data_spec
+
+        return data_spec.load(self.data["source"]) if self.data else None
+
 
 def whole(text: str) -> int | None:
     """`text` as a whole number written in ASCII digits, else None (str.isdigit also takes '²', which int() refuses
@@ -223,13 +229,6 @@ def minutes(limit: str) -> int | None:
     return (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
 
 
-def spec_of(opts: RunOptions):
-    """The DataSpec, re-read from its data.toml (in the job too: the files must be on the shared filesystem)."""
-    from overlapkit.plan import data as data_spec
-
-    return data_spec.load(opts.data["source"]) if opts.data else None
-
-
 def apply(cfg, opts: RunOptions) -> None:
     """Bind the config to the run: checkpoints, logs, the exit guards, the Nsight window, the data. Called before
     the user's SET, so an explicit SET still wins (and is audited)."""
@@ -265,16 +264,19 @@ def apply(cfg, opts: RunOptions) -> None:
             profile_step_end=opts.torch_profile[1],
             profile_ranks=list(opts.torch_profile_ranks),
         )
-    if spec := spec_of(opts):
+    if spec := opts.data_spec():
         data_spec.apply(cfg, spec)
 
 
-def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
-    """(level, code, message) for the run's checkpoint settings, then its W&B logging (the key must come from the
-    profile's secrets), its data (epochs of the train split the run reads), and a SET that PREEMPTION_TRAIN
-    overrides in the job (refused, so what plan.json records is what runs)."""
+def findings(cfg, opts: RunOptions, profile, world: int) -> list[tuple[str, str, str]]:
+    """The run options against the built run of `world` ranks. A profiler window it cannot honour stops the plan
+    (BadInput); the rest is (level, code, message): the run's checkpoint settings, then its W&B logging (the key
+    must come from the profile's secrets), its data (epochs of the train split the run reads), and a SET that
+    PREEMPTION_TRAIN overrides in the job (refused, so what plan.json records is what runs)."""
     from overlapkit.plan import data as data_spec
 
+    if msg := nsys_problem(opts, cfg.train.train_iters, world):
+        raise BadInput(msg)
     out = _checkpoint_findings(cfg.checkpoint, opts)
     if opts.wandb and "WANDB_API_KEY" not in getattr(profile, "secrets", ()):
         out.append(
@@ -285,7 +287,7 @@ def findings(cfg, opts: RunOptions, profile) -> list[tuple[str, str, str]]:
                 'WANDB_API_KEY is not in its secrets: add secrets = ["WANDB_API_KEY"]',
             )
         )
-    if opts.data and (eps := data_spec.consumption(cfg, spec_of(opts)).get("epochs")) and eps > 1:
+    if opts.data and (eps := data_spec.consumption(cfg, opts.data_spec()).get("epochs")) and eps > 1:
         out.append(
             (
                 "warning",

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from overlapkit.plan import published
-from overlapkit.plan.build import make_plan, predict_throughput
+from overlapkit.plan.build import make_plan, prediction_inputs
 from overlapkit.plan.registry import get, names
 from overlapkit.sizing import calibration, memory, throughput
 from overlapkit.topology import Layout, Target
@@ -189,5 +189,5 @@ def test_plan_json_and_text_carry_the_prediction():
     buf = io.StringIO()
     render_plan(plan, Console(file=buf, width=120, color_system=None))
     assert re.search(r"predicted on H100 SXM: [\d.]+ s/step · [\d,]+ tokens/s/GPU · \d+ TFLOP/s/GPU", buf.getvalue())
-    h200 = predict_throughput(plan.__class__(**{**plan.__dict__, "target": Target(nodes=8, gpu="h200")}))
+    h200 = prediction_inputs(plan.__class__(**{**plan.__dict__, "target": Target(nodes=8, gpu="h200")})).predict()
     assert h200.step_s < plan.throughput.step_s  # faster HBM: a shorter optimizer step, nothing slower
