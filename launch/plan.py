@@ -13,7 +13,6 @@ from pathlib import Path
 from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
 from overlapkit.errors import BadInput
-from overlapkit.plan.request import Cluster
 
 ROOT = stack.REPO_ROOT
 
@@ -84,9 +83,8 @@ def check(args) -> bool:
     if not args.list:  # CLUSTER's profile: its job_dir holds RUN_NAME's checkpoints, its limit sets the guards
         from overlapkit.cluster.profiles import load_profile
 
-        p = load_profile(args.cluster)  # resolved here, so plan/ reads it; bound by plan_for, not laid out for it
-        where = Cluster(p.name, p.source, str(p.job_path), p.time_limit, p.wandb_project, p.wandb_entity)
-        req = dataclasses.replace(req, cluster=where)
+        # resolved here, so plan/ only reads it; bound by plan_for (with the recipe's time limit), not laid out for it
+        req = dataclasses.replace(req, cluster=load_profile(args.cluster).resolved())
     args.request = req
     return True
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from overlapkit.errors import BadInput
+from overlapkit.plan.request import Cluster
 from overlapkit.plan.runopts import directory_problem
 from overlapkit.secrets import FIX, credential_kind, secret_problem
 from overlapkit.stack import REPO_ROOT, repo_relative
@@ -76,6 +77,12 @@ class ClusterProfile:
     @property
     def source(self) -> str:
         return repo_relative(self.path) if self.path else f"profile {self.name} (in memory)"
+
+    def resolved(self) -> Cluster:
+        """What a plan reads of this profile (plan/request.py's Cluster): its job directory made absolute."""
+        return Cluster(
+            self.name, self.source, str(self.job_path), self.time_limit, self.wandb_project, self.wandb_entity
+        )
 
     def to_dict(self) -> dict:
         return {

@@ -258,7 +258,7 @@ def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
     project. The recipe's limit is looked up even when the profile has one: an unknown recipe is that error first."""
     from overlapkit.plan import registry
 
-    return request.bind(req, profile, registry.get(req.recipe).time_limit)
+    return request.bind(req, profile.resolved(), registry.get(req.recipe).time_limit)
 
 
 LOCAL_RUNS = stack.REPO_ROOT / "runs" / "local"  # run-local's job directory: its checkpoints and run directories

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from overlapkit.plan import presets
-from overlapkit.topology import Target, data_parallel_size
+from overlapkit.topology import DEFAULT_GPU, Target, data_parallel_size
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Resolved:
     bridge_asserts: list[str] = field(default_factory=list)  # MoE overlap prerequisites Bridge's setup asserted
 
 
-def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = "h100"):
+def apply_overlap_stack(cfg, intent: OverlapIntent | None = None, *, gpu: str = DEFAULT_GPU):
     """Switch on every overlap the layout allows. Mutates and returns `cfg`; raises PresetError on no preset.
     One step per overlap group, in the audit's order: TP (with the pipeline knobs kept), EP, DP, precision."""
     intent = intent or OverlapIntent()

@@ -13,6 +13,7 @@ from functools import cache
 from overlapkit.errors import BadInput
 from overlapkit.shape import ModelShape
 from overlapkit.sizing.hardware import HARDWARE
+from overlapkit.topology import DEFAULT_GPU
 
 _NAME = re.compile(
     r"^userbuffers_(?P<dtype>bf16|fp8)_(?P<gpu>[a-z0-9]+)_h(?P<hidden>\d+)_tp(?P<tp>\d+)"
@@ -41,12 +42,12 @@ class PresetKey:
     seq: int
 
     @classmethod
-    def of(cls, shape: ModelShape, *, tp: int, cp: int, mbs: int, gpu: str = "h100") -> PresetKey:
+    def of(cls, shape: ModelShape, *, tp: int, cp: int, mbs: int, gpu: str = DEFAULT_GPU) -> PresetKey:
         """The key a model needs at this TP/CP/MBS on `gpu` (an H200 runs the H100 presets: sizing/hardware.py)."""
         return cls(HARDWARE[gpu].presets, shape.dtype, shape.hidden, tp, cp, mbs, shape.seq)
 
 
-def key_of(cfg, gpu: str = "h100") -> PresetKey:
+def key_of(cfg, gpu: str = DEFAULT_GPU) -> PresetKey:
     """The key a Bridge config needs."""
     m = cfg.model
     return PresetKey.of(

@@ -47,10 +47,9 @@ class PlanRequest:
     cluster: Cluster | None = None
 
 
-def bind(req: PlanRequest, where, recipe_time_limit: str | None) -> PlanRequest:
+def bind(req: PlanRequest, where: Cluster, recipe_time_limit: str | None) -> PlanRequest:
     """The request on this cluster: its job directory, the per-segment time limit (the profile's, else the
-    recipe's), its W&B project. A chained run needs a limit longer than its save window. `where`: a Cluster (make
-    plan); cluster/submit.py still passes its ClusterProfile, whose fields and properties have the same names."""
+    recipe's), its W&B project. A chained run needs a limit longer than its save window."""
     limit = runopts.minutes(where.time_limit or recipe_time_limit or "") or None
     window = runopts.GUARD_MIN + runopts.PREEMPT_S // 60
     if req.run.segments > 1 and limit is not None and limit <= window:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from overlapkit.plan import registry
 from overlapkit.sizing import memory
-from overlapkit.topology import Layout, Target
+from overlapkit.topology import DEFAULT_GPU, Layout, Target
 
 ITERS = 20
 LABEL = "1 GPU · BF16 · Megatron Core local spec (no TE): unfused attention, native cross entropy"
@@ -140,7 +140,7 @@ def build(key: str, side: str, iters: int = ITERS):
     return cfg
 
 
-def estimate(cfg, gpu: str = "h100", hbm_gb: float | None = None) -> memory.MemoryEstimate:
+def estimate(cfg, gpu: str = DEFAULT_GPU, hbm_gb: float | None = None) -> memory.MemoryEstimate:
     """Memory estimate of a cut config on one GPU (unfused attention, native cross entropy, no userbuffers)."""
     w = memory.workload_of(cfg, Target(nodes=1, gpus_per_node=1, te_available=False))  # no TE: no userbuffers
     w = dataclasses.replace(w, attention="unfused", fused_cross_entropy=False)

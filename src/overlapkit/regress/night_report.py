@@ -30,7 +30,7 @@ def append_history(path: Path, records: list[dict]) -> None:
     atomic too, but rewrites every past night each time and needs the directory fsync as well."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(json.dumps(logparse._clean(r), sort_keys=True) + "\n" for r in records).encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = jsonio.open_lock(path, 0o644, append=True)  # never through a link planted at its name
     try:
         if (size := os.fstat(fd).st_size) and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data  # a previous crash left a torn line: start ours on a fresh one

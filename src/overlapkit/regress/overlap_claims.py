@@ -9,6 +9,7 @@ from __future__ import annotations
 from overlapkit.plan import runopts
 from overlapkit.plan.env import PINNED
 from overlapkit.regress.overlap_classes import CLASSES, Layout
+from overlapkit.topology import DEFAULT_GPU
 
 # The plan's audit rows that claim each class's overlap (plan/audit.py, plan/moe.py). CP has no switch: Transformer
 # Engine's context-parallel attention always overlaps each K/V exchange with the previous chunk's attention
@@ -107,7 +108,7 @@ def findings(report: dict, plan: dict) -> list[dict]:
         msg = f"the plan profiles ranks {planned['ranks']}; the profiles are of ranks {sorted(set(nums))}"
         out.append(_finding("profile_ranks", "warning", msg))
     gpus = {r["gpu"] for r in report["ranks"].values() if r["gpu"]}
-    planned = str(plan.get("gpu") or "h100")  # plan.json's GPU= (sizing/hardware.py), h100 before GPU= existed
+    planned = str(plan.get("gpu") or DEFAULT_GPU)  # plan.json's GPU= (sizing/hardware.py), h100 before GPU= existed
     if other := sorted(g for g in gpus if planned.upper() not in g.upper()):
         msg = f"profiled on {', '.join(other)}, but the plan is for GPU={planned}: its memory, throughput and the "
         msg += "claims' thresholds are sized for that GPU"
