@@ -66,12 +66,19 @@ def pair(spec):
 
 
 @pytest.fixture(scope="module")
-def chain3(pair):
-    """The one of the pair that was submitted: (name, run directory, its three job ids)."""
+def submitted_chain(pair):
+    """The one of the pair that was submitted: (name, run directory, its three job ids), and segment 3's dependency
+    as Slurm shows it right then (once segment 2 has ended, Slurm shows none)."""
     name, outs = pair
     won = [out for out, code in outs if code == 0]
     assert len(won) == 1, outs
-    return (name, *submitted(won[0][0]))
+    name, run_dir, ids = (name, *submitted(won[0][0]))
+    return name, run_dir, ids, dependency(ids[2])
+
+
+@pytest.fixture(scope="module")
+def chain3(submitted_chain):
+    return submitted_chain[:3]
 
 
 def dependency(job: str) -> str:
@@ -83,10 +90,10 @@ def make(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "-s", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkpoint_fails(chain3):
-    name, run_dir, ids = chain3
+def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkpoint_fails(submitted_chain):
+    name, run_dir, ids, queued_behind = submitted_chain
     assert len(ids) == 3
-    assert dependency(ids[2]).startswith(f"afterany:{ids[1]}")  # still queued behind segment 2: Slurm shows it
+    assert queued_behind.startswith(f"afterany:{ids[1]}")  # queued behind segment 2: Slurm showed it
     states = [slurm.wait_for(j, timeout=600).split()[0] for j in ids]
     assert states == ["COMPLETED", "FAILED", "FAILED"]
     info = json.loads((run_dir / "submission.json").read_text())

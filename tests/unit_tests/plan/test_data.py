@@ -33,7 +33,17 @@ def prepared(tmp_path_factory):
     out = subprocess.run(["make", "-s", "prep-data", f"IN={corpus}", f"TOKENIZER={tok}", f"OUT={root / 'out'}"],
                          cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    return {"root": root, "docs": docs, "tok": tok, "corpus": corpus, "out": root / "out", "stdout": out.stdout}
+    # What prep-data wrote, listed now: a test that builds the datasets adds Megatron's index-cache/ beside them.
+    wrote = sorted(p.name for p in (root / "out").iterdir())
+    return {
+        "root": root,
+        "docs": docs,
+        "tok": tok,
+        "corpus": corpus,
+        "out": root / "out",
+        "stdout": out.stdout,
+        "wrote": wrote,
+    }
 
 
 def test_prep_data_writes_a_dataset_megatron_reads_and_a_spec(prepared):
@@ -41,7 +51,7 @@ def test_prep_data_writes_a_dataset_megatron_reads_and_a_spec(prepared):
 
     out = prepared["out"]
     assert "Processed" in prepared["stdout"] and "wrote 1 dataset(s)" in prepared["stdout"]  # progress, result
-    assert sorted(p.name for p in out.iterdir()) == ["corpus_text.bin", "corpus_text.idx", "data.toml"]
+    assert prepared["wrote"] == ["corpus_text.bin", "corpus_text.idx", "data.toml"]
     ds = IndexedDataset(str(out / "corpus_text"))
     assert len(ds) == len(prepared["docs"])
     spec = data.load(out / "data.toml")
