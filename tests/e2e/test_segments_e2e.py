@@ -81,6 +81,15 @@ def chain3(submitted_chain):
     return submitted_chain[:3]
 
 
+@pytest.fixture(scope="module")
+def ended(submitted_chain):
+    """Once the chain has ended: each job's final state and `make status` on it, read before any test continues the
+    run (a continuation under the same RUN_NAME adds a checkpoint that make status would then show)."""
+    _, run_dir, ids, _ = submitted_chain
+    states = [slurm.wait_for(j, timeout=600).split()[0] for j in ids]
+    return states, make("status", f"RUN={run_dir}").stdout
+
+
 def dependency(job: str) -> str:
     out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
     return re.search(r"Dependency=(\S+)", out).group(1)
@@ -90,11 +99,11 @@ def make(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "-s", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkpoint_fails(submitted_chain):
+def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkpoint_fails(submitted_chain, ended):
     name, run_dir, ids, queued_behind = submitted_chain
+    states, status = ended
     assert len(ids) == 3
     assert queued_behind.startswith(f"afterany:{ids[1]}")  # queued behind segment 2: Slurm showed it
-    states = [slurm.wait_for(j, timeout=600).split()[0] for j in ids]
     assert states == ["COMPLETED", "FAILED", "FAILED"]
     info = json.loads((run_dir / "submission.json").read_text())
     exp = Path(info["experiment_dir"])
@@ -107,12 +116,11 @@ def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkp
     assert rebuilt == {"save": ckdir, "load": ckdir}
     log = "".join(f.read_text() for f in (exp / "train-seg2").glob("log-*.out"))
     assert f"error: segment 2/3: no checkpoint to resume from in {ckdir}" in log
-    status = make("status", f"RUN={run_dir}").stdout
     assert f"segment 1/3: job {ids[0]} COMPLETED; preflight OK" in status
     assert f"segment 2/3: job {ids[1]} FAILED" in status and "last checkpointed none yet" in status
 
 
-def test_one_live_run_per_run_name_and_a_finished_run_cancels_its_later_segments(spec, pair, chain3):
+def test_one_live_run_per_run_name_and_a_finished_run_cancels_its_later_segments(spec, pair, chain3, ended):
     name, run_dir, ids = chain3
     ck = JOBS / "checkpoints" / name
     [((_, err), code)] = [out for out in pair[1] if out[1] != 0]  # typed at once: the other one is refused
@@ -123,7 +131,7 @@ def test_one_live_run_per_run_name_and_a_finished_run_cancels_its_later_segments
     mine = [p for p in (JOBS / "runs").glob("*/plan.json") if json.loads(p.read_text())["run"]["run_name"] == name]
     assert [p.parent for p in mine] == [run_dir]  # the refused one left no run directory
     assert [s["job_ids"] for s in runlock.submissions(ck)] == [ids]
-    assert all(slurm.wait_for(j, timeout=600).startswith(slurm.TERMINAL) for j in ids)
+    assert all(state.startswith(slurm.TERMINAL) for state in ended[0])  # the chain has ended
     # The run has ended: its RUN_NAME is accepted again (a continuation). Its checkpoint is at train_iters (the
     # recipe's 1168251, laid out as Megatron writes it): segment 1 exits 0 and cancels segment 2.
     save_iteration(ck, 1168251)
