@@ -27,8 +27,6 @@ UNTESTED = {
     "bench": "minutes of timed Bridge imports (docs/architecture.md, measured facts): a measurement, not a check",
     "slurm-up": "installs Debian packages as root and starts the local Slurm that the e2e tests need",
     "slurm-down": "stops the local Slurm the e2e tests need",
-    "logs": "prints a run's Slurm job logs (python -m launch logs); no test reads them through make yet",
-    "bless": "needs a completed GPU training run of a nightly shape; bless_checks are unit-tested in test_rules.py",
 }
 
 FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.S | re.M)

@@ -115,11 +115,11 @@ def test_the_rule_names_each_kind_of_break():
     everything_run = targets - set(make_targets.UNTESTED)
     shown = {t: {"README.md"} for t in targets}
     assert make_targets.judge(shown, everything_run) == []
-    problems = make_targets.judge({**shown, "nonesuch": {"docs/x.md"}}, everything_run - {"plan"} | {"bless"})
+    problems = make_targets.judge({**shown, "nonesuch": {"docs/x.md"}}, everything_run - {"plan"} | {"lint"})
     assert problems == [
         "`make nonesuch` shown in ['docs/x.md'] is not a Makefile target",
         "`make plan` shown in ['README.md']: no test ran it (add a test, or its reason to UNTESTED)",
-        "a test ran `make bless`: drop it from UNTESTED",
+        "a test ran `make lint`: drop it from UNTESTED",
     ]
     del shown["bench"]
     assert make_targets.judge(shown, everything_run) == ["UNTESTED names bench, which no doc shows"]
