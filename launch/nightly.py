@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from launch import plan_server
 from launch.args import Parser, add_gpu_option, switch
 from overlapkit import stack
 from overlapkit.cluster.submit import Interrupted, install_signal_handlers, preflight_mode
@@ -142,6 +143,9 @@ def run(args) -> int:
                     raise BadInput(
                         "schedule-run runs inside the scheduler job (no SLURM_JOB_ID here): use make nightly-schedule"
                     )
+                # The night it fires plans in its own process, as every job does: a plan server started from this
+                # job (which fire() strips of SLURM_*) would idle on the node for 15 minutes after the job ended.
+                os.environ[plan_server.SWITCH] = "0"
                 return schedule.fire(profile_of(args), job_id, SCHEDULER_COMMANDS, say=print)
             case "schedule-status":
                 st = chain_status.status(profile_of(args), args.cluster)
