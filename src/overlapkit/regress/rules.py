@@ -269,7 +269,7 @@ def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> lis
         )
     elif (state or "UNKNOWN").split()[0].rstrip("+") != "COMPLETED":
         out.append(f"Slurm job {job} is {state or 'UNKNOWN'}, not COMPLETED: bless a run whose job completed")
-    s, launch = parsed["summary"], parsed.get("launch") or {}
+    s, stated = parsed["summary"], parsed.get("launch") or {}  # what the log says of its launch
     if not s["iterations"] or s["step_time_ms"] is None:
         return out + [
             "no training iterations in the log; nothing to bless: bless a run whose log has Bridge's "
@@ -281,9 +281,9 @@ def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> lis
     lay = plan.get("layout") or {}
     # Bridge prints the global batch size on every iteration line, so a log without it is not Bridge's; the world
     # size and the recipe are checked wherever something states them (module doc of logparse: where).
-    out += _disagreement("global batch size", launch.get("global_batch_sizes"), lay.get("gbs"), required=True)
-    out += _disagreement("world size", launch.get("world_sizes"), lay.get("gpus"))
-    out += _disagreement("recipe", launch.get("recipes"), plan.get("recipe"))
+    out += _disagreement("global batch size", stated.get("global_batch_sizes"), lay.get("gbs"), required=True)
+    out += _disagreement("world size", stated.get("world_sizes"), lay.get("gpus"))
+    out += _disagreement("recipe", stated.get("recipes"), plan.get("recipe"))
     if meta.get("recipe") not in (None, plan.get("recipe")):
         out.append(
             f"nightly.json's recipe {meta['recipe']} != plan.json's {plan.get('recipe')}: the run directory "
