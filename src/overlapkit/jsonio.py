@@ -1,13 +1,17 @@
 """The one file writer: atomic (a reader never sees half a file) and never through a planted link; the JSON writer on
-it (indented, newline-terminated); and the one JSON reader: lenient for files that may not be there yet, strict (one
-line naming the file's role and the fix) for a file a command needs."""
+it (indented, newline-terminated); the one guarded reader of a file a user or a co-user can plant (a regular file
+only, a size ceiling, bounded decompression, strict numbers); and the one JSON reader on it: lenient for files that
+may not be there yet, strict (one line naming the file's role and the fix) for a file a command needs."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
+import stat
+import zlib
 from pathlib import Path
 
 from overlapkit.errors import BadInput
@@ -70,6 +74,100 @@ def open_lock(path: Path, mode: int = 0o600, *, append: bool = False) -> int:
         raise BadInput(f"{path} {link or f'cannot be opened ({exc.strerror})'}: remove it, then run again") from None
 
 
+MiB = 1 << 20
+# Size ceilings per kind of file read: far above any real one (a plan.json is ~40 KB, a 1,000-step Bridge log ~1 MB,
+# a profiler trace of a few steps of 8 ranks tens of MB), far below what would take a 24 GB login node down.
+RECORD_LIMIT = 16 * MiB  # plan.json, submission.json, overrides.json, calibrations, schedules, night records
+LOG_LIMIT = 512 * MiB  # a training log
+TRACE_LIMIT = 2048 * MiB  # a profiler trace, once unpacked
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class Unreadable(BadInput):
+    """A file that cannot be read safely (not a regular file, a link where none may be, over its size ceiling, unpacking
+    past it, unreadable): `what` says which, the message is `<path>: <what>`. A missing file is FileNotFoundError."""
+
+    def __init__(self, path: Path, what: str):
+        super().__init__(f"{path}: {what}")
+        self.path, self.what = Path(path), what
+
+
+def read_bytes(path: Path, limit: int = RECORD_LIMIT, *, follow: bool = True) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them, gzip unpacked (bounded by `limit` too) where the
+    file is gzip. Opened non-blocking, so a FIFO planted in its place never hangs the reader; a FIFO, socket, device or
+    directory is refused before any read; `follow=False`: a symbolic link at `path` is refused (where only the project
+    writes the file). FileNotFoundError passes; every other problem is one Unreadable."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if not follow and Path(path).is_symlink():
+            raise Unreadable(path, "is a symbolic link, never followed here: remove it") from None
+        raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise Unreadable(path, "cannot be read (Is a directory)")
+        raise Unreadable(path, "is not a regular file (a FIFO, socket or device): give the file itself")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise Unreadable(path, f"is larger than {limit // MiB} MiB, far past any real one of its kind")
+    return gunzip(path, data, limit) if data[:2] == b"\x1f\x8b" else data
+
+
+def gunzip(path: Path, data: bytes, limit: int) -> bytes:
+    """`data` (gzip, one member or several) unpacked, refusing to produce more than `limit` bytes: a small bomb never
+    reaches memory whole."""
+    out = bytearray()
+    try:
+        while data:
+            d = zlib.decompressobj(wbits=31)
+            out += d.decompress(data, limit + 1 - len(out))
+            if len(out) > limit or d.unconsumed_tail:
+                raise Unreadable(path, f"unpacks to more than {limit // MiB} MiB, far past any real one of its kind")
+            if not d.eof:
+                raise Unreadable(path, "is a truncated gzip file: copy it again")
+            data = d.unused_data
+    except zlib.error as exc:
+        raise Unreadable(path, f"is not a readable gzip file ({exc})") from None
+    return bytes(out)
+
+
+def strict_int(text: str) -> int:
+    """A JSON integer within int64 (checked on its digits before conversion: Python's digit limit is never reached)."""
+    digits = text.lstrip("-")
+    value = int(text) if len(digits) <= 19 else None
+    if value is None or not INT64[0] <= value <= INT64[1]:
+        raise ValueError(f"the integer {text[:24]}{'...' if len(text) > 24 else ''} is out of range (int64)")
+    return value
+
+
+def strict_float(text: str) -> float:
+    """A finite JSON number (1e999 is not one)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:24]} is out of range")
+    return value
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number")
+
+
+def loads(raw: bytes | str, *, parse_float=strict_float):
+    """JSON with strict numbers: integers within int64, finite floats (or `parse_float`'s own strict reading), no
+    NaN/Infinity. ValueError (json's, or one of these) for anything else."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    return json.loads(text, parse_int=strict_int, parse_float=parse_float, parse_constant=_no_constant)
+
+
 class FileProblem(BadInput):
     """A JSON file a command needs is missing or not what it should be: one line naming the file, what it is (its
     role), what is wrong with it, and what to do."""
@@ -102,13 +200,11 @@ def file_problem(path: Path, what: str, role: str, fix: str = "") -> FileProblem
 def _read(path: Path, kind: type, keys) -> tuple[object, str | None]:
     """(value, None) or (None, what is wrong); FileNotFoundError passes."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        return None, f"cannot be read ({exc.strerror or exc})"
+        raw = read_bytes(path)
+    except Unreadable as exc:
+        return None, exc.what
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = loads(raw)
     except UnicodeDecodeError as exc:
         return None, f"is not text (byte {exc.start + 1} is not UTF-8)"
     except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError

@@ -3,8 +3,10 @@ reader: lenient, the object or None for anything else; strict (a role given), on
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +94,60 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_the_guarded_reader_refuses_what_would_hang_or_flood_it(tmp_path):
+    """A FIFO (open() alone would block for ever), a device, a planted link where none may be, a file past its
+    ceiling, a gzip bomb: each one Unreadable line, returned at once."""
+    fifo = tmp_path / "submission.json"
+    os.mkfifo(fifo)
+    with pytest.raises(jsonio.Unreadable, match="not a regular file"):
+        jsonio.read_bytes(fifo)
+    assert jsonio.read_json(fifo) is None
+    with pytest.raises(jsonio.FileProblem, match="not a regular file.*it should be the record"):
+        jsonio.read_json(fifo, role="the record")
+    with pytest.raises(jsonio.Unreadable, match="not a regular file"):
+        jsonio.read_bytes(Path("/dev/zero"))
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    (tmp_path / "link.json").symlink_to(real)
+    assert jsonio.read_bytes(tmp_path / "link.json") == b"{}"
+    with pytest.raises(jsonio.Unreadable, match="symbolic link, never followed"):
+        jsonio.read_bytes(tmp_path / "link.json", follow=False)
+    with pytest.raises(jsonio.Unreadable, match="larger than 1 MiB"):
+        jsonio.read_bytes(_write(tmp_path / "big", b"x" * (jsonio.MiB + 1)), jsonio.MiB)
+    bomb = _write(tmp_path / "bomb.json.gz", gzip.compress(b"0" * (8 * jsonio.MiB)))
+    assert len(bomb.read_bytes()) < 64 * 1024
+    with pytest.raises(jsonio.Unreadable, match="unpacks to more than 1 MiB"):
+        jsonio.read_bytes(bomb, jsonio.MiB)
+    two = _write(tmp_path / "two.gz", gzip.compress(b"ab") + gzip.compress(b"cd"))
+    assert jsonio.read_bytes(two) == b"abcd"
+    with pytest.raises(jsonio.Unreadable, match="truncated gzip"):
+        jsonio.read_bytes(_write(tmp_path / "cut.gz", gzip.compress(b"x" * 1000)[:-12]))
+    with pytest.raises(FileNotFoundError):
+        jsonio.read_bytes(tmp_path / "absent")
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"n": 9223372036854775808}',
+        '{"n": -9223372036854775809}',
+        '{"n": 1' + "0" * 5000 + "}",
+        '{"n": 1e999}',
+        '{"n": NaN}',
+        '{"n": -Infinity}',
+    ],
+)
+def test_strict_numbers_refuse_what_no_record_holds(tmp_path, text):
+    """Integers past int64 (checked on the digits: Python's 4,300-digit limit is never reached), infinities, NaN."""
+    path = _write(tmp_path / "plan.json", text.encode())
+    assert jsonio.read_json(path) is None
+    with pytest.raises(jsonio.FileProblem, match=r"plan.json: is not JSON \((the integer|the number|NaN|-Infinity)"):
+        jsonio.read_json(path, role="the plan")
+    assert jsonio.loads('{"n": 9223372036854775807, "f": 1.5e300}') == {"n": 9223372036854775807, "f": 1.5e300}
