@@ -149,6 +149,14 @@ def strict_int(text: str) -> int:
     return value
 
 
+def bounded_int(text: str) -> int:
+    """A JSON integer of any size up to 64 digits, for files others write (a Hugging Face tokenizer_config.json holds
+    model_max_length = 1000000000000000019884624838656): the digit limit is never reached, int64 not required."""
+    if len(text.lstrip("-")) > 64:
+        raise ValueError(f"the integer {text[:24]}... has more than 64 digits")
+    return int(text)
+
+
 def strict_float(text: str) -> float:
     """A finite JSON number (1e999 is not one)."""
     value = float(text)
@@ -161,11 +169,12 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a number")
 
 
-def loads(raw: bytes | str, *, parse_float=strict_float):
-    """JSON with strict numbers: integers within int64, finite floats (or `parse_float`'s own strict reading), no
-    NaN/Infinity. ValueError (json's, or one of these) for anything else."""
+def loads(raw: bytes | str, *, parse_float=strict_float, parse_int=strict_int):
+    """JSON with strict numbers: integers within int64 (or `parse_int`'s bound: bounded_int for files others write),
+    finite floats (or `parse_float`'s own strict reading), no NaN/Infinity. ValueError (json's, or one of these) for
+    anything else."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    return json.loads(text, parse_int=strict_int, parse_float=parse_float, parse_constant=_no_constant)
+    return json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=_no_constant)
 
 
 class FileProblem(BadInput):
@@ -176,15 +185,18 @@ class FileProblem(BadInput):
 _TYPES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}
 
 
-def read_json(path: Path, kind: type = dict, *, role: str = "", fix: str = "", keys=(), missing_ok: bool = False):
+def read_json(
+    path: Path, kind: type = dict, *, role: str = "", fix: str = "", keys=(), missing_ok: bool = False, foreign=False
+):
     """The JSON value of type `kind` (an object by default; a list for results.json) in `path`.
 
     Without `role`: None when there is none to read (missing, unreadable, not valid JSON: a file another process is
     still writing without write_json, or valid JSON of another type). With `role` (what the file is, for the
     message: "the night's record that make nightly writes") it is required and must hold `keys`: anything else is
-    one FileProblem saying what is wrong, then `fix`; `missing_ok`: a missing file is None, a broken one an error."""
+    one FileProblem saying what is wrong, then `fix`; `missing_ok`: a missing file is None, a broken one an error.
+    `foreign`: a file another tool writes (integers of any size up to 64 digits, not only int64)."""
     try:
-        data, problem = _read(Path(path), kind, keys)
+        data, problem = _read(Path(path), kind, keys, bounded_int if foreign else strict_int)
     except FileNotFoundError:
         data, problem = None, None if missing_ok else "no such file"
     if problem and role:
@@ -197,14 +209,14 @@ def file_problem(path: Path, what: str, role: str, fix: str = "") -> FileProblem
     return FileProblem(f"{path}: {what}; it should be {role}" + (f": {fix}" if fix else ""))
 
 
-def _read(path: Path, kind: type, keys) -> tuple[object, str | None]:
+def _read(path: Path, kind: type, keys, parse_int) -> tuple[object, str | None]:
     """(value, None) or (None, what is wrong); FileNotFoundError passes."""
     try:
         raw = read_bytes(path)
     except Unreadable as exc:
         return None, exc.what
     try:
-        data = loads(raw)
+        data = loads(raw, parse_int=parse_int)
     except UnicodeDecodeError as exc:
         return None, f"is not text (byte {exc.start + 1} is not UTF-8)"
     except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError

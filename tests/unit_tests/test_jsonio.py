@@ -151,3 +151,12 @@ def test_strict_numbers_refuse_what_no_record_holds(tmp_path, text):
     with pytest.raises(jsonio.FileProblem, match=r"plan.json: is not JSON \((the integer|the number|NaN|-Infinity)"):
         jsonio.read_json(path, role="the plan")
     assert jsonio.loads('{"n": 9223372036854775807, "f": 1.5e300}') == {"n": 9223372036854775807, "f": 1.5e300}
+
+
+def test_a_file_another_tool_writes_may_hold_a_big_integer(tmp_path):
+    """Hugging Face writes model_max_length = 1e30 as an integer into tokenizer_config.json: `foreign` takes it (up
+    to 64 digits), our own records do not."""
+    path = _write(tmp_path / "tokenizer_config.json", b'{"model_max_length": 1000000000000000019884624838656}')
+    assert jsonio.read_json(path) is None
+    assert jsonio.read_json(path, foreign=True) == {"model_max_length": 1000000000000000019884624838656}
+    assert jsonio.read_json(_write(tmp_path / "t.json", b'{"n": 1' + b"0" * 70 + b"}"), foreign=True) is None

@@ -118,7 +118,9 @@ def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force:
     # vocabulary data.toml records).
     eos = None
     for file in ("tokenizer_config.json", "special_tokens_map.json"):
-        cfg = jsonio.read_json(tok / file, role=f"the tokenizer's {file}", fix="re-save the tokenizer", missing_ok=True)
+        cfg = jsonio.read_json(
+            tok / file, role=f"the tokenizer's {file}", fix="re-save the tokenizer", missing_ok=True, foreign=True
+        )
         value = (cfg or {}).get("eos_token")
         eos = value.get("content") if isinstance(value, dict) else value
         if eos is not None:
