@@ -391,6 +391,39 @@ def _moe_plan(o: Outputs, model: str):
     return next(p for n, p in o.plans.items() if n.startswith(model + "_pretrain_") and n.endswith("_bf16"))
 
 
+BACKENDS = {"hybridep": "HybridEP", "deepep": "DeepEP"}
+KEPT_OFF = {"tp_comm_overlap": "TP", "overlap_p2p_comm": "p2p", "overlap_grad_reduce": "DP grad-reduce"}
+KEPT_OFF["ep_a2a_overlap"] = "EP"
+
+
+def moe_cells(p) -> tuple[str, ...]:
+    """One MoE recipe's row of docs/moe.md's table: layout, dispatcher, EP overlap, kept off, connections."""
+    lay, m, state = p.to_dict()["layout"], p.cfg.model, {r.name: r.state for r in p.report.rows}
+    vp = f" VP{lay['vpp']}" if lay["vpp"] else ""
+    layout = f"TP{lay['tp']} PP{lay['pp']}{vp} EP{lay['ep']}, expert-DP {lay['expert_dp']}"
+    kind = m.moe_token_dispatcher_type
+    dispatcher = f"flex / {BACKENDS.get(m.moe_flex_dispatcher_backend, m.moe_flex_dispatcher_backend)}"
+    ep = state.get("ep_a2a_overlap", "n/a") + (" + delayed wgrad" if state.get("delay_wgrad_compute") == "on" else "")
+    off = [KEPT_OFF[name] for name in KEPT_OFF if p.intent.why_off(name)]
+    kept = (", ".join(off[:-1]) + " and " + off[-1] if len(off) > 1 else off[0]) + " overlap" if off else "–"
+    conns = next((str(e.value) for e in p.ledger.entries if e.name == "CUDA_DEVICE_MAX_CONNECTIONS"), "–")
+    return layout, dispatcher if kind == "flex" else kind, ep, kept, conns
+
+
+def moe_table(o: Outputs) -> str:
+    head = "| recipe | layout (EP, expert-DP) | dispatcher | EP overlap | kept off, as NVIDIA does | "
+    lines = [head + "CUDA_DEVICE_MAX_CONNECTIONS |", "|---" * 6 + "|"]
+    for model in MOE_MODELS:
+        twins = {n: moe_cells(p) for n, p in o.plans.items() if n.startswith(model + "_pretrain_")}
+        names = sorted(twins)
+        if len(set(twins.values())) == 1:  # both precisions alike: one row
+            family = names[0].rpartition("_")[0]
+            names = [f"{family}_{{{','.join(n.rpartition('_')[2] for n in sorted(twins))}}}"]
+            twins = {names[0]: next(iter(twins.values()))}
+        lines += [f"| `{n}` | " + " | ".join(twins[n]) + " |" for n in names]
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def moe_params(o: Outputs) -> str:
     """The 235B header's parameter count, as `make plan` prints it."""
     from overlapkit.plan.report import render_plan
@@ -521,6 +554,7 @@ REGIONS: dict[str, tuple[str, Callable[[Outputs], str]]] = {
     "fork-34b-file": ("docs/forking.md", fork_34b_file),
     "fork-errors": ("docs/forking.md", fork_errors),
     "fork-memory": ("docs/forking.md", memory_table),
+    "moe-table": ("docs/moe.md", moe_table),
     "moe-error": ("docs/moe.md", moe_error),
     "moe-params": ("docs/moe.md", moe_params),
     "moe-totals": ("docs/moe.md", moe_totals),
