@@ -110,8 +110,8 @@ plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded betwe
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
 	@$(PY) -m launch new-recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" --cluster="$$CLUSTER" $(FORK_FLAGS) --args="$$ARGS"
 
-docs: ## regenerate every figure README.md and docs/ show from the code (launch/docs.py); make test fails until you do
-	@$(PY) -m launch docs
+docs: ## regenerate every figure README.md and docs/ show from the code (tools/docs.py); make test fails until you do
+	@$(PY) tools/docs.py
 
 bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`; the overlap report on 8 x 200k kernels vs a plain sweep
 	@$(PY) bench/plan_all.py

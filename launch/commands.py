@@ -55,7 +55,6 @@ COMMANDS = {
     "nightly-unschedule": Command("launch.nightly", ("unschedule",)),
     "plan-server": Command("launch.plan_server", ("serve",)),  # what a client starts
     "plan-server-stop": Command("launch.plan_server", ("stop",)),
-    "docs": Command("launch.docs"),
 }
 
 

@@ -1,22 +1,26 @@
 """The docs, checked: the README stays a short front page with the two set-up commands, every relative link in
 README.md and docs/*.md resolves to a file in the repository, no excerpt carries a path of the machine it was made
 on, every `make <target>` they show is a Makefile target that a test runs or that UNTESTED names with the
-reason no test runs it, and every figure in a marked region is what the code produces today (launch/docs.py:
+reason no test runs it, and every figure in a marked region is what the code produces today (tools/docs.py:
 `make docs` rewrites them)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import make_targets
 import pytest
 
-from launch import docs
 from overlapkit import stack
 
 REPO = stack.REPO_ROOT
+_spec = importlib.util.spec_from_file_location("docs_tool", REPO / "tools" / "docs.py")  # `make docs`, a script
+docs = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # its dataclasses look it up there
+_spec.loader.exec_module(docs)
 README = REPO / "README.md"
 README_MAX_BYTES = 12_000
 SETUP_COMMANDS = ("make plan RECIPE=llama3_70b_pretrain_64gpu_h100_bf16", "make test")
@@ -158,7 +162,7 @@ def test_the_detectors_see_what_they_claim():
 
 
 def test_every_generated_figure_is_what_the_code_produces_today():
-    """Each marked region of README.md and docs/*.md against what launch/docs.py produces in this process (the
+    """Each marked region of README.md and docs/*.md against what tools/docs.py produces in this process (the
     commands' real output, the plans' predictions): a model change that moves a number fails here until `make docs`
     is run."""
     stale = docs.problems(docs.pages(), docs.produce())
@@ -174,7 +178,7 @@ def test_the_docs_check_names_each_kind_of_break_and_make_docs_mends_them():
     }
     assert docs.problems(texts, produced) == [
         "docs/plan.md: region 'plan-worth-tp' is not what the code produces today",
-        "README.md: region 'nonesuch' has no generator in launch/docs.py REGIONS",
+        "README.md: region 'nonesuch' has no generator in tools/docs.py REGIONS",
         "docs/moe.md: region 'plan-worth-tp' belongs once to docs/plan.md",
         "README.md: region 'readme-plan' is missing",
     ]

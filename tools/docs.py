@@ -1,4 +1,5 @@
-"""`make docs`: every figure the README and docs/ show is produced here by the code that makes it, never typed.
+"""`make docs` (`python tools/docs.py [--check]`): every figure the README and docs/ show is produced here by the
+code that makes it, never typed.
 
 A figure sits in a marked region of its page, `<!-- make docs: NAME -->` ... `<!-- /make docs -->`: a block (the
 markers on lines of their own: a command's real output, a table) or a figure inside a sentence (both markers
@@ -15,6 +16,7 @@ measured fact with its date and command (docs/architecture.md, measured facts).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import functools
@@ -41,6 +43,9 @@ Q30 = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16"
 FORK_34B = ["--from", R70, "--name", "llama3_34b_pretrain_32gpu_h100_bf16", "--layers", "48", "--ffn", "22016"]
 FORK_MOE = ["--from", Q30, "--name", "qwen3_60b_a6b_pretrain_32gpu_h100_bf16", "--layers", "64", "--experts", "256"]
 MOE_ERROR_SET = "model.recompute_granularity=full"
+
+
+STALE = "is not what the code produces today"
 
 
 class DocsError(BadInput):
@@ -523,7 +528,7 @@ def gpucut_differs(o: Outputs) -> str:
         for field, a, b in gpucut.differences(ours, bridge):
             seen.setdefault(field, [a, b, []])[2].append(f"`{key}`")
     new = sorted(set(seen) - set(CUT_REASONS))
-    _expect(not new, f"the cuts differ in {new}, which CUT_REASONS in launch/docs.py does not explain: add why")
+    _expect(not new, f"the cuts differ in {new}, which CUT_REASONS in tools/docs.py does not explain: add why")
     lines = ["| setting | ours | Bridge's | cuts | why |", "|---|---|---|---|---|"]
     for field, (a, b, cuts) in seen.items():
         lines.append(f"| `{field}` | `{a!r}` | `{b!r}` | {', '.join(cuts)} | {CUT_REASONS[field]} |")
@@ -589,11 +594,11 @@ def problems(texts: dict[str, str], produced: dict[str, str]) -> list[str]:
         for m in REGION.finditer(text):
             name = m["name"]
             if name not in REGIONS:
-                out.append(f"{page}: region {name!r} has no generator in launch/docs.py REGIONS")
+                out.append(f"{page}: region {name!r} has no generator in tools/docs.py REGIONS")
             elif REGIONS[name][0] != page or name in found:
                 out.append(f"{page}: region {name!r} belongs once to {REGIONS[name][0]}")
             elif name in produced and m["body"] != produced[name]:
-                out.append(f"{page}: region {name!r} is not what the code produces today")
+                out.append(f"{page}: region {name!r} {STALE}")
             found[name] = page
     out += [f"{REGIONS[n][0]}: region {n!r} is missing" for n in produced if n not in found]
     return out
@@ -610,24 +615,32 @@ def rewrite(text: str, produced: dict[str, str]) -> str:
 def parse(argv):
     from launch.args import Parser
 
-    p = Parser(prog="make docs", description=__doc__)
+    p = Parser(prog="make docs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="write nothing: list the regions that are not today's")
     return p.parse_args(argv)
 
 
-def check(args) -> bool:
-    return True  # every region needs Bridge (a plan, a fork)
+def main(argv=None) -> int:
+    """Exit status: 0 written (or, --check, all today's), 1 --check found stale regions, 2 a region is unknown,
+    missing or doubled, or an excerpt's premise stopped holding (one line each)."""
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args)
+    except BadInput as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def run(args) -> int:
     from overlapkit import jsonio
 
     texts, produced = pages(), produce()
-    stale = problems(texts, produced)
-    if args.check or any("is not what the code produces" not in s for s in stale):
-        for line in stale:
-            print(f"{'stale' if 'is not what' in line else 'error'}: {line}", file=sys.stderr)
-        return 1 if stale else 0
+    found = problems(texts, produced)
+    broken = [line for line in found if not line.endswith(STALE)]  # no rewrite mends these: REGIONS or the page
+    if broken or args.check:
+        for line in found:
+            print(f"{'error' if line in broken else 'stale'}: {line}", file=sys.stderr)
+        return 2 if broken else 1 if found else 0
     changed = [page for page, text in texts.items() if rewrite(text, produced) != text]
     for page in changed:
         jsonio.write_text(ROOT / page, rewrite(texts[page], produced))
@@ -635,3 +648,7 @@ def run(args) -> int:
         f"make docs: rewrote {', '.join(changed)}" if changed else f"make docs: all {len(produced)} regions are today's"
     )
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
