@@ -78,7 +78,7 @@ PY      := $(UV) run --frozen --quiet python
 export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan calibrate overlap-report plan-server-stop bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
+.PHONY: help setup test lint recipes plan calibrate overlap-report plan-server-stop docs bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -109,6 +109,9 @@ plan-server-stop: ## stop this checkout's plan server (keeps Bridge loaded betwe
 
 new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAYERS= HIDDEN= HEADS= QUERY_GROUPS= FFN= SEQ= GPUS= DTYPE=, MoE: EXPERTS= TOPK= EP=, ARGS=)
 	@$(PY) -m launch new-recipe --from="$$FROM" --name="$$NAME" --gpu="$$GPU" --cluster="$$CLUSTER" $(FORK_FLAGS) --args="$$ARGS"
+
+docs: ## regenerate every figure README.md and docs/ show from the code (tools/docs.py); make test fails until you do
+	@$(PY) tools/docs.py
 
 bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`; the overlap report on 8 x 200k kernels vs a plain sweep
 	@$(PY) bench/plan_all.py

@@ -25,6 +25,8 @@ UNTESTED = {
     "test": "the suite itself: it cannot run itself",
     "lint": "ruff check and format check over the tree: a style gate run before a commit, not a behaviour",
     "bench": "minutes of timed Bridge imports (docs/architecture.md, measured facts): a measurement, not a check",
+    "docs": "rewrites the committed docs; test_docs.py runs its code (tools/docs.py) in-process and fails until the "
+    "docs are what it would write",
     "slurm-up": "installs Debian packages as root and starts the local Slurm that the e2e tests need",
     "slurm-down": "stops the local Slurm the e2e tests need",
 }

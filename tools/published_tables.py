@@ -1,6 +1,7 @@
 """Regenerate docs/throughput.md's tables from NVIDIA's published H100 runs (src/overlapkit/plan/published.py): the
 refitted constants, the validation table and the leave-one-out bands, then the verdict against issue #25's bar.
-Paste the tables into docs/throughput.md; tests/unit_tests/sizing/test_throughput.py fails until they match.
+`make docs` writes the same tables into docs/throughput.md (tools/docs.py); tests/unit_tests/sizing/test_throughput.py
+and tests/unit_tests/test_docs.py fail until they match.
 
     .venv/bin/python tools/published_tables.py
 

@@ -21,7 +21,7 @@ from overlapkit.plan import build
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
 
-TOOLS = {"test", "bench", "gpu-check"}  # pytest and bench/ scripts: tools, not commands of the table
+TOOLS = {"test", "bench", "gpu-check", "docs"}  # pytest, bench/ and tools/ scripts: tools, not commands of the table
 
 
 def test_every_make_target_is_one_row_and_every_row_a_command():

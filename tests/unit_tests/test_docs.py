@@ -1,12 +1,15 @@
 """The docs, checked: the README stays a short front page with the two set-up commands, every relative link in
 README.md and docs/*.md resolves to a file in the repository, no excerpt carries a path of the machine it was made
-on, and every `make <target>` they show is a Makefile target that a test runs or that UNTESTED names with the
-reason no test runs it."""
+on, every `make <target>` they show is a Makefile target that a test runs or that UNTESTED names with the
+reason no test runs it, and every figure in a marked region is what the code produces today (tools/docs.py:
+`make docs` rewrites them)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import make_targets
@@ -15,6 +18,9 @@ import pytest
 from overlapkit import stack
 
 REPO = stack.REPO_ROOT
+_spec = importlib.util.spec_from_file_location("docs_tool", REPO / "tools" / "docs.py")  # `make docs`, a script
+docs = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # its dataclasses look it up there
+_spec.loader.exec_module(docs)
 README = REPO / "README.md"
 README_MAX_BYTES = 12_000
 SETUP_COMMANDS = ("make plan RECIPE=llama3_70b_pretrain_64gpu_h100_bf16", "make test")
@@ -30,6 +36,12 @@ ALLOWED_PATHS = {
 MACHINE_PATH = re.compile(r"(?<![\w.~<>$}/-])/(?:work|root|home|Users|tmp|private/var|var/folders)/[^\s`\"')\]|,;]*")
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+# A file of the repository a page or a profile's comment names by its path (`overlapkit/x.py` is src/overlapkit/x.py).
+CITED = re.compile(
+    r"(?<![\w./<>-])((?:src/)?overlapkit/[\w/]+\.py|(?:launch|tools|bench|recipes|tests|slurm)/[\w./-]+\."
+    r"(?:py|sh|toml|md|sbatch))"
+)
+CITING = [*make_targets.DOCS, *sorted((REPO / "slurm" / "profiles").glob("*.toml"))]
 
 
 def _rel(path: Path) -> str:
@@ -55,6 +67,18 @@ def test_relative_links_resolve_inside_the_repository(doc):
         if path.startswith("/") or not resolved.is_relative_to(REPO) or not resolved.is_file():
             bad.append(target)
     assert not bad, f"{_rel(doc)}: links that do not resolve to a file in the repository: {bad}"
+
+
+@pytest.mark.parametrize("doc", CITING, ids=_rel)
+def test_every_file_cited_by_its_path_exists(doc):
+    cited = CITED.findall(doc.read_text())
+    gone = sorted({c for c in cited if not (REPO / ("src/" + c if c.startswith("overlapkit/") else c)).is_file()})
+    assert not gone, f"{_rel(doc)} cites files the repository does not have (moved?): {gone}"
+
+
+def test_the_citation_detector_sees_what_it_claims():
+    text = "see overlapkit/profiles.py DEFAULT_CONTAINER, `src/overlapkit/cluster/profiles.py`, <dir>/launch/x.py"
+    assert CITED.findall(text) == ["overlapkit/profiles.py", "src/overlapkit/cluster/profiles.py"]
 
 
 @pytest.mark.parametrize("doc", make_targets.DOCS, ids=_rel)
@@ -135,3 +159,29 @@ def test_the_detectors_see_what_they_claim():
         "/root/a",
     ]
     assert MACHINE_PATH.findall("tmp_path /tmp/pytest-of-root/p0/x and 2>&1 >/dev/null") == ["/tmp/pytest-of-root/p0/x"]
+
+
+def test_every_generated_figure_is_what_the_code_produces_today():
+    """Each marked region of README.md and docs/*.md against what tools/docs.py produces in this process (the
+    commands' real output, the plans' predictions): a model change that moves a number fails here until `make docs`
+    is run."""
+    stale = docs.problems(docs.pages(), docs.produce())
+    assert not stale, "the docs are not today's: run `make docs` (and commit what it rewrites)\n" + "\n".join(stale)
+
+
+def test_the_docs_check_names_each_kind_of_break_and_make_docs_mends_them():
+    produced = {"plan-worth-tp": "+6.0%", "readme-plan": "\n```\n$ make plan\n```\n"}
+    texts = {
+        "docs/plan.md": "TP overlap (<!-- make docs: plan-worth-tp -->+5%<!-- /make docs -->), then\n",
+        "README.md": "<!-- make docs: nonesuch -->\nx\n<!-- /make docs -->\n",
+        "docs/moe.md": "<!-- make docs: plan-worth-tp -->+6.0%<!-- /make docs -->",
+    }
+    assert docs.problems(texts, produced) == [
+        "docs/plan.md: region 'plan-worth-tp' is not what the code produces today",
+        "README.md: region 'nonesuch' has no generator in tools/docs.py REGIONS",
+        "docs/moe.md: region 'plan-worth-tp' belongs once to docs/plan.md",
+        "README.md: region 'readme-plan' is missing",
+    ]
+    mended = docs.rewrite(texts["docs/plan.md"], produced)
+    assert mended == "TP overlap (<!-- make docs: plan-worth-tp -->+6.0%<!-- /make docs -->), then\n"
+    assert docs.problems({"docs/plan.md": mended}, {"plan-worth-tp": "+6.0%"}) == []
