@@ -62,6 +62,8 @@ JOB_DIR ?=
 AT      ?=
 # make calibrate: directories holding the run directories to fit on (empty: runs/ and the cluster's job_dir).
 RUNS    ?=
+# make test: pytest's own arguments (through PYTEST_ADDOPTS, split as a shell would); a path in them runs that path
+# only, none runs pyproject's testpaths (tests/: the whole suite, where the docs' targets are judged at the end).
 PYTEST_ARGS ?=
 # Every variable above is data, never make or shell syntax: taken as typed (make expands nothing in it: $(shell ...),
 # $HOME stay text), exported, and named by the commands below as "$$VAR" (the shell hands its bytes over as one
@@ -86,8 +88,8 @@ help: ## list the targets
 setup: ## install the pinned stack into .venv (uv sync --frozen)
 	@$(UV) sync --frozen
 
-test: ## run the test suite (one pytest process; Bridge is imported once)
-	@PYTEST_ADDOPTS="$${PYTEST_ADDOPTS:-} $$PYTEST_ARGS" $(PY) -m pytest tests
+test: ## run the test suite (one pytest process; Bridge is imported once); PYTEST_ARGS= a path, -k, --random-order
+	@PYTEST_ADDOPTS="$${PYTEST_ADDOPTS:-} $$PYTEST_ARGS" $(PY) -m pytest
 
 lint: ## ruff check + format check
 	@$(UV) run --frozen --quiet ruff check . && $(UV) run --frozen --quiet ruff format --check .

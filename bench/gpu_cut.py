@@ -187,13 +187,14 @@ def list_cuts() -> int:
 
 
 def _args(argv):
+    from overlapkit import stack
     from overlapkit.regress import gpucut
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, rest=True)
     ap.add_argument("--only", action="append", choices=list(gpucut.CUTS), help="a cut (repeatable; default: all)")
     ap.add_argument("--cuts", default="", help="make's CUTS=: cuts separated by spaces (each one as --only)")
     ap.add_argument("--iters", type=int, default=gpucut.ITERS)
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_cut" / time.strftime("%Y%m%d-%H%M%S"))
+    ap.add_argument("--out", type=Path, default=stack.runs_root() / "gpu_cut" / time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sides past this wall time")
     ap.add_argument("--list", action="store_true", help="print the cuts and their estimates (no GPU needed)")
     ap.add_argument("--bless", type=Path, metavar="RUN_DIR", help="a reviewed run's ok sides -> goldens")

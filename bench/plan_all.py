@@ -31,7 +31,7 @@ IMPORT = "from overlapkit import stack; stack.import_bridge()"
 BARE = "from overlapkit import stack; stack.import_bridge(full=True)"
 COLD_GOAL = 0.7
 RECIPE = "llama3_70b_pretrain_64gpu_h100_bf16"
-RUNS = stack.REPO_ROOT / "runs"
+RUNS = stack.runs_root()
 
 
 CPU: dict[str, list[float]] = {}  # user+sys seconds of each timed command (and its children), by row

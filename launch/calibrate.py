@@ -30,7 +30,7 @@ def check(args) -> bool:
     given = [Path(r) for r in args.runs.split()]
     if missing := [str(r) for r in given if not r.is_dir()]:
         raise BadInput(f"RUNS: no directory {', '.join(missing)}: give directories that hold run directories")
-    args.roots = given or [r for r in (stack.REPO_ROOT / "runs", args.profile.job_path) if r.is_dir()]
+    args.roots = given or [r for r in (stack.runs_root(), args.profile.job_path) if r.is_dir()]
     return True
 
 

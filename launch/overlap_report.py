@@ -18,8 +18,6 @@ from launch.args import Parser, add_gpu_option
 from overlapkit import stack
 from overlapkit.errors import BadInput
 
-ROOT = stack.REPO_ROOT
-
 
 def parse(argv):
     p = Parser(prog="make overlap-report", description=__doc__)
@@ -37,9 +35,9 @@ def parse(argv):
 
 
 def _run_dir(text: str) -> Path:
-    """RUN= as a path, or as the name of a run directory under runs/."""
-    path = Path(text)
-    return ROOT / "runs" / text if not path.exists() and (ROOT / "runs" / text).is_dir() else path
+    """RUN= as a path, or as the name of a run directory under runs/ (stack.runs_root())."""
+    path, named = Path(text), stack.runs_root() / text
+    return named if not path.exists() and named.is_dir() else path
 
 
 def check(args) -> bool:

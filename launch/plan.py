@@ -14,8 +14,6 @@ from launch.args import Parser, add_run_options, request_of
 from overlapkit import stack
 from overlapkit.errors import BadInput
 
-ROOT = stack.REPO_ROOT
-
 
 def parse(argv):
     p = Parser(prog="make plan", description=__doc__)
@@ -23,7 +21,7 @@ def parse(argv):
     p.add_argument("--nodes", default="", help="8-GPU nodes (default: the recipe's); rescales data parallelism")
     p.add_argument("--set", default="", help='dotted overrides, e.g. "train.global_batch_size=512"')
     p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--runs", default=str(ROOT / "runs"), help="where run directories go")
+    p.add_argument("--runs", default="", help="where run directories go (default: runs/, OVERLAPKIT_RUNS)")
     p.add_argument("--list", action="store_true", help="list every recipe")
     p.add_argument("--cluster", default="local", help="profile whose job_dir holds RUN_NAME's checkpoints")
     add_run_options(p)
@@ -103,7 +101,7 @@ def run(args) -> int:
     from overlapkit.plan.report import render_plan
 
     plan = plan_for(args.request)
-    run_dir = write_run_dir(plan, Path(args.runs))
+    run_dir = write_run_dir(plan, Path(args.runs) if args.runs else stack.runs_root())
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))
     else:

@@ -148,7 +148,7 @@ def handlers() -> None:
 
 
 def run(args) -> int:
-    os.environ.setdefault("NEMORUN_HOME", str(stack.REPO_ROOT / "runs" / "nemo_run"))
+    os.environ.setdefault("NEMORUN_HOME", str(stack.runs_root() / "nemo_run"))
     if args.action in ("status", "logs", "cancel"):
         return do_run_dir_action(args)
     from overlapkit.plan.report import console, render_plan

@@ -33,6 +33,12 @@ for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
 # on). The suite passes either way: `OVERLAPKIT_PLAN_SERVER=0 make test` runs every command in its own process.
 SERVER_DIR = tempfile.mkdtemp(prefix="okps-", dir="/tmp")  # short: a socket path has 107 bytes at most
 os.environ[plan_server.DIR_VAR] = SERVER_DIR
+# What the suite's commands write for a user (run directories, the local profile's runs/slurm jobs, calibrations,
+# nemo_run's home) goes to this session's own folder, never the checkout's runs/, where your next `make status` or
+# `make calibrate` would find it (stack.RUNS_VAR, the product's one setting for it). In /tmp: the local Slurm's jobs
+# read and write it too. Named runs/, as the checkout's is.
+RUNS_DIR = Path(tempfile.mkdtemp(prefix="okruns-", dir="/tmp")) / "runs"
+os.environ[stack.RUNS_VAR] = str(RUNS_DIR)
 stack.import_bridge()
 
 
@@ -132,6 +138,7 @@ def pytest_sessionfinish(session, exitstatus):
     if pid := plan_server.holder(lock):  # 0: one is starting, its pid not yet written
         os.kill(pid, signal.SIGTERM)
     shutil.rmtree(SERVER_DIR, ignore_errors=True)
+    shutil.rmtree(RUNS_DIR.parent, ignore_errors=True)
 
 
 # Stands in for the Makefile's PY (uv's python): prints the arguments make's shell gave it, one JSON line.

@@ -1,32 +1,24 @@
-"""The real PyTorch-profiler traces in ../shared/reference/traces (Holistic Trace Analysis' test data: real multi-GPU
-runs written by others) and the independent computation the overlap report's figures are checked against: its own
-JSON parsing, its own step projection, its own coverage sweep, nothing shared with the report. Used by the unit
-tests on the traces (tests/unit_tests/regress/test_overlap_real_traces.py) and the end-to-end run on the local Slurm
+"""The real PyTorch-profiler traces in tests/data/reference_traces (Holistic Trace Analysis' test data, copied
+unmodified with its MIT licence and a README of their provenance: real multi-GPU runs written by others) and the
+independent computation the overlap report's figures are checked against: its own JSON parsing, its own step
+projection, its own coverage sweep, nothing shared with the report. Used by the unit tests on the traces
+(tests/unit_tests/regress/test_overlap_real_traces.py) and the end-to-end run on the local Slurm
 (tests/e2e/test_torch_profile_e2e.py)."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 
-import pytest
-
-from overlapkit import stack
+TRACE_DIR = Path(__file__).resolve().parent / "data" / "reference_traces"
 
 
 def traces_dir() -> Path:
-    """../shared/reference/traces beside the checkout (CI clones beside a copy of shared/), or where
-    OVERLAPKIT_SHARED points (a worktree elsewhere)."""
-    places = [Path(os.environ["OVERLAPKIT_SHARED"]) / "reference"] if os.environ.get("OVERLAPKIT_SHARED") else []
-    places += [stack.REPO_ROOT.parent / "shared" / "reference", stack.REPO_ROOT.parents[1] / "shared" / "reference"]
-    for p in places:
-        if (p / "traces" / "README.md").is_file():
-            return p / "traces"
-    pytest.fail(f"no shared/reference/traces in {[str(p) for p in places]}: set OVERLAPKIT_SHARED=<shared checkout>")
+    """tests/data/reference_traces: the traces, their licence and their provenance (README.md there), in the repo."""
+    return TRACE_DIR
 
 
 TRACES = ("nccl_data", "trace_diff_control", "df_index_resolver", "trace_diff_test")

@@ -93,8 +93,8 @@ def test_bad_input_is_one_line_with_exit_2(make_here, target, arg, needle):
 
 
 def written() -> set:
-    """What a plan or a submission writes: run directories (the repo's runs/, the local profile's job_dir)."""
-    roots = [stack.REPO_ROOT / "runs", load_profile("local").job_path / "runs"]
+    """What a plan or a submission writes: run directories (runs/, the local profile's job_dir)."""
+    roots = [stack.runs_root(), load_profile("local").job_path / "runs"]
     return {p for r in roots if r.is_dir() for p in r.iterdir()}
 
 

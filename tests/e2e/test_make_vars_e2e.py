@@ -120,7 +120,7 @@ SLACK = "xoxb-1234567890-0987654321-AbCdEfGhIjKl"
 
 
 def run_dirs() -> set:
-    runs = stack.REPO_ROOT / "runs"
+    runs = stack.runs_root()
     return set(runs.iterdir()) if runs.is_dir() else set()
 
 

@@ -164,7 +164,7 @@ BAD = [
 
 
 def written(d: Path) -> set[Path]:
-    roots = [stack.REPO_ROOT / "runs", load_profile("local").job_path / "runs", d]
+    roots = [stack.runs_root(), load_profile("local").job_path / "runs", d]
     return {p for r in roots if r.is_dir() for p in r.rglob("*")}
 
 

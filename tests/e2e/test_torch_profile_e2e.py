@@ -7,7 +7,7 @@ has no GPU, so nothing trains). The profiler config checked is Bridge's own Prof
 and the run options in overrides.json, which the job rebuilds its config from.
 
 Mocked, the GPU only: no GPU here can write a trace, so two real traces written by others on real GPUs
-(../shared/reference/traces: nccl_data is rank 0 of its run, trace_diff_control rank 3) are put where Bridge 0.6.2
+(tests/data/reference_traces: nccl_data is rank 0 of its run, trace_diff_control rank 3) are put where Bridge 0.6.2
 writes them in this job (`<tensorboard_dir>/../torch_profile/rank-<R>.json.gz`, training/profiling.py, with the
 recipe's default TensorBoard directory under the job's working directory), and the job's own after-training step
 (regress/profiled.py after_training, what launch/entry.py runs after `pretrain`) runs as a Slurm step on 8 ranks in

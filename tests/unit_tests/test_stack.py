@@ -6,6 +6,7 @@ import importlib
 import io
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +71,69 @@ def test_bridge_llama3_70b_recipe_builds_offline_on_cpu():
     assert cfg.comm_overlap.tp_comm_overlap is True
     assert cfg.comm_overlap.tp_comm_overlap_cfg is userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192
     assert cfg.ddp.use_distributed_optimizer is True
+
+
+# --- the runs root: OVERLAPKIT_RUNS, the one setting for where the product writes what it keeps for you ------------
+
+
+def runs_places() -> dict:
+    """Every place the product puts under runs/, as the product computes it."""
+    from launch import calibrate
+    from overlapkit.cluster import submit
+    from overlapkit.cluster.profiles import load_profile
+    from overlapkit.sizing import calibration
+
+    args = calibrate.parse(["--cluster", "local"])
+    calibrate.check(args)
+    return {
+        "local profile job_dir": load_profile("local").job_path,
+        "run-local": submit.local_runs(),
+        "calibration": calibration.path_of("c").parent,
+        "a profile's runs/x": stack.in_checkout("runs/x"),
+        "calibrate searches": args.roots[0] if args.roots else None,
+    }
+
+
+def test_unset_the_runs_root_is_the_checkouts_runs(monkeypatch):
+    from overlapkit.sizing import calibration
+
+    monkeypatch.delenv(stack.RUNS_VAR)
+    monkeypatch.delenv(calibration.DIR_VAR, raising=False)
+    runs = stack.REPO_ROOT / "runs"
+    assert stack.runs_root() == runs and stack.in_checkout("slurm/profiles") == stack.REPO_ROOT / "slurm/profiles"
+    places = runs_places()
+    expect = [runs / "slurm", runs / "local", runs / "calibration", runs / "x"]
+    assert list(places.values())[:4] == expect
+    assert places["calibrate searches"] in (runs, None)  # none when the checkout has no runs/ yet
+
+
+def test_overlapkit_runs_moves_every_place_under_runs(monkeypatch, tmp_path):
+    from overlapkit.sizing import calibration
+
+    monkeypatch.setenv(stack.RUNS_VAR, str(tmp_path / "r"))
+    monkeypatch.delenv(calibration.DIR_VAR, raising=False)
+    (tmp_path / "r").mkdir()
+    places = runs_places()
+    assert all(p.is_relative_to(tmp_path / "r") for p in places.values()), places
+    assert places["calibrate searches"] == tmp_path / "r"
+
+
+def test_a_relative_overlapkit_runs_is_refused_in_one_line(monkeypatch, make_here):
+    monkeypatch.setenv(stack.RUNS_VAR, "scratch/runs")
+    code, out, err = make_here("plan", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16")
+    assert code == 2, out + err
+    fix = "OVERLAPKIT_RUNS=scratch/runs: not an absolute path: give a /directory, or unset it (the checkout's runs/)"
+    assert fix in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_suites_runs_go_to_a_folder_of_its_own(make_here):
+    """tests/conftest.py points OVERLAPKIT_RUNS at a temporary folder: a plan the suite makes is written there, and the
+    checkout's runs/ (where your `make status` and `make calibrate` look) gains nothing."""
+    mine = stack.REPO_ROOT / "runs"
+    before = set(mine.iterdir()) if mine.is_dir() else set()
+    assert not stack.runs_root().is_relative_to(stack.REPO_ROOT)
+    code, out, err = make_here("plan", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16")
+    assert code == 0, err
+    (line,) = [x for x in out.splitlines() if x.startswith("run directory: ")]
+    assert Path(line.removeprefix("run directory: ")).parent == stack.runs_root()
+    assert (set(mine.iterdir()) if mine.is_dir() else set()) == before

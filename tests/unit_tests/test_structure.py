@@ -44,7 +44,7 @@ COVERED_BY = {
     "shape": "recipes/test_recipes.py",
     # the overlap report's parts, tested together on one set of Nsight SQLite fixtures
     "regress/nsys_sqlite": "regress/test_overlap_report.py",
-    "regress/torch_trace": "regress/test_overlap_real_traces.py",  # read against the real traces of shared/
+    "regress/torch_trace": "regress/test_overlap_real_traces.py",  # read against the real traces of tests/data/
     "regress/overlap_classes": "regress/test_overlap_report.py",
     "regress/overlap_claims": "regress/test_overlap_report.py",
     "regress/overlap_render": "regress/test_overlap_report.py",

@@ -19,7 +19,7 @@ from overlapkit.errors import BadInput
 from overlapkit.plan.request import Cluster
 from overlapkit.plan.runopts import directory_problem
 from overlapkit.secrets import FIX, credential_kind, secret_problem
-from overlapkit.stack import REPO_ROOT, repo_relative
+from overlapkit.stack import REPO_ROOT, in_checkout, repo_relative
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
 # Megatron Bridge v0.6.0's release notes are titled "NeMo Framework 26.08 — Megatron Bridge Release Notes"
@@ -27,7 +27,7 @@ PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
 # (docs/releases/software-versions.md, roadmap issue #3754). Nothing in the installed 0.6.2 wheel names a tag, and a
 # patch tag (26.08.0x) may carry 0.6.2 exactly: check `pip show megatron-bridge` inside the image before a real run.
 DEFAULT_CONTAINER = "nvcr.io/nvidia/nemo:26.08"
-DEFAULT_JOB_DIR = "runs/slurm"  # relative paths are under the repo root
+DEFAULT_JOB_DIR = "runs/slurm"  # relative paths are under the checkout, runs/... under stack.runs_root()
 # Userbuffers (TP overlap) bootstrap over MPI when TE's NCCL bootstrap is off; pmix is what Slurm's srun offers.
 DEFAULT_SRUN_ARGS = ("--mpi=pmix",)
 
@@ -72,7 +72,7 @@ class ClusterProfile:
     @property
     def job_path(self) -> Path:
         p = Path(self.job_dir).expanduser()
-        return p if p.is_absolute() else REPO_ROOT / p
+        return p if p.is_absolute() else in_checkout(p)
 
     @property
     def source(self) -> str:

@@ -261,12 +261,14 @@ def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
     return request.bind(req, profile.resolved(), registry.get(req.recipe).time_limit)
 
 
-LOCAL_RUNS = stack.REPO_ROOT / "runs" / "local"  # run-local's job directory: its checkpoints and run directories
+def local_runs() -> Path:
+    """run-local's job directory: its checkpoints and run directories (runs/local, under stack.runs_root())."""
+    return stack.runs_root() / "local"
 
 
 def bind_local(req: PlanRequest) -> PlanRequest:
     """The request on this node (make run-local): one 8-GPU node, checkpoints under runs/local, no time limit."""
-    return dataclasses.replace(req, nodes=1, run=dataclasses.replace(req.run, job_dir=str(LOCAL_RUNS)))
+    return dataclasses.replace(req, nodes=1, run=dataclasses.replace(req.run, job_dir=str(local_runs())))
 
 
 def slurm_executor(sub: Submission):
@@ -413,7 +415,7 @@ def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full",
     """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm); returns the run directory."""
     import nemo_run as run
 
-    run_dir = write_run_dir(plan, LOCAL_RUNS)
+    run_dir = write_run_dir(plan, local_runs())
     executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun")
     # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
     script = str(stack.REPO_ROOT / ENTRY)

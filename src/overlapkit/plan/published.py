@@ -1,11 +1,12 @@
 """NVIDIA's published H100 runs, planned as our recipes, against the throughput model's prediction.
 
-The runs are the rows of `h100-published-throughput.md` (the project's reference: dense FP8, dense BF16 and MoE FP8
-tables: model, release, GPUs, precision, batch, layout, tokens/s/GPU). Each row is planned with `make_plan` as a
-user would: the shipped recipe of that model and precision (FP8 rows → the `_fp8cs` recipe), NODES = GPUs / 8, and
-SET for every batch or layout size the row states; recompute and everything else stay the recipe's (the reference
-does not state them). The model is compared on tokens/s/GPU, the measured quantity: TFLOP/s depends on how a
-release counts attention FLOPs (NeMo 24.07 counted them non-causal), tokens do not.
+The runs are the rows of the project's reference of published H100 throughput (dense FP8, dense BF16 and MoE FP8:
+model, release, GPUs, precision, batch, layout, tokens/s/GPU), as docs/throughput.md's validation table copies them.
+Each row is planned with `make_plan` as a user would: the shipped recipe of that model and precision (FP8 rows → the
+`_fp8cs` recipe), NODES = GPUs / 8, and SET for every batch or layout size the row states; recompute and everything
+else stay the recipe's (the reference does not state them). The model is compared on tokens/s/GPU, the measured
+quantity: TFLOP/s depends on how a release counts attention FLOPs (NeMo 24.07 counted them non-causal), tokens do
+not.
 
 `refit` fits sizing/calibration.py's constants on the runs (all, or all but one: the leave-one-out check); `rows`
 and `table` render the validation table of docs/throughput.md (tools/published_tables.py prints them). They run in
@@ -22,9 +23,8 @@ from overlapkit import stack
 from overlapkit.sizing import calibration, throughput
 from overlapkit.topology import Layout
 
-# The project's reference file (the shared checkout beside this one), and the copy of its rows this repo commits
-# in docs/throughput.md for checkouts without it.
-REFERENCE = stack.REPO_ROOT.parent / "shared" / "reference" / "h100-published-throughput.md"
+# The reference's rows, as this repo commits them (docs/throughput.md's validation table, with their sources): a
+# checkout reads nothing beside itself.
 DOC = stack.REPO_ROOT / "docs" / "throughput.md"
 FIT_TOL, LOO_TOL = 0.10, 0.15  # issue #25's bar: every run within ±10%, each refitted without it within ±15%
 _MODELS = {"Llama3 8B": "llama3_8b", "Llama3 70B": "llama3_70b", "Llama3.1 405B": "llama31_405b"}
@@ -106,9 +106,8 @@ def parse(text: str) -> list[Point]:
 
 
 def load() -> list[Point]:
-    """The reference file's runs, or docs/throughput.md's copy of them where the shared checkout is absent."""
-    source = REFERENCE if REFERENCE.is_file() else DOC
-    return parse(source.read_text())
+    """The reference's runs: docs/throughput.md's copy of them."""
+    return parse(DOC.read_text())
 
 
 def recipe_of(p: Point) -> tuple[str, int, str]:

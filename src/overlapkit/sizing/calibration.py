@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapkit import jsonio
+from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
 
 
@@ -189,15 +189,14 @@ class Calibration:
 
 
 PUBLISHED = Calibration()
-# Where make calibrate writes a cluster's fit: inside the checkout's runs/ (git-ignored, like the run directories);
-# OVERLAPKIT_CALIBRATION_DIR elsewhere (the tests' temporary directories).
-CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "runs" / "calibration"
+# Where make calibrate writes a cluster's fit: runs/calibration (stack.runs_root(), git-ignored, like the run
+# directories); OVERLAPKIT_CALIBRATION_DIR elsewhere (a test's own directory).
 DIR_VAR = "OVERLAPKIT_CALIBRATION_DIR"
 FIX = "run make calibrate CLUSTER=<name> again, or delete the file to predict with the published constants"
 
 
 def path_of(cluster: str, root: Path | None = None) -> Path:
-    return (root or Path(os.environ.get(DIR_VAR) or CALIBRATION_DIR)) / f"{cluster}.json"
+    return (root or Path(os.environ.get(DIR_VAR) or stack.runs_root() / "calibration")) / f"{cluster}.json"
 
 
 def for_cluster(cluster: str | None, root: Path | None = None) -> Calibration:

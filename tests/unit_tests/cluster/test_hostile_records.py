@@ -227,7 +227,7 @@ def _held_job() -> str:
 @pytest.mark.slurm
 def test_make_sbatch_is_refused_while_its_run_name_is_live(make_here):
     name = f"hostile-{uuid.uuid4().hex[:8]}"
-    ck = stack.REPO_ROOT / "runs" / "slurm" / "checkpoints" / name
+    ck = stack.runs_root() / "slurm" / "checkpoints" / name  # the local profile's job_dir, runs/slurm
     held = _held_job()
     try:
         runlock.record(ck, ck.parent / "run", [held])

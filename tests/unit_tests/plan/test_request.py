@@ -64,12 +64,15 @@ def test_bind_fills_the_profile_in_once(tmp_path):
     assert bound.run.job_dir == str(tmp_path / "jobs") and bound.run.time_limit_min == 30
     assert bound.run.checkpoint_dir == str(tmp_path / "jobs" / "checkpoints" / "a")
     local = submit.bind_local(req)
-    assert local.nodes == 1 and local.run.job_dir == str(submit.LOCAL_RUNS) and local.run.time_limit_min is None
+    assert (
+        local.nodes == 1 and local.run.job_dir == str(stack.runs_root() / "local") and local.run.time_limit_min is None
+    )
 
 
 def test_make_plan_resolves_clusters_profile_in_its_entry_and_plan_for_binds_it(tmp_path):
     """CLUSTER's profile is read once, before the Bridge import, into plain values (the job directory absolute) that
-    plan/ binds with the recipe's time limit: a relative job_dir is under the repo root, as the profile says."""
+    plan/ binds with the recipe's time limit: a relative job_dir is under the checkout, runs/... under runs_root()
+    (the checkout's runs/, or OVERLAPKIT_RUNS: the suite's own folder)."""
     site = tmp_path / "site.toml"
     site.write_text('account = "a"\npartition = "p"\njob_dir = "runs/elsewhere"\ntime_limit = "00:45:00"\n')
     args = plan_cli.parse([R8, "--cluster", str(site), "--run-name", "a", "--segments", "2"])
@@ -77,11 +80,11 @@ def test_make_plan_resolves_clusters_profile_in_its_entry_and_plan_for_binds_it(
     where = args.request.cluster
     assert (where.name, where.job_path, where.time_limit) == (
         "site",
-        str(stack.REPO_ROOT / "runs/elsewhere"),
+        str(stack.runs_root() / "elsewhere"),
         "00:45:00",
     )
     run = plan_for(args.request).run
-    assert run.checkpoint_dir == str(stack.REPO_ROOT / "runs/elsewhere/checkpoints/a") and run.time_limit_min == 45
+    assert run.checkpoint_dir == str(stack.runs_root() / "elsewhere/checkpoints/a") and run.time_limit_min == 45
     site.write_text('account = "a"\npartition = "p"\ntime_limit = "00:20:00"\n')  # no room for the save window
     plan_cli.check(args)
     with pytest.raises(BadInput, match=r"^SEGMENTS needs a time limit above 20 minutes \(the save window\): .*site"):

@@ -1,5 +1,5 @@
-"""The overlap report on real PyTorch-profiler traces written by others (../shared/reference/traces: Holistic Trace
-Analysis' test data, real multi-GPU runs): per rank, per step and per class, communication and exposed time equal
+"""The overlap report on real PyTorch-profiler traces written by others (tests/data/reference_traces: Holistic
+Trace Analysis' test data, real multi-GPU runs): per rank, per step and per class, communication and exposed time equal
 to an independent brute-force computation (tests/reference_traces.py: its own JSON parsing, its own step
 projection, its own coverage sweep: nothing shared with the report), to the microsecond; and the same traces
 converted into Nsight's SQLite schema give the same figures."""

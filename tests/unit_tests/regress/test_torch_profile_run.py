@@ -2,7 +2,7 @@
 profiler config (Bridge's ProfilingConfig, rebuilt as launch/entry.py rebuilds it from the run directory), and
 what the job leaves after training: each profiled rank's trace copied from where Bridge writes it into
 <run dir>/torch_profile/, the report and timeline the first profiled rank writes, the marker every rank waits for.
-No GPU here: the trace is a real one from ../shared/reference/traces, put where Bridge would have written it."""
+No GPU here: the trace is a real one from tests/data/reference_traces, put where Bridge would have written it."""
 
 from __future__ import annotations
 
