@@ -151,3 +151,28 @@ def test_ep_overlap_on_one_hardware_queue_is_a_warning():
     (said,) = [f for f in plan.report.warnings if f.code == "ep_overlap_one_queue"]
     assert "#2719" in said.message
     assert not [f for f in build.make_plan(QWEN).report.warnings if f.code == "ep_overlap_one_queue"]
+
+
+@pytest.mark.parametrize(
+    "sets, code",
+    [
+        ("model.moe_token_dispatcher_type=allgather", "ep_overlap_dispatcher"),
+        ("model.recompute_granularity=full model.recompute_method=uniform", "ep_overlap_full_recompute"),
+        ("model.recompute_modules=[moe]", "ep_overlap_recompute_moe"),
+        ("model.moe_shared_expert_overlap=true", "ep_overlap_shared_expert"),
+        ("model.mtp_num_layers=2", "ep_overlap_mtp"),
+    ],
+)
+def test_the_restated_ep_overlap_rules_agree_with_bridges_asserts(sets, code):
+    """plan/moe.py keeps Bridge's EP-overlap prerequisites only for the one-key fix Bridge's bare asserts lack: on
+    the same input, ours names the rule and Bridge's own setup (run by the resolve) asserts."""
+    plan = build.make_plan(QWEN, sets=sets)
+    assert code in plan.report.codes("error") and plan.resolved.bridge_asserts, plan.report.codes("error")
+    shipped = build.make_plan(QWEN)
+    assert not shipped.resolved.bridge_asserts and not {c for c in shipped.report.codes() if c.startswith("ep_")}
+
+
+def test_the_ncclep_backend_is_named_where_the_model_does_not_price_it():
+    plan = build.make_plan(QWEN, sets=NCCLEP)
+    assert any(k.setting == "model.moe_flex_dispatcher_backend=ncclep" for k in plan.not_modelled)
+    assert not any("ncclep" in k.setting for k in build.make_plan(QWEN).not_modelled)
