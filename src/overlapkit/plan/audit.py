@@ -369,7 +369,18 @@ def _dp_overlap(a: _Audit) -> None:
     on = bool(getattr(a.res.optimizer, "overlap_param_gather_with_optimizer_step", False))
     detail = "opt-in" if on else "off by default (Bridge: checkpointing issue)"
     a.row("overlap_param_gather_with_optimizer_step", ON if on else OFF, detail)
+    from megatron.bridge.utils.cuda_graph import is_full_iteration_cuda_graph
+
     ckpt = a.cfg.checkpoint
+    if on and is_full_iteration_cuda_graph(a.res.model):
+        # Megatron-Bridge #5788: the gather is dispatched from the previous optimizer step, outside the captured
+        # iteration; the captured forward's wait on it makes the capture fail. Bridge's own predicate decides.
+        a.err(
+            "opt_step_with_full_iteration_graph",
+            "overlap_param_gather_with_optimizer_step with a full-iteration CUDA graph: the capture fails on the "
+            "gather started outside it (Megatron-Bridge #5788); set overlap.param_gather_with_optimizer_step=false",
+            "overlap.param_gather_with_optimizer_step=false",
+        )
     if on and ckpt.save and ckpt.save_interval:
         a.warn(
             "opt_step_with_checkpointing",

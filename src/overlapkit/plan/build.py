@@ -10,7 +10,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
-from overlapkit.plan import data, inputs, overrides, presets, registry, request, runopts
+from overlapkit.plan import data, inputs, overrides, presets, registry, request, runopts, startup
 from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
 from overlapkit.plan.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
@@ -174,6 +174,7 @@ def plan_for(
     ledger = build_ledger(partial, profile, caller_env)
     report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
     report.extend(audit_rows(partial, ledger))
+    report.extend(startup.findings(startup.check(cfg, target, res), cfg, report))
     est = memory.estimate(cfg, target)
     plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
     cal = calibration.for_cluster(req.cluster.name if req.cluster else cluster or (profile.name if profile else None))

@@ -287,5 +287,10 @@ def audit_rows(plan, ledger: Ledger) -> AuditReport:
         else:
             msg = f"{PINNED}={value}{where} with TP=CP=1 serialises DP overlap: use {need.value}"
         rep.findings.append(Finding("error", "cuda_max_connections", f"{msg}; remove it from that layer"))
+    if value == "1" and getattr(plan.resolved.model, "overlap_moe_expert_parallel_comm", False):
+        # Megatron-LM #2719/#2730: the 1F1B EP overlap's dispatch/combine wait behind compute on one hardware queue.
+        msg = f"EP all-to-all overlap with {PINNED}=1 (kept for TP={tp}/CP={cp} overlap's kernel order) hides less: "
+        msg += "its all-to-all kernels queue behind compute on one hardware queue (Megatron-LM #2719)"
+        rep.findings.append(Finding("warning", "ep_overlap_one_queue", msg))
     rep.findings += [Finding(c.level, "env_conflict", c.message) for c in ledger.conflicts]
     return rep

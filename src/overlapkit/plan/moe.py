@@ -23,7 +23,9 @@ EP_OVERLAP = "comm_overlap.overlap_moe_expert_parallel_comm"
 DELAY_WGRAD = "comm_overlap.delay_wgrad_compute"
 # Megatron Core imports the DeepEP and HybridEP kernels from the `deep_ep` package
 # (megatron/core/transformer/moe/fused_a2a.py: `from deep_ep import Buffer`, `from deep_ep import HybridEPBuffer`).
-BACKEND_MODULE = {"deepep": "deep_ep", "hybridep": "deep_ep"}
+# ncclep: TE's NCCL EP path (transformer_engine/pytorch/ep, built with NVTE_BUILD_WITH_NCCL_EP=1; Megatron Core's
+# moe/fused_a2a.py imports it as `transformer_engine.pytorch.ep`).
+BACKEND_MODULE = {"deepep": "deep_ep", "hybridep": "deep_ep", "ncclep": "transformer_engine.pytorch.ep"}
 TE_FOR_DELAY_WGRAD = "2.7.0"  # Bridge asserts is_te_min_version("2.7.0") for delay_wgrad with grad-reduce overlap
 
 
@@ -138,8 +140,12 @@ def expert_split_violations(*, experts: int, ep: int, etp: int, pp: int, world: 
 
 
 def importable(module: str) -> bool:
-    """Can this process import `module`? (find_spec: found without running it.)"""
-    return importlib.util.find_spec(module) is not None
+    """Can this process import `module`? (find_spec: found without running it; a dotted name whose parent package is
+    missing is not importable.)"""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def backend_problem(model, gpu_node: bool, have=importable) -> tuple[str, str] | None:

@@ -57,6 +57,12 @@ def not_modelled(m, train) -> list[Knob]:
                     "fitted link efficiency whatever the SM count",
                 )
             )
+            if backend == "ncclep":  # new in Core 0.19: TE's NCCL EP path, no published run to fit it on
+                why = (
+                    "TE's NCCL EP dispatch/combine (transformer_engine.pytorch.ep) is priced as the DeepEP/HybridEP "
+                    "traffic; no published H100 run uses it, so its speed against DeepEP is not modelled"
+                )
+                out.append(Knob("model.moe_flex_dispatcher_backend=ncclep", "either way", why))
         if getattr(m, "moe_shared_expert_intermediate_size", None) and getattr(m, "moe_shared_expert_overlap", False):
             out.append(
                 Knob(

@@ -66,7 +66,11 @@ def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_p
     assert f"RECIPES_PATH={tmp_path}" in out  # written outside recipes/: the next process needs the path
     assert "audit: OK" in out and "fits" in out and "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192" in out
     p = make_plan(NAME_34B)
-    assert p.report.ok and p.report.warnings == [] and p.layout["params_b"] == pytest.approx(35.3, abs=0.1)
+    assert (
+        p.report.ok
+        and [f for f in p.report.warnings if f.code != "stack_warns"] == []
+        and p.layout["params_b"] == pytest.approx(35.3, abs=0.1)
+    )
     m = p.cfg.model
     assert (m.hidden_size, m.num_layers, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size) == (
         8192, 48, 64, 8, 22016)  # fmt: skip

@@ -72,11 +72,31 @@ def test_the_eighteen_shipped_recipes_cover_the_eight_models_and_both_dtypes():
         assert f"_{r.gpus}gpu_h100_" in n and r.source and r.time_limit.count(":") == 2
 
 
+# What the pinned stack itself warns when a shipped recipe starts (the plan shows each: plan/startup.py), each with why
+# the recipe keeps it. A warning a stack upgrade adds fails here until someone reads it and adds it, or mends it.
+STACK_WARNS_SHIPPED = {
+    "Transformer Engine cross entropy loss fusion has known stability issues": "NVIDIA's perf recipes fuse the loss "
+    "in TE (cross_entropy_fusion_impl='te'); Megatron-LM's argument check refuses it, Bridge's does not",
+    "Using a large number of experts (e.g. >=32) without fp32 routing": "NVIDIA's MoE perf recipes route in BF16",
+    "`hf_tokenizer_kwargs` is deprecated": "Bridge's own Qwen3 tokenizer config",
+    "apply_rope_fusion for multi-latent attention only supports training": "DeepSeek-V3 (MLA): a training run",
+    "moe_hybridep_num_sms is deprecated": "Bridge's MoE perf recipes set the field Core 0.19 renamed",
+}
+
+
 @pytest.mark.parametrize("name", registry.names())
 def test_recipe_builds_offline_passes_the_audit_and_has_no_warnings(name, planned):
+    """No warning of the audit's own; the stack's start-up warnings only those listed with their reason."""
     p = planned(name)  # the fixture checks the pure builder: no environment writes
     assert p.report.ok, [f.message for f in p.report.errors]
-    assert p.report.warnings == []
+    ours = [f for f in p.report.warnings if f.code != "stack_warns"]
+    assert ours == []
+    unread = [
+        f.message
+        for f in p.report.warnings
+        if f.code == "stack_warns" and not any(w in f.message for w in STACK_WARNS_SHIPPED)
+    ]
+    assert unread == [], "a stack warning no one has read: add it to STACK_WARNS_SHIPPED with why, or mend the recipe"
     # Every overlap is on, n/a, or kept off by the recipe's declaration, with its reason (OverlapIntent.off).
     kept = dict(p.intent.off)
     for name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "ep_a2a_overlap"):
