@@ -43,6 +43,7 @@ Q30 = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16"
 FORK_34B = ["--from", R70, "--name", "llama3_34b_pretrain_32gpu_h100_bf16", "--layers", "48", "--ffn", "22016"]
 FORK_MOE = ["--from", Q30, "--name", "qwen3_60b_a6b_pretrain_32gpu_h100_bf16", "--layers", "64", "--experts", "256"]
 MOE_ERROR_SET = "model.recompute_granularity=full"
+NCCLEP_SET = "model.moe_flex_dispatcher_backend=ncclep model.moe_expert_rank_capacity_factor=2.0"
 
 
 STALE = "is not what the code produces today"
@@ -455,6 +456,23 @@ def moe_error(o: Outputs) -> str:
     return fence([cmd, *errors, f"make: *** [Makefile:{make_line}: plan] Error 1"])
 
 
+def plan_ncclep(o: Outputs) -> str:
+    """Issue 42's example: Core's start-up warning turns the claimed EP overlap's row off, and the plan fails."""
+    r = command_output("plan", [Q30, "--set", NCCLEP_SET])
+    _expect(r.code == 1, f"make plan RECIPE={Q30} SET={NCCLEP_SET} exited {r.code}, not 1")
+    rows = [
+        x
+        for b in blocks(r.lines())
+        if len(b) > 1
+        for n, _, lines in table_rows(b)
+        if n == "ep_a2a_overlap"
+        for x in lines
+    ]
+    _expect(bool(rows), "the ncclep plan shows no ep_a2a_overlap row")
+    errors = [x for x in r.err.splitlines() if x.startswith("error: ")]
+    return fence([f'$ make plan RECIPE={Q30} SET="{NCCLEP_SET}"', "…", *rows, "…", *errors])
+
+
 def _makefile() -> list[str]:
     from overlapkit import jsonio
 
@@ -553,6 +571,7 @@ REGIONS: dict[str, tuple[str, Callable[[Outputs], str]]] = {
     "plan-worth-tp": ("docs/plan.md", worth_70b_tp),
     "plan-worth-ep": ("docs/plan.md", worth_q30_ep),
     "plan-recipes": ("docs/plan.md", recipes_list),
+    "plan-ncclep": ("docs/plan.md", plan_ncclep),
     "fork-moe": ("docs/forking.md", fork_moe),
     "fork-34b": ("docs/forking.md", fork_34b),
     "fork-34b-why": ("docs/forking.md", fork_34b_why),
