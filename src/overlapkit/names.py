@@ -24,7 +24,7 @@ def name_problem(value) -> str | None:
     if not isinstance(value, str) or not value:
         return "empty" if value == "" else f"not a string ({type(value).__name__})"
     if not _NAME.fullmatch(value) or ".." in value:
-        return f"not a name ({RULE})"
+        return RULE
     return None
 
 
