@@ -121,7 +121,23 @@ def _args(argv):
     return args
 
 
+def imports_only() -> int:
+    """`entry.py --imports-only`: what this Python imports to train, imported as a rank does, nothing run; one line,
+    exit 0 or 1 (make submit asks the job's Python this before it queues anything: cluster/submit.py)."""
+    from overlapkit import stack
+
+    try:
+        stack.import_bridge(full=True)
+        problem = preflight.training_import_problem()
+    except Exception as exc:  # whatever stops Bridge's import in this Python (a missing module, a mismatched one)
+        problem = f"cannot import megatron.bridge: {preflight.missing(exc)}"
+    print(f"imports: {problem}" if problem else preflight.IMPORTS_OK)
+    return 1 if problem else 0
+
+
 def main(argv=None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--imports-only"]:
+        return imports_only()
     args = _args(argv)
     try:  # a refused claim or a broken plan.json: one line in the job's log naming the fix, no traceback
         if args.claim:
@@ -160,8 +176,7 @@ def main(argv=None) -> int:
     if args.preflight_only:
         return 0
     cfg = (rebuilt or rebuild(args)).cfg  # first: rebuild imports Bridge in full (TE shim, offline, nothing deferred)
-    from megatron.bridge.training.gpt_step import forward_step
-    from megatron.bridge.training.pretrain import pretrain
+    forward_step, pretrain = preflight.training_entry()
 
     if args.ckpt_step is not None:  # the resume guard's fallback: the tracker's iteration is incomplete
         cfg.checkpoint.ckpt_step = args.ckpt_step

@@ -15,7 +15,7 @@ from pathlib import Path
 from launch.args import Parser, add_run_options, request_of, switch
 from overlapkit import stack
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
-from overlapkit.cluster.profiles import load_profile
+from overlapkit.cluster.profiles import load_profile, placeholder_problem
 from overlapkit.errors import BadInput
 from overlapkit.plan import registry
 
@@ -41,7 +41,8 @@ def do_submit(args, out, req, profile) -> int:
     preflight_only, checks = submit.preflight_mode(args.preflight)
     real = args.action == "submit" and not args.dryrun
     bound = submit.bind(req, profile)
-    sub = submit.submission(bound, profile, preflight_only=preflight_only, checks=checks, check_partition=real)
+    dry = args.action == "submit" and not real
+    sub = submit.submission(bound, profile, preflight_only=preflight_only, checks=checks, check_partition=real, dry=dry)
     with submit.transaction(sub):
         render_plan(sub.plan, out)
         if args.action == "sbatch":
@@ -60,6 +61,8 @@ def do_submit(args, out, req, profile) -> int:
             overrides = sub.run_dir / "overrides.json"
             print(f"# every rank runs launch/entry.py (the srun line above) with the overrides in {overrides}")
             print(f"dry run: nothing submitted; plan and ledger in {sub.run_dir}")
+            if sub.profile.job_path != profile.job_path:  # submission() moved it: nothing on the cluster's filesystem
+                print(f"(a dry run writes only under the checkout's runs/; a submit writes under {profile.job_path})")
             return 0
         sha, dirty = submit.shipped_commit()
         if dirty:  # the rank-0 re-audit also fails a job whose rebuilt recipe differs from this plan
@@ -118,6 +121,8 @@ def checked(args):
         raise BadInput(f"SEGMENTS={req.run.segments} is for make submit (a chain of Slurm jobs)")
     submit.preflight_mode(args.preflight)
     profile = None if args.action == "run-local" else load_profile(args.cluster)
+    if profile and (placeholder := placeholder_problem(profile)):  # a dry run and a script for sbatch too
+        raise BadInput(f"{placeholder}; nothing {'submitted' if args.action == 'submit' else 'written'}")
     if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
         if bad := slurm.request_problems(profile, nodes, profile.time_limit):

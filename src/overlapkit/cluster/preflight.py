@@ -119,3 +119,36 @@ def summary(plan: dict, rec: dict, ranks: list[dict], rebuilt, checks: str) -> d
         "hosts": sorted({r["host"] for r in ranks}),
         "checkpoint": {"save": rebuilt.cfg.checkpoint.save, "load": rebuilt.cfg.checkpoint.load} if rebuilt else None,
     }
+
+
+# What a rank imports to train once its preflight passed (launch/entry.py), in the order it imports them: Bridge's
+# forward step and pretrain, whose module imports nvidia-resiliency-ext unguarded (Bridge 0.6.2,
+# megatron/bridge/training/pretrain.py), a package the project's CPU environment leaves out (pyproject.toml).
+TRAINING_MODULES = ("megatron.bridge.training.gpt_step", "megatron.bridge.training.pretrain")
+IMPORTS_OK = "imports: OK"
+
+
+def training_entry():
+    """(forward_step, pretrain): what a rank trains with, imported the one way the job imports them."""
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    return forward_step, pretrain
+
+
+def training_import_problem() -> str | None:
+    """Why this Python cannot import what a rank trains with (the first module it stops on, and the module missing),
+    else None. Imports them (Bridge must be imported first, as the job does: stack.import_bridge)."""
+    try:
+        training_entry()
+    except Exception as exc:  # a module missing, or one whose import fails (a mismatched version): either stops it
+        failed = next((m for m in TRAINING_MODULES if m not in sys.modules), TRAINING_MODULES[-1])
+        return f"cannot import {failed}: {missing(exc)}"
+    return None
+
+
+def missing(exc: Exception) -> str:
+    """What stopped an import, in a few words: the module missing, else the error itself."""
+    if isinstance(exc, ImportError) and exc.name:
+        return f"module {exc.name!r} is not installed"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

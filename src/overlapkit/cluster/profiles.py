@@ -15,7 +15,9 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from overlapkit import jsonio
 from overlapkit.errors import BadInput
+from overlapkit.names import checked_name
 from overlapkit.plan.request import Cluster
 from overlapkit.plan.runopts import directory_problem
 from overlapkit.secrets import FIX, credential_kind, secret_problem
@@ -127,10 +129,13 @@ def load_profile(name_or_path: str | Path) -> ClusterProfile:
             f"(add slurm/profiles/<name>.toml)"
         )
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
+        data = tomllib.loads(jsonio.read_bytes(path, PROFILE_LIMIT).decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{repo_relative(path)}: invalid TOML: {' '.join(str(exc).split())}") from None
     return parse_profile(data, name=data.get("name", path.stem), path=path)
+
+
+PROFILE_LIMIT = 1 << 20  # a profile is a few hundred bytes; a planted FIFO or a huge file is refused, never read
 
 
 def parse_profile(data: dict, *, name: str, path: Path | None = None) -> ClusterProfile:
@@ -153,6 +158,12 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
             if not isinstance(data[key], str):
                 fail(f'{key} = {data[key]!r}: expected a string, e.g. {key} = "..."')
             out[key] = data[key]
+    # the name is a path (runs/calibration/<name>.json, the nightly's folders): a name, or one line naming the fix
+    key = "name" if "name" in data else "the file's name"
+    try:
+        checked_name(name, f"{where}: {key}", "name the cluster with letters, digits, '.', '_' or '-' (e.g. eos)")
+    except BadInput as exc:
+        raise ProfileError(str(exc)) from None
     if "container_image" in out:
         out["container_image"] = out["container_image"] or None
     if out.get("profiler", "nsys") not in PROFILER_CHOICES:
@@ -227,3 +238,47 @@ def _refuse_literal_secrets(out: dict, fail) -> None:
         for value in out.get(key) if isinstance(out.get(key), tuple) else [out.get(key)]:
             if value and (kind := credential_kind(value)):
                 fail(f"{key} holds what looks like {kind}: keep credentials out of profiles ({FIX})")
+
+
+# The example profile's placeholders (slurm/profiles/example-eos.toml), and any <...> left in a value: a copied,
+# unedited profile would queue under an account that is not the user's, or make its placeholder job directory.
+_PLACEHOLDER = re.compile(r"\bmy-(account|team|project|user|cluster)\b|CHANGE|<[^<>]*>")
+# What to put instead, by key (the example's own CHANGE comments say the same).
+_PUT = {
+    "account": "your Slurm account (sacctmgr show assoc user=$USER format=account)",
+    "partition": "a partition you may use (sinfo -s)",
+    "job_dir": "a directory on the shared filesystem every node sees",
+    "container_mounts": "SRC:DST mounts of your site's shared filesystem",
+    "wandb_project": "your W&B project, or remove the line",
+    "wandb_entity": "your W&B team, or remove the line",
+}
+
+
+def placeholder_problem(profile: ClusterProfile) -> str | None:
+    """The first value of `profile` still holding a placeholder, as `file:line: key = value ...: put <what>` (one
+    line), else None. What a submission (dry run included) and a script for sbatch refuse; a plan may use one."""
+    values = [(f.name, getattr(profile, f.name)) for f in fields(ClusterProfile) if f.name not in ("name", "path")]
+    values += [(f"env.{k}", v) for k, v in profile.env.items()]
+    for key, value in values:
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, str) and _PLACEHOLDER.search(item):
+                put = _PUT.get(key, "your site's value")
+                return f"{_line_of(profile, key, item)}: {key} = {item!r} is a placeholder: put {put}"
+    return None
+
+
+def _line_of(profile: ClusterProfile, key: str, value: str) -> str:
+    """`file:line` of `value` in the profile's file (the first line that states it), or the profile's source."""
+    if profile.path is None:
+        return profile.source
+    try:
+        lines = jsonio.read_bytes(profile.path, PROFILE_LIMIT).decode().splitlines()
+    except (OSError, BadInput, UnicodeDecodeError):
+        return profile.source
+    quoted = (f'"{value}"', f"'{value}'")
+    bare = key.removeprefix("env.")
+    for i, line in enumerate(lines, 1):
+        stated = line.split("#")[0]  # a value in a comment is not the profile's
+        if any(q in stated for q in quoted) and (bare in stated or "=" not in stated):
+            return f"{profile.source}:{i}"
+    return profile.source

@@ -26,10 +26,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from overlapkit import jsonio, makewatch, stack
-from overlapkit.cluster import chain, resume, runlock, slurm
+from overlapkit import jsonio, makewatch, names, stack
+from overlapkit.cluster import chain, preflight, resume, runlock, slurm
 from overlapkit.cluster.chain import MARKER, checked_marker
-from overlapkit.cluster.profiles import ClusterProfile, load_profile
+from overlapkit.cluster.profiles import ClusterProfile, load_profile, placeholder_problem
 from overlapkit.errors import AuditFailed, BadInput, ClusterFailure
 from overlapkit.plan import request, runopts
 from overlapkit.plan.build import Plan, plan_for, write_run_dir
@@ -171,26 +171,109 @@ def submission(
     checks="full",
     caller_env=None,
     check_partition=False,
+    dry=False,
 ) -> Submission:
     """Plan the request (bound to `profile` by `bind`) for `profile`, refuse on audit errors and (`check_partition`,
-    for a real submission) on a request the partition can never run, then write the run directory."""
+    for a real submission) on a placeholder left in the profile, a request the partition can never run, a secret
+    not exported or in-job software that cannot start, then write the run directory (`dry`: a dry run's, under the
+    checkout's runs/: dry_home)."""
     plan = plan_for(req, profile=profile, caller_env=caller_env)
     if not plan.report.ok:
         first = plan.report.errors[0]
         raise AuditFailed(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
-    limit = profile.time_limit or plan.recipe.time_limit
-    if check_partition and (bad := slurm.request_problems(profile, plan.target.nodes, limit)):
-        raise SubmitError(f"{bad[0]}; nothing submitted")
-    if check_partition and (missing := secrets_problem(profile, caller_env)):
-        raise SubmitError(f"{missing}; nothing submitted")
-    if check_partition:  # what the job's resume guard would stop on, said before anything is queued
-        for line in resume_lines(plan):
-            print(line, file=sys.stderr)
-    run_dir = write_run_dir(plan, profile.job_path / "runs")
+    if (check_partition or dry) and (placeholder := placeholder_problem(profile)):
+        raise SubmitError(f"{placeholder}; nothing submitted")
+    if check_partition:
+        refuse_unready(plan, profile, caller_env, preflight_only)
+    if dry and not preflight_only and (why := software_problem(profile)):  # what a submit of it would refuse
+        print(f"warning: make submit would refuse this: {why}", file=sys.stderr)
+    if dry:  # nemo_run's experiment folder and the run directory: nothing outside the checkout's runs/
+        profile = dataclasses.replace(profile, job_dir=str(dry_home(profile)))
+    run_dir = write_run_dir(plan, names.inside(profile.job_path, "runs"))
     mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
     # what every rank of the plain-sbatch path runs, from the checkout (entry.py puts src/ on its own path)
     command = f"exec {shlex.join([python_for(profile), ENTRY, *entry_args(plan, run_dir, preflight_only, checks)])}"
     return Submission(plan, profile, run_dir, command, preflight_only, checks)
+
+
+def refuse_unready(plan: Plan, profile: ClusterProfile, caller_env=None, preflight_only=False) -> None:
+    """What a real submission refuses before anything is queued (SubmitError, one line): a request the partition can
+    never run, a secret not exported, software the job cannot start; and the notes of the resume guard on its
+    checkpoint."""
+    limit = profile.time_limit or plan.recipe.time_limit
+    if bad := slurm.request_problems(profile, plan.target.nodes, limit):
+        raise SubmitError(f"{bad[0]}; nothing submitted")
+    if missing := secrets_problem(profile, caller_env):
+        raise SubmitError(f"{missing}; nothing submitted")
+    if not preflight_only and (why := software_problem(profile)):
+        raise SubmitError(f"{why}; nothing submitted")
+    for line in resume_lines(plan):  # what the job's resume guard would stop on, said before anything is queued
+        print(line, file=sys.stderr)
+
+
+IMPORTS_TIMEOUT_S = 900  # a cold Bridge import in another Python: 30 s idle, minutes on a loaded login node
+SOFTWARE_FIX = (
+    "give the profile a python (or container_image) that has it (the NeMo container does), or PREFLIGHT=1 to run "
+    "only the in-job checks"
+)
+
+
+def software_problem(profile: ClusterProfile) -> str | None:
+    """Why the job's software cannot start training, checked the way the job starts (its interpreter, launch/entry.py's
+    imports, nothing run), before anything is queued: in this process where the job's Python is this environment
+    (Bridge is imported already), else by `<python> launch/entry.py --imports-only`. A container's Python, or one
+    this host does not have, cannot be asked from here: a note says so on stderr, and the job itself stops at its
+    first import error."""
+    python = python_for(profile)
+    found = None if profile.container_image else shutil.which(python)
+    if not found:
+        where = f"in container {profile.container_image}" if profile.container_image else "not on this host"
+        print(
+            f"note: the job's Python ({python}) is {where}: checked here the plan, the audit and the partition; not "
+            "checked: its packages (a missing one stops the job at its first import; PREFLIGHT=1 checks the rest)",
+            file=sys.stderr,
+        )
+        return None
+    if Path(found).absolute().parent.parent == Path(sys.prefix).absolute():  # a venv's bin/python: this one
+        stack.import_bridge()
+        problem = preflight.training_import_problem()
+    else:
+        problem = _imports_in(found)
+    return f"the job's Python ({python}) cannot start training: {problem}: {SOFTWARE_FIX}" if problem else None
+
+
+def _imports_in(python: str) -> str | None:
+    """What `python launch/entry.py --imports-only` says is missing (None: nothing), as the job's ranks would run it
+    (the job's exports only: PATH). Not answering in time is a note, not a refusal."""
+    cmd = [python, str(stack.REPO_ROOT / ENTRY), "--imports-only"]
+    env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}  # stack.import_bridge sets offline
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=IMPORTS_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        print(
+            f"note: {shlex.join(cmd)} did not answer in {IMPORTS_TIMEOUT_S} s: its imports are not checked",
+            file=sys.stderr,
+        )
+        return None
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 0 and last == preflight.IMPORTS_OK:
+        return None
+    if last.startswith("imports: "):
+        return last.removeprefix("imports: ")
+    err = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return f"{shlex.join(cmd)} fails: {' '.join(err.split())}"
+
+
+DRY_RUNS = stack.REPO_ROOT / "runs" / "dryrun"  # a dry run's job directory for a cluster whose own is elsewhere
+
+
+def dry_home(profile: ClusterProfile) -> Path:
+    """Where a dry run writes (its run directory, nemo_run's experiment folder): the profile's job directory where it
+    is inside the checkout's runs/ (the local Slurm's), else runs/dryrun/<profile name>: a dry run creates nothing
+    on the cluster's filesystem, a placeholder job directory included."""
+    runs = stack.REPO_ROOT / "runs"
+    job = profile.job_path.resolve()
+    return profile.job_path if job == runs.resolve() or runs.resolve() in job.parents else DRY_RUNS / profile.name
 
 
 def secrets_problem(profile: ClusterProfile, caller_env=None) -> str | None:
@@ -358,8 +441,33 @@ def _no_stdin():
             sys.stdin = saved
 
 
+NEMO_RUN_LOG = "nemo_run.log"  # nemo_run's banners, tables and its tools' output, kept in the run directory
+
+
+@contextlib.contextmanager
+def _nemo_run_log(run_dir: Path):
+    """nemo_run's console (its rich CONSOLE prints to whatever sys.stdout is), its logging and the tools it runs
+    (git, sbatch: invoke mirrors their output) write into <run dir>/nemo_run.log, at the file descriptors too, so a
+    nightly's hundreds of banner lines stay off the console and our own lines stay visible."""
+    fd = jsonio.open_lock(run_dir / NEMO_RUN_LOG, 0o644, append=True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(fd, "w", closefd=False, buffering=1) as log:
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+
+
 def dryrun(sub: Submission) -> str:
-    with _no_stdin(), experiment(sub) as exp:
+    with _nemo_run_log(sub.run_dir), _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         exp.dryrun(log=False)
         return "\n".join(job._dryrun_info.request.materialize() for job in exp.jobs)  # nemo_run's sbatch scripts
@@ -376,7 +484,7 @@ def shipped_commit() -> tuple[str, list[str]]:
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
     sole = _sole_live_run(sub.plan.run, sub.run_dir)
-    with transaction(sub), sole as record_jobs, _no_stdin(), experiment(sub) as exp:
+    with transaction(sub), sole as record_jobs, _nemo_run_log(sub.run_dir), _no_stdin(), experiment(sub) as exp:
         add_task(exp, sub)
         with _critical():  # a signal now waits until the job id is on disk
             try:
@@ -389,7 +497,8 @@ def submit(sub: Submission) -> dict:
                     with contextlib.suppress(RuntimeError):
                         slurm.cancel(job_id)
                 raise ClusterFailure(
-                    f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already queued"
+                    f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already queued; "
+                    f"nemo_run's output: {sub.run_dir / NEMO_RUN_LOG}"
                 ) from exc
             exp_dir, ids = exp._exp_dir, []
             for job in exp.jobs:  # one per segment, in order

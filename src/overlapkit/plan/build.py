@@ -5,11 +5,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
+from overlapkit.names import inside
 from overlapkit.plan import data, inputs, overrides, presets, registry, request, runopts, startup
 from overlapkit.plan.audit import AuditReport, Finding, audit, replaced_overrides
 from overlapkit.plan.env import Ledger, audit_rows, build_ledger
@@ -222,21 +224,42 @@ def prediction_inputs(plan: Plan, cal: calibration.Calibration = calibration.PUB
 
 
 def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
-    """runs/<recipe>-<UTC time>/{plan.json,config.yaml}; never overwrites an earlier run."""
+    """runs/<recipe>-<UTC time>/{plan.json,config.yaml,ledger.json,overrides.json}; never overwrites an earlier run.
+    A folder that cannot take it (read-only, full, not ours to write) is one line naming the fix, and the run
+    directory begun is removed: never half a run."""
+    stamp = stamp or dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    run_dir = None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        run_dir = plan.run_dir = _new_dir(inside(root, f"{plan.recipe.name}-{stamp}"))  # plan.json names it
+        _write_run_files(plan, run_dir)
+    except OSError as exc:
+        if run_dir is not None:
+            plan.run_dir = None
+            shutil.rmtree(run_dir, ignore_errors=True)
+        where = exc.filename or root
+        raise BadInput(
+            f"cannot write the run directory under {root} ({exc.strerror or exc}: {where}): nothing written; give a "
+            "job directory you can write with free space (the profile's job_dir, or JOB_DIR=)"
+        ) from None
+    return run_dir
+
+
+def _new_dir(base: Path) -> Path:
+    """`base`, or base.1, base.2, ...: mkdir is the test, so two plans typed in the same second each get their own."""
+    run_dir, i = base, 1
+    while True:
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            run_dir, i = Path(f"{base}.{i}"), i + 1
+
+
+def _write_run_files(plan: Plan, run_dir: Path) -> None:
     import yaml
     from megatron.training.config.yaml_utils import safe_yaml_representers
 
-    stamp = stamp or dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    base = root / f"{plan.recipe.name}-{stamp}"
-    root.mkdir(parents=True, exist_ok=True)
-    run_dir, i = base, 1
-    while True:  # mkdir is the test: two plans typed in the same second each get their own directory
-        try:
-            run_dir.mkdir()
-            break
-        except FileExistsError:
-            run_dir, i = Path(f"{base}.{i}"), i + 1
-    plan.run_dir = run_dir
     cfg, r = copy.copy(plan.cfg), plan.resolved  # the recipe's config with Bridge's resolved parts swapped in
     cfg.model, cfg.optimizer, cfg.ddp, cfg.comm_overlap = r.model, r.optimizer, r.ddp, r.comm
     # ConfigContainer.to_yaml's own dump (megatron/training/config/container.py), written by jsonio: to_yaml opens
@@ -248,7 +271,6 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}
     jsonio.write_json(run_dir / "ledger.json", ledger)
     jsonio.write_json(run_dir / OVERRIDES, overrides_record(plan))
-    return run_dir
 
 
 # What the job rebuilds the recipe from: the SET pairs exactly as typed (JSON keeps spaces, lists and dicts intact;

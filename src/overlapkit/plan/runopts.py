@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit.errors import BadInput
+from overlapkit.names import checked_name
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", re.ASCII)
 MAX_SEGMENTS = 100
 # The largest integer a config field or an iteration count can hold: Megatron and torch keep them as int64 (a value
 # beyond it overflows in the first tensor or numpy array made from it). Here, standard library only, for both users:
@@ -189,11 +189,8 @@ def parse(
     from overlapkit.plan import data as data_spec
 
     name = (run_name or "").strip()
-    if name and not _NAME.match(name):
-        raise BadInput(
-            f"RUN_NAME={run_name!r}: letters, digits, '.', '_' or '-', up to 64, starting with a letter or "
-            "digit (it names a directory)"
-        )
+    if name:  # it names the run's checkpoint, TensorBoard and W&B directories
+        checked_name(name, "RUN_NAME", "it names a directory")
     seg = whole(segments) if (segments or "").strip() else 1
     if seg is None or not 1 <= seg <= MAX_SEGMENTS:
         raise BadInput(f"SEGMENTS={segments!r}: a whole number of chained jobs from 1 to {MAX_SEGMENTS}")
