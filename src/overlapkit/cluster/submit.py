@@ -264,16 +264,13 @@ def _imports_in(python: str) -> str | None:
     return f"{shlex.join(cmd)} fails: {' '.join(err.split())}"
 
 
-DRY_RUNS = stack.REPO_ROOT / "runs" / "dryrun"  # a dry run's job directory for a cluster whose own is elsewhere
-
-
 def dry_home(profile: ClusterProfile) -> Path:
     """Where a dry run writes (its run directory, nemo_run's experiment folder): the profile's job directory where it
     is inside the checkout's runs/ (the local Slurm's), else runs/dryrun/<profile name>: a dry run creates nothing
-    on the cluster's filesystem, a placeholder job directory included."""
-    runs = stack.REPO_ROOT / "runs"
+    on the cluster's filesystem, a placeholder job directory included (runs/: stack.runs_root)."""
+    runs = stack.runs_root().resolve()
     job = profile.job_path.resolve()
-    return profile.job_path if job == runs.resolve() or runs.resolve() in job.parents else DRY_RUNS / profile.name
+    return profile.job_path if job == runs or runs in job.parents else runs / "dryrun" / profile.name
 
 
 def secrets_problem(profile: ClusterProfile, caller_env=None) -> str | None:

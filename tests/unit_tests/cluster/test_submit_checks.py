@@ -112,7 +112,7 @@ def test_a_dry_run_writes_only_under_the_checkouts_runs_and_keeps_nemo_runs_bann
     directory's nemo_run.log, not on the console; the job's Python in a container is said to be unchecked."""
     fs = tmp_path / "fs"
     copy = edited(tmp_path, EXAMPLE, "mycluster", account="ml-infra", job_dir=str(fs / "jobs"))
-    monkeypatch.setattr(submit, "DRY_RUNS", tmp_path / "checkout" / "runs" / "dryrun")
+    monkeypatch.setenv("OVERLAPKIT_RUNS", str(tmp_path / "checkout" / "runs"))
     assert commands.call("submit", ["--recipe", R8, "--cluster", str(copy), "--dryrun", "1"]) == 0
     out, err = capfd.readouterr()
     assert not fs.exists()
