@@ -344,8 +344,11 @@ def test_a_job_of_make_sbatchs_script_records_itself_or_stops_on_the_real_slurm(
     job, state = _sbatch_and_wait(run_dir / "sbatch.sh")
     assert state == "COMPLETED", (run_dir / f"slurm-{job}.out").read_text()
     assert [s["job_ids"] for s in runlock.submissions(ck)] == [[job]]
-    code, out, _ = make_here("status", f"RUN={run_dir}")
-    assert code == 0 and f"job {job} COMPLETED" in out and '"ok": true' in out
+    code, out, _ = make_here("status", f"RUN={run_dir}")  # one line per job, as docs/pretraining.md shows
+    assert code == 0 and out.splitlines()[1] == f"  job {job} COMPLETED; preflight OK (8/8 ranks)", out
+    code, out, _ = make_here("status", f"RUN={run_dir}", "FORMAT=json")  # the record itself, for scripts
+    [record] = json.loads(out)["jobs"]
+    assert code == 0 and record["job_id"] == job and record["preflight"] == {"ok": True, "ranks": [8, 8], "error": None}
     code, out, _ = make_here("logs", f"RUN={run_dir}")
     assert code == 0 and f"job {job}: recorded in {run_dir / chain.MARKER}" in out and "preflight: OK (8/8" in out
     held = _held_job()
