@@ -5,10 +5,8 @@ on a job that really fails on the local Slurm."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,22 +32,6 @@ RuntimeError: a later error, a consequence
 """
 MISSING = "ModuleNotFoundError: No module named 'nvidia_resiliency_ext'"
 SRUN = "srun: error: node1: task 0: Exited with exit code 1"
-
-
-@contextlib.contextmanager
-def within(seconds: int):
-    """Fail (not hang the suite) when the block takes longer: a blocking open of a FIFO is interrupted."""
-
-    def late(*_):
-        raise TimeoutError(f"still running after {seconds} s: a planted file hung the reader")
-
-    old = signal.signal(signal.SIGALRM, late)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def test_the_first_exception_line_is_the_cause_not_warnings_or_later_errors(tmp_path):
@@ -88,7 +70,7 @@ def test_the_line_is_one_printable_line_of_bounded_length(tmp_path):
     assert joblog.first_error([log]) == (None, [])
 
 
-def test_planted_files_among_the_logs_are_skipped_with_their_reason_never_read(tmp_path):
+def test_planted_files_among_the_logs_are_skipped_with_their_reason_never_read(tmp_path, within):
     fifo, sock, real = tmp_path / "log-t_5_0.out", tmp_path / "log-t_5_1.out", tmp_path / "sbatch_t_5.out"
     os.mkfifo(fifo)  # no writer: a blocking open would wait forever
     with socket.socket(socket.AF_UNIX) as s:

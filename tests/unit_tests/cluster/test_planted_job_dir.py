@@ -13,7 +13,6 @@ import socket
 import subprocess
 
 import pytest
-from test_joblog import within
 
 from overlapkit import stack
 from overlapkit.cluster import chain, slurm
@@ -62,7 +61,9 @@ KINDS = ["fifo", "socket", "device", "directory", "edited"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_make_status_passes_over_a_planted_record_to_the_latest_readable_run(shared, make_here, write_plan, kind):
+def test_make_status_passes_over_a_planted_record_to_the_latest_readable_run(
+    shared, make_here, write_plan, kind, within
+):
     cluster, runs = shared
     good = _run(runs, "good-run", write_plan, job_id="999990", job_ids=["999990"])
     (runs / "planted").mkdir()
@@ -80,7 +81,9 @@ def test_make_status_passes_over_a_planted_record_to_the_latest_readable_run(sha
 
 
 @pytest.mark.parametrize("kind", ["fifo", "socket", "device"])
-def test_make_logs_shows_every_log_it_can_and_says_which_it_cannot(shared, make_here, write_plan, tmp_path, kind):
+def test_make_logs_shows_every_log_it_can_and_says_which_it_cannot(
+    shared, make_here, write_plan, tmp_path, kind, within
+):
     cluster, runs = shared
     exp = tmp_path / "jobs" / "experiments" / "r" / "r_1"
     (exp / "train").mkdir(parents=True)
@@ -110,7 +113,7 @@ def _held_job() -> str:
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("kind", ["fifo", "device"])
-def test_make_cancel_cancels_the_latest_run_past_a_planted_record(shared, make_here, write_plan, kind):
+def test_make_cancel_cancels_the_latest_run_past_a_planted_record(shared, make_here, write_plan, kind, within):
     cluster, runs = shared
     job = _held_job()
     try:
