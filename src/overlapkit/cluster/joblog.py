@@ -77,8 +77,8 @@ def _scan(path: Path) -> tuple[str, str] | None:
             line, start_of_line, start = piece.rstrip("\n"), start, piece.endswith("\n")
             if not start_of_line:  # the rest of a line longer than PIECE: not the start of a message
                 continue
-            if CAUSE.match(line):
-                return "cause", one_line(line[:SHOWN])
+            if CAUSE.match(line):  # entry.py's own `error: ` shown without it: "first error: error: ..." says it twice
+                return "cause", one_line(line.removeprefix("error: ")[:SHOWN])
             if slurm_line is None and SLURM.match(line):
                 slurm_line = one_line(line[:SHOWN])
     return ("slurm", slurm_line) if slurm_line else None
