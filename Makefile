@@ -125,8 +125,8 @@ gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by si
 submit: ## submit RECIPE to CLUSTER via nemo_run (NODES=, SET=, DRYRUN=1 prints the sbatch, PREFLIGHT=1 checks only)
 	@$(PY) -m launch submit --recipe="$$RECIPE" --cluster="$$CLUSTER" --nodes="$$NODES" --set="$$SET" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" $(RUN_FLAGS)
 
-status: ## state and preflight result of RUN= (default: the latest run on CLUSTER)
-	@$(PY) -m launch status --cluster="$$CLUSTER" --run="$$RUN"
+status: ## one line per job of RUN= (state, preflight, first error; default: the latest run on CLUSTER; FORMAT=json)
+	@$(PY) -m launch status --cluster="$$CLUSTER" --run="$$RUN" --format="$$FORMAT"
 
 logs: ## print the job logs of RUN= (default: the latest run on CLUSTER)
 	@$(PY) -m launch logs --cluster="$$CLUSTER" --run="$$RUN"
@@ -158,8 +158,8 @@ nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRU
 nightly-report: ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
 	@$(PY) -m launch nightly-report --cluster="$$CLUSTER" --night="$$NIGHT" --job-dir="$$JOB_DIR"
 
-bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<recipe>.json
-	@$(PY) -m launch bless --run="$$RUN"
+bless: ## turn a reviewed nightly run (RUN=<run dir>) into nightly/goldens/<recipe>.json (FORCE=1: over one there)
+	@$(PY) -m launch bless --run="$$RUN" --force="$$FORCE"
 
 parse-log: ## parse a Bridge/Megatron training log (LOG=) to JSON
 	@$(PY) -m launch parse-log -- "$$LOG"

@@ -52,6 +52,7 @@ def parse(argv):
     ap.add_argument("--night", default="", help="report: the night directory (default: the latest)")
     ap.add_argument("--run", default="", help="bless: the run directory")
     ap.add_argument("--goldens", default=str(regress.GOLDENS_DIR))
+    ap.add_argument("--force", type=switch, default="", help="bless: 1 replaces the golden already there")
     ap.add_argument("--no-retry", action="store_true", help="report: do not resubmit infrastructure failures")
     ap.add_argument("--at", default="", help=f"schedule: when each night starts: {begin.FORMS}")
     return ap.parse_args(argv)
@@ -121,7 +122,8 @@ def run(args) -> int:
             case "bless":
                 if not args.run:
                     raise regress.BlessError("RUN='': give RUN=<run directory of a reviewed nightly run>")
-                lines = [f"blessed {args.run} -> {nightly.bless_run(Path(args.run), Path(args.goldens))}"]
+                out = nightly.bless_run(Path(args.run), Path(args.goldens), force=bool(args.force))
+                lines = [f"blessed {args.run} -> {out}"]
             case "schedule":
                 if names:  # the names need the registry (Bridge), so they are checked after everything else
                     nightly.check_recipes(names)

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from launch.args import Parser, add_run_options, request_of, switch
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile, placeholder_problem
-from overlapkit.errors import BadInput
+from overlapkit.errors import BadInput, one_line
 from overlapkit.plan import registry
 
 
@@ -30,6 +30,7 @@ def parse(argv):
     ap.add_argument("--dryrun", type=switch, default="", help="1: print sbatch script, plan and ledger; submit nothing")
     ap.add_argument("--preflight", default="", help="1: stop after the in-job preflight; env: also skip the re-audit")
     ap.add_argument("--run", default="", help="run directory for status/logs/cancel (default: the latest)")
+    ap.add_argument("--format", choices=("text", "json"), default="text", help="status: json prints the record")
     add_run_options(ap)
     ap.add_argument("--wait", action="store_true", help="submit: wait for the job to finish; exit 1 unless COMPLETED")
     return ap.parse_args(argv)
@@ -82,27 +83,28 @@ def do_submit(args, out, req, profile) -> int:
 
 
 def do_run_dir_action(args) -> int:
-    run_dir = submit.run_dir_of(load_profile(args.cluster), args.run, submitted=args.action != "status")
+    run_dir, skipped = submit.run_dir_of(load_profile(args.cluster), args.run, submitted=args.action != "status")
+    for line in skipped:  # another run's record that cannot be read: said, never in the way of this one
+        print(f"note: {one_line(line)}", file=sys.stderr)
     if not run_dir.is_dir():
         raise BadInput(f"RUN={args.run!r} is not a directory: give RUN=<run directory> (make status: the latest)")
     info = submit.read_marker(run_dir, strict=True)
     if args.action == "status" and not info.get("job_id"):
-        print(f"{run_dir.name}: {submit.describe(info)}")
+        said = {"run": run_dir.name, "run_dir": str(run_dir), "state": info.get("state"), "said": submit.describe(info)}
+        print(jsonio.dumps(said), end="") if args.format == "json" else print(f"{run_dir.name}: {said['said']}")
         return 1 if info.get("state") in ("failed", "submitting") else 0
     info = submit.load_submission(run_dir)  # logs and cancel need a job: one line saying why there is none
     if args.action == "status":
-        pre = run_dir / "preflight.json"
-        print(f"{run_dir.name}:")
-        print("\n".join(f"  {line}" for line in chain.status_lines(run_dir, info)))
-        if len(chain.job_ids(info)) == 1:
-            print(f"preflight: {pre.read_text().strip() if pre.exists() else 'not written yet'}")
+        record = chain.status(run_dir, info)
+        if args.format == "json":
+            print(jsonio.dumps({**record, "state": info.get("state")}), end="")
+            return 0
+        print(f"{run_dir.name}:")  # one line per job (segment), then the checkpoints
+        print("\n".join(f"  {chain.job_line(job, len(record['jobs']))}" for job in record["jobs"]))
+        if record["checkpoints"]:
+            print(f"  {chain.checkpoint_line(record['checkpoints'])}")
     elif args.action == "logs":
-        logs = submit.log_files(info)
-        for f in logs:
-            print(f"==> {f} <==\n{f.read_text(errors='replace')}")
-        if not logs:
-            where = info.get("experiment_dir") or info.get("log")
-            print(f"no logs yet in {where} (job {info['job_id']}: make status says its state)")
+        show_logs(info)
     elif len(chain.job_ids(info)) > 1:
         print("\n".join(f"{line} ({run_dir.name})" for line in chain.cancel(info)))
     elif ended := slurm.cancel(info["job_id"]):
@@ -110,6 +112,27 @@ def do_run_dir_action(args) -> int:
     else:
         print(f"cancelled job {info['job_id']} ({run_dir.name})")
     return 0
+
+
+def show_logs(info: dict) -> None:
+    """Every log of the job, as written, each read through the guarded reader (a FIFO or a device among them never
+    hangs it); one that cannot be read is said in its place, the others still shown, then one error line."""
+    logs, problems = submit.log_files(info), []
+    for f in logs:
+        print(f"==> {f} <==", flush=True)
+        try:
+            with jsonio.open_text(f) as text:
+                for piece in iter(lambda text=text: text.read(1 << 20), ""):
+                    sys.stdout.write(piece)
+        except (jsonio.Unreadable, FileNotFoundError) as exc:
+            problems.append(str(exc) if isinstance(exc, jsonio.Unreadable) else f"{f}: no longer there")
+            print(f"(not shown: {one_line(problems[-1])})")
+        print()
+    if not logs:
+        where = info.get("experiment_dir") or info.get("log")
+        print(f"no logs yet in {where} (job {info['job_id']}: make status says its state)")
+    if problems:
+        raise BadInput(f"{len(problems)} of the job's {len(logs)} log file(s) not shown: " + "; ".join(problems))
 
 
 def checked(args):

@@ -6,6 +6,7 @@ may not be there yet, strict (one line naming the file's role and the fix) for a
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import secrets
 import stat
 import zlib
 from pathlib import Path
+from typing import BinaryIO, TextIO
 
 from overlapkit.errors import BadInput
 
@@ -94,9 +96,24 @@ class Unreadable(BadInput):
 
 def read_bytes(path: Path, limit: int = RECORD_LIMIT, *, follow: bool = True) -> bytes:
     """The bytes of the regular file `path`, at most `limit` of them, gzip unpacked (bounded by `limit` too) where the
-    file is gzip. Opened non-blocking, so a FIFO planted in its place never hangs the reader; a FIFO, socket, device or
-    directory is refused before any read; `follow=False`: a symbolic link at `path` is refused (where only the project
-    writes the file). FileNotFoundError passes; every other problem is one Unreadable."""
+    file is gzip (opened by `open_regular`: a FIFO, socket, device or directory refused before any read).
+    FileNotFoundError passes; every other problem is one Unreadable."""
+    with open_regular(path, follow=follow) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise Unreadable(path, f"is larger than {limit // MiB} MiB, far past any real one of its kind")
+    return gunzip(path, data, limit) if data[:2] == b"\x1f\x8b" else data
+
+
+def open_regular(path: Path, limit: int | None = None, *, follow: bool = True) -> BinaryIO:
+    """`path` open for reading (binary) when it is a regular file, of at most `limit` bytes when given: for a reader
+    that streams (a log read line by line). Opened non-blocking, so a FIFO planted in its place never hangs the
+    reader; a FIFO, socket, device or directory is refused before any read; `follow=False`: a symbolic link at `path`
+    is refused (where only the project writes the file). FileNotFoundError passes; every other problem is one
+    Unreadable."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -106,20 +123,21 @@ def read_bytes(path: Path, limit: int = RECORD_LIMIT, *, follow: bool = True) ->
         if not follow and Path(path).is_symlink():
             raise Unreadable(path, "is a symbolic link, never followed here: remove it") from None
         raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or (limit is not None and info.st_size > limit):
         os.close(fd)
-        if stat.S_ISDIR(mode):
+        if stat.S_ISDIR(info.st_mode):
             raise Unreadable(path, "cannot be read (Is a directory)")
+        if stat.S_ISREG(info.st_mode):
+            raise Unreadable(path, f"is larger than {limit // MiB} MiB, far past any real one of its kind")
         raise Unreadable(path, "is not a regular file (a FIFO, socket or device): give the file itself")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read(limit + 1)
-        except OSError as exc:
-            raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
-    if len(data) > limit:
-        raise Unreadable(path, f"is larger than {limit // MiB} MiB, far past any real one of its kind")
-    return gunzip(path, data, limit) if data[:2] == b"\x1f\x8b" else data
+    return os.fdopen(fd, "rb")
+
+
+def open_text(path: Path, limit: int = LOG_LIMIT) -> TextIO:
+    """`open_regular`'s file as text, decoded as open() decodes a log (UTF-8, an undecodable byte replaced, universal
+    newlines): for a reader that takes a log a line at a time."""
+    return io.TextIOWrapper(open_regular(path, limit), encoding="utf-8", errors="replace")
 
 
 def gunzip(path: Path, data: bytes, limit: int) -> bytes:

@@ -118,6 +118,10 @@ def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkp
     assert f"error: segment 2/3: no checkpoint to resume from in {ckdir}" in log
     assert f"segment 1/3: job {ids[0]} COMPLETED; preflight OK" in status
     assert f"segment 2/3: job {ids[1]} FAILED" in status and "last checkpointed none yet" in status
+    # the failed segment's line names why, from its own log (issue 40: status tells the story)
+    assert (
+        f"segment 2/3: job {ids[1]} FAILED; first error: segment 2/3: no checkpoint to resume from in {ckdir}" in status
+    )
 
 
 def test_one_live_run_per_run_name_and_a_finished_run_cancels_its_later_segments(spec, pair, chain3, ended):

@@ -129,13 +129,18 @@ def test_70b_preflight_runs_64_tasks_across_8_nodes(preflight_night):
     assert summary["ok"] and summary["checks"] == "full" and summary["reaudit_errors"] == []
 
 
-def test_missing_pmix_fails_the_job_and_slurm_says_failed(profile):
+def test_missing_pmix_fails_the_job_and_slurm_says_failed(profile, capsys):
     no_pmix = dataclasses.replace(profile, srun_args=())
     sub = submit.prepare(R70, no_pmix, nodes=4, preflight_only=True, checks="env", caller_env={})
     info = submit.submit(sub)
     assert wait(info["job_id"]) == "FAILED"
     failures = [f for r in ranks(sub.run_dir) for f in r["failures"]]
     assert failures and all("srun --mpi=pmix" in f for f in failures)
+    capsys.readouterr()  # make status: the job's line names the first error its log holds (issue 40)
+    assert commands.call("status", ["--run", str(sub.run_dir)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith(f"  job {info['job_id']} FAILED") and "; first error: preflight failed on rank " in line
+    assert "srun --mpi=pmix" in line and f"log-root-root.train_{info['job_id']}_0.out)" in line, line
 
 
 def test_cancelled_job_is_reported_cancelled(profile, capsys):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,24 @@ def one_rank(tmp_path_factory):
     ps.destroy_model_parallel()
     if fresh:
         torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
+def within():
+    """`with within(seconds):` fails the test (never hangs the suite) when the block takes longer: what a reader that
+    blocks on a planted FIFO would do. SIGALRM interrupts a blocking open or read."""
+
+    @contextlib.contextmanager
+    def guard(seconds: int):
+        def late(*_):
+            raise TimeoutError(f"still running after {seconds} s: a planted file hung the reader")
+
+        old = signal.signal(signal.SIGALRM, late)
+        signal.alarm(seconds)
+        try:
+            yield
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+
+    return guard

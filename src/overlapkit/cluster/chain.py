@@ -1,14 +1,15 @@
-"""A submitted run's jobs, one per segment (SEGMENTS=N: afterany chain): their states, the last checkpointed
-iteration, and cancelling what has not ended. `make status` and `make cancel` read a run directory through here, and
-a segment that finds training over cancels the segments after it (they would only start to exit)."""
+"""A submitted run's jobs, one per segment (SEGMENTS=N: afterany chain): their states, their logs and the first error
+line of one that failed, the last checkpointed iteration, and cancelling what has not ended. `make status|logs|cancel`
+read a run directory through here, and a segment that finds training over cancels the segments after it (they would
+only start to exit)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.cluster import resume, slurm
-from overlapkit.errors import BadInput
+from overlapkit.cluster import joblog, resume, slurm
+from overlapkit.errors import BadInput, one_line
 from overlapkit.plan import planfile
 
 MARKER = "submission.json"  # a run directory's record of its submission (cluster/submit.py writes it)
@@ -48,35 +49,117 @@ def job_ids(info: dict) -> list[str]:
     return [slurm.checked_id(j, f"{MARKER}'s job id") for j in list(info.get("job_ids") or [info.get("job_id")])]
 
 
-def status_lines(run_dir: Path, info: dict) -> list[str]:
-    """One line per segment (job, Slurm state), then the checkpoint: directory and last saved iteration."""
-    ids = job_ids(info)
-    out = []
+def log_files(info: dict) -> list[Path]:
+    """The job's logs in nemo_run's experiment directory (its _CONFIG file marks one); a BadInput when the record
+    names none, or a directory that is gone or is not nemo_run's (the record was edited, or the directory deleted);
+    none yet (a pending job) is an empty list."""
+    where = info.get("experiment_dir")
+    fix = "the job's logs are in the experiment directory nemo_run made at submission; if it was removed they are gone"
+    if not where and info.get("log"):  # a plain-sbatch job (claim): the script's --output
+        return [Path(info["log"])] if Path(info["log"]).exists() else []
+    if not where:
+        raise BadInput(f"{info.get('run_dir') or 'the run'}: its {MARKER} names no experiment_dir: {fix}")
+    exp = Path(where)
+    if not exp.is_dir():
+        raise BadInput(f"experiment directory {exp} (from {MARKER}) no longer exists: {fix}")
+    logs = sorted(exp.glob("*/log-*.out")) + sorted(exp.glob("*/sbatch_*.out"))
+    if not logs and not (exp / "_CONFIG").is_file():  # none yet is a pending job's answer; no _CONFIG, not nemo_run's
+        raise BadInput(f"{exp} (from {MARKER}) is not a nemo_run experiment directory (no _CONFIG in it): {fix}")
+    return logs
+
+
+def why_failed(info: dict, job: str) -> tuple[str | None, list[str]]:
+    """(job `job`'s first error line with its file, or a line saying why there is none), and what could not be
+    read on the way, one line each."""
+    try:
+        logs = joblog.of_job(log_files(info), job)
+    except BadInput as exc:
+        return None, [one_line(str(exc))]
+    line, skipped = joblog.first_error(logs)
+    if line is None and not skipped:
+        return None, [f"no error line in its {len(logs)} log file(s) (make logs shows them)" if logs else "no log"]
+    return line, skipped
+
+
+def status(run_dir: Path, info: dict) -> dict:
+    """The run's state: each job (segment, Slurm's state, its preflight, and for a job that failed its first error
+    line, or why there is none), then its checkpoints (checkpoints). `make status FORMAT=json` prints it."""
+    ids, jobs = job_ids(info), []
     for i, job in enumerate(ids, 1):
         state = slurm.job_state(job)
-        label = f"segment {i}/{len(ids)}: job {job} {state}" if len(ids) > 1 else f"job {job} {state}"
-        pre = run_dir / (f"segment-{i}" if len(ids) > 1 else "") / "preflight.json"
-        if pre.is_file():
-            verdict = (jsonio.read_json(pre) or {}).get("ok")
-            label += f"; preflight {'OK' if verdict is True else 'FAILED' if verdict is False else 'unreadable'}"
-        out.append(label)
+        entry = {"segment": i, "job_id": job, "state": state}
+        entry["preflight"] = preflight_of(run_dir / (f"segment-{i}" if len(ids) > 1 else "") / "preflight.json")
+        if state.split()[0].rstrip("+") in joblog.FAILED:
+            entry["error"], entry["log_problems"] = why_failed(info, job)
+        jobs.append(entry)
+    return {"run": run_dir.name, "run_dir": str(run_dir), "jobs": jobs, "checkpoints": checkpoints(run_dir, info)}
+
+
+def preflight_of(path: Path) -> dict | None:
+    """A job's preflight.json as status shows it (ok, ranks, the first re-audit error); None before the job wrote
+    it; {"ok": None, "problem": ...} for one that cannot be read (planted, half-written, edited)."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        pre = jsonio.read_json(path, role="the job's preflight verdict that rank 0 writes", missing_ok=True)
+    except jsonio.FileProblem as exc:
+        return {"ok": None, "problem": one_line(str(exc).partition("; it should be")[0])}
+    if pre is None:
+        return None
+    errors = pre.get("reaudit_errors") if isinstance(pre.get("reaudit_errors"), list) else []
+    ok = pre.get("ok") if isinstance(pre.get("ok"), bool) else None
+    ranks = [pre.get(k) if isinstance(pre.get(k), int) else None for k in ("ranks_reported", "world_size")]
+    return {"ok": ok, "ranks": ranks, "error": one_line(str(errors[0])) if errors else None}
+
+
+def checkpoints(run_dir: Path, info: dict) -> dict | None:
+    """The run's checkpoint directory and its last checkpointed iteration (resume.state); None without one."""
     ckdir = info.get("checkpoint_dir")
-    if ckdir:
-        run = planfile.read_plan(run_dir).get("run") or {}
-        st, iters = resume.state(ckdir, run.get("ckpt_format") or "torch_dist"), run.get("train_iters")
-        if st.problem:
-            return [*out, f"checkpoints: {ckdir}: {st.problem}; a resume stops on it"]
-        step = st.named
-        last = f"iteration {step}" + (f" of {iters}" if iters else "") if step is not None else "none yet"
-        if step is not None and st.lacks(step):
-            back = st.fallback(step)
-            then = f"a resume falls back to {back}" if back is not None else "no complete iteration before it"
-            last += f" (incomplete: missing {', '.join(st.lacks(step))}; {then})"
-        out.append(
-            f"checkpoints: {ckdir}; last checkpointed {last}"
-            + ("" if st.tracker or step is None else " (tracker missing)")
-        )
+    if not ckdir:
+        return None
+    run = planfile.read_plan(run_dir).get("run") or {}
+    st, iters = resume.state(ckdir, run.get("ckpt_format") or "torch_dist"), run.get("train_iters")
+    out = {"dir": ckdir, "problem": st.problem, "last": st.named, "train_iters": iters, "tracker": bool(st.tracker)}
+    if st.problem is None and st.named is not None and st.lacks(st.named):
+        out.update(missing=list(st.lacks(st.named)), fallback=st.fallback(st.named))
     return out
+
+
+def status_lines(run_dir: Path, info: dict) -> list[str]:
+    """One line per segment (job, Slurm state, preflight, first error), then the checkpoint: directory and last
+    saved iteration."""
+    record = status(run_dir, info)
+    out = [job_line(job, len(record["jobs"])) for job in record["jobs"]]
+    return out + ([checkpoint_line(record["checkpoints"])] if record["checkpoints"] else [])
+
+
+def job_line(job: dict, of: int) -> str:
+    """`segment 2/3: job 341 FAILED; preflight OK (8/8 ranks); first error: ...`: one line."""
+    label = f"job {job['job_id']} {job['state']}"
+    label = f"segment {job['segment']}/{of}: {label}" if of > 1 else label
+    if (pre := job["preflight"]) is not None:
+        verdict = {True: "OK", False: "FAILED"}.get(pre["ok"], "unreadable")
+        ranks = f" ({pre['ranks'][0]}/{pre['ranks'][1]} ranks)" if None not in pre.get("ranks", [None]) else ""
+        label += f"; preflight {verdict}{ranks}" + (f", {pre['error']}" if pre.get("error") else "")
+        label += f" ({pre['problem']})" if pre.get("problem") else ""
+    if "error" in job:
+        label += f"; first error: {job['error']}" if job["error"] else ""
+        label += "".join(f"; {p}" for p in job["log_problems"])
+    return label
+
+
+def checkpoint_line(ck: dict) -> str:
+    if ck["problem"]:
+        return f"checkpoints: {ck['dir']}: {ck['problem']}; a resume stops on it"
+    step, iters = ck["last"], ck["train_iters"]
+    last = f"iteration {step}" + (f" of {iters}" if iters else "") if step is not None else "none yet"
+    if ck.get("missing"):
+        back = ck["fallback"]
+        then = f"a resume falls back to {back}" if back is not None else "no complete iteration before it"
+        last += f" (incomplete: missing {', '.join(ck['missing'])}; {then})"
+    return f"checkpoints: {ck['dir']}; last checkpointed {last}" + (
+        "" if ck["tracker"] or step is None else " (tracker missing)"
+    )
 
 
 def cancel(info: dict) -> list[str]:
@@ -90,7 +173,7 @@ def cancel(info: dict) -> list[str]:
 
 def cancel_after(run_dir: Path, segment: int) -> list[str]:
     """Training is over: cancel the chain's segments after `segment` that have not ended; one line each."""
-    info = jsonio.read_json(run_dir / MARKER) or {}
+    info = jsonio.read_json(run_dir / MARKER) or {}  # lenient: a record the job cannot read cancels nothing
     try:
         later = job_ids(info)[segment:] if info.get("job_id") else []
     except BadInput as exc:  # an edited record: nothing is handed to scancel, and the job says so

@@ -35,6 +35,7 @@ TRACKERS = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
 COMPLETE = {"torch_dist": (".metadata", "metadata.json", "train_state.pt", "run_config.yaml")}
 COMPLETE_OTHER = ("train_state.pt", "run_config.yaml")  # other formats: what Bridge itself writes last
 LAYOUTS = "overlapkit-layouts.json"
+TRACKER_LIMIT = 4096  # bytes: the text tracker holds one iteration number
 # What a resume must keep: the world and its split (nodes, GPUs, TP/PP/VPP/CP/EP/ETP, DP) and what decides the data
 # order (global batch, sequence length). Micro-batch size is not among them: the global batch's samples do not change.
 LAYOUT_KEYS = ("nodes", "gpus", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "gbs", "seq")
@@ -77,14 +78,18 @@ def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
     for p in d.glob("iter_*"):
         if DIGITS.fullmatch(p.name[5:]) and p.is_dir():  # iter_<digits>
             missing[int(p.name[5:])] = tuple(f for f in need if not (p / f).is_file() or not (p / f).stat().st_size)
-    legacy = d / TRACKERS[1]
-    text = legacy.read_bytes().decode("utf-8", "replace").strip() if legacy.is_file() else ""
+    legacy, text, problem = d / TRACKERS[1], "", None
+    try:  # guarded: a FIFO or a huge file planted as the tracker is said, never read into a hang
+        text = jsonio.read_bytes(legacy, TRACKER_LIMIT).decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        pass
+    except jsonio.Unreadable as exc:
+        problem = f"{exc}: Bridge writes it as a small text file"
     # Without the text tracker (an older Bridge): the last iteration whose train_state.pt is written, which Bridge
     # writes just before the trackers.
     written = [i for i in missing if "train_state.pt" not in missing[i]]
     named = int(text) if DIGITS.fullmatch(text) else max(written, default=None)
     tracked = any((d / t).is_file() for t in TRACKERS)
-    problem = None
     if text and not DIGITS.fullmatch(text):  # -5, "²", junk: never ignored for another iteration
         problem = f"{legacy} holds {text[:40]!r}, not an iteration number (Bridge writes one, e.g. 50)"
     return State(directory, tracked, named, missing, problem)

@@ -94,13 +94,13 @@ def transaction(sub):
         raise
 
 
-def read_marker(run_dir: Path, strict: bool = False) -> dict:
+def read_marker(run_dir: Path, strict: bool = False, keys=("state",)) -> dict:
     """The run's submission.json; {} when there is none to read, or with `strict` (a RUN= the user gave) one line
-    saying what is wrong with it."""
+    saying what is wrong with it (`keys`: what it must hold; a record from before `state` holds a job id only)."""
     if not strict:
         return jsonio.read_json(run_dir / MARKER) or {}
     fix = "give RUN=<a run directory under <job_dir>/runs> (none: the latest run)"
-    return checked_marker(run_dir, jsonio.read_json(run_dir / MARKER, role=chain.ROLE, fix=fix, keys=("state",)))
+    return checked_marker(run_dir, jsonio.read_json(run_dir / MARKER, role=chain.ROLE, fix=fix, keys=keys))
 
 
 @dataclass
@@ -536,11 +536,12 @@ def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full",
 
 
 def load_submission(run_dir: Path) -> dict:
-    """The marker of a run that reached Slurm; any other state is a one-line SubmitError saying what it is."""
-    info = read_marker(run_dir)
-    if not info:
+    """The marker of a run that reached Slurm; any other state, or a record that cannot be read (planted, edited), is
+    one line saying what it is."""
+    if not os.path.lexists(run_dir / MARKER):
         raise SubmitError(f"{run_dir} has no {MARKER}: not a submitted run (make submit writes it)")
-    if checked_marker(run_dir, info).get("job_id"):
+    info = read_marker(run_dir, strict=True, keys=())
+    if info.get("job_id"):
         return info
     raise SubmitError(f"{run_dir.name} has no job: {describe(info)}")
 
@@ -568,32 +569,31 @@ def describe(info: dict) -> str:
     return f"{state} (job {info.get('job_id')})"
 
 
-def run_dir_of(profile: ClusterProfile, run: str = "", submitted: bool = True) -> Path:
-    """RUN= as given, else the latest run under the profile's job directory (with a job, or in any state)."""
+def run_dir_of(profile: ClusterProfile, run: str = "", submitted: bool = True) -> tuple[Path, list[str]]:
+    """RUN= as given, else the latest run under the profile's job directory (with a job, or in any state); and one
+    line for each later run passed over because its record cannot be read (planted, half-written or edited by
+    anyone who shares the job directory: it never stops the others' status)."""
     if run:
-        return Path(run)
-    root = profile.job_path / "runs"
-    runs = sorted((p for p in root.glob(f"*/{MARKER}")), key=lambda p: p.stat().st_mtime)
-    runs = [p for p in runs if not submitted or read_marker(p.parent).get("job_id")]
-    if not runs:
-        raise SubmitError(f"no submitted runs under {root}: give RUN=<run directory>")
-    return runs[-1].parent
+        return Path(run), []
+    root, skipped = profile.job_path / "runs", []
+    for marker in sorted(root.glob(f"*/{MARKER}"), key=_mtime, reverse=True):
+        try:
+            info = read_marker(marker.parent, strict=True, keys=())
+        except jsonio.FileProblem as exc:
+            skipped.append(f"skipped {str(exc).partition('; it should be')[0]}")
+            continue
+        if not submitted or info.get("job_id"):
+            return marker.parent, skipped
+    raise SubmitError(f"no submitted runs under {root}: give RUN=<run directory>" + "".join(f"; {s}" for s in skipped))
 
 
-def log_files(info: dict) -> list[Path]:
-    """The job's logs in nemo_run's experiment directory (its _CONFIG file marks one); a BadInput when the record
-    names none, or a directory that is gone or is not nemo_run's (the record was edited, or the directory deleted);
-    none yet (a pending job) is an empty list."""
-    where = info.get("experiment_dir")
-    fix = "the job's logs are in the experiment directory nemo_run made at submission; if it was removed they are gone"
-    if not where and info.get("log"):  # a plain-sbatch job (claim): the script's --output
-        return [Path(info["log"])] if Path(info["log"]).is_file() else []
-    if not where:
-        raise BadInput(f"{info.get('run_dir') or 'the run'}: its {MARKER} names no experiment_dir: {fix}")
-    exp = Path(where)
-    if not exp.is_dir():
-        raise BadInput(f"experiment directory {exp} (from {MARKER}) no longer exists: {fix}")
-    logs = sorted(exp.glob("*/log-*.out")) + sorted(exp.glob("*/sbatch_*.out"))
-    if not logs and not (exp / "_CONFIG").is_file():  # none yet is a pending job's answer; no _CONFIG, not nemo_run's
-        raise BadInput(f"{exp} (from {MARKER}) is not a nemo_run experiment directory (no _CONFIG in it): {fix}")
-    return logs
+def _mtime(path: Path) -> float:
+    """When the record was last written; 0 for one removed since it was listed."""
+    try:
+        return path.lstat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+# The job's logs: cluster/chain.py (status reads them too); here for the commands that read them from a submission.
+log_files = chain.log_files

@@ -157,7 +157,10 @@ def night_lines(night_dir: Path, night: dict, results: list[dict] | None, report
 def _last_night(root: Path) -> list[str]:
     if (night_dir := latest_night(root)) is None:
         return [f"last night: none yet under {stack.repo_relative(root)}"]
-    night = read_night(night_dir)
+    try:  # the chain's lines above still print when the night's record cannot be read (planted, edited)
+        night = read_night(night_dir)
+    except jsonio.FileProblem as exc:
+        return [f"last night: {exc}"]
     # a list, one verdict per recipe; None: the report job has not written it (yet)
     results = jsonio.read_json(night_dir / "results.json", kind=list)
     rid = night.get("report_job_id")

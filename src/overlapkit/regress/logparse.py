@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapkit import jsonio
+
 WARMUP_ITERS = 10  # one-off costs (NCCL and userbuffers set-up, allocator growth, autotuning): not steady state
 LINE_LIMIT = 8 << 20  # characters; a real log line is < 1 kB, so only a newline-free binary file meets it
 DISTINCT_CAP = 32  # launch values kept per kind: one is normal, two already means a mixed log
@@ -199,12 +201,14 @@ def parse_file(path: Path | str, warmup: int = WARMUP_ITERS, exclude=()) -> dict
 
 
 def parse_files(paths, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) -> dict:
-    """Logs of one job (nemo_run writes one per task group) as one text: each file but the last ends in a newline."""
+    """Logs of one job (nemo_run writes one per task group) as one text: each file but the last ends in a newline.
+    Each is opened through jsonio's guarded reader: a FIFO, device or a file past the log ceiling is one Unreadable
+    (a BadInput naming it), never a hang."""
     paths = list(paths)
 
     def lines():
         for i, path in enumerate(paths):
-            with open(path, encoding="utf-8", errors="replace") as f:
+            with jsonio.open_text(path, jsonio.LOG_LIMIT) as f:
                 for raw in iter(lambda f=f: f.readline(LINE_LIMIT), ""):
                     whole = raw.endswith("\n")
                     yield raw[:-1] if whole else raw, whole or i < len(paths) - 1

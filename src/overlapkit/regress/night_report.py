@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from overlapkit import jsonio
+from overlapkit.cluster import joblog
 from overlapkit.plan import planfile
 from overlapkit.plan.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planned_window
 from overlapkit.regress import exposed, logparse
@@ -41,14 +42,18 @@ def append_history(path: Path, records: list[dict]) -> None:
 
 
 def read_history(path: Path) -> list[dict]:
-    """Every whole line; a torn one is skipped. The last record per (night, recipe) wins (a report re-run)."""
-    if not path.is_file():
+    """Every whole line; a torn one is skipped. The last record per (night, recipe) wins (a report re-run). Read
+    through the guarded reader: a history that is not a regular file, or past the log ceiling, is no history (the
+    plots start again), never a hang."""
+    try:
+        text = jsonio.read_bytes(path, jsonio.LOG_LIMIT).decode("utf-8", "replace")
+    except (FileNotFoundError, jsonio.Unreadable):
         return []
     out: dict[tuple, dict] = {}
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = jsonio.loads(line)
+        except (ValueError, RecursionError):  # a torn line, or a number out of range: not a record
             continue
         if isinstance(rec, dict) and "night" in rec and "recipe" in rec:
             out[(rec["night"], rec["recipe"])] = rec
@@ -64,7 +69,9 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     plan = planfile.read_plan(run_dir)  # what make nightly wrote; edited or broken: one line naming file and field
     rows = (plan.get("audit") or {}).get("rows", {})
     pre = jsonio.read_json(run_dir / "preflight.json")
+    logs, unread = joblog.readable(logs)  # a FIFO or device planted among them: said in the row, never a hang
     parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan)) if logs else None
+    error = joblog.first_error(logs)[0] if state.split()[0].rstrip("+") in joblog.FAILED else None
     comm = exposed_of(run_dir, plan, preflight_only)
     worth = (plan.get("throughput") or {}).get("overlap_worth")  # sizing/worth.py; None in a plan.json before it
     golden = regress.load_golden(entry["recipe"], goldens_dir)
@@ -98,6 +105,8 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         "overlaps_off": [k for k, v in rows.items() if v.get("state") == "off"],
         "preflight": pre,
         "exposed": comm,
+        "first_error": error,  # the job failed: the first line of its logs that says why (cluster/joblog.py)
+        "unreadable_logs": unread,
     }
 
 
@@ -200,6 +209,9 @@ def _row(res: dict, night_dir: Path | None) -> str:
         pre_cell += f", {errors[0]}" if errors else ""
     prediction, under = vs_prediction(res)
     notes = ([under] if under else []) + list(v["reasons"])
+    notes += [f"first error: {res['first_error']}"] if res.get("first_error") else []
+    notes += [f"log not read: {what}" for what in res.get("unreadable_logs") or []]
+    notes = [n.replace("|", "\\|") for n in notes]  # a log's text never splits the table's row
     if res["golden"] is None and regress.NO_GOLDEN not in notes:
         notes.append(regress.NO_GOLDEN)  # said on preflight-only nights too: the gap stays visible
     return (

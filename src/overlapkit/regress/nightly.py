@@ -12,13 +12,15 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, stack
-from overlapkit.cluster import slurm, submit
+from overlapkit.cluster import joblog, slurm, submit
 from overlapkit.cluster.profiles import PROFILER_CHOICES
+from overlapkit.errors import BadInput
 from overlapkit.plan import planfile, registry, runopts
 from overlapkit.regress import junit, logparse, night_report
 from overlapkit.regress import rules as regress
@@ -303,12 +305,17 @@ def report_night(
         if e.get("skipped") or not e.get("job_id"):
             results.append({"recipe": e["recipe"], "skipped": e.get("skipped", "not submitted")})
             continue
-        logs = submit.log_files(submit.load_submission(Path(e["run_dir"])))
-        results.append(night_report.evaluate(e, slurm.job_state(e["job_id"]), logs, goldens, night["preflight_only"]))
+        try:  # a record or experiment directory that cannot be read: that row says so, the others are judged
+            logs, problem = submit.log_files(submit.load_submission(Path(e["run_dir"]))), None
+        except BadInput as exc:
+            logs, problem = [], str(exc)
+        res = night_report.evaluate(e, slurm.job_state(e["job_id"]), logs, goldens, night["preflight_only"])
+        res["unreadable_logs"] = [problem] * bool(problem) + res["unreadable_logs"]
+        results.append(res)
     job_dir = Path(night["job_dir"])
     job_root = job_dir if job_dir.is_absolute() else stack.REPO_ROOT / job_dir
     report = night_report.write_report(night_dir, night, results, job_root / "nightly" / "history.jsonl")
-    say(report.read_text())
+    say(jsonio.read_bytes(report).decode("utf-8", "replace"))  # what write_report just wrote
     say(f"junit: {junit.write(night_dir, night, results)}")  # for CI dashboards (Jenkins, GitLab)
     if retry and (again := to_retry(night, results)):
         from overlapkit.cluster.profiles import load_profile
@@ -335,21 +342,22 @@ def report_night(
     return all(r.get("skipped") or r["verdict"]["ok"] for r in results)
 
 
-def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR) -> Path:
-    """A reviewed run → its golden, when plan, log and Slurm agree (rules.bless_checks). The log: the job's own
-    logs (nemo_run's experiment directory) plus any *.log put next to plan.json by hand; the state: Slurm's, for
-    submission.json's job id."""
+def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR, *, force: bool = False) -> Path:
+    """A reviewed run → its golden, when plan, log and Slurm agree (rules.bless_checks); over an existing golden only
+    with `force` (FORCE=1). The log: the job's own logs (nemo_run's experiment directory) plus any *.log put next to
+    plan.json by hand, each read through the guarded reader (one that cannot be read is one line: a golden is never
+    blessed from part of a log); the state: Slurm's, for submission.json's job id."""
     if not run_dir.is_dir():
         raise regress.BlessError(f"RUN={str(run_dir)!r}: give RUN=<run directory of a reviewed nightly run>")
     try:  # no submission.json: bless_checks refuses (no job); one without a job (a dry run...): said here
-        info = submit.load_submission(run_dir) if (run_dir / "submission.json").is_file() else None
-    except (submit.SubmitError, ValueError) as exc:  # ValueError: not JSON
-        raise regress.BlessError(
-            f"{run_dir / 'submission.json'}: {exc}; bless a run submitted by make submit or make nightly"
-        ) from None
-    logs = submit.log_files(info) if info else []
-    logs += sorted(run_dir.glob("*.log"))
+        info = submit.load_submission(run_dir) if os.path.lexists(run_dir / "submission.json") else None
+    except (submit.SubmitError, jsonio.FileProblem) as exc:  # planted, not JSON, edited: the file names itself
+        where = "" if isinstance(exc, jsonio.FileProblem) else f"{run_dir / 'submission.json'}: "
+        raise regress.BlessError(f"{where}{exc}; bless a run submitted by make submit or make nightly") from None
+    logs, unread = joblog.readable((submit.log_files(info) if info else []) + sorted(run_dir.glob("*.log")))
+    if unread:
+        raise regress.BlessError(f"{run_dir}: not blessed: {'; '.join(unread)}: bless a run whose logs are its own")
     skip = logparse.profiled_iterations(planfile.read_plan(run_dir))
     parsed = logparse.parse_files(logs, exclude=skip) if logs else logparse.parse_text("")
     state = slurm.job_state(str(info["job_id"])) if info and info.get("job_id") else None
-    return regress.bless(run_dir, parsed, goldens, state=state, submission=info)
+    return regress.bless(run_dir, parsed, goldens, state=state, submission=info, force=force)

@@ -20,7 +20,6 @@ the order they are applied (the first that fires decides):
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -96,9 +95,16 @@ def loss_tolerance(iteration: int) -> float:
     return next(tol for upto, tol in LOSS_TIERS if iteration <= upto)
 
 
+GOLDEN_ROLE = "a golden that make bless writes"
+GOLDEN_KEYS = ("recipe", "step_time_ms", "layout")  # what every golden make_golden writes holds
+
+
 def load_golden(recipe: str, goldens_dir: Path = GOLDENS_DIR) -> dict | None:
+    """nightly/goldens/<recipe>.json; None before the first bless; one line naming the file for one that cannot be
+    read or is not a golden (planted, edited, cut short)."""
+    fix = "restore it from git, or bless a reviewed run over it (make bless RUN=<run dir> FORCE=1)"
     path = Path(goldens_dir) / f"{recipe}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return jsonio.read_json(path, role=GOLDEN_ROLE, fix=fix, keys=GOLDEN_KEYS, missing_ok=True)
 
 
 def _rel(value, golden) -> float | None:
@@ -318,10 +324,12 @@ def bless(
     *,
     state: str | None = None,
     submission: dict | None = None,
+    force: bool = False,
 ) -> Path:
     """Write nightly/goldens/<recipe>.json from a reviewed run when bless_checks has nothing against it; else a
-    one-line BlessError with every reason. state: the job's Slurm state; submission: its submission.json
-    (nightly.bless_run reads both)."""
+    one-line BlessError with every reason. A file already there is replaced only with `force` (FORCE=1); without,
+    one line saying what the new golden would change (replace_problem). state: the job's Slurm state; submission:
+    its submission.json (nightly.bless_run reads both)."""
     run_dir = Path(run_dir)
     plan = planfile.read_plan(run_dir)  # missing or broken: one line naming the file, the field and the fix
     role = "the run's nightly record that make nightly writes"
@@ -339,7 +347,7 @@ def bless(
     meta["preflight_only"] = (
         bool(meta.get("preflight_only"))
         or bool((submission or {}).get("preflight_only"))
-        or any("--preflight-only" in p.read_text(errors="replace") for p in scripts)
+        or any(b"--preflight-only" in _script(p) for p in scripts)
     )
     problems = bless_checks(plan, parsed, state, meta)
     overlap, why = exposed.read(run_dir)
@@ -348,6 +356,60 @@ def bless(
     if problems:
         raise BlessError(f"{run_dir}: not blessed: " + "; ".join(problems))
     Path(goldens_dir).mkdir(parents=True, exist_ok=True)
-    out = Path(goldens_dir) / f"{plan['recipe']}.json"
-    jsonio.write_json(out, make_golden(parsed, plan, meta, overlap))
+    out, golden = Path(goldens_dir) / f"{plan['recipe']}.json", make_golden(parsed, plan, meta, overlap)
+    if not force and (replaced := replace_problem(out, golden)):
+        raise BlessError(f"{replaced}: make bless RUN={run_dir} FORCE=1 replaces it")
+    jsonio.write_json(out, golden)
     return out
+
+
+def _script(path: Path) -> bytes:
+    """A task script nemo_run kept, read guarded (b"" for one that cannot be: it states nothing)."""
+    try:
+        return jsonio.read_bytes(path)
+    except (jsonio.Unreadable, FileNotFoundError):
+        return b""
+
+
+def replace_problem(out: Path, golden: dict) -> str | None:
+    """Why writing `golden` at `out` needs FORCE=1 (None: nothing is there): a golden is already there (what the new
+    one changes, figure by figure), or a file that is no golden of make bless (never replaced unasked)."""
+    if not out.exists() and not out.is_symlink():
+        return None
+    try:
+        old = jsonio.read_json(out, role=GOLDEN_ROLE, keys=GOLDEN_KEYS)
+    except jsonio.FileProblem as exc:
+        return f"{str(exc).partition('; it should be')[0]}, not {GOLDEN_ROLE}: not replaced"
+    changes = golden_changes(old, golden)
+    when = f"blessed from {old.get('blessed_from')} at {old.get('blessed_at')}"
+    return f"{out} is already {golden['recipe']}'s golden ({when}); " + (
+        f"this run changes {', '.join(changes)}" if changes else "this run changes none of its figures"
+    )
+
+
+def golden_changes(old: dict, new: dict) -> list[str]:
+    """What `new` changes against the golden `old`, one phrase per figure: the step time, TFLOP/s, peak memory, the
+    loss at the last iteration both hold, the exposed share per class, the layout."""
+    out = []
+    for key in ("step_time_ms", "tflops_per_gpu", "peak_mem_gb"):
+        a, b = old.get(key), new.get(key)
+        if a != b:
+            rel = f" ({(b - a) / a:+.1%})" if _number(a) and _number(b) and a else ""
+            out.append(f"{key} {a} -> {b}{rel}")
+    old_loss, new_loss = old.get("loss") if isinstance(old.get("loss"), dict) else {}, new.get("loss") or {}
+    if both := [k for k in new_loss if k in old_loss]:
+        it = both[-1]
+        if old_loss[it] != new_loss[it]:
+            out.append(f"loss at iteration {it} {old_loss[it]} -> {new_loss[it]}")
+    old_share = old.get("exposed_share") if isinstance(old.get("exposed_share"), dict) else {}
+    for cls in sorted(set(old_share) | set(new.get("exposed_share") or {})):
+        if old_share.get(cls) != (new.get("exposed_share") or {}).get(cls):
+            out.append(f"exposed {cls} {old_share.get(cls)} -> {(new.get('exposed_share') or {}).get(cls)}")
+    old_layout = old.get("layout") if isinstance(old.get("layout"), dict) else {}
+    if moved := [k for k in sorted(set(old_layout) | set(new["layout"])) if old_layout.get(k) != new["layout"].get(k)]:
+        out.append("layout " + ", ".join(f"{k} {old_layout.get(k)} -> {new['layout'].get(k)}" for k in moved))
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -137,6 +137,25 @@ def test_a_tracker_that_is_not_an_iteration_stops_the_resume(tmp_path, write_pla
     assert last.startswith(f"checkpoints: {ck}: ") and last.endswith("a resume stops on it")
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_planted_tracker_stops_the_resume_in_one_line_never_read(tmp_path, write_plan, kind, within):
+    ck = tmp_path / "ck"
+    save_iteration(ck, 50)
+    tracker = ck / resume.TRACKERS[1]
+    tracker.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(tracker)  # no writer: a blocking open waits forever
+    elif kind == "device":
+        tracker.symlink_to("/dev/zero")  # endless
+    else:
+        tracker.write_text("5" * (resume.TRACKER_LIMIT + 1))
+    with within(20):
+        v = resume.guard({**RUN, "checkpoint_dir": str(ck)}, LAYOUT, "RUN_NAME=x")
+    [(line, error)] = v.lines
+    assert v.code == 1 and error and v.resume is None and f"{tracker}: " in line and "\n" not in line
+    assert ("is larger than" if kind == "huge" else "is not a regular file") in line
+
+
 def test_an_iteration_directory_that_is_not_one_is_not_an_iteration(tmp_path):
     ck = tmp_path / "ck"
     save_iteration(ck, 50)
@@ -344,8 +363,11 @@ def test_a_job_of_make_sbatchs_script_records_itself_or_stops_on_the_real_slurm(
     job, state = _sbatch_and_wait(run_dir / "sbatch.sh")
     assert state == "COMPLETED", (run_dir / f"slurm-{job}.out").read_text()
     assert [s["job_ids"] for s in runlock.submissions(ck)] == [[job]]
-    code, out, _ = make_here("status", f"RUN={run_dir}")
-    assert code == 0 and f"job {job} COMPLETED" in out and '"ok": true' in out
+    code, out, _ = make_here("status", f"RUN={run_dir}")  # one line per job, as docs/pretraining.md shows
+    assert code == 0 and out.splitlines()[1] == f"  job {job} COMPLETED; preflight OK (8/8 ranks)", out
+    code, out, _ = make_here("status", f"RUN={run_dir}", "FORMAT=json")  # the record itself, for scripts
+    [record] = json.loads(out)["jobs"]
+    assert code == 0 and record["job_id"] == job and record["preflight"] == {"ok": True, "ranks": [8, 8], "error": None}
     code, out, _ = make_here("logs", f"RUN={run_dir}")
     assert code == 0 and f"job {job}: recorded in {run_dir / chain.MARKER}" in out and "preflight: OK (8/8" in out
     held = _held_job()

@@ -4,6 +4,7 @@ night's evaluation of skipped and judged entries. Submission itself runs on the 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,23 @@ def test_a_night_on_a_torch_profiler_cluster_plans_each_run_with_the_pytorch_pro
     assert p.use_pytorch_profiler and not p.use_nsys_profiler and (p.profile_step_start, p.profile_step_end) == (34, 36)
     assert p.profile_ranks == [0] and plan.report.ok
     assert plan.to_dict()["run"]["torch_profile"] == {"steps": [34, 36], "ranks": [0]}
+
+
+def test_a_failed_jobs_row_names_its_first_error_and_a_planted_log_is_said_not_read(tmp_path, within):
+    e = _entry(tmp_path, "a")
+    d = Path(e["run_dir"])
+    (d / "train.log").write_text(
+        "Traceback (most recent call last):\n  File x\nModuleNotFoundError: No module named 'nvidia_resiliency_ext'\n"
+        "RuntimeError: a | in a message\n"
+    )
+    os.mkfifo(d / "planted.log")  # in a shared job directory, by anyone: never read, said in the row
+    with within(20):
+        res = night_report.evaluate(e, "FAILED", [d / "planted.log", d / "train.log"], tmp_path / "g", False)
+    assert res["first_error"] == f"ModuleNotFoundError: No module named 'nvidia_resiliency_ext' ({d / 'train.log'})"
+    assert res["unreadable_logs"] == [
+        f"{d / 'planted.log'}: is not a regular file (a FIFO, socket or device): give the file itself"
+    ]
+    row = night_report._row(res, None)
+    assert "first error: ModuleNotFoundError: No module named 'nvidia_resiliency_ext'" in row
+    assert f"log not read: {d / 'planted.log'}: is not a regular file" in row
+    assert night_report._row(_judge(tmp_path, _entry(tmp_path, "ok"), "COMPLETED"), None).count("first error") == 0

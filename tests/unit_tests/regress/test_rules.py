@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from nightly_fixtures import bridge_log, curve
 
+from launch import commands
 from overlapkit.errors import BadInput
 from overlapkit.regress import logparse, night_report, nightly
 from overlapkit.regress import rules as regress
@@ -220,6 +221,61 @@ def test_make_bless_blesses_a_completed_training_run_and_refuses_it_while_slurm_
     out = nightly.bless_run(run_dir, tmp_path / "goldens")
     g = json.loads(out.read_text())
     assert out.name == f"{REAL_PLAN['recipe']}.json" and len(g["loss"]) == 20 and g["peak_mem_gb"] == 60.0
+
+
+def _bless(run_dir, goldens, *flags) -> int:
+    """`make bless RUN=<run_dir> [FORCE=1]` in process, into `goldens` (the repository's own goldens stay put)."""
+    return commands.call("bless", ["--run", str(run_dir), "--goldens", str(goldens), *flags])
+
+
+def test_bless_over_a_golden_needs_force_and_says_what_it_changes(tmp_path, monkeypatch, capsys):
+    # B002 (hostile sweep 5): a run 7x slower replaced the golden with no FORCE and no word.
+    monkeypatch.setattr(nightly.slurm, "job_state", lambda job_id: "COMPLETED")
+    good = _submitted_run(tmp_path / "a", preflight=False, train=_train())
+    slow = _submitted_run(tmp_path / "b", preflight=False, train=bridge_log(curve(20), [14000.0] * 20, world=8, gbs=128))
+    goldens = tmp_path / "goldens"
+    assert _bless(good, goldens) == 0
+    golden = goldens / f"{REAL_PLAN['recipe']}.json"
+    before = golden.read_bytes()
+    capsys.readouterr()
+    assert _bless(slow, goldens) == 2  # bad input: the user asked to replace without FORCE
+    _, err = capsys.readouterr()
+    assert err.count("\n") == 1 and golden.read_bytes() == before, err
+    assert f"error: {golden} is already {REAL_PLAN['recipe']}'s golden (blessed from {good} at " in err
+    assert "step_time_ms 2000.0 -> 14000.0 (+600.0%)" in err and f"make bless RUN={slow} FORCE=1 replaces it" in err
+    assert _bless(slow, goldens, "--force", "1") == 0
+    assert json.loads(golden.read_text())["step_time_ms"] == 14000.0
+
+
+@pytest.mark.parametrize("kind", ["not a golden", "not JSON", "fifo"])
+def test_bless_never_replaces_a_file_that_is_no_golden_without_force(tmp_path, monkeypatch, capsys, kind):
+    monkeypatch.setattr(nightly.slurm, "job_state", lambda job_id: "COMPLETED")
+    run = _submitted_run(tmp_path, preflight=False, train=_train())
+    golden = tmp_path / "goldens" / f"{REAL_PLAN['recipe']}.json"
+    golden.parent.mkdir()
+    if kind == "fifo":
+        os.mkfifo(golden)
+    else:
+        golden.write_text('{"users": ["alice"]}' if kind == "not a golden" else "not json")
+    capsys.readouterr()
+    assert _bless(run, golden.parent) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith(f"error: {golden}: ") and "not a golden that make bless writes: not replaced: " in err
+    assert err.count("\n") == 1 and (golden.is_fifo() or "golden" not in golden.read_text())
+    assert _bless(run, golden.parent, "--force", "1") == 0 and golden.is_file()
+
+
+@pytest.mark.parametrize("planted", ["train.log", "submission.json"])
+def test_bless_on_a_planted_fifo_is_one_line_never_a_hang(tmp_path, monkeypatch, planted, within):
+    # R028 (hostile sweep 5): a FIFO *.log beside plan.json hung make bless.
+    monkeypatch.setattr(nightly.slurm, "job_state", lambda job_id: "COMPLETED")
+    run = _submitted_run(tmp_path, preflight=False, train=_train())
+    (run / planted).unlink(missing_ok=True)
+    os.mkfifo(run / planted)
+    with within(20), pytest.raises(regress.BlessError) as err:
+        nightly.bless_run(run, tmp_path / "goldens")
+    assert f"{run / planted}: is not a regular file (a FIFO, socket or device)" in str(err.value)
+    assert "\n" not in str(err.value) and not (tmp_path / "goldens").exists()
 
 
 def test_bless_bad_submission_json_is_one_line(tmp_path):

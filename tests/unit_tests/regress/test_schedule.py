@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 import sys
 
 import pytest
@@ -226,6 +227,15 @@ def test_last_night_reads_the_results_the_summary_job_writes(tmp_path):
     (night_dir / "results.json").write_text(logparse.to_json([_result("a", "pass", True)]) + "\n")
     lines = chain_status._last_night(tmp_path)
     assert lines[1] == "verdict: no failures; 1 pass; report.md there", lines
+
+
+def test_a_planted_night_record_is_said_in_the_last_night_line_never_a_hang(tmp_path, within):
+    night_dir = tmp_path / "20261202-020000"
+    night_dir.mkdir()
+    os.mkfifo(night_dir / "night.json")  # in the shared job directory, by anyone
+    with within(20):
+        [line] = chain_status._last_night(tmp_path)
+    assert line.startswith(f"last night: {night_dir / 'night.json'}: is not a regular file") and "\n" not in line
 
 
 # --- the scheduler's bookkeeping on the real local Slurm ------------------------------------------------------------
