@@ -232,7 +232,9 @@ def test_bless_over_a_golden_needs_force_and_says_what_it_changes(tmp_path, monk
     # B002 (hostile sweep 5): a run 7x slower replaced the golden with no FORCE and no word.
     monkeypatch.setattr(nightly.slurm, "job_state", lambda job_id: "COMPLETED")
     good = _submitted_run(tmp_path / "a", preflight=False, train=_train())
-    slow = _submitted_run(tmp_path / "b", preflight=False, train=bridge_log(curve(20), [14000.0] * 20, world=8, gbs=128))
+    slow = _submitted_run(
+        tmp_path / "b", preflight=False, train=bridge_log(curve(20), [14000.0] * 20, world=8, gbs=128)
+    )
     goldens = tmp_path / "goldens"
     assert _bless(good, goldens) == 0
     golden = goldens / f"{REAL_PLAN['recipe']}.json"
