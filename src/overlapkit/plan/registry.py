@@ -27,6 +27,7 @@ from pathlib import Path
 
 from overlapkit import stack
 from overlapkit.errors import BadInput
+from overlapkit.names import checked_name
 from overlapkit.plan.overlap import OverlapIntent
 from overlapkit.topology import GPUS_PER_NODE
 
@@ -74,7 +75,7 @@ def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00
     OverlapIntent, which the builder passes to h100_pretrain too; default: every overlap on, presets by shape)."""
 
     def wrap(build: Callable):
-        name = build.__name__
+        name = checked_name(build.__name__, "recipe", "a recipe's name names its run directories and goldens")
         if name in REGISTRY:
             raise ValueError(f"recipe {name} is registered twice ({REGISTRY[name].build.__module__})")
         REGISTRY[name] = Recipe(

@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from overlapkit import jsonio, stack
+from overlapkit import jsonio, names, stack
 from overlapkit.errors import BadInput
 from overlapkit.plan import planfile
 from overlapkit.regress import exposed
@@ -103,7 +103,7 @@ def load_golden(recipe: str, goldens_dir: Path = GOLDENS_DIR) -> dict | None:
     """nightly/goldens/<recipe>.json; None before the first bless; one line naming the file for one that cannot be
     read or is not a golden (planted, edited, cut short)."""
     fix = "restore it from git, or bless a reviewed run over it (make bless RUN=<run dir> FORCE=1)"
-    path = Path(goldens_dir) / f"{recipe}.json"
+    path = names.inside(goldens_dir, names.checked_name(recipe, "recipe") + ".json")
     return jsonio.read_json(path, role=GOLDEN_ROLE, fix=fix, keys=GOLDEN_KEYS, missing_ok=True)
 
 
@@ -356,7 +356,8 @@ def bless(
     if problems:
         raise BlessError(f"{run_dir}: not blessed: " + "; ".join(problems))
     Path(goldens_dir).mkdir(parents=True, exist_ok=True)
-    out, golden = Path(goldens_dir) / f"{plan['recipe']}.json", make_golden(parsed, plan, meta, overlap)
+    recipe = names.checked_name(plan["recipe"], f"{run_dir}/plan.json: recipe")
+    out, golden = names.inside(goldens_dir, f"{recipe}.json"), make_golden(parsed, plan, meta, overlap)
     if not force and (replaced := replace_problem(out, golden)):
         raise BlessError(f"{replaced}: make bless RUN={run_dir} FORCE=1 replaces it")
     jsonio.write_json(out, golden)

@@ -460,3 +460,14 @@ def test_a_regression_against_the_golden_and_a_run_under_its_prediction_say_whic
         "25% under the predicted throughput" in report
         and "the gap (+0.6 s/step) looks like tp_comm_overlap off" in report
     )
+
+
+def test_a_golden_is_named_by_a_recipe_name_never_a_path(tmp_path):
+    """A plan.json planted with recipe "../../x" never reads or writes a golden outside nightly/goldens (issue 43)."""
+    with pytest.raises(BadInput, match=r"recipe='\.\./\.\./x'"):
+        regress.load_golden("../../x", tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "goldens").mkdir()
+    (tmp_path / "goldens" / "llama3_8b_pretrain_8gpu_h100_bf16.json").symlink_to(tmp_path / "elsewhere" / "g.json")
+    with pytest.raises(BadInput, match="outside"):
+        regress.load_golden("llama3_8b_pretrain_8gpu_h100_bf16", tmp_path / "goldens")
