@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import os
 import re
 import sys
@@ -171,7 +170,7 @@ def recipe_at(req: ForkRequest, shape: ModelShape, dtype: str, base_module: str)
     recipes._base's h100_pretrain/moe_pretrain on `with_shape(base, SHAPE)`, the base module's KNOBS, intent_for),
     on the calibration the fork's plan predicts with. The Bridge base function runs once; each layout starts from a
     copy of its config."""
-    kit, mod = importlib.import_module("recipes._base"), sys.modules[base_module]
+    kit, mod = registry.builders(), sys.modules[base_module]
     if shape.is_moe and not hasattr(mod, "KNOBS"):
         raise ForkError(f"{base_module} has no MoE dispatcher knobs `KNOBS` to fork with")
     with stack.silenced():
@@ -203,12 +202,10 @@ def _layout_text(layout, moe: bool) -> str:
 
 def _intent_text(intent: OverlapIntent) -> str:
     """`OverlapIntent(delay_wgrad=True, tp_preset="default")`: the fields that differ from the default."""
-    default = OverlapIntent()
-    args = [
-        f"{f.name}={chr(34) + v + chr(34) if isinstance(v, str) else v}"
-        for f in dataclasses.fields(intent)
-        if (v := getattr(intent, f.name)) != getattr(default, f.name)
-    ]
+    default, args = OverlapIntent(), []
+    for f in dataclasses.fields(intent):
+        if (v := getattr(intent, f.name)) != getattr(default, f.name):
+            args.append(f'{f.name}="{v}"' if isinstance(v, str) else f"{f.name}={v}")
     return f"OverlapIntent({', '.join(args)})"
 
 
