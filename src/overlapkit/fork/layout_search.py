@@ -2,18 +2,21 @@
 stack on, ranked, each with a one-line "why".
 
 Divisibility follows the audit (overlapkit.plan.audit): heads and query groups by TP, layers (+ Bridge's
-embedding/loss accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS. Memory comes from
-overlapkit.sizing.memory with the settings overlap.apply_overlap_stack imposes (SP on with TP>1, distributed
-optimizer, BF16 grad reduce, FP8 param gather on FP8), without recompute. PP>1 is only searched with VPP>1: the
-audit rejects PP without VPP (no p2p overlap). Ranking, best first: at least 10% of the memory budget free (the
-estimate's error bar: a tight layout is one allocator spike from an OOM); then DP>1 (DP1 has no DP overlap, which
-the audit warns about: the search keeps the overlap stack on wherever a layout with DP>1 fits); then the predicted
-TFLOP/s per GPU (overlapkit.sizing.throughput, with every overlap the layout allows on; within 2% of the best of the
-leading class is a tie); ties by the rules of thumb: an exact Bridge userbuffers preset (or TP=1, where TP overlap is
-n/a) before the explicit opt-in `overlap.tp_preset=default`; the smallest PP (pipeline bubble), then TP, then CP (their
-collectives), then EP for MoE shapes (the smallest expert all-to-all group; EP>1 always, so the EP overlap path runs,
-and experts by EP and GPUs by EP·PP must divide, plan/moe.py); the largest VPP that keeps ≥ 2 layers per chunk
-(smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory headroom. Each runner-up says why it loses.
+embedding/loss accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS. Each layout that divides
+is the recipe's own config at that layout (`Recipe.build`: what the forked file builds, its FROM recipe's knobs,
+recompute and dispatcher included, with the overlap stack applied), sized and predicted by the plan's own code:
+sizing.memory.estimate; Bridge's resolve, the audit's overlap table and plan.build.model_inputs, the one derivation
+of a prediction's inputs, on the cluster's calibration. So the number the search ranks a layout by is the number
+`make plan` of the written file prints. PP>1 is only searched with VPP>1: the audit rejects PP without VPP (no p2p
+overlap). Ranking, best first: at least 10% of the memory budget free (the estimate's error bar: a tight layout is
+one allocator spike from an OOM); then DP>1 (DP1 has no DP overlap, which the audit warns about: the search keeps the
+overlap stack on wherever a layout with DP>1 fits); then the predicted TFLOP/s per GPU (overlapkit.sizing.throughput;
+within 2% of the best of the leading class is a tie); ties by the rules of thumb: an exact Bridge userbuffers
+preset (or TP=1, where TP overlap is n/a) before the explicit opt-in `overlap.tp_preset=default`; the smallest PP
+(pipeline bubble), then TP, then CP (their collectives), then EP for MoE shapes (the smallest expert all-to-all
+group; EP>1 always, so the EP overlap path runs, and experts by EP and GPUs by EP·PP must divide, plan/moe.py); the
+largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory
+headroom. Each runner-up says why it loses.
 """
 
 from __future__ import annotations
@@ -21,17 +24,20 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from overlapkit import stack
 from overlapkit.errors import BadInput
 from overlapkit.plan import presets
-from overlapkit.plan.audit import split_violations
+from overlapkit.plan.audit import audit, split_violations
+from overlapkit.plan.build import model_inputs
 from overlapkit.plan.moe import expert_split_violations
+from overlapkit.plan.overlap import OverlapIntent, resolve
 from overlapkit.shape import ModelShape, head_dim_problem
-from overlapkit.sizing import throughput
-from overlapkit.sizing.memory import MemoryEstimate, Workload, estimate_workload, first_stage_layers
-from overlapkit.topology import DEFAULT_GPU, GPUS_PER_NODE
+from overlapkit.sizing import calibration, memory, throughput
+from overlapkit.sizing.memory import MemoryEstimate, Workload, first_stage_layers
+from overlapkit.topology import DEFAULT_GPU, GPUS_PER_NODE, Layout, Target
 
 TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NVLink node
 # The estimate is a model, not a measurement: a layout within 10% of the budget is one allocator spike from an OOM on
@@ -41,8 +47,6 @@ TIGHT_FRACTION = 0.10
 # published runs is a few percent and its leave-one-out error up to 15%, docs/throughput.md), so the rules of thumb
 # decide among them.
 TIE_FRACTION = 0.02
-# What Bridge's CommOverlapConfig.setup sets when DP>1 (megatron/bridge/training/comm_overlap.py): 128M parameters.
-BRIDGE_BUCKET = 128 * 1024 * 1024
 
 
 class LayoutSearchError(BadInput):
@@ -64,6 +68,8 @@ class Candidate:
     prediction: throughput.Prediction | None = None
     ep: int = 1  # expert parallelism (MoE shapes only)
     loses: str = ""  # why it ranks after the first candidate (empty for the first)
+    layout: Layout | None = None  # what the recipe file's LAYOUT says
+    workload: Workload | None = None  # the recipe's config at this layout, as the memory and throughput models read it
 
     @property
     def tflops(self) -> float:
@@ -115,25 +121,39 @@ def layout_errors(
     return errs
 
 
-def workload(s: ModelShape, gpus: int, tp, pp, vpp, cp, mbs, gbs, ep: int = 1) -> Workload:
-    """The Workload overlap.apply_overlap_stack would produce for this split (ETP 1, as every shipped MoE recipe)."""
-    return Workload(
-        s,
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        dp=gpus // (tp * pp * cp),
-        mbs=mbs,
-        gbs=gbs,
-        sequence_parallel=True,
-        tp_overlap=tp > 1,
-        fp8_param_gather=s.dtype == "fp8",
-        grad_fp32=False,
-        distributed_optimizer=True,
-        ep=ep,
-        expert_dp=max(1, gpus // (ep * pp)),
-    )
+@dataclass(frozen=True)
+class At:
+    """The recipe at one layout: its config, the intent it registers, the target and the memory estimate."""
+
+    cfg: object  # Bridge ConfigContainer, the overlap stack applied
+    intent: OverlapIntent
+    target: Target
+    memory: MemoryEstimate
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the search ranks the layouts of: a model of `shape` whose `build(layout, preset)` returns the config the
+    recipe's file builds at `layout` and the OverlapIntent it registers (None: the default), for the userbuffers
+    preset `preset` (as Candidate.preset). Each layout is sized and predicted as make plan sizes and predicts the
+    file: on `gpu`, with the calibration `cal` (the cluster's, make calibrate; else the published constants)."""
+
+    shape: ModelShape
+    build: Callable[[Layout, str | None], tuple[object, OverlapIntent | None]]
+    gpu: str = DEFAULT_GPU
+    cal: calibration.Calibration = calibration.PUBLISHED
+
+    def at(self, layout: Layout, preset: str | None, gpus: int) -> At:
+        with stack.silenced():  # the build's notices only: resolve's warnings are the audit's evidence
+            cfg, intent = self.build(layout, preset)
+        target = Target(nodes=gpus // GPUS_PER_NODE, gpu=self.gpu)
+        return At(cfg, intent or OverlapIntent(), target, memory.estimate(cfg, target))
+
+    def predict(self, at: At) -> throughput.Prediction:
+        """plan.build's prediction of the config: Bridge's resolve, the audit's overlap table, model_inputs."""
+        res = resolve(at.cfg, at.target)
+        rows = audit(at.cfg, at.target, res, at.intent).rows
+        return model_inputs(at.cfg, res, rows, at.target, self.cal).predict()
 
 
 def divisors(n: int) -> list[int]:
@@ -176,7 +196,7 @@ def _rank(c: Candidate, s: ModelShape, best_tflops: float) -> tuple:
     """The sort key, best first: the class (_class); then the predicted throughput, outside the tie band of the
     leading class's best (`best_tflops`); then the rules of thumb, in order (_RULE_NAMES), which break the ties."""
     tied = c.tflops >= best_tflops * (1 - TIE_FRACTION)
-    per_chunk = first_stage_layers(workload(s, c.dp * c.tp * c.pp * c.cp, c.tp, c.pp, c.vpp, c.cp, c.mbs, c.gbs))[0]
+    per_chunk = first_stage_layers(c.workload)[0]
     rules = (not c.exact_preset, c.pp, c.tp, c.cp, c.ep, per_chunk < 2, -(c.vpp or 1), c.mbs, -c.memory.headroom_gb)
     return (*_class(c), not tied, 0.0 if tied else -c.tflops, *rules)
 
@@ -232,19 +252,11 @@ def _why(c: Candidate, s: ModelShape, min_pp: int) -> str:
     return f"{tp}; {pp}{cp}; {dp}; {mem}{pred}"
 
 
-def search(
-    s: ModelShape,
-    gpus: int,
-    *,
-    gbs: int,
-    fixed: dict | None = None,
-    top: int = 5,
-    gpu: str = DEFAULT_GPU,
-    constants: throughput.Constants | None = None,
-):
-    """The `top` best layouts of `s` on `gpus` H100s, best first; LayoutSearchError (one line) when none qualifies.
-    `fixed` pins any of tp/pp/vpp/cp/mbs/ep (e.g. from the command line); EP is searched for MoE shapes only.
-    `constants`: a cluster's calibration (make calibrate) to rank with; None: the published ones."""
+def search(recipe: Recipe, gpus: int, *, gbs: int, fixed: dict | None = None, top: int = 5):
+    """The `top` best layouts of `recipe` on `gpus` GPUs of `recipe.gpu`, best first; LayoutSearchError (one line)
+    when none qualifies. `fixed` pins any of tp/pp/vpp/cp/mbs/ep (e.g. from the command line); EP is searched for
+    MoE shapes only."""
+    s, gpu = recipe.shape, recipe.gpu
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     stack.import_bridge()  # presets are read from Bridge; this prepares the process (TE shim, offline) once
     if gpus < GPUS_PER_NODE or gpus % GPUS_PER_NODE:
@@ -260,27 +272,24 @@ def search(
         errs.append(f"heads {s.heads} are not divisible by query groups {s.query_groups} (GQA)")
     if errs:
         raise LayoutSearchError(f"model shape {s.describe()} does not divide: {'; '.join(errs)}")
-    why_not, fitting, best_unfit, flops = Counter(), [], None, {}
+    why_not, fitting, best_unfit = Counter(), [], None
     for tp, pp, vpp, cp, mbs, ep in _splits(s, gpus, fixed):
         if errs := layout_errors(s, gpus, tp, pp, vpp, cp, mbs, gbs, ep):
             why_not[errs[0]] += 1
             continue
-        w = workload(s, gpus, tp, pp, vpp, cp, mbs, gbs, ep)
-        est = estimate_workload(w, gpu)
         preset = None  # TP1: no TP overlap to configure
         if tp > 1:
             try:
                 preset = presets.select(presets.PresetKey.of(s, tp=tp, cp=cp, mbs=mbs, gpu=gpu))
             except presets.PresetError:
                 preset = presets.DEFAULT_TP_CONFIG
-        c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, est, ep=ep)
-        if est.fits:  # predicted with every overlap the split allows on (what apply_overlap_stack does)
-            f = flops[tp] = flops.get(tp) or throughput.flops_of_shape(s, tp)  # the padded vocabulary depends on TP
-            on = throughput.Overlaps(tp=tp > 1, p2p=pp > 1, grad_reduce=w.dp > 1, param_gather=w.dp > 1, ep=ep > 1)
-            moe = throughput.Moe(s.experts, s.topk, ep, s.moe_layers) if s.experts else None
-            pred = throughput.predict(w, f, on, gpu=gpu, moe=moe, bucket=BRIDGE_BUCKET, constants=constants)
-            fitting.append(replace(c, prediction=pred))
-        elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:
+        layout = Layout(tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs, seq=s.seq, ep=ep, etp=1 if s.is_moe else None)
+        at = recipe.at(layout, preset, gpus)
+        w = memory.workload_of(at.cfg, at.target)
+        c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, at.memory, ep=ep, layout=layout, workload=w)
+        if at.memory.fits:
+            fitting.append(replace(c, prediction=recipe.predict(at)))
+        elif best_unfit is None or at.memory.total_gb < best_unfit.memory.total_gb:
             best_unfit = c
     pinned = f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""
     if not fitting and best_unfit is not None:

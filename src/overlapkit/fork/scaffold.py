@@ -9,6 +9,7 @@ request leaves nothing behind and fails with one line.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -20,8 +21,9 @@ from pathlib import Path
 from overlapkit import jsonio, stack
 from overlapkit.errors import AuditFailed, BadInput
 from overlapkit.fork import layout_search
-from overlapkit.plan import inputs, registry
+from overlapkit.plan import inputs, presets, registry
 from overlapkit.plan.build import make_plan
+from overlapkit.plan.overlap import OverlapIntent
 from overlapkit.shape import ModelShape, head_dim_follows
 from overlapkit.sizing import calibration, hardware, memory
 from overlapkit.topology import GPUS_PER_NODE
@@ -137,15 +139,84 @@ def _base_shape(cfg, req: ForkRequest, dtype: str) -> ModelShape:
     return dataclasses.replace(shape, **new, dtype="fp8" if dtype == "fp8cs" else "bf16")
 
 
+def shape_fields(s: ModelShape) -> dict:
+    """The model fields the forked file's SHAPE sets on its base (with_shape): the search builds each layout with
+    the same ones. An MoE file keeps the base's kv_channels (Qwen3's head_dim is not hidden/heads)."""
+    if s.is_moe:
+        out = dict(hidden_size=s.hidden, num_layers=s.layers, num_attention_heads=s.heads)
+        out.update(num_query_groups=s.query_groups, ffn_hidden_size=s.ffn)
+        return out | dict(num_moe_experts=s.experts, moe_router_topk=s.topk)
+    out = dict(hidden_size=s.hidden, num_layers=s.layers, ffn_hidden_size=s.ffn)
+    return out | dict(num_attention_heads=s.heads, num_query_groups=s.query_groups, kv_channels=_kv(s))
+
+
+def _kv(s: ModelShape) -> int:
+    return s.kv_channels or s.hidden // s.heads
+
+
+def intent_for(from_intent: OverlapIntent, preset: str | None, moe: bool) -> OverlapIntent | None:
+    """The OverlapIntent the forked file registers for a layout whose userbuffers preset is `preset` (a
+    layout_search.Candidate's): the explicit opt-in to TE's default config where no Bridge preset fits; an MoE fork
+    keeps the FROM recipe's delayed wgrad. NVIDIA's kept-off overlaps belong to NVIDIA's layouts, so the fork runs
+    every overlap its layout allows. None (dense, nothing to say): every overlap on, the preset selected by shape."""
+    args = {"delay_wgrad": True} if moe and from_intent.delay_wgrad else {}
+    if preset == presets.DEFAULT_TP_CONFIG:
+        args["tp_preset"] = presets.DEFAULT_TP_CONFIG
+    return OverlapIntent(**args) if args or moe else None
+
+
+def recipe_at(req: ForkRequest, shape: ModelShape, dtype: str, base_module: str) -> layout_search.Recipe:
+    """The forked file at any layout, for the layout search: the calls its template makes (TEMPLATE, MOE_TEMPLATE:
+    recipes._base's h100_pretrain/moe_pretrain on `with_shape(base, SHAPE)`, the base module's KNOBS, intent_for),
+    on the calibration the fork's plan predicts with. The Bridge base function runs once; each layout starts from a
+    copy of its config."""
+    kit, mod = registry.builders(), sys.modules[base_module]
+    if shape.is_moe and not hasattr(mod, "KNOBS"):
+        raise ForkError(f"{base_module} has no MoE dispatcher knobs `KNOBS` to fork with")
+    with stack.silenced():
+        built = mod.base()
+    base = kit.with_shape(lambda: copy.deepcopy(built), shape_fields(shape))
+    from_intent = registry.get(req.from_name).intent
+
+    def build(layout, preset):
+        intent = intent_for(from_intent, preset, shape.is_moe)
+        if shape.is_moe:
+            return kit.moe_pretrain(base, dtype, layout, mod.KNOBS, intent), intent
+        return kit.h100_pretrain(base, dtype, layout, intent), intent
+
+    return layout_search.Recipe(shape, build, req.gpu, calibration.for_cluster(req.cluster))
+
+
+def _fields(name: str, fields: dict, per_line: int = 3) -> str:
+    """`NAME = dict(a=1, b=2, c=3)` then `NAME.update(...)` lines of `per_line` fields each."""
+    items = [f"{k}={v}" for k, v in fields.items()]
+    lines = [", ".join(items[i : i + per_line]) for i in range(0, len(items), per_line)]
+    return "\n".join(f"{name} = dict({x})" if not i else f"{name}.update({x})" for i, x in enumerate(lines))
+
+
+def _layout_text(layout, moe: bool) -> str:
+    """`Layout(tp=1, pp=2, ...)` as the search built it (an MoE layout's EP and ETP too)."""
+    names = ["tp", "pp", "cp", "vpp", "mbs", "gbs", "seq"] + (["ep", "etp"] if moe else [])
+    return f"Layout({', '.join(f'{n}={getattr(layout, n)}' for n in names)})"
+
+
+def _intent_text(intent: OverlapIntent) -> str:
+    """`OverlapIntent(delay_wgrad=True, tp_preset="default")`: the fields that differ from the default."""
+    default, args = OverlapIntent(), []
+    for f in dataclasses.fields(intent):
+        if (v := getattr(intent, f.name)) != getattr(default, f.name):
+            args.append(f'{f.name}="{v}"' if isinstance(v, str) else f"{f.name}={v}")
+    return f"OverlapIntent({', '.join(args)})"
+
+
 TEMPLATE = '''"""{doc}
 """
 
 from recipes._base import {imports}
 from {base_module} import base as _from_base
 
-SHAPE = dict(hidden_size={s.hidden}, num_layers={s.layers}, ffn_hidden_size={s.ffn})
-SHAPE.update(num_attention_heads={s.heads}, num_query_groups={s.query_groups}, kv_channels={kv})
-LAYOUT = Layout(tp={c.tp}, pp={c.pp}, cp={c.cp}, vpp={c.vpp}, mbs={c.mbs}, gbs={c.gbs}, seq={s.seq})
+{shape}
+LAYOUT = {layout_line}
 INTENT = {intent}
 base = with_shape(_from_base, SHAPE)
 
@@ -164,11 +235,9 @@ from recipes._base import Layout, OverlapIntent, moe_pretrain, register, with_sh
 from {base_module} import KNOBS
 from {base_module} import base as _from_base
 
-SHAPE = dict(hidden_size={s.hidden}, num_layers={s.layers}, num_attention_heads={s.heads})
-SHAPE.update(num_query_groups={s.query_groups}, ffn_hidden_size={s.ffn})
-SHAPE.update(num_moe_experts={s.experts}, moe_router_topk={s.topk})
-LAYOUT = Layout(tp={c.tp}, pp={c.pp}, cp={c.cp}, vpp={c.vpp}, mbs={c.mbs}, gbs={c.gbs}, seq={s.seq}, ep={c.ep}, etp=1)
-INTENT = OverlapIntent({intent_args})
+{shape}
+LAYOUT = {layout_line}
+INTENT = {intent}
 base = with_shape(_from_base, SHAPE)
 
 
@@ -181,10 +250,13 @@ def {name}():
 
 def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_module: str) -> str:
     imports = "Layout, h100_pretrain, register, with_shape"
-    if c.exact_preset:
-        intent = "None  # userbuffers preset: " + (c.preset or "n/a (TP=1)")
+    intent = intent_for(registry.get(req.from_name).intent, c.preset, s.is_moe)
+    if s.is_moe:
+        intent_line = _intent_text(intent)
+    elif intent is None:
+        intent_line = "None  # userbuffers preset: " + (c.preset or "n/a (TP=1)")
     else:
-        intent = 'OverlapIntent(tp_preset="default")  # no Bridge userbuffers preset fits: explicit opt-in'
+        intent_line = _intent_text(intent) + "  # no Bridge userbuffers preset fits: explicit opt-in"
         imports = "Layout, OverlapIntent, h100_pretrain, register, with_shape"
     nodes = gpus // GPUS_PER_NODE
     head = f"{model} on {gpus} H100s ({nodes} nodes), forked from {req.from_name} by launch/new_recipe.py."
@@ -207,7 +279,9 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         nodes=nodes,
         from_name=req.from_name,
         s=s,
-        c=c,
+        layout_line=_layout_text(c.layout, s.is_moe),
+        shape=_fields("SHAPE", shape_fields(s)),
+        intent=intent_line,
         base_module=base_module,
         name=req.name,
         dtype=dtype,
@@ -215,21 +289,13 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
     )
     if s.is_moe:
-        # The fork keeps the FROM recipe's delayed wgrad; NVIDIA's kept-off overlaps belong to NVIDIA's layouts, so
-        # the fork runs every overlap its searched layout allows (TP overlap through the default config where no
-        # preset fits).
-        args = ["delay_wgrad=True"] if registry.get(req.from_name).intent.delay_wgrad else []
-        if not c.exact_preset:
-            args.append('tp_preset="default"')
-        return MOE_TEMPLATE.format(**common, intent_args=", ".join(args))
-    return TEMPLATE.format(**common, imports=imports, kv=s.kv_channels or s.hidden // s.heads, intent=intent)
+        return MOE_TEMPLATE.format(**common)
+    return TEMPLATE.format(**common, imports=imports)
 
 
-def fork(req: ForkRequest) -> ForkResult:
-    """Write, register and audit `recipes/<name>.py`; ForkError (one line) and no file on any failure."""
-    prefix, gpus, dtype = check_request(req)
-    if req.name in registry.names():
-        raise ForkError(f"recipe {req.name} is already registered: pick another name")
+def from_recipe(req: ForkRequest, dtype: str) -> tuple[layout_search.Recipe, int, str]:
+    """The FROM recipe with the request's shape, in `dtype`: what the layout search ranks (recipe_at), the global
+    batch (the FROM recipe's unless asked) and the base module the file imports."""
     try:
         entry = registry.get(req.from_name)
     except registry.UnknownRecipe as exc:
@@ -240,15 +306,24 @@ def fork(req: ForkRequest) -> ForkResult:
     with stack.silenced():
         from_cfg = entry.build()
     shape = _base_shape(from_cfg, req, dtype)
+    gbs = req.gbs or from_cfg.train.global_batch_size
+    return recipe_at(req, shape, dtype, base_module), gbs, base_module
+
+
+def fork(req: ForkRequest) -> ForkResult:
+    """Write, register and audit `recipes/<name>.py`; ForkError (one line) and no file on any failure."""
+    prefix, gpus, dtype = check_request(req)
+    if req.name in registry.names():
+        raise ForkError(f"recipe {req.name} is already registered: pick another name")
     unknown = set(req.layout) - set(LAYOUT_FIELDS)
     if unknown:
         raise ForkError(f"unknown layout field(s) {sorted(unknown)}: use {', '.join(LAYOUT_FIELDS)}")
-    gbs = req.gbs or from_cfg.train.global_batch_size
+    recipe, gbs, base_module = from_recipe(req, dtype)
     try:
-        constants = calibration.for_cluster(req.cluster).constants
-        cands = layout_search.search(shape, gpus, gbs=gbs, fixed=req.layout, gpu=req.gpu, constants=constants)
+        cands = layout_search.search(recipe, gpus, gbs=gbs, fixed=req.layout)
     except layout_search.LayoutSearchError as exc:
         raise ForkError(str(exc)) from None
+    shape = recipe.shape
     model = req.model or model_label(prefix)
     text = render(req, model, gpus, dtype, shape, cands[0], base_module)
     out_dir = Path(req.recipes_dir)

@@ -205,20 +205,26 @@ def memory_findings(est: memory.MemoryEstimate) -> list[Finding]:
 
 
 def prediction_inputs(plan: Plan, cal: calibration.Calibration = calibration.PUBLISHED) -> throughput.Inputs:
-    """What the throughput model reads of the plan: its workload, Bridge's FLOPs, the overlaps its table says are
-    on, its MoE settings, its DDP bucket and its target GPU; with the calibration `cal`."""
-    cfg, res = plan.cfg, plan.resolved
-    states = {r.name: r.state for r in plan.report.rows}
+    """What the throughput model reads of the plan (model_inputs), with the calibration `cal`."""
+    return model_inputs(plan.cfg, plan.resolved, plan.report.rows, plan.target, cal)
+
+
+def model_inputs(cfg, res: Resolved, rows, target: Target, cal: calibration.Calibration) -> throughput.Inputs:
+    """What the throughput model reads of a recipe's config `cfg` resolved by Bridge (`res`) for `target`: its
+    workload, Bridge's FLOPs, the overlaps its audit `rows` say are on, its MoE settings, its DDP bucket and the
+    target GPU; with the calibration `cal`. The one derivation of a prediction's inputs: the plan's, and the layout
+    search's for each layout it ranks (fork/layout_search.py)."""
+    states = {r.name: r.state for r in rows}
     overlaps = throughput.Overlaps.of_rows(
         states, ep_default=bool(getattr(res.model, "overlap_moe_expert_parallel_comm", False))
     )
     return throughput.Inputs(
-        memory.workload_of(cfg, plan.target),
+        memory.workload_of(cfg, target),
         throughput.flops_of_config(cfg),
         overlaps,
         throughput.Moe.of_model(cfg.model),
         res.ddp.bucket_size,
-        plan.target.gpu,
+        target.gpu,
         cal,
     )
 

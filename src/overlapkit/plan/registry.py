@@ -239,6 +239,13 @@ def load_file(path: Path, name: str):
     return mod
 
 
+def builders():
+    """`recipes._base`, the builders the recipe files share (h100_pretrain, moe_pretrain, with_shape): what a fork's
+    layout search builds its file's config with at each layout (fork/scaffold.py recipe_at)."""
+    discover()
+    return importlib.import_module(f"{PACKAGE}._base")
+
+
 def unregister(name: str) -> None:
     REGISTRY.pop(name, None)
     sys.modules.pop(f"{PACKAGE}.{name}", None)

@@ -76,33 +76,3 @@ def flops_of_config(cfg) -> Flops:
     if not m.vocab_size:
         m.vocab_size = cfg.tokenizer.vocab_size
     return flops_of_model(m)
-
-
-def flops_of_shape(shape, tp: int = 1) -> Flops:
-    """For a ModelShape (the layout search): a Bridge GPTModelProvider of that shape, with its experts (the last
-    `moe_layers` layers MoE, as DeepSeek-V3's leading dense layers) and multi-latent attention where it has them."""
-    from megatron.bridge.models.gpt_provider import GPTModelProvider
-
-    m = GPTModelProvider(
-        num_layers=shape.layers,
-        hidden_size=shape.hidden,
-        num_attention_heads=shape.heads,
-        num_query_groups=shape.query_groups,
-        ffn_hidden_size=shape.ffn,
-        seq_length=shape.seq,
-        vocab_size=shape.vocab,
-        kv_channels=shape.head_dim,
-        gated_linear_unit=shape.gated,
-        tensor_model_parallel_size=tp,
-        share_embeddings_and_output_weights=shape.tied,
-    )
-    if shape.experts:
-        m.num_moe_experts, m.moe_router_topk, m.moe_ffn_hidden_size = shape.experts, shape.topk, shape.moe_ffn
-        m.moe_shared_expert_intermediate_size = shape.shared_ffn or None
-        m.moe_layer_freq = [0] * (shape.layers - shape.moe_layers) + [1] * shape.moe_layers
-        m.mtp_num_layers = shape.mtp_layers or None
-    if shape.kv_lora:  # the fields Bridge's count reads for MLA (MLATransformerConfig's names)
-        m.multi_latent_attention = True
-        m.q_lora_rank, m.kv_lora_rank = shape.q_lora or None, shape.kv_lora
-        m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim = shape.qk_head, shape.qk_rope, shape.v_head
-    return flops_of_model(m)

@@ -41,14 +41,14 @@ from dataclasses import dataclass, field
 
 from overlapkit.sizing import calibration, moe_time
 from overlapkit.sizing.calibration import Constants
-from overlapkit.sizing.flops import Flops, flops_of_config, flops_of_model, flops_of_shape
+from overlapkit.sizing.flops import Flops, flops_of_config, flops_of_model
 from overlapkit.sizing.hardware import HARDWARE, Hardware, hardware
 from overlapkit.sizing.memory import Workload, first_stage_layers
 from overlapkit.sizing.moe_time import Moe
 from overlapkit.topology import DEFAULT_GPU, GPUS_PER_NODE, expert_group
 
 __all__ = ["HARDWARE", "Constants", "Flops", "Hardware", "Inputs", "Moe", "Overlaps", "Prediction", "predict"]
-__all__ += ["flops_of_config", "flops_of_model", "flops_of_shape"]
+__all__ += ["flops_of_config", "flops_of_model"]
 # Adam step per parameter of the local shard (fused multi-tensor Adam): fp32 master, exp_avg, exp_avg_sq read and
 # written (24 B), the gradient read (2 B) and the BF16 parameter written back (2 B).
 ADAM_BYTES_PER_PARAM = 28

@@ -8,6 +8,7 @@ new-recipe` into a temporary directory and plans the fork from new processes thr
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -76,6 +77,7 @@ def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_p
         8192, 48, 64, 8, 22016)  # fmt: skip
     assert (p.layout["tp"], p.layout["pp"], p.layout["cp"], p.layout["dp"]) == (4, 2, 1, 4)  # test_layout_search: why
     assert "top candidates (ranked by predicted TFLOP/s/GPU" in out and "loses: within 2% of the best" in out
+    assert ranked_as(out, p) == planned_as(p)  # the number the search ranked it by is the plan's
     assert p.report.row("tp_comm_overlap").state == "on" and p.report.row("overlap_grad_reduce").state == "on"
     # The file is lint-clean as written, so it can live in recipes/ under `make lint`.
     ruff = [sys.executable, "-m", "ruff"]
@@ -106,6 +108,7 @@ def test_fork_fp8_with_a_pinned_pipeline_via_the_api(tmp_path, clean_registry):
     assert res.path.exists() and res.plan.report.ok and res.memory.fits
     assert res.choice.pp == 2 and res.choice.vpp > 1 and res.plan.report.row("overlap_p2p_comm").state == "on"
     assert res.choice.preset == "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"
+    assert res.choice.prediction.to_dict() == make_plan(res.name).throughput.to_dict()  # FP8: one prediction too
     assert res.plan.layout["dtype"] == "fp8" and res.plan.report.row("fp8_param_gather").state == "on"
 
 
@@ -209,6 +212,37 @@ def test_moe_fork_searches_ep_and_keeps_the_ep_overlap_on(capsys, tmp_path, clea
     assert p.report.ok and p.memory.fits and p.layout["ep"] > 1 and 256 % p.layout["ep"] == 0
     assert p.report.row("ep_a2a_overlap").state == "on" and p.layout["experts"] == 256
     assert p.layout["model"] == "Qwen3 60B A6B"
+
+
+def ranked_as(out: str, plan) -> str:
+    """The search's line for the plan's layout in new-recipe's top candidates: its prediction as printed."""
+    lay = plan.layout
+    ep = f" EP{lay['ep']}" if lay.get("ep", 1) > 1 else ""
+    key = f"TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} VP{lay['vpp'] or '-'}{ep} DP{lay['dp']} MBS{lay['mbs']}"
+    line = next(x for x in out.splitlines() if re.match(rf"\s+\d+\. {key} GBS{lay['gbs']}: ", x))
+    return line.split(": ", 1)[1].split(";")[0]
+
+
+def planned_as(plan) -> str:
+    p = plan.throughput
+    return f"{p.tflops_per_gpu:.0f} TFLOP/s/GPU, {p.tokens_per_gpu_s:,.0f} tokens/s/GPU, {p.step_s:.2f} s/step"
+
+
+def test_the_docs_moe_fork_search_docstring_and_plan_say_one_number(capsys, tmp_path, clean_registry):
+    """docs/forking.md's MoE example (issue 40): the search ranked its layout at 189 TFLOP/s, 20.86 s/step, and the
+    plan of the file it wrote said 218, 18.08 s (the plan halved the router term for the base's TE CUDA graphs, the
+    search did not; the docstring kept the search's). Now each layout is the fork's own config, predicted by the
+    plan's function: the search's numbers, the file's docstring and make plan's are one."""
+    name = ARGS_MOE[3]
+    code, out, err = cli(capsys, tmp_path, *ARGS_MOE)
+    assert code == 0, err
+    p = make_plan(name)
+    router = next(how for term, _, how in p.throughput.terms if term == "MoE router + permute")
+    assert "TE CUDA graphs of the router and preprocess" in router  # the term the search left out
+    assert ranked_as(out, p) == planned_as(p)
+    doc = " ".join((tmp_path / f"{name}.py").read_text().split())
+    assert f"predicted {p.throughput.tflops_per_gpu:.0f} TFLOP/s/GPU." in doc
+    assert f"{p.throughput.tflops_per_gpu:.0f} TFLOP/s/GPU" in out.split("why: ", 1)[1].splitlines()[0]
 
 
 def test_moe_fork_with_pinned_ep_and_topk(capsys, tmp_path, clean_registry):
