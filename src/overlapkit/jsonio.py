@@ -97,6 +97,21 @@ def read_bytes(path: Path, limit: int = RECORD_LIMIT, *, follow: bool = True) ->
     file is gzip. Opened non-blocking, so a FIFO planted in its place never hangs the reader; a FIFO, socket, device or
     directory is refused before any read; `follow=False`: a symbolic link at `path` is refused (where only the project
     writes the file). FileNotFoundError passes; every other problem is one Unreadable."""
+    with os.fdopen(open_regular(path, follow=follow), "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise Unreadable(path, f"is larger than {limit // MiB} MiB, far past any real one of its kind")
+    return gunzip(path, data, limit) if data[:2] == b"\x1f\x8b" else data
+
+
+def open_regular(path: Path, *, follow: bool = True) -> int:
+    """A read-only descriptor of the regular file `path` (read_bytes' guard, for a reader that reads only part of a
+    file, such as a database's header): opened non-blocking, so a FIFO planted there never hangs; a FIFO, socket,
+    device or directory refused before any read; `follow=False`: a symbolic link refused. FileNotFoundError passes;
+    every other problem is one Unreadable."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -112,14 +127,7 @@ def read_bytes(path: Path, limit: int = RECORD_LIMIT, *, follow: bool = True) ->
         if stat.S_ISDIR(mode):
             raise Unreadable(path, "cannot be read (Is a directory)")
         raise Unreadable(path, "is not a regular file (a FIFO, socket or device): give the file itself")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read(limit + 1)
-        except OSError as exc:
-            raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
-    if len(data) > limit:
-        raise Unreadable(path, f"is larger than {limit // MiB} MiB, far past any real one of its kind")
-    return gunzip(path, data, limit) if data[:2] == b"\x1f\x8b" else data
+    return fd
 
 
 def gunzip(path: Path, data: bytes, limit: int) -> bytes:
