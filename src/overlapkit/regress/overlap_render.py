@@ -52,6 +52,7 @@ def png_target(text: str, *, force: bool = False, own: bool = False) -> Path:
         )
     return path
 
+
 COLORS = {
     "compute": "#9e9e9e",
     "tp": "tab:blue",
