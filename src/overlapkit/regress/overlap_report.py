@@ -278,7 +278,9 @@ def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
     gap = max(1, (hi - lo) // PIXELS)
 
     def drawn(intervals):
-        return coarse([(max(s, lo), min(e, hi)) for s, e in union(intervals) if e > lo and s < hi], gap)
+        # the step's part of the union is the union of the step's parts: only the intervals that reach into it
+        inside = union([iv for iv in intervals if iv[1] > lo and iv[0] < hi])
+        return coarse([(max(s, lo), min(e, hi)) for s, e in inside], gap)
 
     per_stream = {st: {c: drawn(ivs) for c, ivs in by_cls.items()} for st, by_cls in raw["streams"].items()}
     per_stream = {st: {c: ivs for c, ivs in d.items() if ivs} for st, d in per_stream.items()}
