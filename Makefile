@@ -100,8 +100,8 @@ recipes: ## list every recipe: model, GPUs, dtype, layout, overlap summary
 plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overlap stack, write runs/<dir>
 	@$(PY) -m launch plan --nodes="$$NODES" --set="$$SET" --format="$$FORMAT" --cluster="$$CLUSTER" $(RUN_FLAGS) -- "$$RECIPE"
 
-overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, GPU=, FORMAT=json, PNG=)
-	@$(PY) -m launch overlap-report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --gpu="$$GPU" --format="$$FORMAT" --png="$$PNG"
+overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, GPU=, FORMAT=json, PNG=, FORCE=1)
+	@$(PY) -m launch overlap-report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --gpu="$$GPU" --format="$$FORMAT" --png="$$PNG" --force="$$FORCE"
 
 calibrate: ## fit the throughput model on CLUSTER's finished runs (RUNS= dirs); plan/recipes/nightly then use it
 	@$(PY) -m launch calibrate --cluster="$$CLUSTER" --runs="$$RUNS"

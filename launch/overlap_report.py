@@ -4,8 +4,11 @@
 
 RUN=<run dir> reads the run's plan.json and its nsys/ or torch_profile/ profiles (NODES=, SET= and GPU= are refused
 there, RECIPE= ignored: the run's plan is the one it ran with); PROFILE=<file or dir> with RECIPE= (SET=, NODES=,
-GPU=) plans the recipe as `make plan` does. PNG= must end in .png. Exit status: 0 when the claims hold, 1 when a
-finding is an error, 2 for bad input (a missing, empty, corrupt or foreign file; an unknown recipe; a bad SET).
+GPU=) plans the recipe as `make plan` does. The timeline PNG goes where the report's JSON goes: into the run
+directory for RUN=, the current folder for PROFILE= (never the profiles' folder, which may be shared or read-only),
+or PNG=<name>.png; a file already there that this command did not write is replaced only with FORCE=1. Exit status: 0
+when the claims hold, 1 when a finding is an error, 2 for bad input (a missing, empty, corrupt or foreign file; an
+unknown recipe; a bad SET; a PNG= that is not a .png name or would replace the user's file).
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from launch.args import Parser, add_gpu_option
+from launch.args import Parser, add_gpu_option, switch
 from overlapkit import stack
-from overlapkit.errors import BadInput
+from overlapkit.errors import BadInput, one_line
 
 
 def parse(argv):
@@ -30,7 +33,8 @@ def parse(argv):
     p.add_argument("--set", default="", help="the SET overrides of the profiled run")
     add_gpu_option(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--png", default="", help="where the timeline PNG goes (default: beside the profiles)")
+    p.add_argument("--png", default="", help="where the timeline PNG goes (default: the run dir, or this folder)")
+    p.add_argument("--force", type=switch, default="", help="1: PNG= may replace a file this command did not write")
     return p.parse_args(argv)
 
 
@@ -44,16 +48,19 @@ def check(args) -> bool:
     """Everything checked before the Bridge import: which input, the profiles' presence, the request. PROFILE= plans
     the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
     from overlapkit.plan import request
-    from overlapkit.plan.runopts import OVERLAP_JSON
+    from overlapkit.plan.runopts import OVERLAP_JSON, OVERLAP_PNG
     from overlapkit.regress.nsys_sqlite import profile_files
+    from overlapkit.regress.overlap_render import png_target
 
     if args.run and args.profile:
         raise BadInput("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
     if not args.run and not args.profile:
         raise BadInput("nothing to report: give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>")
-    if args.png and not args.png.lower().endswith(".png"):
-        raise BadInput(f"PNG={args.png!r}: the timeline is a PNG; give a path ending in .png")
     args.files = args.request = None
+    # the picture goes where the report's JSON goes: the run directory (its own name there, replaced freely), or
+    # the current folder for PROFILE=; never beside the profiles (a shared or read-only folder)
+    own = str(_run_dir(args.run) / OVERLAP_PNG) if args.run else str(Path.cwd() / OVERLAP_PNG)
+    args.png_path = png_target(args.png or own, force=args.force, own=bool(args.run and not args.png))
     if args.run:
         # RECIPE= has the Makefile's default, so it cannot be told from one typed: it is ignored here, as documented
         if given := [k.upper() + "=" for k in ("nodes", "set", "gpu") if getattr(args, k).strip()]:
@@ -68,7 +75,6 @@ def check(args) -> bool:
 
 
 def run(args) -> int:
-    from overlapkit.plan import runopts
     from overlapkit.plan.report import console
     from overlapkit.regress import overlap_render, overlap_report
 
@@ -76,23 +82,21 @@ def run(args) -> int:
     if args.request is None:  # RUN=: the run's own plan and profiles; the report and its picture go into it
         run_dir = _run_dir(args.run)
         files, plan = overlap_report.run_inputs(run_dir)
-        png = run_dir / runopts.OVERLAP_PNG
-    else:  # PROFILE=: the recipe planned as make plan does; the picture beside the profiles
+    else:  # PROFILE=: the recipe planned as make plan does
         stack.import_bridge()
         from overlapkit.plan.build import plan_for
 
         plan = plan_for(args.request).to_dict()
-        files, run_dir, where = args.files, None, Path(args.profile)
-        png = where / runopts.OVERLAP_PNG if where.is_dir() else where.with_name(f"{where.stem}.timeline.png")
+        files, run_dir = args.files, None
     measured = overlap_report.measure(files, plan)
     report = overlap_report.report_of(measured)
-    if warning := overlap_report.save(measured, report, Path(args.png) if args.png else png, run_dir):
-        print(f"warning: {warning}: give PNG=<path>", file=sys.stderr)
+    if warning := overlap_report.save(measured, report, args.png_path, run_dir):
+        print(f"warning: {one_line(warning)}: give PNG=<path>", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
         overlap_render.render(report, out)
     errors = [f for f in report["findings"] if f["level"] == "error"]
     for f in errors:
-        print(f"error: [{f['code']}] {f['message']}", file=sys.stderr)
+        print(one_line(f"error: [{f['code']}] {f['message']}"), file=sys.stderr)
     return 1 if errors else 0

@@ -21,6 +21,7 @@ PyTorch-profiler traces (regress/torch_trace.py) are read into the same Profile;
 from __future__ import annotations
 
 import errno
+import operator
 import os
 import re
 import shutil
@@ -30,8 +31,11 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+from overlapkit import jsonio
 from overlapkit.errors import BadInput
+from overlapkit.plan.planfile import PLAN
 
 # CUpti_ActivityMemcpyKind (CUPTI docs, cupti_activity.h): 10 is CUPTI_ACTIVITY_MEMCPY_KIND_PTOP, a peer-to-peer
 # copy between two GPUs, which is what Transformer Engine's copy-engine ring exchange issues.
@@ -50,9 +54,8 @@ class ProfileError(BadInput):
     """A profile that cannot be read: one line, with the fix."""
 
 
-@dataclass(frozen=True, slots=True)
-class Activity:
-    """One kernel or one memcpy on one GPU stream."""
+class Activity(NamedTuple):
+    """One kernel or one memcpy on one GPU stream (a tuple: a profile holds hundreds of thousands, built at C speed)."""
 
     start: int  # ns
     end: int
@@ -79,12 +82,11 @@ def activity(path: Path, start, end, device, stream, name: str, correlation, **m
 NOT_WHOLE = "the profile is damaged; profile the run again (the report never guesses a time)"
 
 
-@dataclass(frozen=True)
-class Range:
+class Range(NamedTuple):
     start: int
     end: int
     text: str
-    tid: int
+    tid: int | str  # the launching thread: hashable, as the readers check
 
 
 @dataclass
@@ -93,7 +95,8 @@ class Profile:
     kernels: list[Activity]
     memcpys: list[Activity]
     ranges: list[Range] = field(default_factory=list)  # NVTX ranges, CPU time
-    launches: dict[int, tuple[int, int]] = field(default_factory=dict)  # correlationId → (launch start, globalTid)
+    # correlationId → (launch start, globalTid, ...): a launch's start and thread first, whatever follows
+    launches: dict[int, tuple] = field(default_factory=dict)
     gpus: list[str] = field(default_factory=list)  # TARGET_INFO_GPU names
     rank: int | None = None  # the global rank, where the profile records it (PyTorch traces); else from the name
 
@@ -138,9 +141,11 @@ def read(path: Path) -> Profile:
                 raise ProfileError(problem)
     if path_kind(path) != "file":
         raise ProfileError(f"{path} is a directory: give the export in it, or the directory as PROFILE=")
-    try:
-        with path.open("rb") as f:  # the header only: an export is often gigabytes
+    try:  # the header only, through the guard (sqlite3 opens the file itself): an export is often gigabytes
+        with jsonio.open_regular(path) as f:
             head = f.read(16)
+    except jsonio.Unreadable as exc:
+        raise ProfileError(str(exc)) from None
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if not head:
@@ -180,31 +185,46 @@ def _load(con, path: Path) -> Profile:
     if not _need(con, path, "CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS):
         raise ProfileError(f"{path} has no GPU kernels: profile with CUDA tracing on (nsys profile --trace=cuda,nvtx)")
     names = {i: v if isinstance(v, str) else _text(v) for i, v in con.execute("SELECT id, value FROM StringIds")}
+
+    def name(n) -> str:
+        return names.get(n) or f"<string {_text(n)}>"
+
+    kernel_sql = f"SELECT {', '.join(KERNEL_COLS)} FROM CUPTI_ACTIVITY_KIND_KERNEL"
+    for s, e, d, st, c, n in con.execute(_first_bad(kernel_sql)):
+        activity(path, s, e, d, st, name(n), c)  # raises, naming the kernel
+    new = tuple.__new__  # every row checked above: each built as a tuple at C speed (NamedTuple._make's own call)
     kernels = [
-        activity(path, s, e, d, st, names.get(n) or f"<string {_text(n)}>", c)
-        for s, e, d, st, c, n in con.execute(
-            "SELECT start, end, deviceId, streamId, correlationId, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL"
-        )
+        new(Activity, (s, e, d, st, names.get(n) or name(n), c if type(c) is int else -1, None, None, ""))
+        for s, e, d, st, c, n in con.execute(kernel_sql)
     ]
     if not kernels:
         raise ProfileError(f"{path} holds no kernel: the profiled window ran nothing on the GPU (check NSYS=a:b)")
     memcpys = []
     if _need(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS):
+        memcpy_sql = f"SELECT {', '.join(MEMCPY_COLS)} FROM CUPTI_ACTIVITY_KIND_MEMCPY"
+        for s, e, d, st, c, _, k in con.execute(_first_bad(memcpy_sql)):
+            activity(path, s, e, d, st, f"memcpy kind {k}", c)
         memcpys = [
-            activity(path, s, e, d, st, f"memcpy kind {k}", c, copy_kind=k, nbytes=b)
-            for s, e, d, st, c, b, k in con.execute(
-                "SELECT start, end, deviceId, streamId, correlationId, bytes, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY"
-            )
+            new(Activity, (s, e, d, st, f"memcpy kind {k}", c if type(c) is int else -1, k, b, ""))
+            for s, e, d, st, c, b, k in con.execute(memcpy_sql)
         ]
     prof = Profile(path, kernels, memcpys)
     if _need(con, path, "CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "globalTid", "correlationId")):
-        prof.launches = {c: (s, t) for s, t, c in con.execute(_RUNTIME)}
+        rows = con.execute(_RUNTIME).fetchall()  # (start, globalTid, correlationId): the row is the value
+        prof.launches = dict(zip(map(operator.itemgetter(2), rows), rows, strict=True))
     if _need(con, path, "NVTX_EVENTS", ("start", "end", "eventType", "text", "textId", "globalTid")):
         rows = con.execute(_NVTX.format(kinds=",".join(map(str, NVTX_RANGES))))
         prof.ranges = [Range(s, e, _text(t) if t is not None else names.get(i, ""), g) for s, e, t, i, g in rows]
     if _need(con, path, "TARGET_INFO_GPU", ("id", "name")):
         prof.gpus = [_text(n) for (n,) in con.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id")]
     return prof
+
+
+def _first_bad(select: str) -> str:
+    """`select` restricted to its first row that activity() would refuse (not whole integers, or out of order or
+    range): SQLite checks every row in one pass, and the rows then need no Python check each."""
+    whole = " AND ".join(f"typeof({c}) = 'integer'" for c in ("start", "end", "deviceId", "streamId"))
+    return f"{select} WHERE NOT ({whole} AND 0 <= start AND start <= end AND end <= {MAX_NS}) LIMIT 1"
 
 
 def _text(v) -> str:
@@ -238,8 +258,9 @@ def is_trace(path: Path) -> bool:
 
 
 def path_kind(path: Path, what: str = "PROFILE") -> str:
-    """ "file" or "dir": `path` stat'ed (following links), or one line saying why it cannot be read. Only regular
-    files are read: a FIFO or a device would block the reader for ever."""
+    """ "file" or "dir": `path` stat'ed (following links), or one line saying why it cannot be read. A file must
+    pass the project's one guard for planted files (jsonio.open_regular: a regular file, opened without blocking):
+    a FIFO or a device would block the reader for ever."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -249,8 +270,12 @@ def path_kind(path: Path, what: str = "PROFILE") -> str:
         raise ProfileError(f"{what}={path}: {why}") from None
     if stat.S_ISDIR(st.st_mode):
         return "dir"
-    if not stat.S_ISREG(st.st_mode):
-        raise ProfileError(f"{what}={path}: not a regular file (a FIFO, socket or device): give the profile file")
+    try:
+        jsonio.open_regular(path).close()
+    except FileNotFoundError:
+        raise ProfileError(f"{what}={path}: no such file or directory") from None
+    except jsonio.Unreadable as exc:
+        raise ProfileError(f"{what}={path} {exc.what}") from None
     return "file"
 
 
@@ -261,6 +286,8 @@ def profile_files(target: Path, skip: tuple[str, ...] = ()) -> list[Path]:
     target = Path(target)
     if path_kind(target) == "file":
         return [target]
+    if (target / PLAN).exists():  # a run directory: its profiles are in its nsys/ or torch_profile/, read by RUN=
+        raise ProfileError(f"PROFILE={target} is a run directory (it holds {PLAN}): give RUN={target}")
     sqlite = sorted(target.glob("*.sqlite"))
     reps = [r for r in sorted(target.glob("*.nsys-rep")) if r.with_suffix(".sqlite") not in sqlite]
     traces = sorted(p for p in target.iterdir() if is_trace(p) and p.name not in skip)

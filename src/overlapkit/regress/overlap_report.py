@@ -24,7 +24,7 @@ from overlapkit.plan.planfile import read_plan
 from overlapkit.plan.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG, TORCH_DIR, planned_window
 from overlapkit.regress import overlap_claims
 from overlapkit.regress import overlap_classes as oc
-from overlapkit.regress.nsys_sqlite import Profile, ProfileError, Range, load, profile_files, rank_of
+from overlapkit.regress.nsys_sqlite import Profile, ProfileError, load, profile_files, rank_of
 from overlapkit.regress.torch_trace import STEP_PREFIX
 
 __all__ = ["ProfileError", "report_run", "report_profiles", "timeline_png", "write_run", "measure", "union", "subtract"]
@@ -35,27 +35,36 @@ __all__ += ["per_span", "steps_of"]
 
 def union(intervals) -> list[tuple[int, int]]:
     """Sorted, disjoint, non-touching intervals covering exactly the given ones."""
-    out: list[list[int]] = []
-    for s, e in sorted(i for i in intervals if i[1] > i[0]):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
+    out: list[tuple[int, int]] = []
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if cur_e is not None and s <= cur_e:
+            if e > cur_e:
+                cur_e = e
         else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+            if cur_e is not None:
+                out.append((cur_s, cur_e))
+            cur_s, cur_e = s, e
+    if cur_e is not None:
+        out.append((cur_s, cur_e))
+    return out
 
 
 def subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The parts of union `a` outside union `b` (both as `union` returns them): one merge pass."""
-    out, j = [], 0
+    out, j, n = [], 0, len(b)
     for s, e in a:
         cur = s
-        while j < len(b) and b[j][1] <= cur:
+        while j < n and b[j][1] <= cur:
             j += 1
         k = j
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
+        while k < n and (bs := b[k])[0] < e:
+            if bs[0] > cur:
+                out.append((cur, bs[0]))
+            if bs[1] > cur:
+                cur = bs[1]
             k += 1
         if cur < e:
             out.append((cur, e))
@@ -68,13 +77,14 @@ def length(intervals) -> int:
 
 def per_span(intervals: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
     """The length of sorted disjoint `intervals` inside each of sorted disjoint `spans`: one merge pass."""
-    out, j = [], 0
+    out, j, m = [], 0, len(intervals)
     for lo, hi in spans:
-        while j < len(intervals) and intervals[j][1] <= lo:
+        while j < m and intervals[j][1] <= lo:
             j += 1
         k, n = j, 0
-        while k < len(intervals) and intervals[k][0] < hi:
-            n += min(intervals[k][1], hi) - max(intervals[k][0], lo)
+        while k < m and (s := intervals[k][0]) < hi:
+            e = intervals[k][1]
+            n += (e if e < hi else hi) - (s if s > lo else lo)
             k += 1
         out.append(n)
     return out
@@ -103,23 +113,34 @@ def steps_of(prof: Profile, device: int) -> tuple[str, list[tuple[int, int]]]:
     for r in sorted(ranges, key=lambda r: r.start):
         by_tid[r.tid].append(r)
     starts = {tid: [r.start for r in rs] for tid, rs in by_tid.items()}
-    first: dict[Range, int] = {}
-    last: dict[Range, int] = {}
+    ends = {tid: [r.end for r in rs] for tid, rs in by_tid.items()}
+    # per thread and range: the first start and the last end of what was launched in it (the rightmost of equal
+    # starts is the one a launch falls in, so the range's index stands for the range)
+    first = {tid: [None] * len(rs) for tid, rs in by_tid.items()}
+    last = {tid: [None] * len(rs) for tid, rs in by_tid.items()}
+    launches, right, cur = prof.launches, bisect.bisect_right, object()
     for a in acts:
         # A CPU range projected onto the GPU: from the first to the last activity launched inside it.
-        if (la := prof.launches.get(a.correlation)) is None or la[1] not in by_tid:
+        if (la := launches.get(a[5])) is None:  # a.correlation (by position: one lookup less per activity)
             continue
-        i = bisect.bisect_right(starts[la[1]], la[0]) - 1
-        if i < 0 or (r := by_tid[la[1]][i]).end < la[0]:
+        t, tid = la[0], la[1]
+        if tid != cur:  # one thread launches nearly everything: its lists looked up once per run of it
+            cur, ts, te, fs, ls = tid, starts.get(tid), ends.get(tid), first.get(tid), last.get(tid)
+        if ts is None or (i := right(ts, t) - 1) < 0 or te[i] < t:
             continue
-        first[r] = min(first.get(r, a.start), a.start)
-        last[r] = max(last.get(r, a.end), a.end)
-    spans = sorted((first[r], last[r]) for r in first)
+        if (f := fs[i]) is None:
+            fs[i], ls[i] = a[0], a[1]
+        else:
+            if a[0] < f:
+                fs[i] = a[0]
+            if a[1] > ls[i]:
+                ls[i] = a[1]
+    spans = sorted((f, e) for tid in first for f, e in zip(first[tid], last[tid], strict=True) if f is not None)
     if spans:
         # A step's tail (its last grad reduce-scatter) may still run when the next step's first kernels start: the
         # overlap goes to the later step, so that no interval is counted twice.
-        ends = [min(e, nxt[0]) for (_, e), nxt in zip(spans, spans[1:], strict=False)] + [spans[-1][1]]
-        return source, [(s, max(s, e)) for (s, _), e in zip(spans, ends, strict=True)]
+        tails = [min(e, nxt[0]) for (_, e), nxt in zip(spans, spans[1:], strict=False)] + [spans[-1][1]]
+        return source, [(s, max(s, e)) for (s, _), e in zip(spans, tails, strict=True)]
     return "window", [(min(a.start for a in acts), max(a.end for a in acts))]
 
 
@@ -190,38 +211,43 @@ def measure(paths: list[Path], plan: dict) -> Measured:
                     f"{files[label]} and {path} are both rank {label}: give the profiles of one run (move one away)"
                 )
             files[label] = path
-            trace, lanes = _device_trace(label, prof, dev, decisions, m)
+            drawn = m.timeline is None or _order(label) < _order(m.timeline.rank)
+            trace, lanes = _device_trace(label, prof, dev, decisions, m, lanes=drawn)
             m.traces.append(trace)
-            if m.timeline is None or _order(label) < _order(m.timeline.rank):
+            if drawn:
                 m.timeline = _timeline(trace, lanes)
         del prof, decisions
     m.traces.sort(key=lambda t: _order(t.rank))
     return m
 
 
-def _device_trace(label, prof, dev, decisions, m: Measured) -> tuple[DeviceTrace, dict]:
-    """The device's trace measured, and its raw intervals per stream and class (for the timeline)."""
+def _device_trace(label, prof, dev, decisions, m: Measured, lanes: bool = True) -> tuple[DeviceTrace, dict]:
+    """The device's trace measured, and (`lanes`: for the timeline) its raw intervals per stream and class. The one
+    pass over every activity of the profile that the figures need: kept to a few operations per activity."""
     compute, comm, kernels = [], defaultdict(list), Counter()
     streams: dict = defaultdict(lambda: defaultdict(list))
     comm_like: dict[str, bool] = {}  # each distinct name searched once: a profile repeats each thousands of times
+    decided, like_comm, add = decisions.get, comm_like.get, compute.append
     for a in (*prof.kernels, *prof.memcpys):
-        if a.device != dev:
+        if a[2] != dev:  # a.device; the fields by position in this loop: an attribute costs a lookup per activity
             continue
-        d = decisions.get(id(a))
+        d = decided(id(a))
         if d is None:
-            if a.copy_kind is None:  # host/device copies other than peer-to-peer: neither
-                compute.append((a.start, a.end))
-                streams[a.stream]["compute"].append((a.start, a.end))
-                if (like := comm_like.get(a.name)) is None:
-                    like = comm_like[a.name] = oc.COMM_LIKE.search(a.name) is not None
+            if a[6] is None:  # a.copy_kind: host/device copies other than peer-to-peer are neither
+                add(iv := a[:2])
+                if lanes:
+                    streams[a[3]]["compute"].append(iv)
+                if (like := like_comm(name := a[4])) is None:
+                    like = comm_like[name] = oc.COMM_LIKE.search(name) is not None
                 if like:  # no rule knows it (it has no decision), yet its name looks like communication
-                    seen = m.unknown.setdefault(a.name, [0, 0])
-                    seen[0], seen[1] = seen[0] + 1, seen[1] + a.end - a.start
+                    seen = m.unknown.setdefault(name, [0, 0])
+                    seen[0], seen[1] = seen[0] + 1, seen[1] + a[1] - a[0]
             continue
         cls = d.cls or "unclassified"
-        comm[cls].append((a.start, a.end))
+        comm[cls].append(iv := a[:2])
         kernels[cls] += 1
-        streams[a.stream][cls].append((a.start, a.end))
+        if lanes:
+            streams[a[3]][cls].append(iv)
         if d.cls is None:
             m.unclassified[" or ".join(d.candidates)] += 1
         else:
@@ -252,7 +278,9 @@ def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
     gap = max(1, (hi - lo) // PIXELS)
 
     def drawn(intervals):
-        return coarse([(max(s, lo), min(e, hi)) for s, e in union(intervals) if e > lo and s < hi], gap)
+        # the step's part of the union is the union of the step's parts: only the intervals that reach into it
+        inside = union([iv for iv in intervals if iv[1] > lo and iv[0] < hi])
+        return coarse([(max(s, lo), min(e, hi)) for s, e in inside], gap)
 
     per_stream = {st: {c: drawn(ivs) for c, ivs in by_cls.items()} for st, by_cls in raw["streams"].items()}
     per_stream = {st: {c: ivs for c, ivs in d.items() if ivs} for st, d in per_stream.items()}

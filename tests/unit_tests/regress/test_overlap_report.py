@@ -307,7 +307,8 @@ def test_make_overlap_report_end_to_end(tmp_path):
     the fixture's figures to the microsecond, exit 1 for the exposed PP claim (make's `Error 1`), a bad file in one
     line with `Error 2`."""
     dense_step(tmp_path, "profile_1_2_node0_rank4.sqlite")
-    out = make(f"RECIPE={R70}", f"PROFILE={tmp_path}", "FORMAT=json")
+    png = f"PNG={tmp_path / 'out' / 'timeline.png'}"  # the default is make's folder, the checkout: not in a test
+    out = make(f"RECIPE={R70}", f"PROFILE={tmp_path}", "FORMAT=json", png)
     rep = json.loads(out.stdout)
     assert out.returncode == 2 and "Error 1" in out.stderr, out.stderr
     assert [r for r in rep["ranks"]] == ["4"] and rep["recipe"] == R70
@@ -318,8 +319,8 @@ def test_make_overlap_report_end_to_end(tmp_path):
         "dp": (0.2, 0.05),
         "ep": (0.0, 0.0),
     }
-    assert (tmp_path / "overlap_timeline.png").is_file()
-    text = make(f"RECIPE={R70}", f"PROFILE={tmp_path}")
+    assert (tmp_path / "out" / "timeline.png").is_file() and not (tmp_path / "overlap_timeline.png").exists()
+    text = make(f"RECIPE={R70}", f"PROFILE={tmp_path}", png)  # its own picture: replaced without FORCE
     assert "pp_overlap_exposed" in text.stdout and "claims: 1 error(s)" in text.stdout
     (bad := tmp_path / "rank9.sqlite").write_bytes(b"")
     out = make(f"RECIPE={R70}", f"PROFILE={bad}")
