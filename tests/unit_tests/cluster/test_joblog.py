@@ -66,7 +66,8 @@ def test_the_line_is_one_printable_line_of_bounded_length(tmp_path):
     log.write_bytes(b"ValueError: \x1b]0;PWNED\x07\x1b[2J" + b"x" * 100_000 + b"\nno newline at the end")
     line, _ = joblog.first_error([log])
     assert line.startswith("ValueError: \\x1b]0;PWNED\\x07\\x1b[2J") and "\x1b" not in line
-    assert len(line) < joblog.SHOWN + 80 and line.isprintable()
+    shown, where = line.rsplit(f" ({log})", 1)[0], f" ({log})"  # the error's text is bounded; the log's path follows
+    assert line.endswith(where) and len(shown) <= joblog.SHOWN + 40 and line.isprintable()
     log.write_text("x" * (joblog.PIECE + 5) + "ValueError: inside a huge line, not the start of one\n")
     assert joblog.first_error([log]) == (None, [])
 
