@@ -21,6 +21,7 @@ from pathlib import Path
 from overlapkit import jsonio, stack
 from overlapkit.errors import AuditFailed, BadInput
 from overlapkit.fork import layout_search
+from overlapkit.names import checked_name, inside
 from overlapkit.plan import inputs, presets, registry
 from overlapkit.plan.build import make_plan
 from overlapkit.plan.overlap import OverlapIntent
@@ -91,6 +92,10 @@ def check_request(req: ForkRequest) -> tuple[str, int, str]:
     m = NAME_RE.fullmatch(req.name)
     if not m:
         raise ForkError(f"recipe name {req.name!r} must be <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
+    try:  # the pattern holds: what the one rule for names adds is the length a file name may have
+        checked_name(req.name, "NAME", "a recipe's name is its file's and its run directories' name")
+    except BadInput as exc:
+        raise ForkError(str(exc)) from None
     gpus, dtype = int(m["gpus"]), m["dtype"]
     if req.gpus is not None and req.gpus != gpus:
         raise ForkError(f"--gpus {req.gpus} contradicts the name's {gpus}gpu: rename or change --gpus")
@@ -327,7 +332,7 @@ def fork(req: ForkRequest) -> ForkResult:
     model = req.model or model_label(prefix)
     text = render(req, model, gpus, dtype, shape, cands[0], base_module)
     out_dir = Path(req.recipes_dir)
-    final, tmp = out_dir / f"{req.name}.py", out_dir / f".{req.name}.py.tmp"
+    final, tmp = inside(out_dir, f"{req.name}.py"), inside(out_dir, f".{req.name}.py.tmp")
     try:
         jsonio.create_new(tmp, text)
     except FileExistsError:

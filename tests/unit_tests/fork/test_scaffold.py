@@ -141,6 +141,7 @@ def test_fork_without_a_preset_writes_the_explicit_default_opt_in(capsys, tmp_pa
         ([*ARGS_34B, "--hidden", "abc"], "'abc' is not a whole number ≥ 1"),
         ([*ARGS_34B, "--layers", "0"], "'0' is not a whole number ≥ 1"),
         (["--from", R70, "--name", "advfw_pretrain_８gpu_h100_bf16"], "must be <model>_pretrain_<N>gpu_h100_"),
+        (["--from", R70, "--name", "llama3_" + "x" * 60 + "_pretrain_8gpu_h100_bf16"], "up to 64"),
         ([*ARGS_34B, "--hidden", "4100", "--heads", "32"], "hidden 4100 is not divisible by heads 32 (head dim)"),
     ],
 )
