@@ -82,6 +82,9 @@ MiB = 1 << 20
 RECORD_LIMIT = 16 * MiB  # plan.json, submission.json, overrides.json, calibrations, schedules, night records
 LOG_LIMIT = 512 * MiB  # a training log
 TRACE_LIMIT = 2048 * MiB  # a profiler trace, once unpacked
+# The most a gzip file may unpack to, as a multiple of its size: the real PyTorch-profiler traces in
+# tests/data/reference_traces pack 13-21x; gzip's own limit is about 1000x (a file of zeros), a bomb's ratio.
+GZIP_RATIO = 100
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -99,8 +102,8 @@ def read_bytes(path: Path, limit: int = RECORD_LIMIT, *, follow: bool = True) ->
     file is gzip (opened by `open_regular`: a FIFO, socket, device or directory refused before any read).
     FileNotFoundError passes; every other problem is one Unreadable."""
     with open_regular(path, follow=follow) as f:
-        try:
-            data = f.read(limit + 1)
+        try:  # read(n) reserves n bytes: ask for the file's size (one more: a file past the limit shows it)
+            data = f.read(min(limit, os.fstat(f.fileno()).st_size) + 1)
         except OSError as exc:
             raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
     if len(data) > limit:
@@ -141,15 +144,20 @@ def open_text(path: Path, limit: int = LOG_LIMIT) -> TextIO:
 
 
 def gunzip(path: Path, data: bytes, limit: int) -> bytes:
-    """`data` (gzip, one member or several) unpacked, refusing to produce more than `limit` bytes: a small bomb never
-    reaches memory whole."""
-    out = bytearray()
+    """`data` (gzip, one member or several) unpacked, refusing to produce more than `limit` bytes or more than
+    GZIP_RATIO times its own size (at least 1 MiB): a small bomb never reaches memory whole, nor half of it."""
+    out, cap = bytearray(), min(limit, max(GZIP_RATIO * len(data), MiB))
+    why = f"unpacks to more than {cap // MiB} MiB" + (
+        f", over {GZIP_RATIO}x its size (a profiler trace packs about 20x): a gzip bomb, not a trace"
+        if cap < limit
+        else ", far past any real one of its kind"
+    )
     try:
         while data:
             d = zlib.decompressobj(wbits=31)
-            out += d.decompress(data, limit + 1 - len(out))
-            if len(out) > limit or d.unconsumed_tail:
-                raise Unreadable(path, f"unpacks to more than {limit // MiB} MiB, far past any real one of its kind")
+            out += d.decompress(data, cap + 1 - len(out))
+            if len(out) > cap or d.unconsumed_tail:
+                raise Unreadable(path, why)
             if not d.eof:
                 raise Unreadable(path, "is a truncated gzip file: copy it again")
             data = d.unused_data

@@ -160,3 +160,23 @@ def test_a_file_another_tool_writes_may_hold_a_big_integer(tmp_path):
     assert jsonio.read_json(path) is None
     assert jsonio.read_json(path, foreign=True) == {"model_max_length": 1000000000000000019884624838656}
     assert jsonio.read_json(_write(tmp_path / "t.json", b'{"n": 1' + b"0" * 70 + b"}"), foreign=True) is None
+
+
+def test_a_gzip_bomb_is_refused_by_its_ratio_below_any_ceiling(tmp_path):
+    """The sweep's T073 had a 1.5 MB trace unpacking to 1.5 GB, under the 2 GiB trace ceiling: the ratio (gzip packs a
+    real profiler trace about 20x, tests/data/reference_traces) stops it after a few MB, memory never near the bomb's
+    size; the real traces themselves still read whole."""
+    import tracemalloc
+
+    bomb = _write(tmp_path / "rank-0.json.gz", gzip.compress(b"[" + b" " * (256 * jsonio.MiB) + b"]", 9))
+    assert len(bomb.read_bytes()) < 400_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(jsonio.Unreadable, match=r"over 100x its size .*a gzip bomb"):
+            jsonio.read_bytes(bomb, jsonio.TRACE_LIMIT)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 128 * jsonio.MiB
+    real = Path(__file__).parents[1] / "data" / "reference_traces" / "nccl_data.json.gz"
+    assert jsonio.loads(jsonio.read_bytes(real, jsonio.TRACE_LIMIT))["traceEvents"]
