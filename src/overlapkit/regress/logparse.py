@@ -1,13 +1,15 @@
 """A Megatron Bridge (or Megatron-LM) training log → per-iteration records, a summary, the events that decide a run's
 fate and what the log says of its launch (make bless compares that with plan.json). The lines read, and the rules for
-torn, cut, repeated and NaN lines, are in docs/nightly.md ("Log parser"). Memory: the log is read a line at a time and
-only the iteration records are kept, each packed by `marshal` (~300 bytes, a third of a dict); `write_json` writes the
-JSON with `json.dump`, unpacking one record at a time (`make parse-log`: launch/parse_log.py). Iterations past 2**63
-are none; `launch` keeps DISTINCT_CAP values.
+torn, cut, repeated and NaN lines, are in docs/nightly.md ("Log parser"). Memory: the log's bytes are read once
+(jsonio's guarded reader, at most LOG_LIMIT), parsed a line at a time, and only the iteration records are kept, each
+packed by `marshal` (~300 bytes, a third of a dict); `write_json` writes the JSON with `json.dump`, unpacking one
+record at a time (`make parse-log`: launch/parse_log.py). Iterations past 2**63 are none; `launch` keeps DISTINCT_CAP
+values.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import marshal
 import math
@@ -15,13 +17,18 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapkit import jsonio
+
 WARMUP_ITERS = 10  # one-off costs (NCCL and userbuffers set-up, allocator growth, autotuning): not steady state
 LINE_LIMIT = 8 << 20  # characters; a real log line is < 1 kB, so only a newline-free binary file meets it
 DISTINCT_CAP = 32  # launch values kept per kind: one is normal, two already means a mixed log
 _MAX_ITER = 2**63  # Megatron counts iterations in int64
 
-_ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
-_MEM = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \((GB|MB)\)(.*)$")
+# Counts are at most 19 digits (int64): a longer run of digits matches nothing, so int() never meets Python's
+# digit limit (a 5000-digit "iteration" is no iteration, not a traceback).
+_INT = r"\d{1,19}"
+_ITER = re.compile(rf"iteration\s+({_INT})\s*/\s*({_INT})\s*\|")
+_MEM = re.compile(rf"\[Rank ({_INT})\] \(after ({_INT}) iterations\) memory \((GB|MB)\)(.*)$")
 _NUM = r"[-+]?(?:nan|inf|infinity|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
 _FIELD = re.compile(rf"^\s*([A-Za-z][A-Za-z0-9 /()\-_.]*?):\s*({_NUM})\s*$", re.IGNORECASE)
 FIELDS = {  # Bridge/Megatron label -> our key
@@ -51,9 +58,9 @@ EVENTS = {
 _EVENT_HINTS = ("memory", "watchdog", "node fail", "node_fail", "preempt", "time limit")
 # Where the launch is stated (docs/nightly.md). A usage message names `--recipe RECIPE` too: not a launch.
 _LAUNCH = re.compile(
-    r"preflight: (?:OK|FAILED) \(\d+/(?P<preflight>\d+) ranks\)"
-    r"|using world size: (?P<megatron>\d+)"
-    r"|initialized HyperCommGrid with tp=(?P<tp>\d+), pp=(?P<pp>\d+), cp=(?P<cp>\d+), dp=(?P<dp>\d+)"
+    rf"preflight: (?:OK|FAILED) \({_INT}/(?P<preflight>{_INT}) ranks\)"
+    rf"|using world size: (?P<megatron>{_INT})"
+    rf"|initialized HyperCommGrid with tp=(?P<tp>{_INT}), pp=(?P<pp>{_INT}), cp=(?P<cp>{_INT}), dp=(?P<dp>{_INT})"
     r"|launch\.entry\b.*?--recipe[= ](?P<recipe>[\w.\-]+)"
     r"|/experiments/(?P<experiment>[\w.\-]+)/(?P=experiment)_\d+/"
 )
@@ -199,15 +206,18 @@ def parse_file(path: Path | str, warmup: int = WARMUP_ITERS, exclude=()) -> dict
 
 
 def parse_files(paths, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) -> dict:
-    """Logs of one job (nemo_run writes one per task group) as one text: each file but the last ends in a newline."""
+    """Logs of one job (nemo_run writes one per task group) as one text: each file but the last ends in a newline.
+    Each is read through jsonio's guarded reader (a FIFO, device or oversized file: one jsonio.Unreadable, never a
+    hang); a gzip log is unpacked."""
     paths = list(paths)
 
     def lines():
         for i, path in enumerate(paths):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                for raw in iter(lambda f=f: f.readline(LINE_LIMIT), ""):
-                    whole = raw.endswith("\n")
-                    yield raw[:-1] if whole else raw, whole or i < len(paths) - 1
+            data = jsonio.read_bytes(Path(path), jsonio.LOG_LIMIT)
+            f = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace")  # newlines as open() reads
+            for raw in iter(lambda f=f: f.readline(LINE_LIMIT), ""):
+                whole = raw.endswith("\n")
+                yield raw[:-1] if whole else raw, whole or i < len(paths) - 1
 
     return _parse(lines(), warmup, exclude, lazy)
 
