@@ -4,14 +4,18 @@ Each run directory under the given roots (runs/ and the cluster's nightly direct
 the recipe, the cluster and the plan, and overrides.json, from which the plan is rebuilt exactly as the job built it
 (plan/request.py `from_record`). Its step time is what Bridge's own log says: the steady-state mean of
 `elapsed time per iteration (ms)` (regress/logparse.py, warm-up and profiled iterations left out) of the job's logs
-(nemo_run's experiment directory from submission.json, and any *.log beside plan.json).
+(nemo_run's experiment directory from submission.json, and any *.log beside plan.json). Only run directories are
+searched (run_dirs: never nemo_run's experiment directories, whose packaged code holds test fixtures). A run counts
+only as the plan it ran (the log's launch facts are the plan's: rules.launch_disagreements; the recipe rebuilt today
+plans the same layout) with a step some physical constants can give it; every problem of one run's files is that
+run's skip line, never the others' (read_run).
 
 Which constants those runs can move is read off the model, not assumed: the sensitivity of every run's log step time
 to a 5% change of each constant, in a pivoted QR (scipy.linalg.qr): constants are taken in pivot order while their
 pivot is at least MOVE and fewer than the runs (one run is left over, so leave-one-out has something to predict).
 They are fitted by calibration.fit_free (scipy's bounded least squares in log error, as the published fit), from
 the published values; the rest keep the published values and are named. With fewer than MIN_RUNS usable runs
-nothing is fitted.
+nothing is fitted; a fit that misses a run by more than calibration.MAX_ERROR is refused (refusal) and not written.
 """
 
 from __future__ import annotations
