@@ -6,13 +6,11 @@ fit."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -145,22 +143,6 @@ RUN0 = R8 + "bf16-run0"
 STEP_MS = re.compile(r"(elapsed time per iteration \(ms\): )([-+\d.eE]+)")
 
 
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """TimeoutError in this thread after `seconds`: a read that would block (a FIFO) fails the test, never hangs it."""
-
-    def expired(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def copy_run(runs_root, where, name: str = "bad"):
     """run0's plan.json, overrides.json and log in `where`/<name>: a good run until a case spoils it."""
     run_dir = where / name
@@ -267,7 +249,7 @@ HOSTILE = {  # sweep case (and variants): how the run directory is spoiled, what
 
 
 @pytest.mark.parametrize("case", HOSTILE)
-def test_a_bad_run_directory_is_skipped_with_its_reason(runs_root, tmp_path, case):
+def test_a_bad_run_directory_is_skipped_with_its_reason(runs_root, tmp_path, case, deadline):
     spoil, says = HOSTILE[case]
     bad = copy_run(runs_root, tmp_path)
     assert isinstance(calibrate.read_run(bad, "local"), calibrate.Run)  # good until spoiled
@@ -278,7 +260,7 @@ def test_a_bad_run_directory_is_skipped_with_its_reason(runs_root, tmp_path, cas
     assert "Traceback" not in why
 
 
-def test_bad_run_directories_never_abort_the_others(runs_root, tmp_path):
+def test_bad_run_directories_never_abort_the_others(runs_root, tmp_path, deadline):
     """Every hostile run at once beside the six good ones: make calibrate fits the six and names each bad one."""
     bad = tmp_path / "bad"
     for i, (spoil, _) in enumerate(HOSTILE.values()):
@@ -301,7 +283,7 @@ def test_an_iteration_number_past_int64_is_no_iteration_and_the_run_counts(runs_
     assert got.measured_s == calibrate.read_run(runs_root / RUN0, "local").measured_s
 
 
-def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, tmp_path):
+def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, tmp_path, deadline):
     """Issue 40: nemo_run's experiment directory (its _CONFIG) holds the packaged code, whose test fixture has a
     plan.json: never searched, nor links, hidden folders, or anything deeper than a run directory is written."""
     root = tmp_path / "runs"
@@ -319,7 +301,7 @@ def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, 
     assert [r.run_dir.name for r in runs] == ["real"] and skipped == []
 
 
-def test_runs_at_the_filesystem_root_are_searched_in_seconds_and_unreadable_folders_said(tmp_path):
+def test_runs_at_the_filesystem_root_are_searched_in_seconds_and_unreadable_folders_said(tmp_path, deadline):
     """C013: RUNS=/ walks a bounded depth, and a folder it cannot list (/proc/1/map_files, even for root) is one
     line of the report, not a PermissionError."""
     with deadline(30):
@@ -392,7 +374,7 @@ def test_runs_as_one_directory_with_a_space_or_a_list(runs_root, tmp_path):
         cmd.check(args)
 
 
-def test_make_plan_refuses_a_broken_calibration_with_the_fix(tmp_path, capsys, monkeypatch):
+def test_make_plan_refuses_a_broken_calibration_with_the_fix(tmp_path, capsys, monkeypatch, deadline):
     """C009/C021/C018 as make plan meets them: the plan is refused (exit 2, one line naming the file and the fix),
     never printed with an absurd band, never hung."""
     from launch import commands
