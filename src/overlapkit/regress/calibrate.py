@@ -4,33 +4,44 @@ Each run directory under the given roots (runs/ and the cluster's nightly direct
 the recipe, the cluster and the plan, and overrides.json, from which the plan is rebuilt exactly as the job built it
 (plan/request.py `from_record`). Its step time is what Bridge's own log says: the steady-state mean of
 `elapsed time per iteration (ms)` (regress/logparse.py, warm-up and profiled iterations left out) of the job's logs
-(nemo_run's experiment directory from submission.json, and any *.log beside plan.json).
+(nemo_run's experiment directory from submission.json, and any *.log beside plan.json). Only run directories are
+searched (run_dirs: never nemo_run's experiment directories, whose packaged code holds test fixtures). A run counts
+only as the plan it ran (the log's launch facts are the plan's: rules.launch_disagreements; the recipe rebuilt today
+plans the same layout) with a step some physical constants can give it; every problem of one run's files is that
+run's skip line, never the others' (read_run).
 
 Which constants those runs can move is read off the model, not assumed: the sensitivity of every run's log step time
 to a 5% change of each constant, in a pivoted QR (scipy.linalg.qr): constants are taken in pivot order while their
 pivot is at least MOVE and fewer than the runs (one run is left over, so leave-one-out has something to predict).
 They are fitted by calibration.fit_free (scipy's bounded least squares in log error, as the published fit), from
 the published values; the rest keep the published values and are named. With fewer than MIN_RUNS usable runs
-nothing is fitted.
+nothing is fitted; a fit that misses a run by more than calibration.MAX_ERROR is refused (refusal) and not written.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.errors import BadInput
+from overlapkit.errors import BadInput, one_line
 from overlapkit.plan import planfile
-from overlapkit.regress import logparse
+from overlapkit.regress import logparse, rules
 from overlapkit.sizing import calibration, throughput
 
 MIN_RUNS = 3  # fewer: nothing to fit with a run left over for leave-one-out
 MIN_STEADY = 5  # steady-state iterations (after logparse's warm-up) a log needs to give a step time
 MOVE = 0.05  # pivot of the runs' sensitivity matrix (d log step / d log constant) a constant needs to be fitted
 STEP = 0.05  # the relative change of a constant the sensitivity is read at
+# How far below a RUNS directory a run directory is looked for: the project writes them at runs/<run>,
+# runs/local/<run>, <job_dir>/runs/<run> (and runs/slurm/runs/<run>, the local profile's job_dir inside runs/).
+MAX_DEPTH = 3
+EXPERIMENT = "_CONFIG"  # nemo_run marks its experiment directory with it (cluster/submit.py log_files)
+RECORD_ROLE = "the run's record that make plan writes beside plan.json"
+RECORD_FIX = "plan and run it again (make plan / make submit): the fit rebuilds the plan from it"
 
 
 @dataclass(frozen=True)
@@ -47,48 +58,148 @@ class Run:
 
 
 def read_run(run_dir: Path, cluster: str) -> Run | str:
-    """The run, or why it does not count (one phrase)."""
-    from overlapkit.cluster import submit
+    """The run, or why it does not count (one line): every problem of one run's files is that run's own, the other
+    runs still count."""
+    try:
+        got = _read_run(Path(run_dir), cluster)
+    except BadInput as exc:  # jsonio's FileProblem/Unreadable, a broken record, submit's log lookup, the rebuild
+        got = str(exc)
+    return got if isinstance(got, Run) else one_line(got)  # values from the files: shown escaped, one line
+
+
+def _read_run(run_dir: Path, cluster: str) -> Run | str:
+    plan = planfile.read_plan(run_dir)  # a broken plan.json: its own one line (file, field, fix)
+    if plan.get("cluster") not in (None, cluster):
+        return f"planned for cluster {plan.get('cluster')}"
+    rec = record(run_dir, plan)
+    if not (logs := job_logs(run_dir)):
+        return "no log"
+    parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan))
+    if why := step_problem(parsed):
+        return why
+    if wrong := rules.launch_disagreements(plan, parsed.get("launch") or {}, "fit"):
+        return wrong[0]  # a log of another run: fitted against this plan it would move the constants anywhere
+    summary = parsed["summary"]
+    inputs = rebuilt(run_dir, rec, plan)
+    measured = summary["step_time_ms"] / 1e3
+    if why := calibration.beyond_physics(lambda k: inputs.predict(k).step_s, measured):
+        return why
+    return Run(run_dir, rec["recipe"], measured, summary["steady_iterations"], inputs)
+
+
+def record(run_dir: Path, plan: dict) -> dict:
+    """overrides.json, of the shape make plan writes (plan/build.py overrides_record) and of this plan's recipe: a
+    record that is not is this run's one line (request.from_record trusts its fields)."""
+    from overlapkit.plan.build import OVERRIDES
+
+    path = run_dir / OVERRIDES
+    rec = jsonio.read_json(path, role=RECORD_ROLE, fix=RECORD_FIX, keys=("recipe", "set", "run"))
+    nodes, sets = rec.get("nodes"), rec["set"]
+    if rec["recipe"] != plan["recipe"]:
+        what = f"recipe is {str(rec['recipe'])[:80]!r}, not plan.json's {plan['recipe']}"
+    elif nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
+        what = f"nodes is {nodes!r}, not a whole number ≥ 1"
+    elif not isinstance(sets, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in sets
+    ):
+        what = "set is not a list of [key, value] text pairs"
+    elif not isinstance(rec["run"], dict) or not isinstance(rec.get("gpu", ""), str):
+        what = "run is not an object of run options, or gpu is not a name"
+    else:
+        return rec
+    raise jsonio.file_problem(path, what, RECORD_ROLE, RECORD_FIX)
+
+
+def job_logs(run_dir: Path) -> list[Path]:
+    """The job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
+    when it started: cluster/submit.py claim), and any *.log beside plan.json. A submission record that is not the
+    project's, or names a directory that is not nemo_run's: BadInput (this run's line)."""
+    from overlapkit.cluster import chain, submit
+
+    info = jsonio.read_json(run_dir / chain.MARKER, role=chain.ROLE, fix=RECORD_FIX, missing_ok=True)
+    info = chain.checked_marker(run_dir, info) if info else {}  # each path field text, or its one line
+    logs = submit.log_files(info) if info.get("experiment_dir") or info.get("log") else []
+    return logs + sorted(run_dir.glob("*.log"))
+
+
+def step_problem(parsed: dict) -> str | None:
+    """Why the log gives no step time to fit on, naming the cause, or None."""
+    summary = parsed["summary"]
+    bad = [r for r in parsed["iterations"] if not r.get("step_time_ms", 1) > 0]  # ≤ 0 or NaN: no step takes that
+    if bad:
+        first = bad[0]
+        return (
+            f"its log's iteration {first['iteration']} took {first['step_time_ms']} ms ({len(bad)} iteration(s) "
+            "with a step time ≤ 0 or not a number): not a log Bridge wrote of a training step"
+        )
+    steady = summary.get("steady_iterations") or 0
+    if steady < MIN_STEADY:
+        return f"{steady} steady-state iterations in its log (needs {MIN_STEADY}): let the run train longer"
+    return None
+
+
+def rebuilt(run_dir: Path, rec: dict, plan: dict) -> throughput.Inputs:
+    """The model inputs of the plan rebuilt from the record (published constants), which must be the plan it ran:
+    a recipe edited or renamed since cannot be fitted on, the other runs still count (BadInput)."""
     from overlapkit.plan import request
     from overlapkit.plan.build import OVERRIDES, plan_for, prediction_inputs
 
-    try:  # a broken plan.json: its own one line (file, field, fix), the other runs still count
-        plan = planfile.read_plan(run_dir)
-    except BadInput as exc:
-        return str(exc)
-    rec = jsonio.read_json(run_dir / OVERRIDES)
-    if rec is None or "recipe" not in rec:
-        return f"no readable {OVERRIDES}"
-    if plan.get("cluster") not in (None, cluster):
-        return f"planned for cluster {plan.get('cluster')}"
-    # the job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
-    # when it started: cluster/submit.py claim), and any *.log beside plan.json
-    info = jsonio.read_json(run_dir / "submission.json")
-    logs = submit.log_files(info) if info and (info.get("experiment_dir") or info.get("log")) else []
-    logs += sorted(run_dir.glob("*.log"))
-    if not logs:
-        return "no log"
-    summary = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan))["summary"]
-    steady, step_ms = summary.get("steady_iterations") or 0, summary.get("step_time_ms")
-    if steady < MIN_STEADY or not step_ms or not math.isfinite(step_ms):
-        return f"{steady} steady-state iterations in its log (needs {MIN_STEADY})"
-    try:  # the recipe may have been renamed or edited since: that run cannot be rebuilt, the others still count
+    try:
         plan_now = plan_for(request.from_record(rec, rec["recipe"], rec.get("nodes")))
     except BadInput as exc:  # UnknownRecipe, OverrideError, PlanError: the plan's own one line
-        return f"its plan no longer builds: {exc}"
-    return Run(run_dir, rec["recipe"], step_ms / 1e3, steady, prediction_inputs(plan_now))
+        raise BadInput(f"its plan no longer builds: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:  # request/runopts take the record's fields on trust
+        what = f"does not rebuild a plan ({type(exc).__name__}: {exc})"
+        raise jsonio.file_problem(run_dir / OVERRIDES, what, RECORD_ROLE, RECORD_FIX) from None
+    was, now = plan["layout"], plan_now.layout
+    if moved := [k for k in planfile.SIZES + planfile.OPTIONAL_SIZES if was.get(k) != now.get(k)]:
+        k = moved[0]
+        raise BadInput(
+            f"its recipe {rec['recipe']} plans {k}={now.get(k)} today, the run ran {k}={was.get(k)} (plan.json): "
+            "the recipe changed since; the fit needs the plan that ran: plan and run it again"
+        )
+    return prediction_inputs(plan_now)
+
+
+def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
+    """(the run directories at most MAX_DEPTH below `root`, or `root` itself; the directories that could not be
+    read, with why). A run directory holds plan.json and is not searched further; links, hidden directories and
+    nemo_run's experiment directories (its logs and its copy of the packaged code, whose test fixtures hold
+    plan.json files too) are never entered."""
+    found, unreadable, todo = [], [], [(Path(root), 0)]
+    while todo:
+        here, depth = todo.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = list(it)
+            below = [Path(e.path) for e in entries if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+        except OSError as exc:
+            unreadable.append(f"{here} ({exc.strerror or exc})")
+            continue
+        names = {e.name for e in entries}
+        if planfile.PLAN in names:
+            found.append(here)
+        elif EXPERIMENT not in names and depth < MAX_DEPTH:
+            todo += [(d, depth + 1) for d in below]
+    return found, unreadable
 
 
 def find_runs(roots: list[Path], cluster: str) -> tuple[list[Run], list[str]]:
-    """(the usable runs under `roots`, 'run dir: why not' for the others)."""
-    runs, skipped = [], []
-    dirs = sorted({p.parent for root in roots for p in root.rglob("plan.json")})
-    for run_dir in dirs:
+    """(the usable runs under `roots`, 'run dir: why not' for the others, and one line for directories that could
+    not be searched)."""
+    runs, skipped, dirs, unreadable = [], [], set(), []
+    for root in roots:
+        got, bad = run_dirs(root)
+        dirs |= set(got)
+        unreadable += bad
+    for run_dir in sorted(dirs):
         got = read_run(run_dir, cluster)
         if isinstance(got, Run):
             runs.append(got)
         else:
             skipped.append(f"{run_dir}: {got}")
+    if unreadable:
+        skipped.append(f"{len(unreadable)} directories could not be searched (first {unreadable[0]})")
     return runs, skipped
 
 
@@ -120,6 +231,21 @@ class Result:
     calibration: calibration.Calibration
     runs: list[dict]  # per run: run_dir, recipe, measured, published and fitted predictions, residual, leave-one-out
     fitted: tuple[str, ...]
+    refused: str | None = None  # why this fit must not be written (refusal), else None
+
+
+def refusal(rows: list[dict], cal: calibration.Calibration) -> str | None:
+    """Why the fit is not a calibration (one phrase), or None: a run it misses, in the fit or left out of it, by
+    more than calibration.MAX_ERROR (or by NaN), or what make plan would refuse in the file (calibration.problem)."""
+    for row in rows:
+        for key, what in (("residual", "residual"), ("leave_one_out", "leave-one-out error")):
+            if not (math.isfinite(row[key]) and abs(row[key]) <= calibration.MAX_ERROR):
+                return (
+                    f"run {Path(row['run_dir']).name}'s {what} is {row[key]:+.1%}, past ±{calibration.MAX_ERROR:.0%}: "
+                    "the model cannot explain it at these constants; leave that run out of RUNS (or find what "
+                    "slowed it) and run again"
+                )
+    return calibration.problem(cal)
 
 
 def calibrate(runs: list[Run], cluster: str, today: dt.date) -> Result | None:
@@ -155,7 +281,7 @@ def calibrate(runs: list[Run], cluster: str, today: dt.date) -> Result | None:
         }
         for r in runs
     ]
-    return Result(cal, rows, tuple(free))
+    return Result(cal, rows, tuple(free), refusal(rows, cal))
 
 
 def report(result: Result | None, runs: list[Run], skipped: list[str], cluster: str, written: Path | None) -> str:
@@ -183,5 +309,10 @@ def report(result: Result | None, runs: list[Run], skipped: list[str], cluster: 
         lines.append(f"  {n:<18} {state}" + ("" if n in result.fitted else ": these runs cannot move it"))
     for kind, b in cal.bands.items():
         lines.append(f"band {kind}: {b.low:+.1%}…{b.high:+.1%} (leave-one-out on {b.of})")
-    lines.append(f"{cal.label}: written to {written}; make plan CLUSTER={cluster} predicts with it")
+    if written is None:
+        lines.append(
+            f"fit not written; make plan CLUSTER={cluster} predicts with: {calibration.for_cluster(cluster).label}"
+        )
+    else:
+        lines.append(f"{cal.label}: written to {written}; make plan CLUSTER={cluster} predicts with it")
     return "\n".join(lines)

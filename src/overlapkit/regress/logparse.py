@@ -1,9 +1,10 @@
 """A Megatron Bridge (or Megatron-LM) training log → per-iteration records, a summary, the events that decide a run's
 fate and what the log says of its launch (make bless compares that with plan.json). The lines read, and the rules for
-torn, cut, repeated and NaN lines, are in docs/nightly.md ("Log parser"). Memory: the log is read a line at a time and
-only the iteration records are kept, each packed by `marshal` (~300 bytes, a third of a dict); `write_json` writes the
-JSON with `json.dump`, unpacking one record at a time (`make parse-log`: launch/parse_log.py). Iterations past 2**63
-are none; `launch` keeps DISTINCT_CAP values.
+torn, cut, repeated and NaN lines, are in docs/nightly.md ("Log parser"). Memory: the log's bytes are read once
+(jsonio's guarded reader, at most LOG_LIMIT), parsed a line at a time, and only the iteration records are kept, each
+packed by `marshal` (~300 bytes, a third of a dict); `write_json` writes the JSON with `json.dump`, unpacking one
+record at a time (`make parse-log`: launch/parse_log.py). Iterations past 2**63 are none; `launch` keeps DISTINCT_CAP
+values.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ LINE_LIMIT = 8 << 20  # characters; a real log line is < 1 kB, so only a newline
 DISTINCT_CAP = 32  # launch values kept per kind: one is normal, two already means a mixed log
 _MAX_ITER = 2**63  # Megatron counts iterations in int64
 
-_ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
-_MEM = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \((GB|MB)\)(.*)$")
+# Counts are at most 19 digits (int64): a longer run of digits matches nothing, so int() never meets Python's
+# digit limit (a 5000-digit "iteration" is no iteration, not a traceback).
+_INT = r"\d{1,19}"
+_ITER = re.compile(rf"iteration\s+({_INT})\s*/\s*({_INT})\s*\|")
+_MEM = re.compile(rf"\[Rank ({_INT})\] \(after ({_INT}) iterations\) memory \((GB|MB)\)(.*)$")
 _NUM = r"[-+]?(?:nan|inf|infinity|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
 _FIELD = re.compile(rf"^\s*([A-Za-z][A-Za-z0-9 /()\-_.]*?):\s*({_NUM})\s*$", re.IGNORECASE)
 FIELDS = {  # Bridge/Megatron label -> our key
@@ -53,9 +57,9 @@ EVENTS = {
 _EVENT_HINTS = ("memory", "watchdog", "node fail", "node_fail", "preempt", "time limit")
 # Where the launch is stated (docs/nightly.md). A usage message names `--recipe RECIPE` too: not a launch.
 _LAUNCH = re.compile(
-    r"preflight: (?:OK|FAILED) \(\d+/(?P<preflight>\d+) ranks\)"
-    r"|using world size: (?P<megatron>\d+)"
-    r"|initialized HyperCommGrid with tp=(?P<tp>\d+), pp=(?P<pp>\d+), cp=(?P<cp>\d+), dp=(?P<dp>\d+)"
+    rf"preflight: (?:OK|FAILED) \({_INT}/(?P<preflight>{_INT}) ranks\)"
+    rf"|using world size: (?P<megatron>{_INT})"
+    rf"|initialized HyperCommGrid with tp=(?P<tp>{_INT}), pp=(?P<pp>{_INT}), cp=(?P<cp>{_INT}), dp=(?P<dp>{_INT})"
     r"|launch\.entry\b.*?--recipe[= ](?P<recipe>[\w.\-]+)"
     r"|/experiments/(?P<experiment>[\w.\-]+)/(?P=experiment)_\d+/"
 )

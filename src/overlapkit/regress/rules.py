@@ -284,12 +284,7 @@ def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> lis
     v = classify(parsed, "COMPLETED", None)
     if v.status == "hard_failure":
         out.append(f"refusing a run with a hard failure: {v.reasons[0]}; bless a clean run")
-    lay = plan.get("layout") or {}
-    # Bridge prints the global batch size on every iteration line, so a log without it is not Bridge's; the world
-    # size and the recipe are checked wherever something states them (module doc of logparse: where).
-    out += _disagreement("global batch size", stated.get("global_batch_sizes"), lay.get("gbs"), required=True)
-    out += _disagreement("world size", stated.get("world_sizes"), lay.get("gpus"))
-    out += _disagreement("recipe", stated.get("recipes"), plan.get("recipe"))
+    out += launch_disagreements(plan, stated)
     if meta.get("recipe") not in (None, plan.get("recipe")):
         out.append(
             f"nightly.json's recipe {meta['recipe']} != plan.json's {plan.get('recipe')}: the run directory "
@@ -303,16 +298,28 @@ def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> lis
     return out
 
 
-def _disagreement(what: str, stated: list | None, planned, required: bool = False) -> list[str]:
+def launch_disagreements(plan: dict, stated: dict, verb: str = "bless") -> list[str]:
+    """Where the log's launch facts (logparse's `launch`: what the log says of its launch) disagree with plan.json,
+    one reason each, its fix said with `verb` ("bless", "fit"): the one home of the rule that a log is the plan's own
+    run (make bless refuses such a run, make calibrate skips it). Bridge prints the global batch size on every
+    iteration line, so a log without it is not Bridge's; the world size and the recipe are checked wherever something
+    states them (module doc of logparse: where)."""
+    lay = plan.get("layout") or {}
+    out = _disagreement("global batch size", stated.get("global_batch_sizes"), lay.get("gbs"), verb, required=True)
+    out += _disagreement("world size", stated.get("world_sizes"), lay.get("gpus"), verb)
+    return out + _disagreement("recipe", stated.get("recipes"), plan.get("recipe"), verb)
+
+
+def _disagreement(what: str, stated: list | None, planned, verb: str, required: bool = False) -> list[str]:
     """The log's values of `what` against the plan's one (a log mixing two runs states two)."""
     if not stated:
-        return [f"the log states no {what}: bless a run whose log is Bridge's own"] if required else []
+        return [f"the log states no {what}: {verb} a run whose log is Bridge's own"] if required else []
     if planned is None:
-        return [f"plan.json has no {what} to compare with the log's: bless a run planned by this version"]
+        return [f"plan.json has no {what} to compare with the log's: {verb} a run planned by this version"]
     if any(v != planned for v in stated):
         return [
             f"the log's {what} {', '.join(map(str, stated))} != the plan's {planned}: the log is not this "
-            "plan's run; bless the run directory the log came from"
+            f"plan's run; {verb} the run directory the log came from"
         ]
     return []
 

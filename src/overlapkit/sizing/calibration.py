@@ -193,14 +193,84 @@ PUBLISHED = Calibration()
 # directories); OVERLAPKIT_CALIBRATION_DIR elsewhere (a test's own directory).
 DIR_VAR = "OVERLAPKIT_CALIBRATION_DIR"
 FIX = "run make calibrate CLUSTER=<name> again, or delete the file to predict with the published constants"
+# The largest leave-one-out error (predicted/measured − 1, either way) a calibration may have on any of its runs, and
+# so the widest band it may hold: the published fit's worst is 12% (BANDS); a run the fitted model misses by half its
+# step is one the model cannot explain (another job's log, a broken node), and a band that wide predicts nothing.
+MAX_ERROR = 0.5
+
+
+# The constants whose larger value makes a step slower (times per layer and per token); the others are rates. At the
+# BOUNDS corners they give the fastest and the slowest step any physical calibration can predict for a plan.
+SLOWER = ("layer_overhead_s", "layer_token_s", "moe_token_s")
+FASTEST = Constants(**{n: BOUNDS[n][0] if n in SLOWER else BOUNDS[n][1] for n in NAMES})
+SLOWEST = Constants(**{n: BOUNDS[n][1] if n in SLOWER else BOUNDS[n][0] for n in NAMES})
+
+
+def beyond_physics(step_s: Callable[[Constants], float], measured_s: float) -> str | None:
+    """Why a measured step time cannot be fitted (one phrase), or None: no constants within BOUNDS bring the plan's
+    predicted step (`step_s(constants)`) within MAX_ERROR of it, so no fit can explain it (a log of another job, or a
+    clock that is not one)."""
+    fast, slow = step_s(FASTEST), step_s(SLOWEST)
+    if math.isfinite(measured_s) and fast * (1 - MAX_ERROR) <= measured_s <= slow * (1 + MAX_ERROR):
+        return None
+    return (
+        f"its log's step time {measured_s:.4g} s is outside {fast:.3g}–{slow:.3g} s, what its plan takes at any "
+        f"physical value of the constants (BOUNDS, ±{MAX_ERROR:.0%}): not a step of this plan"
+    )
+
+
+def folder(root: Path | None = None) -> Path:
+    return Path(root or os.environ.get(DIR_VAR) or stack.runs_root() / "calibration")
 
 
 def path_of(cluster: str, root: Path | None = None) -> Path:
-    return (root or Path(os.environ.get(DIR_VAR) or stack.runs_root() / "calibration")) / f"{cluster}.json"
+    """runs/calibration/<cluster>.json; BadInput for a name that would put it anywhere else (a `/`, `../`, an
+    absolute path): what is read or written here is only ever a file directly in that folder."""
+    where = folder(root)
+    path = where / f"{cluster}.json"
+    if path.parent != where or "\0" in cluster or not cluster.isprintable():
+        raise BadInput(
+            f"cluster name {cluster!r} is not a plain name: its calibration would be {path}, outside {where}; "
+            "name the profile with letters, digits, _ . - only"
+        )
+    return path
+
+
+def _number(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} is {value!r}, not a number")
+    return float(value)
+
+
+def _band(kind_: str, b) -> Band:
+    if not isinstance(b, dict):
+        raise ValueError(f"bands.{kind_} is {b!r}, not an object")
+    runs = b.get("runs")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2 or not isinstance(b.get("of"), str):
+        raise ValueError(f"bands.{kind_} has runs={runs!r}, of={b.get('of')!r}: not a count ≥ 2 and a description")
+    low, high = (_number(b.get(k), f"bands.{kind_}.{k}") for k in ("low", "high"))
+    return Band(low, high, runs, b["of"])
+
+
+def problem(cal: Calibration) -> str | None:
+    """What makes `cal` unusable (one phrase), or None: a constant outside its physical range (BOUNDS), a band that
+    is not a finite low ≤ high within ±MAX_ERROR. The one rule make calibrate writes by and make plan reads by."""
+    for n in NAMES:
+        lo, hi = BOUNDS[n]
+        value = getattr(cal.constants, n)
+        if not (math.isfinite(value) and lo <= value <= hi):
+            return f"{n}={value} is outside its physical range [{lo}, {hi}]"
+    for k, b in cal.bands.items():
+        if not (math.isfinite(b.low) and math.isfinite(b.high) and -MAX_ERROR <= b.low <= b.high <= MAX_ERROR):
+            return f"band {k} {b.low:+.1%}…{b.high:+.1%} is not a spread within ±{MAX_ERROR:.0%} (low ≤ high)"
+    if bad := [n for n in cal.kept if n not in NAMES]:
+        return f"kept names {', '.join(map(repr, bad))}, not constants of the model"
+    return None
 
 
 def for_cluster(cluster: str | None, root: Path | None = None) -> Calibration:
-    """The calibration make calibrate wrote for `cluster`, or the published one where it wrote none."""
+    """The calibration make calibrate wrote for `cluster`, or the published one where it wrote none; BadInput (one
+    line naming the file and the fix) for a file that is not a usable calibration (problem)."""
     if not cluster:
         return PUBLISHED
     path = path_of(cluster, root)
@@ -209,17 +279,28 @@ def for_cluster(cluster: str | None, root: Path | None = None) -> Calibration:
     if data is None:
         return PUBLISHED
     try:
-        constants = FITTED.replace(**{n: float(data["constants"][n]) for n in NAMES})
-        bands = {
-            k: Band(float(b["low"]), float(b["high"]), int(b["runs"]), str(b["of"])) for k, b in data["bands"].items()
-        }
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BadInput(f"{path}: {type(exc).__name__} {exc}; it should be {role}: {FIX}") from None
-    for n in NAMES:
-        lo, hi = BOUNDS[n]
-        if not lo <= getattr(constants, n) <= hi:
-            raise BadInput(f"{path}: {n}={getattr(constants, n)} is outside [{lo}, {hi}]: {FIX}")
-    return Calibration(constants, str(data["label"]), bands, tuple(data.get("kept", ())))
+        if not isinstance(data["constants"], dict) or not isinstance(data["bands"], dict):
+            raise ValueError("constants and bands are not objects")
+        constants = FITTED.replace(**{n: _number(data["constants"].get(n), f"constants.{n}") for n in NAMES})
+        bands = {str(k): _band(k, b) for k, b in data["bands"].items()}
+        kept = data.get("kept", [])
+        if not isinstance(kept, list) or not all(isinstance(n, str) for n in kept):
+            raise ValueError(f"kept is {kept!r}, not a list of names")
+        if data.get("cluster", cluster) != cluster:
+            raise ValueError(f"it is cluster {data['cluster']!r}'s")
+        if not label_text(data["label"]):
+            raise ValueError(f"label is {str(data['label'])[:40]!r}, not one line of text")
+    except ValueError as exc:
+        raise BadInput(f"{path}: {exc}; it should be {role}: {FIX}") from None
+    cal = Calibration(constants, data["label"], bands, tuple(kept))
+    if why := problem(cal):
+        raise BadInput(f"{path}: {why}; it should be {role}: {FIX}")
+    return cal
+
+
+def label_text(value) -> str:
+    """A label as printed: text of one line, no control characters ("" for anything else)."""
+    return value if isinstance(value, str) and value.isprintable() and len(value) <= 200 else ""
 
 
 def label(cluster: str, runs: int, when: dt.date) -> str:
@@ -227,7 +308,12 @@ def label(cluster: str, runs: int, when: dt.date) -> str:
 
 
 def save(cluster: str, cal: Calibration, runs: list[dict], root: Path | None = None) -> Path:
-    """Write `cal` as `cluster`'s calibration (with the runs it was fitted on) under runs/calibration/."""
+    """Write `cal` as `cluster`'s calibration (with the runs it was fitted on) under runs/calibration/, after the
+    same checks make plan reads it by (problem: an unusable fit is refused, the file there kept); BadInput naming the
+    folder when it cannot be written."""
+    path = path_of(cluster, root)
+    if why := problem(cal):
+        raise BadInput(f"fit refused, {path} left as it was: {why}; check the runs it was fitted on (make calibrate)")
     data = {
         "cluster": cluster,
         "label": cal.label,
@@ -236,6 +322,8 @@ def save(cluster: str, cal: Calibration, runs: list[dict], root: Path | None = N
         "bands": {k: b.to_dict() for k, b in cal.bands.items()},
         "runs": runs,
     }
-    path = path_of(cluster, root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return jsonio.write_json(path, data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return jsonio.write_json(path, data)
+    except OSError as exc:
+        raise BadInput(f"{path} cannot be written ({exc.strerror or exc}): make {path.parent} writable") from None
