@@ -13,27 +13,6 @@ import pytest
 PLAN_FIXTURE = Path(__file__).parent / "regress" / "fixtures" / "preflight_submit_run" / "plan.json"
 
 
-@contextlib.contextmanager
-def _deadline(seconds: float):
-    def expired(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-@pytest.fixture
-def deadline():
-    """`with deadline(s):` a TimeoutError in the test's thread after s seconds: a read that would block (a FIFO planted
-    where a file is read) fails the test instead of hanging the suite."""
-    return _deadline
-
-
 @pytest.fixture
 def write_plan():
     """`write_plan(run_dir, **run)`: the fixture plan.json in `run_dir`, its `run` key updated with `run`; returns
@@ -76,16 +55,16 @@ def within():
     blocks on a planted FIFO would do. SIGALRM interrupts a blocking open or read."""
 
     @contextlib.contextmanager
-    def guard(seconds: int):
+    def guard(seconds: float):
         def late(*_):
             raise TimeoutError(f"still running after {seconds} s: a planted file hung the reader")
 
         old = signal.signal(signal.SIGALRM, late)
-        signal.alarm(seconds)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
             yield
         finally:
-            signal.alarm(0)
+            signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
 
     return guard

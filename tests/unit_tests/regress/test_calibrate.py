@@ -249,23 +249,23 @@ HOSTILE = {  # sweep case (and variants): how the run directory is spoiled, what
 
 
 @pytest.mark.parametrize("case", HOSTILE)
-def test_a_bad_run_directory_is_skipped_with_its_reason(runs_root, tmp_path, case, deadline):
+def test_a_bad_run_directory_is_skipped_with_its_reason(runs_root, tmp_path, case, within):
     spoil, says = HOSTILE[case]
     bad = copy_run(runs_root, tmp_path)
     assert isinstance(calibrate.read_run(bad, "local"), calibrate.Run)  # good until spoiled
     spoil(bad)
-    with deadline(10):
+    with within(10):
         why = calibrate.read_run(bad, "local")
     assert isinstance(why, str) and says in why and "\n" not in why, why
     assert "Traceback" not in why
 
 
-def test_bad_run_directories_never_abort_the_others(runs_root, tmp_path, deadline):
+def test_bad_run_directories_never_abort_the_others(runs_root, tmp_path, within):
     """Every hostile run at once beside the six good ones: make calibrate fits the six and names each bad one."""
     bad = tmp_path / "bad"
     for i, (spoil, _) in enumerate(HOSTILE.values()):
         spoil(copy_run(runs_root, bad, f"r{i:02}"))
-    with deadline(60):
+    with within(60):
         runs, skipped = calibrate.find_runs([runs_root, bad], "local")
     assert len(runs) == len(RUNS)
     for i, (_, says) in enumerate(HOSTILE.values()):
@@ -283,7 +283,7 @@ def test_an_iteration_number_past_int64_is_no_iteration_and_the_run_counts(runs_
     assert got.measured_s == calibrate.read_run(runs_root / RUN0, "local").measured_s
 
 
-def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, tmp_path, deadline):
+def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, tmp_path, within):
     """Issue 40: nemo_run's experiment directory (its _CONFIG) holds the packaged code, whose test fixture has a
     plan.json: never searched, nor links, hidden folders, or anything deeper than a run directory is written."""
     root = tmp_path / "runs"
@@ -296,15 +296,15 @@ def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, 
     shutil.copytree(fixture, root / "nemo_run" / "experiments" / "t" / "t_2" / "train" / "code" / "fixture")
     shutil.copytree(fixture, root / ".hidden" / "x")
     (root / "link").symlink_to(runs_root)
-    with deadline(30):
+    with within(30):
         runs, skipped = calibrate.find_runs([root], "local")
     assert [r.run_dir.name for r in runs] == ["real"] and skipped == []
 
 
-def test_runs_at_the_filesystem_root_are_searched_in_seconds_and_unreadable_folders_said(tmp_path, deadline):
+def test_runs_at_the_filesystem_root_are_searched_in_seconds_and_unreadable_folders_said(tmp_path, within):
     """C013: RUNS=/ walks a bounded depth, and a folder it cannot list (/proc/1/map_files, even for root) is one
     line of the report, not a PermissionError."""
-    with deadline(30):
+    with within(30):
         found, unreadable = calibrate.run_dirs(Path("/"))
     assert all(len(d.parts) <= calibrate.MAX_DEPTH + 1 for d in found)
     if os.path.isdir("/proc/1/map_files") and not os.access("/proc/1/map_files", os.R_OK | os.X_OK):
@@ -374,7 +374,7 @@ def test_runs_as_one_directory_with_a_space_or_a_list(runs_root, tmp_path):
         cmd.check(args)
 
 
-def test_make_plan_refuses_a_broken_calibration_with_the_fix(tmp_path, capsys, monkeypatch, deadline):
+def test_make_plan_refuses_a_broken_calibration_with_the_fix(tmp_path, capsys, monkeypatch, within):
     """C009/C021/C018 as make plan meets them: the plan is refused (exit 2, one line naming the file and the fix),
     never printed with an absurd band, never hung."""
     from launch import commands
@@ -389,7 +389,7 @@ def test_make_plan_refuses_a_broken_calibration_with_the_fix(tmp_path, capsys, m
         if spoil:
             spoil(tmp_path / "local.json")
         capsys.readouterr()
-        with deadline(120):
+        with within(120):
             code = commands.call("plan", [R8 + "bf16", "--cluster", "local", "--runs", str(tmp_path / "runs")])
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and "local.json" in err and calibration.FIX in err, err
