@@ -23,6 +23,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
+from overlapkit.names import checked_name, inside
 
 
 @dataclass(frozen=True)
@@ -225,15 +226,10 @@ def folder(root: Path | None = None) -> Path:
 
 def path_of(cluster: str, root: Path | None = None) -> Path:
     """runs/calibration/<cluster>.json; BadInput for a name that would put it anywhere else (a `/`, `../`, an
-    absolute path): what is read or written here is only ever a file directly in that folder."""
-    where = folder(root)
-    path = where / f"{cluster}.json"
-    if path.parent != where or "\0" in cluster or not cluster.isprintable():
-        raise BadInput(
-            f"cluster name {cluster!r} is not a plain name: its calibration would be {path}, outside {where}; "
-            "name the profile with letters, digits, _ . - only"
-        )
-    return path
+    absolute path, a link planted there): what is read or written here is only ever a file directly in that folder
+    (the one rule for names: overlapkit.names)."""
+    fix = "name the profile with letters, digits, _ . - only: its calibration is a file in runs/calibration"
+    return inside(folder(root), checked_name(cluster, "cluster name", fix) + ".json")
 
 
 def _number(value, what: str) -> float:
