@@ -322,12 +322,13 @@ def fork_34b_why(o: Outputs) -> str:
     """Why the search picks the 34B's layout, in the search's own words (each candidate's `loses`) and figures."""
     from launch import new_recipe
     from overlapkit.fork import layout_search, scaffold
-    from overlapkit.plan import registry
 
-    req = new_recipe.request(new_recipe.parse(FORK_34B))
-    with stack.silenced():
-        shape = scaffold._base_shape(registry.get(R70).build(), req, "bf16")
-    cands = layout_search.search(shape, 32, gbs=256, top=10**6)  # every layout that fits, ranked, each with `loses`
+    args = new_recipe.parse(FORK_34B)
+    new_recipe.check(args)  # as make new-recipe checks it: GPU= read, the request made
+    req = args.request
+    recipe, gbs, _ = scaffold.from_recipe(req, "bf16")  # the fork's own config at each layout, as the search ranks it
+    shape = recipe.shape
+    cands = layout_search.search(recipe, 32, gbs=gbs, top=10**6)  # every layout that fits, ranked, with `loses`
     chosen, best = cands[0], max(cands, key=lambda c: c.tflops)
     lead = max((c for c in cands if not layout_search.tight(c) and c.dp > 1), key=lambda c: c.tflops)
     old = next((c for c in cands if (c.tp, c.pp, c.cp, c.mbs) == (4, 1, 2, 1)), None)
