@@ -35,23 +35,20 @@ IDLE_S = 900
 IMPORT_ENV = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "CUDA", "NVTE_", "MEGATRON")
 IMPORT_ENV += ("NEMO", "WANDB", "PYTHON", "OMP_", "MKL_", "LD_", "LC_", "LANG", "TRITON", "XDG_CACHE")
 DATA_VARS = "OVERLAPKIT_DATA_VARS"  # the Makefile's DATA_VARS, exported: every one is handed over as an argument
-# How long a client waits for a server to take its command (connect, send, "accepted"): a server that is stopped,
-# hung or swamped past this is passed by, and the command runs in the client, which is safe, since a server that never
-# said "accepted" never runs it (the worker waits for the client's go first). A served command's own run is the
-# command's time, not a wait on the server.
+# A client's longest wait for a server to take its command (connect, send, "accepted"); past it the client runs the
+# command itself, safely: a worker runs one only on its client's go, after "accepted". The command's own run: its time.
 ACCEPT_S = 5.0
 START_S = 600  # a new server's Bridge import: 30 s idle, up to 190 s on a shared machine; past this it is passed by
 
 
 def wanted(args, environ=os.environ) -> bool:
-    """OVERLAPKIT_PLAN_SERVER on/off decides (launch.args.switch's words; anything else is BadInput), else the
-    cluster profile's `plan_server`; never inside a Slurm job."""
+    """OVERLAPKIT_PLAN_SERVER on/off decides (launch.args.switch's words, else BadInput), else the profile's."""
     typed = environ.get(SWITCH, "")
     try:
         on = switch(typed) if typed.strip() else None
     except ArgumentTypeError as exc:
         raise BadInput(f"{SWITCH}={typed!r}: {exc}; unset, it is the cluster profile's plan_server") from None
-    if "SLURM_JOB_ID" in environ:  # a job: nothing outlives it
+    if "SLURM_JOB_ID" in environ:  # never inside a Slurm job: nothing outlives it
         return False
     if on is not None:
         return on
@@ -62,8 +59,7 @@ def wanted(args, environ=os.environ) -> bool:
 
 
 def idle_seconds(environ=os.environ) -> float:
-    """OVERLAPKIT_PLAN_SERVER_IDLE: seconds (a plain decimal number > 0) without a command before a server exits;
-    BadInput for anything else (nan would never idle out, abc would crash each server after its import)."""
+    """OVERLAPKIT_PLAN_SERVER_IDLE: seconds (a plain number > 0), else BadInput (nan never idles out, abc crashed)."""
     typed = environ.get(IDLE_VAR, "")
     if not typed.strip():
         return float(IDLE_S)
@@ -199,8 +195,7 @@ def ask(sock: Path, request: dict, wait: float | None = None) -> dict | None:
 
 
 def connect(conn: socket.socket, sock: Path, deadline: float) -> None:
-    """conn.connect(sock), tried again while the server's listen backlog is full (a Unix socket with a timeout says
-    so at once, EAGAIN) until `deadline`: TimeoutError then."""
+    """conn.connect(sock), again while its backlog is full (EAGAIN at once, with a timeout) until `deadline`."""
     while True:
         try:
             return conn.connect(str(sock))
