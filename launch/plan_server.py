@@ -111,7 +111,7 @@ def digest(value) -> str:
 
 
 def differs(client, server: dict) -> str:
-    """What differs between a client's stamp and the server's, in words (the variables by name), or ""."""
+    """What differs between a client's stamp and the server's (the variables by name), or ""."""
     if not isinstance(client, dict) or set(client) != set(server):
         return "the client's stack differs (another version of this checkout's client)"
     parts = [k for k in server if k != "env" and client[k] != server[k]]
@@ -206,8 +206,7 @@ def connect(conn: socket.socket, sock: Path, deadline: float) -> None:
 
 
 def started(sock: Path, lock: Path, log: Path) -> bool:
-    """Start a server, its output to `log`: True once it, or one already holding the lock, listens; else False (it
-    exited, or did not listen within START_S). It is no descendant of make's to watch: it outlives the command."""
+    """Start a server (not watching make: it outlives it), its output to `log`: True once one listens, in START_S."""
     env = {k: v for k, v in os.environ.items() if k != makewatch.MAKE_PID}
     with os.fdopen(jsonio.open_lock(log, append=True), "ab") as out:  # never through a link planted at its name
         argv = [sys.executable, "-m", "launch", "plan-server"]
