@@ -71,10 +71,22 @@ PYTEST_ARGS ?=
 DATA_VARS := RECIPE NODES SET FORMAT CLUSTER GPU DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
   FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS TORCH_PROFILE TORCH_PROFILE_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
   RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG RUNS
+# A command-line variable that is neither data nor the plumbing below (UV, PY) would be ignored: a typo (RECIPIE=)
+# would plan the default recipe. launch/makevars.py answers (it knows make's own variables and our environment
+# ones), naming the nearest; an environment variable is never checked. Read before the line below marks DATA_VARS.
+MAKE_OWN := UV PY
+UNKNOWN_VARS := $(filter-out $(DATA_VARS) $(MAKE_OWN),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
 $(foreach v,$(DATA_VARS),$(eval override $(v) := $$(value $(v))))
 export $(DATA_VARS)
+export OVERLAPKIT_DATA_VARS := $(DATA_VARS)
 UV      ?= tools/uv.sh
 PY      := $(UV) run --frozen --quiet python
+ifneq ($(strip $(UNKNOWN_VARS)),)
+VARS_ANSWER := $(shell $(PY) -m launch make-vars --known='$(DATA_VARS) $(MAKE_OWN)' --given='$(subst ','\'',$(UNKNOWN_VARS))')
+ifneq ($(VARS_ANSWER),ok)
+$(error $(or $(VARS_ANSWER),unknown variables $(UNKNOWN_VARS): not variables of this Makefile))
+endif
+endif
 # make's own pid: if make dies (even by kill -9), its Python child is not told; it watches this pid and stops
 # (a submission in progress is marked failed, never left half-done). See overlapkit/cluster/submit.py.
 export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)

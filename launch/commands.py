@@ -22,6 +22,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from overlapkit import makewatch
 from overlapkit.errors import AuditFailed, BadInput, ClusterFailure, one_line
 from overlapkit.makewatch import Interrupted
 
@@ -55,6 +56,7 @@ COMMANDS = {
     "nightly-unschedule": Command("launch.nightly", ("unschedule",)),
     "plan-server": Command("launch.plan_server", ("serve",)),  # what a client starts
     "plan-server-stop": Command("launch.plan_server", ("stop",)),
+    "make-vars": Command("launch.makevars"),  # what the Makefile asks of a command-line variable it lacks
 }
 
 
@@ -97,19 +99,21 @@ def call(name: str, argv=()) -> int:
 
 
 def main(argv=None) -> int:
-    """`python -m launch <name> <args>`: what every Makefile target runs."""
+    """`python -m launch <name> <args>`: what every Makefile target runs. Every command watches make from its first
+    step (overlapkit/makewatch.py: make killed, even by kill -9, stops it, whatever the command) and stops on a signal
+    by its module's `handlers`, else by makewatch's one way (Interrupted: it unwinds, writes nothing more)."""
     name, *rest = sys.argv[1:] if argv is None else argv or [""]
+    makewatch.watch_make()  # a plan server started from here does not inherit make's pid (plan_server.started)
     try:
         module, args, bridge = prepare(name, rest)
+        if bridge:
+            from launch import plan_server
+
+            if (code := plan_server.forward(name, args)) is not None:
+                return code
     except BadInput as exc:
         return say(exc, 2)
-    if bridge:
-        from launch import plan_server
-
-        if (code := plan_server.forward(name, args)) is not None:
-            return code
-    if handlers := getattr(module, "handlers", None):
-        handlers()
+    (getattr(module, "handlers", None) or makewatch.on_signals)()
     code = execute(module, args)
     if code > 128:  # stopped by a signal, its work undone: no interpreter teardown of torch (seconds, an orphan)
         for stream in (sys.stdout, sys.stderr):

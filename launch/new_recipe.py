@@ -60,11 +60,14 @@ def request(args):
 
 
 def check(args) -> bool:
-    """GPU=, NAME and FROM before the Bridge import (a minute here); the shape and layout need the FROM recipe built."""
+    """GPU=, CLUSTER=, NAME and FROM before the Bridge import (a minute here); the shape and layout need the FROM
+    recipe built."""
+    from overlapkit.cluster.profiles import load_profile
     from overlapkit.fork.scaffold import check_request
     from overlapkit.sizing.hardware import parse_gpu
 
     args.gpu = parse_gpu(args.gpu)
+    load_profile(args.cluster)  # CLUSTER= names a profile (its calibration ranks the layouts): a typo is refused
     args.request = request(args)
     check_request(args.request)
     return True

@@ -77,12 +77,13 @@ def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
 def check(args) -> bool:
     """NODES, the recipe's name, SET, GPU, the run options and CLUSTER's profile, before the Bridge import; every plan
     needs Bridge."""
-    req = request_of(args, listing=args.list)  # parsed once: the value run() plans
-    if not args.list:  # CLUSTER's profile: its job_dir holds RUN_NAME's checkpoints, its limit sets the guards
-        from overlapkit.cluster.profiles import load_profile
+    from overlapkit.cluster.profiles import load_profile
 
+    req = request_of(args, listing=args.list)  # parsed once: the value run() plans
+    profile = load_profile(args.cluster)  # make recipes too: CLUSTER= names whose calibration predicts; a typo refused
+    if not args.list:  # CLUSTER's profile: its job_dir holds RUN_NAME's checkpoints, its limit sets the guards
         # resolved here, so plan/ only reads it; bound by plan_for (with the recipe's time limit), not laid out for it
-        req = dataclasses.replace(req, cluster=load_profile(args.cluster).resolved())
+        req = dataclasses.replace(req, cluster=profile.resolved())
     args.request = req
     return True
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from launch import commands
-from launch.plan_server import ROOT, peer_uid, stamp
+from launch.plan_server import ROOT, differs, idle_seconds, peer_uid, stamp
 from overlapkit import jsonio, stack
 
 
@@ -28,23 +28,32 @@ def mtime(path: str) -> int | None:
         return os.stat(path).st_mtime_ns
 
 
-class Server(socketserver.ForkingUnixStreamServer):
-    timeout = 30  # handle_request() returns after this long idle: handle_timeout() checks idleness and staleness
+def preload() -> dict[str, int | None]:
+    """Bridge, and what launch/ and recipes/ import (lazy imports too; not themselves), imported: the loaded files
+    with their mtimes (a change makes the server stale)."""
+    stack.import_bridge()
+    files = [*ROOT.glob("launch/*.py"), *ROOT.glob("recipes/*.py")]
+    nodes = [node for path in files for node in ast.walk(ast.parse(path.read_bytes()))]
+    names = {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    names |= {alias.name for n in nodes if isinstance(n, ast.Import) for alias in n.names}
+    with stack.silenced():
+        for name in sorted(n for n in names if n.split(".")[0] not in ("recipes", "launch")):
+            with contextlib.suppress(Exception):  # a module that imports only in context: the worker's then
+                importlib.import_module(name)
+    return {f: mtime(f) for m in list(sys.modules.values()) if (f := getattr(m, "__file__", None))}
 
-    def __init__(self, sock: Path, lock_fd: int):
+
+class Server(socketserver.ForkingUnixStreamServer):
+    # handle_request() returns after this long without a request: handle_timeout() reaps the workers that ended (a
+    # zombie lasts at most this long), and checks idleness, and staleness every STALE_S
+    timeout = 0.5
+    STALE_S = 30  # a stat of every loaded file (thousands): not twice a second
+
+    def __init__(self, sock: Path, lock_fd: int, idle: float, load=preload):
         self.pid, self.lock_fd, self.stamp0 = os.getpid(), lock_fd, stamp(os.environ)  # before Bridge sets any
-        stack.import_bridge()  # preloaded: Bridge, what launch/ and recipes/ import (lazy imports too; not themselves)
-        files = [*ROOT.glob("launch/*.py"), *ROOT.glob("recipes/*.py")]
-        nodes = [node for path in files for node in ast.walk(ast.parse(path.read_bytes()))]
-        names = {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module and not n.level}
-        names |= {alias.name for n in nodes if isinstance(n, ast.Import) for alias in n.names}
-        with stack.silenced():
-            for name in sorted(n for n in names if n.split(".")[0] not in ("recipes", "launch")):
-                with contextlib.suppress(Exception):  # a module that imports only in context: the worker's then
-                    importlib.import_module(name)
-        self.files = {f: mtime(f) for m in list(sys.modules.values()) if (f := getattr(m, "__file__", None))}
-        self.last, self.done = time.monotonic(), ""
-        self.idle = float(os.environ.get("OVERLAPKIT_PLAN_SERVER_IDLE") or 900)  # seconds without a command
+        self.files, self.idle = load(), idle
+        self.last = self.checked = time.monotonic()
+        self.done = ""
         sock.unlink(missing_ok=True)  # a dead server's: we hold the lock
         super().__init__(str(sock), Worker)
 
@@ -56,16 +65,30 @@ class Server(socketserver.ForkingUnixStreamServer):
         self.last = time.monotonic()
         return peer_uid(request) == os.getuid()
 
+    def process_request(self, request, client_address) -> None:
+        self.collect_children()  # reap the workers that ended; at max_children, wait for one before forking another
+        super().process_request(request, client_address)
+
     def handle_timeout(self) -> None:
         super().handle_timeout()  # reaps finished workers
+        now = time.monotonic()
         if self.active_children:  # a command in flight: not idle
-            self.last = time.monotonic()
-        idle = time.monotonic() - self.last > self.idle
-        self.done = f"idle for {self.idle:.0f} s" if idle else self.stale()
+            self.last = now
+        if now - self.last > self.idle:
+            self.done = f"idle for {self.idle:g} s"
+        elif now - self.checked >= self.STALE_S:
+            self.checked, self.done = now, self.stale()
+
+
+GO_S = 60  # how long a worker waits for its client's go after "accepted" (the client sends it at once)
 
 
 class Worker(socketserver.StreamRequestHandler):
-    """One request, in the forked child: become the client, say "accepted", run the command, send its status."""
+    """One request, in the forked child: become the client, say "accepted", hear go, run the command, send its
+    status. Until go, each read waits at most GO_S (socketserver sets `timeout` on the connection): a client stopped
+    mid-request never holds a worker."""
+
+    timeout = GO_S
 
     def handle(self) -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (prctl(2)): ends with the server
@@ -74,9 +97,11 @@ class Worker(socketserver.StreamRequestHandler):
         _, fds, _, _ = socket.recv_fds(self.request, 1, 3)
         if len(fds) != 3:  # a client that only checked that the server listens (`started`)
             return
-        req = pickle.load(self.rfile)
-        why = "the client's stack differs (interpreter, sys.path, uv.lock, import-time environment or limits)"
-        if why := why if req["stamp"] != self.server.stamp0 else self.server.stale():
+        try:
+            req = pickle.load(self.rfile)
+        except (EOFError, OSError, pickle.UnpicklingError):  # the client went away (or gave up) mid-request
+            return
+        if why := differs(req["stamp"], self.server.stamp0) or self.server.stale():
             self.say(declined=why)
             return os.kill(self.server.pid, signal.SIGTERM)  # the server exits; the next command starts a fresh one
         for target, fd in enumerate(fds):  # become the client
@@ -88,8 +113,15 @@ class Worker(socketserver.StreamRequestHandler):
         os.environ.update(req["env"])
         os.umask(req["umask"])
         tempfile.tempdir = None  # computed again from the client's TMPDIR
-        threading.Thread(target=self.watch, daemon=True).start()
         self.say(accepted=os.getpid())
+        try:
+            go = self.rfile.read(2)
+        except OSError:
+            go = b""
+        if go != b"go":  # the client gave up waiting (plan_server.ask) and runs the command itself
+            os._exit(0)
+        self.request.settimeout(None)
+        threading.Thread(target=self.watch, daemon=True).start()
         module = importlib.import_module(commands.COMMANDS[req["name"]].module)
         try:
             getattr(module, "handlers", lambda: None)()
@@ -120,7 +152,7 @@ def serve(sock: Path, lock: Path) -> int:
     except BlockingIOError:
         return 0  # another server holds this checkout
     os.write(fd, f"{os.getpid():<12}".encode())  # over the last server's pid, whole (a pid has at most 7 digits)
-    t0, server = time.monotonic(), Server(sock, fd)
+    t0, server = time.monotonic(), Server(sock, fd, idle_seconds())  # the idle value checked before the import
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # make plan-server-stop, or a stale request
     print(f"{time.strftime('%F %T')} pid {os.getpid()}: ready in {time.monotonic() - t0:.1f} s", flush=True)
     with contextlib.suppress(SystemExit):  # SIGTERM: stop now (the caller skips the interpreter's teardown of torch)

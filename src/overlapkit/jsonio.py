@@ -166,11 +166,28 @@ def gunzip(path: Path, data: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
+INT64_DIGITS = 19  # len(str(2**63)): no integer within int64 has more significant digits
+
+
+def integer(text: str) -> int | None:
+    """The one reading of an integer written as text, wherever it comes from (a JSON number, a make variable such as
+    NODES= or NSYS=, a SET value, a log's iteration number): ASCII digits after an optional '-', within int64, else
+    None. Its digits are counted before int() reads them, so text of any length costs nothing and Python's
+    4300-digit limit (sys.get_int_max_str_digits) is never reached."""
+    digits = text[1:] if text[:1] == "-" else text
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    digits = digits.lstrip("0") or "0"  # leading zeros count towards Python's limit too
+    if len(digits) > INT64_DIGITS:
+        return None
+    value = int(digits)
+    value = -value if text[:1] == "-" else value
+    return value if INT64[0] <= value <= INT64[1] else None
+
+
 def strict_int(text: str) -> int:
-    """A JSON integer within int64 (checked on its digits before conversion: Python's digit limit is never reached)."""
-    digits = text.lstrip("-")
-    value = int(text) if len(digits) <= 19 else None
-    if value is None or not INT64[0] <= value <= INT64[1]:
+    """A JSON integer within int64 (`integer`); ValueError otherwise, as json's parse_int hook raises."""
+    if (value := integer(text)) is None:
         raise ValueError(f"the integer {text[:24]}{'...' if len(text) > 24 else ''} is out of range (int64)")
     return value
 

@@ -282,6 +282,7 @@ def test_with_the_server_off_none_is_asked_or_started(served, tmp_path):
 def test_an_idle_server_exits():
     server = serve.Server.__new__(serve.Server)  # its idleness rule alone: no socket, no preload
     server.active_children, server.idle, server.files, server.done = None, 60, {}, ""
+    server.checked = time.monotonic()
     server.last = time.monotonic() - 61
     server.handle_timeout()
     assert server.done == "idle for 60 s"

@@ -175,7 +175,7 @@ def parse_nodes(text: str) -> int | None:
     if not (text or "").strip():
         return None
     if (n := _whole(text)) is None:
-        raise BadInput(f"NODES={text!r}: must be a whole number ≥ 1 of 8-GPU nodes")
+        raise BadInput(f"NODES={text!r}: must be a whole number of 8-GPU nodes from 1 to {MAX_NODES}")
     if n > MAX_NODES:
         raise BadInput(f"NODES={text!r}: at most {MAX_NODES} 8-GPU nodes (NODES is a node count, not GPUs)")
     return n

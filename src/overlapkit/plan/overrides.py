@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
 from overlapkit.plan import runopts
 
@@ -109,10 +109,32 @@ def schema() -> dict[str, dict]:
     return data["keys"] if data.get("versions") == stack.versions(SCHEMA_PACKAGES) else {}
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, each decimal integer it reads (a scalar, or one inside a list or dict) bounded on its digits
+    first (jsonio.integer): 5,000 digits would reach Python's digit limit inside PyYAML's own int()."""
+
+    def construct_yaml_int(self, node):
+        text = self.construct_scalar(node).replace("_", "").lstrip("+-")
+        if not text.startswith(("0b", "0x")):  # int(text, 2 or 16) has no digit limit; number_problem bounds it
+            for part in text.split(":"):  # YAML 1.1's base 60 (1:30 is 90): each part a decimal int()
+                if jsonio.integer(part) is None:
+                    shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"{shown} is beyond the 64-bit integers Megatron stores (at most {runopts.INT64_MAX:,})",
+                        node.start_mark,
+                    )
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
+
 def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
     """`raw` (YAML scalar text) as a value of one of `kinds` (the recorded schema's, or kinds_of(current))."""
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.load(raw, Loader=_Loader) if raw != "" else ""
     except yaml.YAMLError as exc:
         raise OverrideError(f"{key}={raw!r}: not a valid value ({exc.problem})") from None
     if isinstance(value, str) and "float" in kinds and _EXPONENT.fullmatch(raw):

@@ -23,14 +23,15 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapkit import jsonio
 from overlapkit.errors import BadInput
 from overlapkit.names import checked_name
 
 MAX_SEGMENTS = 100
 # The largest integer a config field or an iteration count can hold: Megatron and torch keep them as int64 (a value
-# beyond it overflows in the first tensor or numpy array made from it). Here, standard library only, for both users:
-# the NSYS window below and every SET value (overrides.number_problem).
-INT64_MAX = 2**63 - 1
+# beyond it overflows in the first tensor or numpy array made from it): jsonio's, for the NSYS window below and every
+# SET value (overrides.number_problem).
+INT64_MAX = jsonio.INT64[1]
 # Seconds before the time limit at which Slurm sends SIGTERM: Bridge's handler saves a checkpoint at the end of the
 # current iteration and exits. Five minutes covers one step plus a distributed save of a 405B model on a parallel
 # filesystem; Bridge's own default (60 s) is too short for that.
@@ -92,10 +93,12 @@ class RunOptions:
 
 
 def whole(text: str) -> int | None:
-    """`text` as a whole number written in ASCII digits, else None (str.isdigit also takes '²', which int() refuses
-    with a traceback, and the full-width '８', which int() reads as 8: neither is something a user meant to type)."""
+    """`text` (a make variable: NODES, SEGMENTS, a profiler's window and ranks, LAYERS=...) as a whole number
+    written in ASCII digits within int64, else None: jsonio.integer's one rule, the sign refused (str.isdigit also
+    takes '²', which int() refuses with a traceback, and the full-width '８', which int() reads as 8; 5,000 digits
+    would reach Python's digit limit: none of them is something a user meant to type)."""
     t = (text or "").strip()
-    return int(t) if t.isascii() and t.isdigit() else None
+    return jsonio.integer(t) if t[:1] != "-" else None
 
 
 def parse_window(text: str, ranks: str, knob: str) -> tuple[tuple[int, int] | None, tuple[int, ...]]:
@@ -106,14 +109,18 @@ def parse_window(text: str, ranks: str, knob: str) -> tuple[tuple[int, int] | No
             raise BadInput(f"{knob}_RANKS= without {knob}=<start>:<end>: give the profiled steps too")
         return None, (0,)
     m = re.fullmatch(r"(\d+):(\d+)", t, re.ASCII)
-    if not m or int(m.group(1)) >= int(m.group(2)):
-        raise BadInput(f"{knob}={text!r}: use <start>:<end> iterations with start < end, e.g. {knob}=10:12")
-    if int(m.group(2)) > INT64_MAX:
+    start, end = (whole(m.group(1)), whole(m.group(2))) if m else (None, None)
+    if m and None in (start, end):
         raise BadInput(f"{knob}={text!r}: iterations are at most {INT64_MAX:,} (and within train.train_iters)")
+    if not m or start >= end:
+        raise BadInput(f"{knob}={text!r}: use <start>:<end> iterations with start < end, e.g. {knob}=10:12")
     parts = [whole(p) for p in (ranks or "0").split(",")]
     if None in parts:
-        raise BadInput(f"{knob}_RANKS={ranks!r}: comma-separated global ranks, e.g. {knob}_RANKS=0,8")
-    return (int(m.group(1)), int(m.group(2))), tuple(sorted(set(parts)))
+        raise BadInput(
+            f"{knob}_RANKS={ranks!r}: comma-separated global ranks (whole numbers below the run's world size), "
+            f"e.g. {knob}_RANKS=0,8"
+        )
+    return (start, end), tuple(sorted(set(parts)))
 
 
 def nsys_problem(opts: RunOptions, train_iters: int | None, world: int) -> str | None:

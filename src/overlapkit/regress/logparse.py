@@ -21,7 +21,6 @@ from overlapkit import jsonio
 WARMUP_ITERS = 10  # one-off costs (NCCL and userbuffers set-up, allocator growth, autotuning): not steady state
 LINE_LIMIT = 8 << 20  # characters; a real log line is < 1 kB, so only a newline-free binary file meets it
 DISTINCT_CAP = 32  # launch values kept per kind: one is normal, two already means a mixed log
-_MAX_ITER = 2**63  # Megatron counts iterations in int64
 
 # Counts are at most 19 digits (int64): a longer run of digits matches nothing, so int() never meets Python's
 # digit limit (a 5000-digit "iteration" is no iteration, not a traceback).
@@ -145,6 +144,11 @@ class _Records(list):
             yield _clean(marshal.loads(self.packed[k])) if self.clean else marshal.loads(self.packed[k])
 
 
+def _ints(*texts: str) -> tuple[int | None, ...]:
+    """Each number a log line states (iteration, rank, world size), as jsonio reads an integer: None past int64."""
+    return tuple(jsonio.integer(t) for t in texts)
+
+
 def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) -> dict:
     """The parse of `lines`, (line without its newline, whether a newline followed it) pairs; `lazy`: its iterations
     as _Records, else a list."""
@@ -153,8 +157,9 @@ def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) ->
     facts: dict[str, set] = {"recipes": set(), "world_sizes": set(), "global_batch_sizes": set()}
     for line, terminated in lines:
         fact = None
-        if "iteration" in line and (m := _ITER.search(line)) and int(m.group(1)) < _MAX_ITER:  # past int64: none
-            rec: dict = {"iteration": int(m.group(1)), "train_iters": int(m.group(2))}
+        # jsonio.integer: past int64 (Megatron's counters) is no iteration, and never reaches Python's digit limit
+        if "iteration" in line and (m := _ITER.search(line)) and None not in (n := _ints(m.group(1), m.group(2))):
+            rec: dict = {"iteration": n[0], "train_iters": n[1]}
             # Only `|`-terminated pieces are fields: the text after the last `|` is unterminated (cut or torn).
             for label, val in _fields(line[m.end() :].split("|")[:-1]):
                 if (key := FIELDS.get(label)) and key not in INT_FIELDS:
@@ -167,16 +172,17 @@ def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) ->
                 packed[rec["iteration"]] = marshal.dumps(rec)  # the last wins, but never a torn line over a whole one
             if "global_batch_size" in rec:
                 fact = "global_batch_sizes", rec["global_batch_size"]
-        elif "[Rank " in line and (m := _MEM.search(line)):
+        elif "[Rank " in line and (m := _MEM.search(line)) and None not in (n := _ints(m.group(1), m.group(2))):
             pieces = m.group(4).split("|")[1 : None if terminated else -1]  # a cut line's last value may miss digits
             values = {label: v / 1024.0 if m.group(3) == "MB" else v for label, v in _fields(pieces)}
-            memory.append({"rank": int(m.group(1)), "after": int(m.group(2)), "gb": values})
+            memory.append({"rank": n[0], "after": n[1], "gb": values})
         elif m := _LAUNCH.search(line):  # the launch's world size or recipe
             g = m.groupdict()
-            if g["preflight"] or g["megatron"]:
-                fact = "world_sizes", int(g["preflight"] or g["megatron"])
-            elif g["tp"]:
-                fact = "world_sizes", math.prod(int(g[k]) for k in ("tp", "pp", "cp", "dp"))
+            if g["preflight"] or g["megatron"] or g["tp"]:
+                sizes = (
+                    _ints(g["preflight"] or g["megatron"]) if not g["tp"] else _ints(g["tp"], g["pp"], g["cp"], g["dp"])
+                )
+                fact = ("world_sizes", math.prod(sizes)) if None not in sizes else None
             elif not (g["recipe"] and "usage:" in line):
                 fact = "recipes", g["recipe"] or g["experiment"]
         if fact and len(facts[fact[0]]) < DISTINCT_CAP:
