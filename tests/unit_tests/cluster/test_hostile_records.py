@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 from ckpt_fixtures import save_iteration
+from slurm_fixtures import held_job
 
 from overlapkit import jsonio, stack
 from overlapkit.cluster import chain, resume, runlock, slurm
@@ -229,25 +230,11 @@ def test_written_files_keep_the_umask(tmp_path):
 # --- make sbatch while the run is live (the real local Slurm) ------------------------------------------------------
 
 
-def _held_job() -> str:
-    """A job held in the local Slurm's queue (live until scancel): what a run that is still queued looks like."""
-    argv = [
-        "sbatch",
-        "--parsable",
-        "--hold",
-        "--partition=local",
-        "--account=root",
-        "--output=/dev/null",
-        "--wrap=true",
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
-
-
 @pytest.mark.slurm
 def test_make_sbatch_is_refused_while_its_run_name_is_live(make_here):
     name = f"hostile-{uuid.uuid4().hex[:8]}"
     ck = stack.runs_root() / "slurm" / "checkpoints" / name  # the local profile's job_dir, runs/slurm
-    held = _held_job()
+    held = held_job()
     try:
         runlock.record(ck, ck.parent / "run", [held])
         code, out, err = make_here("sbatch", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16", f"RUN_NAME={name}")
@@ -370,7 +357,7 @@ def test_a_job_of_make_sbatchs_script_records_itself_or_stops_on_the_real_slurm(
     assert code == 0 and record["job_id"] == job and record["preflight"] == {"ok": True, "ranks": [8, 8], "error": None}
     code, out, _ = make_here("logs", f"RUN={run_dir}")
     assert code == 0 and f"job {job}: recorded in {run_dir / chain.MARKER}" in out and "preflight: OK (8/8" in out
-    held = _held_job()
+    held = held_job()
     try:
         runlock.record(ck, tmp_path / "other-run", [held])
         second, state = _sbatch_and_wait(run_dir / "sbatch.sh")

@@ -13,6 +13,7 @@ import socket
 import subprocess
 
 import pytest
+from slurm_fixtures import held_job
 
 from overlapkit import stack
 from overlapkit.cluster import chain, slurm
@@ -98,24 +99,11 @@ def test_make_logs_shows_every_log_it_can_and_says_which_it_cannot(
     assert err.startswith("error: 1 of the job's 2 log file(s) not shown: ") and err.count("\n") == 1
 
 
-def _held_job() -> str:
-    argv = [
-        "sbatch",
-        "--parsable",
-        "--hold",
-        "--partition=local",
-        "--account=root",
-        "--output=/dev/null",
-        "--wrap=true",
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
-
-
 @pytest.mark.slurm
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_make_cancel_cancels_the_latest_run_past_a_planted_record(shared, make_here, write_plan, kind, within):
     cluster, runs = shared
-    job = _held_job()
+    job = held_job()
     try:
         good = _run(runs, "good-run", write_plan, job_id=job, job_ids=[job])
         (runs / "planted").mkdir()
