@@ -127,9 +127,10 @@ new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAY
 docs: ## regenerate every figure README.md and docs/ show from the code (tools/docs.py); make test fails until you do
 	@$(PY) tools/docs.py
 
-bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`; the overlap report on 8 x 200k kernels vs a plain sweep
+bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`; the overlap report on 8 x 200k kernels vs a plain sweep; a plan with and without the stack's start-up checks
 	@$(PY) bench/plan_all.py
 	@$(PY) bench/overlap_report.py
+	@$(PY) bench/startup_checks.py
 
 gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by side (CUDA; CUTS="llama3_8b", ARGS=--list on CPU)
 	@$(PY) bench/gpu_cut.py --cuts="$$CUTS" --args="$$ARGS"
