@@ -38,7 +38,7 @@ BAD = [
     ("submit", "CLUSTER=nosuch", "unknown cluster profile 'nosuch'"),
     ("submit", "PREFLIGHT=maybe", "PREFLIGHT='maybe'"),
     ("sbatch", "NODES=-1", "NODES='-1'"),
-    ("plan", "NODES=99999999999999999999", "at most 16384 8-GPU nodes"),
+    ("plan", "NODES=99999999999999999999", "8-GPU nodes from 1 to 16384"),
     ("plan", "NODES=８", "NODES='８': must be a whole number"),
     ("plan", "SET=optimizer.lr=1.0e+400", "optimizer.lr='1.0e+400': not a finite number"),
     ("plan", "SET=optimizer.lr=.nan", "optimizer.lr='.nan': not a finite number"),
@@ -122,7 +122,7 @@ def test_audit_errors_and_bad_input_differ_for_a_script():
 
 
 def test_a_plan_that_does_not_fit_the_gpu_never_ends_audit_ok(make_here):
-    code, out, err = make_here("plan", f"RECIPE={R8}", "SET=model.seq_length=1048576 dataset.sequence_length=1048576")
+    code, out, err = make_here("plan", f"RECIPE={R8}", "SET=model.seq_length=1048576 dataset.seq_length=1048576")
     assert code == 1 and "does NOT fit" in out and "audit: OK" not in out and "audit: 1 error(s)" in out
     assert err.startswith("error: [memory_does_not_fit] memory (first pipeline stage, per GPU)"), err
 

@@ -261,7 +261,7 @@ def test_every_recipe_declares_its_nodes_in_its_file():
 
 
 def test_a_plan_beyond_the_gpus_memory_is_an_audit_error_and_one_inside_the_margin_a_warning(planned):
-    over = make_plan(R8, sets="model.seq_length=1048576 dataset.sequence_length=1048576")
+    over = make_plan(R8, sets="model.seq_length=1048576 dataset.seq_length=1048576")
     assert over.memory.over_hbm and "memory_does_not_fit" in over.report.codes("error") and not over.report.ok
     assert "does NOT fit" in over.memory.summary()
     est = planned(R8).memory

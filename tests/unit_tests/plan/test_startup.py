@@ -47,6 +47,8 @@ def test_the_issues_ncclep_example_fails_with_the_ep_row_off_and_the_stacks_reas
             "transformer_config:__post_init__",
             'must be "block" or "uniform"',
         ),
+        # Bridge's validate: the model's and the dataset's sequence lengths must match (a SET of one of them).
+        (LLAMA8, "model.seq_length=16384", "config:validate", "sequence length configuration in model config"),
         # Core's OptimizerConfig: the precision-aware optimizer is Adam only (the Qwen3 recipes use it).
         (QWEN, "optimizer.optimizer=sgd", "optimizer_config:__post_init__", "only supported with adam"),
         # Core: the ncclep backend is a flex-dispatcher backend.
