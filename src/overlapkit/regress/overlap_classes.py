@@ -45,8 +45,11 @@ USERBUFFERS = re.compile(r"\bk?userbuffers_\w+")
 # csrc/hybrid_ep/backend/hybrid_ep_backend.cuh, hybrid-ep branch), both Megatron flex-dispatcher backends
 # (megatron/core/transformer/moe/fused_a2a.py, core 0.19); DeepSeek's own build, dpsk::ep::internode::dispatch<...>,
 # ::combine, ::notify_dispatch, ::cached_notify (deepseek-ai/profile-data, the DeepSeek-V3 training profile); AMD's
-# Primus-Turbo fork, primus_turbo::deep_ep:: (AMD-AGI/Primus-Turbo csrc/kernels/deep_ep/).
-DEEPEP = re.compile(r"\b(deep_ep|hybrid_ep|dpsk::ep)::")
+# Primus-Turbo fork, primus_turbo::deep_ep:: (AMD-AGI/Primus-Turbo csrc/kernels/deep_ep/); NCCL EP, the ncclep backend
+# (Core 0.19's third flex backend, through TE's transformer_engine.pytorch.ep): nccl_ep::internode_ll::dispatch<...>,
+# ::combine<...>, ::cleanLowLatencyBufferKernel (NVIDIA/nccl contrib/nccl_ep/device/low_latency.cu) and its JIT
+# kernels, extern "C": nccl_ep_jit_ht_dispatch_kernel, _combine_kernel, _scan_kernel (contrib/nccl_ep/device/jit/).
+DEEPEP = re.compile(r"\b(deep_ep|hybrid_ep|dpsk::ep|nccl_ep)::|\bnccl_ep_jit_\w+_kernel\b")
 # Names that look like communication: a kernel matching this that no rule above knows is reported (a warning with
 # its name and time), never silently taken for compute. NCCL/RCCL/NVSHMEM and the collectives' names.
 COMM_LIKE = re.compile(

@@ -145,6 +145,15 @@ REAL = {
     "void dpsk::ep::internode::notify_dispatch<8>(int const*, int*)": "deepep",
     "void dpsk::ep::internode::cached_notify<8>(int, int)": "deepep",
     "void primus_turbo::deep_ep::intranode::dispatch<8, 768>(int4*)": "deepep",
+    # NCCL EP (the ncclep backend, issue 42): NVIDIA/nccl contrib/nccl_ep/device/low_latency.cu and jit/
+    "void nccl_ep::internode_ll::dispatch<false, false, 7168, (ncclEpLayout_t)0, true>(void const*, long const*)": (
+        "deepep"
+    ),
+    "void nccl_ep::internode_ll::combine<false, 7168, (ncclEpLayout_t)0, true>(void const*, int const*)": "deepep",
+    "void nccl_ep::internode_ll::cleanLowLatencyBufferKernel(int*, int, int*, int)": "deepep",
+    "nccl_ep_jit_ht_dispatch_kernel": "deepep",
+    "nccl_ep_jit_ht_combine_kernel": "deepep",
+    "nccl_ep_jit_ht_scan_kernel": "deepep",
     "flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64>>": None,  # compute, not EP's combine
 }
 
