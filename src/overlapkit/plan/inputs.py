@@ -184,6 +184,9 @@ def parse_nodes(text: str) -> int | None:
 def positive_int(text: str) -> int:
     """argparse type for a size flag (make new-recipe LAYERS= HIDDEN= ..., make nightly ITERS=)."""
     if (n := _whole(text)) is None:
+        t = (text or "").strip()
+        if t.isascii() and t.isdigit():  # a whole number, past int64 (jsonio.integer's one rule): say so, not "not one"
+            raise argparse.ArgumentTypeError(f"{t[:24]}… ({len(t)} digits) is past int64, larger than any size here")
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ≥ 1")
     return n
 
