@@ -226,10 +226,10 @@ def folder(root: Path | None = None) -> Path:
 
 def path_of(cluster: str, root: Path | None = None) -> Path:
     """runs/calibration/<cluster>.json; BadInput for a name that would put it anywhere else (a `/`, `../`, an
-    absolute path, a link planted there): what is read or written here is only ever a file directly in that folder
-    (the one rule for names: overlapkit.names)."""
+    absolute path): what is read or written here is only ever a file directly in that folder (the one rule for
+    names: overlapkit.names). A write also resolves it inside the folder first (save: a link planted there)."""
     fix = "name the profile with letters, digits, _ . - only: its calibration is a file in runs/calibration"
-    return inside(folder(root), checked_name(cluster, "cluster name", fix) + ".json")
+    return folder(root) / (checked_name(cluster, "cluster name", fix) + ".json")
 
 
 def _number(value, what: str) -> float:
@@ -307,7 +307,7 @@ def save(cluster: str, cal: Calibration, runs: list[dict], root: Path | None = N
     """Write `cal` as `cluster`'s calibration (with the runs it was fitted on) under runs/calibration/, after the
     same checks make plan reads it by (problem: an unusable fit is refused, the file there kept); BadInput naming the
     folder when it cannot be written."""
-    path = path_of(cluster, root)
+    path = inside(folder(root), path_of(cluster, root).name)  # written only inside runs/calibration, links resolved
     if why := problem(cal):
         raise BadInput(f"fit refused, {path} left as it was: {why}; check the runs it was fitted on (make calibrate)")
     data = {

@@ -185,7 +185,7 @@ def test_every_suggested_fix_passes_when_applied(recipe, sets):
         ("optimizer.lr=.inf", "not a finite number"),
         ("optimizer.lr=-.inf", "not a finite number"),
         ("model.init_method_std=.nan", "not a finite number"),
-        ("optimizer.lr=1" + "0" * 400, "not a finite number"),  # an integer beyond any float, in a float field
+        ("optimizer.lr=1" + "0" * 400, "beyond the 64-bit integers"),  # an integer past int64, in a float field
         ("train.train_iters=9223372036854775808", "beyond the 64-bit integers"),
         ("optimizer.lr=0", "optimizer.lr=0.0: must be > 0"),
         ("optimizer.lr=-1.0", "must be > 0 (the step size"),

@@ -209,3 +209,15 @@ def test_no_physical_constants_reach_a_step_outside_the_bounds_corners():
 def toy_step(k: calibration.Constants) -> float:
     """A step of GEMM time at the rates plus the per-layer and per-token times (the model's form)."""
     return 10 / k.gemm_bf16 + 5 / k.gemm_fp8 + 100 * k.layer_overhead_s + 1e6 * k.layer_token_s
+
+
+def test_a_link_planted_as_the_calibration_is_never_written_through(tmp_path):
+    """Issue 43: every path the project writes is resolved inside its folder first; reading a link is the guarded
+    reader's business, writing through one is refused."""
+    folder, outside = tmp_path / "calibration", tmp_path / "golden.json"
+    folder.mkdir()
+    outside.write_text('{"precious": true}')
+    (folder / "c1.json").symlink_to(outside)
+    with pytest.raises(BadInput, match="outside"):
+        calibration.save("c1", GOOD, [], folder)
+    assert outside.read_text() == '{"precious": true}'
