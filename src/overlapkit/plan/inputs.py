@@ -20,7 +20,7 @@ import json
 import types
 import typing
 
-from overlapkit import stack
+from overlapkit import jsonio, stack
 from overlapkit.errors import BadInput
 from overlapkit.plan import overrides, runopts
 from overlapkit.secrets import credential_kind
@@ -185,7 +185,7 @@ def positive_int(text: str) -> int:
     """argparse type for a size flag (make new-recipe LAYERS= HIDDEN= ..., make nightly ITERS=)."""
     if (n := _whole(text)) is None:
         t = (text or "").strip()
-        if t.isascii() and t.isdigit():  # a whole number, past int64 (jsonio.integer's one rule): say so, not "not one"
+        if t.isascii() and t.isdigit() and jsonio.integer(t) is None:  # past int64 (the one rule): say so
             raise argparse.ArgumentTypeError(f"{t[:24]}… ({len(t)} digits) is past int64, larger than any size here")
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ≥ 1")
     return n
