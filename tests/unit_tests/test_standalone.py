@@ -19,7 +19,7 @@ from overlapkit import stack
 THIS = Path(__file__).resolve().relative_to(stack.REPO_ROOT).as_posix()
 SHARED = "sha" + "red"
 BESIDE = [
-    re.compile(r"\.\./" + SHARED + r"\b"),  # ../shared, as a doc or a relative path says it
+    re.compile(r"\.\./" + SHARED + r"\b"),  # the team folder beside the checkout, as a doc or a relative path names it
     re.compile(r"/work/" + SHARED + r"\b"),  # the team's machine path
     re.compile(r"OVERLAPKIT_" + SHARED.upper()),  # the variable that once pointed at it
     re.compile(r"\b(?:REPO_ROOT|REPO|ROOT|_ROOT)\.parents?\b"),  # the checkout's own parent
