@@ -5,7 +5,7 @@
     python bench/gpu_cut.py --list             # no GPU needed: the cuts, their memory estimates, what differs
 
 Each side trains in its own fresh process (torchrun, 1 rank) through Bridge's `pretrain()` with Bridge's GPT
-`forward_step`, on mock data; its log is parsed by overlapkit.regress.logparse, exactly as the nightly parses a
+`forward_step`, on mock data; its log is parsed by overlapkit.nightly.logparse, exactly as the nightly parses a
 cluster run.
 Sides alternate per model so that they share the machine's state. Prints TFLOP/s/GPU and step time per side and the
 ratio ours ÷ Bridge (1.00 = our recipe knobs cost nothing on this cut). What a cut is: src/overlapkit/gpucut.py.
@@ -38,8 +38,7 @@ def child(key: str, side: str, iters: int) -> int:
     """One side of one cut, inside torchrun: build, check the memory estimate against this card, train."""
     import torch
 
-    from overlapkit import stack
-    from overlapkit.regress import gpucut
+    from overlapkit.bridge import gpucut, stack
 
     stack.import_bridge()
     from megatron.bridge.training.gpt_step import forward_step
@@ -80,7 +79,7 @@ def run_side(key: str, side: str, iters: int, out: Path, timeout: float, gpu: st
     ]
     t0 = time.monotonic()
     rc = run_logged(cmd, log, timeout)
-    from overlapkit.regress import rules as regress
+    from overlapkit.nightly import rules as regress
 
     golden = regress.load_golden(f"{key}.{side}", GOLDENS / gpu)
     return classify(log, side, rc, iters, round(time.monotonic() - t0, 1), golden)
@@ -109,8 +108,8 @@ def classify(log: Path, side: str, rc, iters: int, wall_s: float, golden: dict |
     """A side's result from its log and exit status: ok only with every iteration logged and a clean exit; an ok
     side is then judged against its golden by the nightly's rules (regress.py: ±5 % perf, tiered loss, and an
     unexpected improvement fails too)."""
-    from overlapkit.regress import logparse
-    from overlapkit.regress import rules as regress
+    from overlapkit.nightly import logparse
+    from overlapkit.nightly import rules as regress
 
     text = log.read_text(errors="replace")
     parsed = logparse.parse_text(text, warmup=warmup_of(iters))
@@ -144,7 +143,7 @@ def _fmt(x, spec: str) -> str:
 
 def table(results: dict[str, dict[str, dict]], header: str) -> str:
     """One row per cut: each side's TFLOP/s/GPU and steady step time, and ours ÷ Bridge."""
-    from overlapkit.regress import gpucut
+    from overlapkit.bridge import gpucut
 
     lines = [
         header,
@@ -170,8 +169,7 @@ def table(results: dict[str, dict[str, dict]], header: str) -> str:
 
 def list_cuts() -> int:
     """CPU: every cut's shape, estimate on H100/H200 and the non-layout knobs where ours and Bridge's differ."""
-    from overlapkit import stack
-    from overlapkit.regress import gpucut
+    from overlapkit.bridge import gpucut, stack
 
     stack.import_bridge()
     for key, cut in gpucut.CUTS.items():
@@ -187,14 +185,14 @@ def list_cuts() -> int:
 
 
 def _args(argv):
-    from overlapkit import stack
-    from overlapkit.regress import gpucut
+    from overlapkit import paths
+    from overlapkit.bridge import gpucut
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, rest=True)
     ap.add_argument("--only", action="append", choices=list(gpucut.CUTS), help="a cut (repeatable; default: all)")
     ap.add_argument("--cuts", default="", help="make's CUTS=: cuts separated by spaces (each one as --only)")
     ap.add_argument("--iters", type=int, default=gpucut.ITERS)
-    ap.add_argument("--out", type=Path, default=stack.runs_root() / "gpu_cut" / time.strftime("%Y%m%d-%H%M%S"))
+    ap.add_argument("--out", type=Path, default=paths.runs_root() / "gpu_cut" / time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sides past this wall time")
     ap.add_argument("--list", action="store_true", help="print the cuts and their estimates (no GPU needed)")
     ap.add_argument("--bless", type=Path, metavar="RUN_DIR", help="a reviewed run's ok sides -> goldens")
@@ -208,7 +206,8 @@ def _args(argv):
 
 
 def main(argv=None) -> int:
-    from overlapkit.regress import gpucut, logparse
+    from overlapkit.bridge import gpucut
+    from overlapkit.nightly import logparse
 
     args = _args(argv)
     if args.child:
@@ -260,7 +259,7 @@ def _cannot_train(torch) -> str | None:
 def _run_cuts(args, gpu: str) -> dict[str, dict[str, dict]]:
     """{cut: {side: result}}, the sides of each cut in turn, while the time budget leaves room for the longest side
     so far; a side that does not fit this GPU stands for both (the same cut: the same estimate)."""
-    from overlapkit.regress import gpucut
+    from overlapkit.bridge import gpucut
 
     t0, longest, results = time.monotonic(), 90.0, {}
     for key in args.only or list(gpucut.CUTS):
@@ -281,7 +280,7 @@ def _run_cuts(args, gpu: str) -> dict[str, dict[str, dict]]:
 
 def _versions() -> dict[str, str]:
     """The packages that decide a cut's numbers (stack.versions leaves out any that is not installed)."""
-    from overlapkit import stack
+    from overlapkit.bridge import stack
 
     return stack.versions(("torch", "megatron-core", "megatron-bridge", "transformers"))
 
@@ -289,8 +288,9 @@ def _versions() -> dict[str, str]:
 def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
     """A reviewed run's ok sides -> nightly/goldens/gpu_cut/<gpu>/<cut>.<side>.json (the nightly's golden format)."""
     from overlapkit import jsonio
-    from overlapkit.regress import gpucut, logparse
-    from overlapkit.regress import rules as regress
+    from overlapkit.bridge import gpucut
+    from overlapkit.nightly import logparse
+    from overlapkit.nightly import rules as regress
 
     doc_path = run_dir / "results.json"
     if not doc_path.is_file():

@@ -121,7 +121,7 @@ def merge(ivs):
 
 
 def report(paths: list[Path], png: Path) -> dict:
-    from overlapkit.regress import overlap_report
+    from overlapkit.profile import overlap_report
 
     m = overlap_report.measure(paths, PLAN)
     rep = overlap_report.report_of(m)
@@ -152,7 +152,7 @@ def _imports() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
 
-    from overlapkit.regress import overlap_render, overlap_report  # noqa: F401
+    from overlapkit.profile import overlap_render, overlap_report  # noqa: F401
 
 
 def main() -> None:

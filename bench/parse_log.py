@@ -5,7 +5,7 @@
     tools/uv.sh run --frozen --quiet python bench/parse_log.py --baseline-module old_logparse.py
 
 The log is synthetic but every line is in Bridge 0.6.2's format, copied from what its own training_log() and
-report_memory() print in tests/unit_tests/regress/nightly_fixtures.py (iteration lines, the memory report, the
+report_memory() print in tests/unit_tests/nightly/nightly_fixtures.py (iteration lines, the memory report, the
 "Step Time" line), plus other ranks' NCCL chatter and our entry point's preflight line.
 Each side runs in a fresh interpreter with its JSON written to a file: the streaming side is what `make parse-log`
 runs (`python -m launch parse-log LOG`); the whole-file side reads the log into one string and builds the whole
@@ -40,7 +40,7 @@ MEM_LINE = (
 )
 NOISE = "[rank{r}]:node{node}:{pid}:{pid} [{r}] NCCL INFO Channel 07/0 : {r} -> {peer} via P2P/CUMEM/read\n"
 WHOLE_FILE = (
-    "import sys\nfrom pathlib import Path\nfrom overlapkit.regress import logparse\n"
+    "import sys\nfrom pathlib import Path\nfrom overlapkit.nightly import logparse\n"
     "print(logparse.to_json(logparse.parse_text(Path(sys.argv[1]).read_text(errors='replace'))))\n"
 )
 

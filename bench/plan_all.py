@@ -3,7 +3,7 @@
 Each repetition, in this order (so machine noise is shared): the bare `import megatron.bridge` in a fresh
 interpreter (TE shim, nothing deferred: what training imports); a first `make plan` in a fresh process with the plan
 server off (OVERLAPKIT_PLAN_SERVER=0: the path every plan took before the server, and the one CI takes); the import as
-planning does it (what no command uses deferred: overlapkit/lazy_imports.py); a first `make plan` with no server
+planning does it (what no command uses deferred: overlapkit/bridge/lazy_imports.py); a first `make plan` with no server
 running (OVERLAPKIT_PLAN_SERVER=1: it starts the server and is its first command); at once after it, with no wait,
 a second `make plan` (served: no second import, goal <= 2 s) and `make recipes` (every recipe).
 Prints each median (wall and CPU seconds: the CPUs may be shared) and the ratios; the cold-start row is the first
@@ -25,13 +25,14 @@ import tempfile
 import time
 
 from launch import plan_server
-from overlapkit import lazy_imports, stack
+from overlapkit import paths
+from overlapkit.bridge import lazy_imports
 
-IMPORT = "from overlapkit import stack; stack.import_bridge()"
-BARE = "from overlapkit import stack; stack.import_bridge(full=True)"
+IMPORT = "from overlapkit.bridge import stack; stack.import_bridge()"
+BARE = "from overlapkit.bridge import stack; stack.import_bridge(full=True)"
 COLD_GOAL = 0.7
 RECIPE = "llama3_70b_pretrain_64gpu_h100_bf16"
-RUNS = stack.runs_root()
+RUNS = paths.runs_root()
 
 
 CPU: dict[str, list[float]] = {}  # user+sys seconds of each timed command (and its children), by row
@@ -44,7 +45,7 @@ def _cpu() -> float:
 
 def timed(cmd: list[str], env: dict, row: str = "") -> float:
     t0, c0 = time.perf_counter(), _cpu()
-    out = subprocess.run(cmd, cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True)
+    out = subprocess.run(cmd, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True)
     took = time.perf_counter() - t0
     if out.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} exited {out.returncode}: {out.stderr.strip().splitlines()[-1:]}")
@@ -60,7 +61,7 @@ def cold_round(env: dict, times: dict) -> None:
 
 
 def stop(env: dict) -> None:
-    subprocess.run(["make", "-s", "plan-server-stop"], cwd=stack.REPO_ROOT, env=env, capture_output=True, check=True)
+    subprocess.run(["make", "-s", "plan-server-stop"], cwd=paths.REPO_ROOT, env=env, capture_output=True, check=True)
 
 
 def one_round(env: dict, times: dict) -> None:

@@ -1,4 +1,4 @@
-"""What the stack's own start-up checks (plan/startup.py, issue 42) add to a plan, measured side by side in one run.
+"""What the stack's own start-up checks (bridge/startup.py, issue 42) add to a plan, measured side by side in one run.
 
 In one process, after the Bridge import (as the plan server plans): every shipped recipe planned with the check and
 without it (startup.check replaced by one that says nothing), alternately, so machine noise is shared. Prints the
@@ -10,8 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from overlapkit import stack
-from overlapkit.plan import build, registry, startup
+from overlapkit.bridge import build, registry, stack, startup
 
 GOAL_S = 1.0
 ROUNDS = 3

@@ -122,7 +122,7 @@ def flag_name(flag: str) -> str:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """The run options every entry that builds a run takes (make plan, submit, sbatch, run-local): RUN_NAME,
-    SEGMENTS, NSYS, NSYS_RANKS, TORCH_PROFILE, TORCH_PROFILE_RANKS, DATA; overlapkit.plan.runopts.parse checks them."""
+    SEGMENTS, NSYS, NSYS_RANKS, TORCH_PROFILE, TORCH_PROFILE_RANKS, DATA; bridge/runopts.py parse checks them."""
     p.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>; resume from them")
     p.add_argument("--segments", default="", help="N chained jobs (afterany), each resuming from the last")
     p.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
@@ -143,9 +143,9 @@ RUN_OPTIONS = ("run_name", "segments", "nsys", "nsys_ranks", "torch_profile", "t
 
 
 def request_of(args, *, listing: bool = False, action: str = "plan"):
-    """The request (overlapkit.plan.request.PlanRequest) from an entry's arguments (--recipe or the positional
+    """The request (overlapkit.spec.request.PlanRequest) from an entry's arguments (--recipe or the positional
     recipe, --nodes, --set and the run options), every check made before the Bridge import; not yet bound."""
-    from overlapkit.plan import request
+    from overlapkit.spec import request
 
     typed = {k: getattr(args, k) for k in RUN_OPTIONS}  # the run options as typed, by runopts.parse's keywords
     return request.parse(args.recipe, args.nodes, args.set, typed, listing=listing, action=action, gpu=args.gpu)

@@ -1,5 +1,5 @@
 """`make calibrate CLUSTER=<profile> [RUNS="dir ..."]`: fit the throughput model's constants on that cluster's own
-finished runs and nights (overlapkit/regress/calibrate.py), print each run's residual and leave-one-out error, and
+finished runs and nights (overlapkit/nightly/calibrate.py), print each run's residual and leave-one-out error, and
 write the fit to runs/calibration/<cluster>.json, which plan, recipes and the nightly then predict with.
 
 Exit status: 0 (fitted, or too few runs: the published constants kept, said which; a run that cannot count is
@@ -12,7 +12,8 @@ import datetime as dt
 from pathlib import Path
 
 from launch.args import Parser
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import stack
 from overlapkit.errors import BadInput
 
 
@@ -38,12 +39,12 @@ def check(args) -> bool:
             + (" (RUNS is split at spaces)" if len(given) > 1 else "")
             + ": give directories that hold run directories"
         )
-    args.roots = given or [r for r in (stack.runs_root(), args.profile.job_path) if r.is_dir()]
+    args.roots = given or [r for r in (paths.runs_root(), args.profile.job_path) if r.is_dir()]
     return True
 
 
 def run(args) -> int:
-    from overlapkit.regress import calibrate
+    from overlapkit.nightly import calibrate
     from overlapkit.sizing import calibration
 
     stack.import_bridge()

@@ -17,7 +17,7 @@
 
 With NSYS=a:b, before any of this, a profiled rank starts itself again under `nsys profile` (the child goes through
 the steps above) and exports the report when the child ends; the first profiled rank then writes the run's overlap
-report, and every rank waits for it after training (overlapkit/regress/profiled.py). With TORCH_PROFILE=a:b, Bridge's
+report, and every rank waits for it after training (overlapkit/profile/profiled.py). With TORCH_PROFILE=a:b, Bridge's
 PyTorch profiler traces those steps in the training itself; after it, the profiled ranks copy their traces into the
 run directory and the first one writes the report the same way.
 
@@ -42,22 +42,23 @@ from pathlib import Path
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path]
 
+from overlapkit.bridge import runopts  # noqa: E402  (standard library only at import)
 from overlapkit.cluster import chain, preflight, resume  # noqa: E402  (standard library only)
 from overlapkit.errors import BadInput, one_line  # noqa: E402  (standard library only)
 from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
-from overlapkit.plan import planfile, runopts  # noqa: E402  (standard library only at import)
-from overlapkit.regress import profiled  # noqa: E402  (standard library only at import)
+from overlapkit.profile import profiled  # noqa: E402  (standard library only at import)
+from overlapkit.spec import planfile  # noqa: E402  (standard library only at import)
 
 
 def rebuild(args):
     """The recipe planned again in the job from overrides.json, then the plugins' overrides (imports Bridge: after
-    the preflight). A job that trains imports the whole stack first: nothing deferred (overlapkit/lazy_imports.py)
+    the preflight). A job that trains imports the whole stack first: nothing deferred (bridge/lazy_imports.py)
     where it trains, as a preflight-only job plans with it deferred."""
-    from overlapkit import stack
+    from overlapkit.bridge import stack
 
     stack.import_bridge(full=not args.preflight_only)
-    from overlapkit.plan import request
-    from overlapkit.plan.build import OVERRIDES, plan_for
+    from overlapkit.bridge.build import OVERRIDES, plan_for
+    from overlapkit.spec import request
 
     rec = json.loads((args.run_dir / OVERRIDES).read_text())
     return plan_for(request.from_record(rec, args.recipe, args.nodes, args.plugin_sets))  # bound at submit
@@ -124,7 +125,7 @@ def _args(argv):
 def imports_only() -> int:
     """`entry.py --imports-only`: what this Python imports to train, imported as a rank does, nothing run; one line,
     exit 0 or 1 (make submit asks the job's Python this before it queues anything: cluster/submit.py)."""
-    from overlapkit import stack
+    from overlapkit.bridge import stack
 
     try:
         stack.import_bridge(full=True)

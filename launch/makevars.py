@@ -20,7 +20,7 @@ from launch.args import Parser
 from overlapkit.errors import one_line
 
 PROJECT_ENV = ("OVERLAPKIT_",)  # the prefix of this project's environment variables
-PROJECT_ENV_NAMES = ("RECIPES_PATH",)  # overlapkit.plan.registry.PATH_VAR
+PROJECT_ENV_NAMES = ("RECIPES_PATH",)  # overlapkit.bridge.registry.PATH_VAR
 # GNU make 4.3 manual, "Special Variables" and "Other Special Variables", not all printed by `make -p`
 MAKE_SPECIAL = ("VPATH", "GNUMAKEFLAGS", "MAKESHELL", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_RESTARTS", "MFLAGS")
 MAKE_SPECIAL += ("MAKE_TERMOUT", "MAKE_TERMERR", ".EXTRA_PREREQS", "SUFFIXES")

@@ -16,8 +16,9 @@ import functools
 from pathlib import Path
 
 from launch.args import Parser, add_gpu_option
-from overlapkit import stack
-from overlapkit.plan.inputs import positive_int
+from overlapkit import paths
+from overlapkit.bridge import stack
+from overlapkit.bridge.inputs import positive_int
 
 
 def parse(argv):
@@ -34,7 +35,7 @@ def parse(argv):
         p.add_argument(f"--{flag}", type=positive_int, help=f"pin {flag.upper()} (default: searched)")
     p.add_argument("--gbs", type=positive_int, help="global batch size (default: the FROM recipe's)")
     p.add_argument("--model", help='registry label (default from the name, e.g. "Llama3 34B")')
-    p.add_argument("--recipes-dir", default=str(stack.REPO_ROOT / "recipes"), help="where the file goes")
+    p.add_argument("--recipes-dir", default=str(paths.REPO_ROOT / "recipes"), help="where the file goes")
     add_gpu_option(p)
     p.add_argument("--cluster", default="local", help="whose calibration (make calibrate) ranks the layouts")
     return p.parse_args(argv)
@@ -77,8 +78,8 @@ def run(args) -> int:
     from overlapkit.fork.scaffold import fork
 
     stack.import_bridge()
-    from overlapkit.plan import registry
-    from overlapkit.plan.report import console, render_plan
+    from overlapkit.bridge import registry
+    from overlapkit.bridge.report import console, render_plan
     from overlapkit.sizing import calibration
     from overlapkit.sizing.hardware import HARDWARE
 

@@ -1,7 +1,7 @@
 """`make nightly | nightly-report | bless | nightly-schedule | nightly-status | nightly-unschedule`: the nightly GPU
 regression suite on a cluster profile, and the schedule that runs it every night.
 
-Argument parsing and printing only; the work is overlapkit.regress.nightly and overlapkit.regress.schedule. submit:
+Argument parsing and printing only; the work is overlapkit.nightly.nightly and overlapkit.nightly.schedule. submit:
 every recipe (or RECIPES=) in its nightly shape (two steady steps profiled on rank 0 of each node), then a summary
 job that runs `python -m launch nightly-report` after all of them. report: classify each run against its golden,
 write report.md, junit.xml + plots, append the history; resubmit an infrastructure failure once. bless: a reviewed
@@ -19,12 +19,12 @@ from pathlib import Path
 
 from launch import plan_server
 from launch.args import Parser, add_gpu_option, switch
-from overlapkit import stack
+from overlapkit.bridge import stack
+from overlapkit.bridge.inputs import positive_int
 from overlapkit.cluster.submit import Interrupted, install_signal_handlers, preflight_mode
 from overlapkit.errors import BadInput
-from overlapkit.plan.inputs import positive_int
-from overlapkit.regress import begin, chain_status, nightly, schedule
-from overlapkit.regress import rules as regress
+from overlapkit.nightly import begin, chain_status, nightly, schedule
+from overlapkit.nightly import rules as regress
 
 # The commands of this module that Slurm jobs run, by their names in launch/commands.py's table; the library appends
 # only their options. The summary job runs under the cluster profile's python (a site may name its container's), the

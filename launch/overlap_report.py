@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from launch.args import Parser, add_gpu_option, switch
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import stack
 from overlapkit.errors import BadInput, one_line
 
 
@@ -39,18 +40,18 @@ def parse(argv):
 
 
 def _run_dir(text: str) -> Path:
-    """RUN= as a path, or as the name of a run directory under runs/ (stack.runs_root())."""
-    path, named = Path(text), stack.runs_root() / text
+    """RUN= as a path, or as the name of a run directory under runs/ (paths.runs_root())."""
+    path, named = Path(text), paths.runs_root() / text
     return named if not path.exists() and named.is_dir() else path
 
 
 def check(args) -> bool:
     """Everything checked before the Bridge import: which input, the profiles' presence, the request. PROFILE= plans
     the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
-    from overlapkit.plan import request
-    from overlapkit.plan.runopts import OVERLAP_JSON, OVERLAP_PNG
-    from overlapkit.regress.nsys_sqlite import profile_files
-    from overlapkit.regress.overlap_render import png_target
+    from overlapkit.bridge.runopts import OVERLAP_JSON, OVERLAP_PNG
+    from overlapkit.profile.nsys_sqlite import profile_files
+    from overlapkit.profile.overlap_render import png_target
+    from overlapkit.spec import request
 
     if args.run and args.profile:
         raise BadInput("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
@@ -75,8 +76,8 @@ def check(args) -> bool:
 
 
 def run(args) -> int:
-    from overlapkit.plan.report import console
-    from overlapkit.regress import overlap_render, overlap_report
+    from overlapkit.bridge.report import console
+    from overlapkit.profile import overlap_render, overlap_report
 
     out = console()
     if args.request is None:  # RUN=: the run's own plan and profiles; the report and its picture go into it
@@ -84,7 +85,7 @@ def run(args) -> int:
         files, plan = overlap_report.run_inputs(run_dir)
     else:  # PROFILE=: the recipe planned as make plan does
         stack.import_bridge()
-        from overlapkit.plan.build import plan_for
+        from overlapkit.bridge.build import plan_for
 
         plan = plan_for(args.request).to_dict()
         files, run_dir = args.files, None

@@ -1,4 +1,4 @@
-"""`make parse-log LOG=<training log>`: the log as JSON (overlapkit/regress/logparse.py), written one record at a
+"""`make parse-log LOG=<training log>`: the log as JSON (overlapkit/nightly/logparse.py), written one record at a
 time. A path that is missing, not a file or binary is bad input (exit 2); a log without an iteration line is one
 `error:` line, no JSON and exit 1."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from launch.args import Parser
 from overlapkit.errors import BadInput
-from overlapkit.regress import logparse
+from overlapkit.nightly import logparse
 
 GIVE = "(give LOG=<path to a training log>)"
 

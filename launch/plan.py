@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from launch.args import Parser, add_run_options, request_of
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import stack
 from overlapkit.errors import BadInput
 
 
@@ -29,9 +30,9 @@ def parse(argv):
 
 
 def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
-    from overlapkit.plan import registry
-    from overlapkit.plan.build import make_plan
-    from overlapkit.plan.report import overlap_summary, recipes_table
+    from overlapkit.bridge import registry
+    from overlapkit.bridge.build import make_plan
+    from overlapkit.bridge.report import overlap_summary, recipes_table
     from overlapkit.sizing import calibration
     from overlapkit.sizing.hardware import DEFAULT_GPU, HARDWARE
 
@@ -89,7 +90,7 @@ def check(args) -> bool:
 
 
 def run(args) -> int:
-    from overlapkit.plan.report import console
+    from overlapkit.bridge.report import console
 
     out = console()
     stack.import_bridge()
@@ -97,12 +98,12 @@ def run(args) -> int:
         return list_recipes(
             console(width=max(out.width, 172)), args.request.gpu, args.cluster
         )  # one row per recipe, never wrapped
-    from overlapkit.plan import registry
-    from overlapkit.plan.build import plan_for, write_run_dir
-    from overlapkit.plan.report import render_plan
+    from overlapkit.bridge import registry
+    from overlapkit.bridge.build import plan_for, write_run_dir
+    from overlapkit.bridge.report import render_plan
 
     plan = plan_for(args.request)
-    run_dir = write_run_dir(plan, Path(args.runs) if args.runs else stack.runs_root())
+    run_dir = write_run_dir(plan, Path(args.runs) if args.runs else paths.runs_root())
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))
     else:

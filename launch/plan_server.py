@@ -20,12 +20,12 @@ from pathlib import Path
 from subprocess import DEVNULL, Popen
 
 from launch.args import Parser, switch
-from overlapkit import jsonio, makewatch, stack
+from overlapkit import jsonio, makewatch, paths
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import BadInput
 from overlapkit.secrets import is_secret
 
-ROOT = stack.REPO_ROOT
+ROOT = paths.REPO_ROOT
 SWITCH = "OVERLAPKIT_PLAN_SERVER"  # on (1, yes, ...): use (and start) one; off: never; unset: the cluster profile's
 DIR_VAR = "OVERLAPKIT_PLAN_SERVER_DIR"  # default $XDG_RUNTIME_DIR/overlapkit, else /tmp/overlapkit-<uid>
 IDLE_VAR = "OVERLAPKIT_PLAN_SERVER_IDLE"  # seconds without a command before the server exits

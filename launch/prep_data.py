@@ -1,6 +1,6 @@
 """`make prep-data IN= TOKENIZER= OUT= [KEY=text] [WORKERS=1] [FORCE=1]`: JSONL → Megatron .bin/.idx + OUT/data.toml.
 
-Argument parsing and printing only; the work is overlapkit.plan.dataprep (nvidia-modelopt's preprocessor). Exit
+Argument parsing and printing only; the work is overlapkit.bridge.dataprep (nvidia-modelopt's preprocessor). Exit
 status: 0 written, 2 bad input (nothing written), 128+signal when interrupted (Ctrl-C, SIGTERM, SIGHUP, or make
 killed: overlapkit.makewatch): no data.toml, and the work directory is removed.
 """
@@ -12,7 +12,7 @@ import sys
 
 from launch.args import Parser, switch
 from overlapkit import makewatch
-from overlapkit.plan import dataprep
+from overlapkit.bridge import dataprep
 
 
 def parse(argv):

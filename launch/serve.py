@@ -20,7 +20,8 @@ from pathlib import Path
 
 from launch import commands
 from launch.plan_server import ROOT, differs, idle_seconds, peer_uid, stamp
-from overlapkit import jsonio, stack
+from overlapkit import jsonio
+from overlapkit.bridge import stack
 
 
 def mtime(path: str) -> int | None:

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from launch.args import Parser, add_run_options, request_of, switch
-from overlapkit import jsonio, stack
+from overlapkit import jsonio, paths
+from overlapkit.bridge import registry, stack
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile, placeholder_problem
 from overlapkit.errors import BadInput, one_line
-from overlapkit.plan import registry
 
 
 def parse(argv):
@@ -37,7 +37,7 @@ def parse(argv):
 
 
 def do_submit(args, out, req, profile) -> int:
-    from overlapkit.plan.report import render_plan
+    from overlapkit.bridge.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
     real = args.action == "submit" and not args.dryrun
@@ -176,16 +176,16 @@ def handlers() -> None:
 
 
 def run(args) -> int:
-    os.environ.setdefault("NEMORUN_HOME", str(stack.runs_root() / "nemo_run"))
+    os.environ.setdefault("NEMORUN_HOME", str(paths.runs_root() / "nemo_run"))
     if args.action in ("status", "logs", "cancel"):
         return do_run_dir_action(args)
-    from overlapkit.plan.report import console, render_plan
+    from overlapkit.bridge.report import console, render_plan
 
     stack.import_bridge()
     try:
         if args.action != "run-local":
             return do_submit(args, console(), args.request, args.profile)
-        from overlapkit.plan.build import plan_for
+        from overlapkit.bridge.build import plan_for
 
         preflight_only, checks = submit.preflight_mode(args.preflight)  # run-local: on this node, no Slurm
         plan = plan_for(submit.bind_local(args.request))

@@ -13,9 +13,9 @@ import torch
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_fp8_current_scaling_mixed
 
-from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack
-from overlapkit.plan.registry import EnvVar, register
-from overlapkit.topology import Layout
+from overlapkit.bridge.overlap import OverlapIntent, apply_overlap_stack
+from overlapkit.bridge.registry import EnvVar, register
+from overlapkit.spec.topology import Layout
 
 DTYPES = ("bf16", "fp8cs")
 
@@ -104,7 +104,7 @@ def moe_pretrain(
     base: Callable[[], ConfigContainer], dtype: str, layout: Layout, moe: MoE, intent: OverlapIntent | None = None
 ) -> ConfigContainer:
     """An MoE base recipe at NVIDIA's H100 layout with its dispatcher, fused kernels and recompute, then the overlap
-    stack (EP all-to-all overlap included, plan/overlap.py). Routing stays the learned router's: the perf recipes'
+    stack (EP all-to-all overlap included, bridge/overlap.py). Routing stays the learned router's: the perf recipes'
     moe_router_force_load_balancing is a benchmark device (tests/unit_tests/recipes/test_moe_recipes.py lists it)."""
 
     def tuned() -> ConfigContainer:

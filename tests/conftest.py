@@ -16,7 +16,8 @@ import make_targets
 import pytest
 
 from launch import commands, plan_server
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import stack
 
 sys.addaudithook(make_targets.record)  # every make a test starts, recorded: the docs' rule is judged on them
 
@@ -35,10 +36,10 @@ SERVER_DIR = tempfile.mkdtemp(prefix="okps-", dir="/tmp")  # short: a socket pat
 os.environ[plan_server.DIR_VAR] = SERVER_DIR
 # What the suite's commands write for a user (run directories, the local profile's runs/slurm jobs, calibrations,
 # nemo_run's home) goes to this session's own folder, never the checkout's runs/, where your next `make status` or
-# `make calibrate` would find it (stack.RUNS_VAR, the product's one setting for it). In /tmp: the local Slurm's jobs
+# `make calibrate` would find it (paths.RUNS_VAR, the product's one setting for it). In /tmp: the local Slurm's jobs
 # read and write it too. Named runs/, as the checkout's is.
 RUNS_DIR = Path(tempfile.mkdtemp(prefix="okruns-", dir="/tmp")) / "runs"
-os.environ[stack.RUNS_VAR] = str(RUNS_DIR)
+os.environ[paths.RUNS_VAR] = str(RUNS_DIR)
 stack.import_bridge()
 
 
@@ -66,7 +67,7 @@ def planned():
     """`planned(name)`: recipe `name` as shipped, planned once per session (make_plan with no overrides and no shell
     exports) and shared by the recipe, memory, MoE and run-plugin tests. Planning must not write the environment
     (a pure builder): checked on the one plan each recipe gets."""
-    from overlapkit.plan.build import make_plan
+    from overlapkit.bridge.build import make_plan
 
     cache = {}
 
@@ -123,7 +124,7 @@ def isolated_environ():
 def pytest_sessionfinish(session, exitstatus):
     """The docs' make targets judged on the whole suite's run (tests/make_targets.py), then the server stopped."""
     ran = not session.config.option.collectonly
-    whole = ran and WHOLE["args"] == [str(stack.REPO_ROOT / "tests")] and not WHOLE["partial"]
+    whole = ran and WHOLE["args"] == [str(paths.REPO_ROOT / "tests")] and not WHOLE["partial"]
     if (
         whole
         and exitstatus == pytest.ExitCode.OK
@@ -150,7 +151,7 @@ def make_command(target: str, *variables: str) -> list[str]:
     exported and named by its shell as the Makefile does it, with PY= a probe that prints the arguments it got."""
     out = subprocess.run(
         ["make", "-s", target, *variables, f"PY={ARGV_PROBE}"],
-        cwd=stack.REPO_ROOT,
+        cwd=paths.REPO_ROOT,
         capture_output=True,
         text=True,
         check=True,
@@ -190,4 +191,4 @@ def preflight_night(tmp_path_factory):
     70B run of the Slurm e2e): (CompletedProcess, JOB_DIR) once make has returned. Its jobs may still run."""
     jobs = tmp_path_factory.mktemp("night") / "jobs"
     cmd = ["make", "-s", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={jobs}"]
-    return subprocess.run(cmd, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=1800), jobs
+    return subprocess.run(cmd, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=1800), jobs

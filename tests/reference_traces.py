@@ -2,7 +2,7 @@
 unmodified with its MIT licence and a README of their provenance: real multi-GPU runs written by others) and the
 independent computation the overlap report's figures are checked against: its own JSON parsing, its own step
 projection, its own coverage sweep, nothing shared with the report. Used by the unit tests on the traces
-(tests/unit_tests/regress/test_overlap_real_traces.py) and the end-to-end run on the local Slurm
+(tests/unit_tests/profile/test_overlap_real_traces.py) and the end-to-end run on the local Slurm
 (tests/e2e/test_torch_profile_e2e.py)."""
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 WHL = ROOT / ".whl"
-# The GPU check's imports; `overlapkit.stack` is followed by its import_bridge() (offline, with the TE stub).
-MODULES = """overlapkit.stack recipes megatron.bridge.training.pretrain megatron.bridge.training.gpt_step
+# The GPU check's imports; `overlapkit.bridge.stack` is followed by its import_bridge() (offline, with the TE stub).
+MODULES = """overlapkit.bridge.stack recipes megatron.bridge.training.pretrain megatron.bridge.training.gpt_step
 megatron.bridge.training.setup megatron.bridge.training.train megatron.bridge.models.gpt_provider
 megatron.bridge.perf_recipes.llama.h100.llama3 megatron.bridge.perf_recipes.llama.h100.llama31
 megatron.bridge.recipes.gpt.h100.gpt3_175b megatron.core.datasets.gpt_dataset
@@ -70,7 +70,7 @@ for m in a["modules"]:
     while True:
         try:
             mod = importlib.import_module(m)
-            if m == "overlapkit.stack": mod.import_bridge()
+            if m == "overlapkit.bridge.stack": mod.import_bridge()
         except Exception as e:
             chain, seen = [e], []  # the blocked import may be wrapped (sympy, transformers' lazy modules re-raise)
             while chain and (x := chain.pop(0)) is not None and x not in seen:

@@ -30,10 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import stack
 from overlapkit.errors import BadInput
 
-ROOT = stack.REPO_ROOT
+ROOT = paths.REPO_ROOT
 WIDTH = 120  # the terminal the excerpts are shown at
 REGION = re.compile(r"<!-- make docs: (?P<name>[a-z0-9-]+) -->(?P<body>.*?)<!-- /make docs -->", re.S)
 # Launch variables a shell may export (the ledger shows them as overrides): not part of a doc's excerpt.
@@ -88,7 +89,7 @@ def command_output(name: str, argv: list[str]) -> Run:
     """`python -m launch <name> <argv>` in this process (no plan server), at WIDTH columns, into a scratch directory
     (`--runs` or `--recipes-dir`, whichever the command takes, for what it writes)."""
     from launch import commands
-    from overlapkit.plan import registry, report
+    from overlapkit.bridge import registry, report
 
     plain = report.console
     before = set(registry.names())
@@ -118,7 +119,7 @@ class Outputs:
 
     @functools.cached_property
     def recipes(self) -> list[str]:
-        from overlapkit.plan import registry
+        from overlapkit.bridge import registry
 
         r = command_output("recipes", [])
         others = {n for n in registry.names() if not registry.shipped(n)}
@@ -135,8 +136,8 @@ class Outputs:
     @functools.cached_property
     def plans(self) -> dict:
         """Every shipped recipe planned as `make recipes` plans it (no overrides, no shell exports)."""
-        from overlapkit.plan import registry
-        from overlapkit.plan.build import make_plan
+        from overlapkit.bridge import registry
+        from overlapkit.bridge.build import make_plan
 
         return {n: make_plan(n, caller_env={}) for n in registry.names() if registry.shipped(n)}
 
@@ -255,7 +256,7 @@ def recipes_list(o: Outputs) -> str:
 
 def readme_recipes(o: Outputs) -> str:
     """README's recipe table: one row per model and size, its BF16 and FP8 recipes side by side."""
-    from overlapkit.plan.report import overlap_summary
+    from overlapkit.bridge.report import overlap_summary
 
     pairs: dict[str, dict] = {}
     for name, p in o.plans.items():
@@ -433,10 +434,10 @@ def moe_table(o: Outputs) -> str:
 
 def moe_params(o: Outputs) -> str:
     """The 235B header's parameter count, as `make plan` prints it."""
-    from overlapkit.plan.report import render_plan
+    from overlapkit.bridge.report import render_plan
 
     plan, out = _moe_plan(o, "qwen3_235b_a22b"), io.StringIO()
-    from overlapkit.plan.report import console
+    from overlapkit.bridge.report import console
 
     render_plan(plan, console(file=out, width=WIDTH))
     found = re.search(r"[\d.]+B params \(.*?experts\)", " ".join(out.getvalue().split()))  # one line
@@ -485,26 +486,26 @@ def _makefile() -> list[str]:
 
 @functools.cache
 def _published_rows():
-    from overlapkit.plan import published
+    from overlapkit.bridge import published
 
     points = published.load()
     return published.rows(points, published.inputs_of(points))
 
 
 def throughput_constants(o: Outputs) -> str:
-    from overlapkit.plan import published
+    from overlapkit.bridge import published
 
     return "\n" + published.constants_table()
 
 
 def throughput_validation(o: Outputs) -> str:
-    from overlapkit.plan import published
+    from overlapkit.bridge import published
 
     return "\n" + published.table(_published_rows())
 
 
 def throughput_bands(o: Outputs) -> str:
-    from overlapkit.plan import published
+    from overlapkit.bridge import published
     from overlapkit.sizing import calibration
 
     return "\n" + published.bands_table(calibration.BANDS)
@@ -539,7 +540,7 @@ CUT_REASONS = {
 
 
 def gpucut_differs(o: Outputs) -> str:
-    from overlapkit.regress import gpucut
+    from overlapkit.bridge import gpucut
 
     seen: dict[str, list] = {}
     for key in gpucut.CUTS:

@@ -36,7 +36,7 @@ def module_of(filename: str) -> str | None:
 
 def main(argv: list[str]) -> int:
     sys.path[:0] = [str(REPO), str(REPO / "src")]
-    from overlapkit import stack
+    from overlapkit.bridge import stack
 
     stack.import_bridge()
     from launch import commands
@@ -93,9 +93,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-# The library's stages in the order a plan passes through them (docs/architecture.md, "Where things live"): a module
-# imports only its own stage or an earlier one. The entry layer (launch/) and the recipes sit outside: no climb.
-STAGES = ("sizing", "plan", "fork", "cluster", "regress")
+# The library's rooms in an order the import rule keeps (docs/architecture.md, "Where things live"): a room imports
+# only earlier ones, so a call into a later room is a climb. The entry layer (launch/) and the recipes sit outside.
+STAGES = ("spec", "sizing", "profile", "cluster", "nightly", "bridge", "fork")
 
 
 def stage(module: str) -> int:

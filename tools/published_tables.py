@@ -1,4 +1,4 @@
-"""Regenerate docs/throughput.md's tables from NVIDIA's published H100 runs (src/overlapkit/plan/published.py): the
+"""Regenerate docs/throughput.md's tables from NVIDIA's published H100 runs (src/overlapkit/bridge/published.py): the
 refitted constants, the validation table and the leave-one-out bands, then the verdict against issue #25's bar.
 `make docs` writes the same tables into docs/throughput.md (tools/docs.py); tests/unit_tests/sizing/test_throughput.py
 and tests/unit_tests/test_docs.py fail until they match.
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from overlapkit import stack
-from overlapkit.plan import published
+from overlapkit.bridge import published, stack
 from overlapkit.sizing import calibration
 
 

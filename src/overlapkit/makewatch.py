@@ -1,7 +1,7 @@
 """Stop when `make` dies: a Python child of make is not told when make is killed (kill -9 of make, or of the shell
 make started), so it would finish its work unseen (a submission, a data.toml) minutes later. The Makefile exports
 make's pid as OVERLAPKIT_MAKE_PID; `watch_make` starts a thread that sends this process SIGTERM once that pid is
-gone. What the SIGTERM does is the caller's (cluster/submit.py marks a submission failed; plan/dataprep.py removes
+gone. What the SIGTERM does is the caller's (cluster/submit.py marks a submission failed; bridge/dataprep.py removes
 its work directory): one watcher for every command.
 
 Linux /proc is how a pid's ancestry and state are read; elsewhere the watcher does not start.

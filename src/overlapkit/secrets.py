@@ -1,7 +1,7 @@
 """The one rule for credentials, for every way a value arrives: a make variable (SET, RUN_NAME, DATA, NAME, ... and
 every other option of our entry points: launch/args.py), a cluster profile (its [env], srun_args and every string:
-cluster/profiles.py), a layer of the launch environment (plan/env.py build_ledger) and the caller's environment (the
-NCCL_*-style variables the env ledger records: plan/env.py). A credential is never written to a file of ours
+cluster/profiles.py), a layer of the launch environment (bridge/env.py build_ledger) and the caller's environment (the
+NCCL_*-style variables the env ledger records: bridge/env.py). A credential is never written to a file of ours
 (plan.json, ledger.json, overrides.json, the sbatch script, submission.json, the logs we write) nor printed: where it
 arrives it is refused in one line that names where it was and the fix (FIX), never its value. A secret travels by
 name only: a profile lists it (`secrets = ["WANDB_API_KEY"]`), the submitting shell exports it, and sbatch

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from launch import commands
-from overlapkit import stack
+from overlapkit import paths
 from overlapkit.cluster.profiles import load_profile
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
@@ -23,7 +23,7 @@ R405 = "llama31_405b_pretrain_1024gpu_h100_bf16"  # 128 nodes: more than the loc
 
 
 def make(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["make", *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 BAD = [
@@ -94,7 +94,7 @@ def test_bad_input_is_one_line_with_exit_2(make_here, target, arg, needle):
 
 def written() -> set:
     """What a plan or a submission writes: run directories (runs/, the local profile's job_dir)."""
-    roots = [stack.runs_root(), load_profile("local").job_path / "runs"]
+    roots = [paths.runs_root(), load_profile("local").job_path / "runs"]
     return {p for r in roots if r.is_dir() for p in r.iterdir()}
 
 
@@ -112,7 +112,7 @@ def test_audit_errors_and_bad_input_differ_for_a_script():
     assert audit.returncode == 2 and "Error 1" in audit.stderr  # make's exit is 2; its line says ours was 1
     direct = subprocess.run(
         [sys.executable, "-m", "launch", "plan", R8, "--nodes", "0"],
-        cwd=stack.REPO_ROOT,
+        cwd=paths.REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,
@@ -153,7 +153,7 @@ def test_bad_names_keys_and_node_counts_are_answered_before_the_import():
         print(json.dumps({{"results": out, "loaded": loaded}}))
     """)
     env = {"PYTHONPATH": "src:.", "PATH": "/usr/bin:/bin"}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=stack.REPO_ROOT, env=env)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=paths.REPO_ROOT, env=env)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     assert got["loaded"] == []

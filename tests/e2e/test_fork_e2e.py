@@ -14,8 +14,8 @@ import subprocess
 
 import pytest
 
-from overlapkit import stack
-from overlapkit.plan import registry
+from overlapkit import paths
+from overlapkit.bridge import registry
 
 NAME = "qwen3_60b_a6b_pretrain_32gpu_h100_bf16"
 FORK = ["FROM=qwen3_30b_a3b_pretrain_16gpu_h100_bf16", f"NAME={NAME}", "LAYERS=64", "EXPERTS=256"]
@@ -23,14 +23,14 @@ FORK = ["FROM=qwen3_30b_a3b_pretrain_16gpu_h100_bf16", f"NAME={NAME}", "LAYERS=6
 
 def make(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["make", "-s", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=900, env=env
+        ["make", "-s", *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900, env=env
     )
 
 
 def test_new_recipe_then_plan_and_recipes_in_new_processes(tmp_path):
     made = make("new-recipe", *FORK, f"ARGS=--recipes-dir {tmp_path}")
     assert made.returncode == 0, made.stderr
-    assert (tmp_path / f"{NAME}.py").is_file() and not (stack.REPO_ROOT / "recipes" / f"{NAME}.py").exists()
+    assert (tmp_path / f"{NAME}.py").is_file() and not (paths.REPO_ROOT / "recipes" / f"{NAME}.py").exists()
     # Outside recipes/: new-recipe tells the user the path the next process needs, and the test follows it.
     assert f"note: make plan finds it with {registry.PATH_VAR}={tmp_path} " in made.stdout
     env = {**os.environ, registry.PATH_VAR: str(tmp_path)}

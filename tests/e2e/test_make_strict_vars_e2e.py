@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from launch import plan_server
-from overlapkit import stack
+from overlapkit import paths
 
-ROOT = stack.REPO_ROOT
+ROOT = paths.REPO_ROOT
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
 

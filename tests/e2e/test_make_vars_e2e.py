@@ -12,7 +12,7 @@ import time
 import pytest
 
 from launch import new_recipe
-from overlapkit import stack
+from overlapkit import paths
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
@@ -43,7 +43,7 @@ CASES = [  # (target, variables, what our one line starts with); {m} is the mark
 def make(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """`make` as a user types it at the top level (tests/conftest.py drops the outer make's MAKEFLAGS)."""
     argv = ["make", *args]
-    return subprocess.run(argv, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def ours(stderr: str) -> list[str]:
@@ -120,7 +120,7 @@ SLACK = "xoxb-1234567890-0987654321-AbCdEfGhIjKl"
 
 
 def run_dirs() -> set:
-    runs = stack.runs_root()
+    runs = paths.runs_root()
     return set(runs.iterdir()) if runs.is_dir() else set()
 
 
@@ -147,7 +147,7 @@ def test_a_credential_in_a_recorded_shell_variable_never_reaches_a_file():
     before = run_dirs()
     env = {**os.environ, "NCCL_COLLNET_HINT": HF}
     out = subprocess.run(
-        ["make", "plan", f"RECIPE={R8}"], cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+        ["make", "plan", f"RECIPE={R8}"], cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     line = answered(out, "error: NCCL_COLLNET_HINT in your shell holds what looks like a Hugging Face token")
     assert "unset it" in line and HF not in out.stdout + out.stderr

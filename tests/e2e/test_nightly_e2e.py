@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from overlapkit.cluster import slurm
-from overlapkit.regress import night_report
+from overlapkit.nightly import night_report
 
 pytestmark = pytest.mark.slurm
 
@@ -27,7 +27,7 @@ def test_make_nightly_preflight_submits_the_suite_and_the_report_runs_last(prefl
     out, jobs = preflight_night  # `make nightly CLUSTER=local PREFLIGHT=1 JOB_DIR=...`, typed once (tests/conftest.py)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("skip llama31_405b") == 4 and "needs 32 nodes at DP=2" in out.stdout
-    # the MoE shapes keep EP (regress/nightly): 235B and DeepSeek-V3 need more than the local 8 nodes
+    # the MoE shapes keep EP (nightly/nightly): 235B and DeepSeek-V3 need more than the local 8 nodes
     assert out.stdout.count("skip qwen3_235b") == 2 and out.stdout.count("skip deepseek_v3") == 2
     (night_dir,) = [d for d in (jobs / "nightly").iterdir() if d.is_dir()]  # beside it: history.jsonl, once reported
     night = json.loads((night_dir / "night.json").read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from overlapkit import stack
+from overlapkit import paths
 from overlapkit.sizing import memory
 from overlapkit.sizing.hardware import HARDWARE
 
@@ -19,7 +19,7 @@ QWEN = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16"
 
 def test_make_plan_gpu_h200_plans_an_h100_recipe_for_h200(planned):
     cmd = ["make", "-s", "plan", f"RECIPE={QWEN}", "GPU=h200", "FORMAT=json"]
-    out = subprocess.run(cmd, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     d = json.loads(out.stdout)
     h100 = planned(QWEN)  # the same recipe as shipped, for H100
@@ -32,4 +32,4 @@ def test_make_plan_gpu_h200_plans_an_h100_recipe_for_h200(planned):
     assert next(iter(worth)) == "ep" and worth["ep"]["delta_s"] > 0 and "tp" not in worth
     assert d["audit"]["ok"] and d["audit"]["errors"] == []  # the H100 userbuffers presets are an H200's too
     rec = json.loads((Path(d["run_dir"]) / "overrides.json").read_text())
-    assert rec["gpu"] == "h200"  # the job rebuilds the plan for the same GPU (plan/request.py from_record)
+    assert rec["gpu"] == "h200"  # the job rebuilds the plan for the same GPU (spec/request.py from_record)

@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 
 from launch import commands, plan_server, serve
-from overlapkit import stack
-from overlapkit.plan import registry
+from overlapkit import paths
+from overlapkit.bridge import registry
 
-ROOT = stack.REPO_ROOT
+ROOT = paths.REPO_ROOT
 NAME = "llama3_8b_pretrain_8gpu_h100_bf16_okps"
 RECIPE = """
 import json, os, tempfile

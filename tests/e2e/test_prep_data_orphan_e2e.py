@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from overlapkit import makewatch, stack
+from overlapkit import makewatch, paths
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "plan"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "bridge"))
 from data_fixtures import corpus_docs, make_tokenizer, write_corpus  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def test_kill_9_of_makes_shell_child_stops_prep_data_without_publishing(tmp_path
     tok, out = make_tokenizer(tmp_path / "tok", docs[:300]), tmp_path / "out"
     make = subprocess.Popen(
         ["make", "-s", "prep-data", f"IN={corpus}", f"TOKENIZER={tok}", f"OUT={out}"],
-        cwd=stack.REPO_ROOT,
+        cwd=paths.REPO_ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

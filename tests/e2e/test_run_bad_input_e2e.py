@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import dataprep
 from overlapkit.cluster.profiles import load_profile
-from overlapkit.plan import dataprep
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "plan"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "bridge"))
 from data_fixtures import build_dataset, corpus_docs, make_tokenizer, write_corpus, write_spec  # noqa: E402
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
@@ -164,7 +164,7 @@ BAD = [
 
 
 def written(d: Path) -> set[Path]:
-    roots = [stack.runs_root(), load_profile("local").job_path / "runs", d]
+    roots = [paths.runs_root(), load_profile("local").job_path / "runs", d]
     return {p for r in roots if r.is_dir() for p in r.rglob("*")}
 
 
@@ -198,7 +198,7 @@ def test_bad_run_input_through_make_is_one_line_and_writes_nothing(files, target
     before = written(files["d"])
     out = subprocess.run(
         ["make", target, *variables(files, target, args)],
-        cwd=stack.REPO_ROOT,
+        cwd=paths.REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,

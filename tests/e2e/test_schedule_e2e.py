@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from overlapkit import stack
+from overlapkit import paths
 from overlapkit.cluster import slurm
-from overlapkit.regress import schedule
+from overlapkit.nightly import schedule
 
 pytestmark = pytest.mark.slurm
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
 
 def make(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["make", *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def chain(jobs: Path) -> list[dict]:
@@ -50,7 +50,7 @@ def wait_fired(jobs: Path, job_id: str, timeout: float = 600) -> dict:
 
 def test_bad_input_is_one_line_answered_before_bridge_and_submits_nothing(tmp_path):
     jobs = tmp_path / "jobs"
-    profile = (stack.REPO_ROOT / "slurm/profiles/local.toml").read_text().replace('"local"', '"nosuch"')
+    profile = (paths.REPO_ROOT / "slurm/profiles/local.toml").read_text().replace('"local"', '"nosuch"')
     (tmp_path / "nosuch.toml").write_text(profile)
     before = {j["job_id"] for j in slurm.queued(schedule.SCHEDULER_NAME)}
     for args, says in [
@@ -112,7 +112,7 @@ def test_the_chain_fires_launches_the_night_and_queues_its_successor(tmp_path):
     assert (suite.get("name"), suite.get("tests"), suite.get("failures")) == ("nightly.local", "1", "0")
     out = make("nightly-status", "CLUSTER=local", f"JOB_DIR={jobs}")
     assert out.returncode == 0, out.stdout
-    assert f"night {stack.repo_relative(Path(fired['night']))}" in out.stdout
+    assert f"night {paths.repo_relative(Path(fired['night']))}" in out.stdout
     assert "verdict: no failures; 1 preflight_only; report.md + junit.xml there" in out.stdout
 
     out = make("nightly-unschedule", "CLUSTER=local", f"JOB_DIR={jobs}")

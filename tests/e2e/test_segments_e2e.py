@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from overlapkit import stack
+from overlapkit import paths
 from overlapkit.cluster import chain, runlock, slurm
 from overlapkit.cluster.profiles import load_profile
 
-sys.path[:0] = [str(Path(__file__).parents[1] / "unit_tests" / d) for d in ("plan", "cluster")]
+sys.path[:0] = [str(Path(__file__).parents[1] / "unit_tests" / d) for d in ("bridge", "cluster")]
 from ckpt_fixtures import save_iteration  # noqa: E402
 from data_fixtures import build_dataset, corpus_docs, make_tokenizer, write_spec  # noqa: E402
 
@@ -50,7 +50,7 @@ def submitted(stdout: str) -> tuple[Path, list[str]]:
 
 def submit(spec, name: str, segments: int = 3) -> tuple[Path, list[str]]:
     argv = submit_argv(spec, name, segments)
-    out = subprocess.run(argv, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return submitted(out.stdout)
 
@@ -61,7 +61,7 @@ def pair(spec):
     (name, [((stdout, stderr), status)] × 2)."""
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    procs = [subprocess.Popen(submit_argv(spec, name, 3), cwd=stack.REPO_ROOT, **pipes) for _ in range(2)]
+    procs = [subprocess.Popen(submit_argv(spec, name, 3), cwd=paths.REPO_ROOT, **pipes) for _ in range(2)]
     return name, [(p.communicate(timeout=600), p.returncode) for p in procs]
 
 
@@ -96,7 +96,7 @@ def dependency(job: str) -> str:
 
 
 def make(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-s", *args], cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(["make", "-s", *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_three_segments_chain_with_afterany_and_a_later_segment_without_a_checkpoint_fails(submitted_chain, ended):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from launch import commands
-from overlapkit import stack
+from overlapkit import paths
 from overlapkit.cluster import slurm, submit
 from overlapkit.cluster.profiles import load_profile
 
@@ -56,7 +56,7 @@ def test_make_submit_preflight_only_completes_with_the_ledger_on_every_rank(tmp_
     site = tmp_path / "site.toml"
     site.write_text(load_profile("local").path.read_text().replace("secrets = []", 'secrets = ["HF_TOKEN"]'))
     env = {**os.environ, "NCCL_DEBUG": "INFO", "HF_TOKEN": planted}  # NCCL_DEBUG: a stale shell export, reported
-    out = subprocess.run(["make", "submit", f"RECIPE={R8}", f"CLUSTER={site}", "PREFLIGHT=1"], cwd=stack.REPO_ROOT,
+    out = subprocess.run(["make", "submit", f"RECIPE={R8}", f"CLUSTER={site}", "PREFLIGHT=1"], cwd=paths.REPO_ROOT,
                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "NCCL_DEBUG=INFO is exported in this shell" in out.stdout
@@ -73,14 +73,14 @@ def test_make_submit_preflight_only_completes_with_the_ledger_on_every_rank(tmp_
     assert len(written) > 10 and not [f for f in written if planted.encode() in f.read_bytes()]
     assert planted not in out.stdout + out.stderr
     # Cancelling a job that already ended says so instead of claiming a cancel.
-    again = subprocess.run(["make", "-s", "cancel", f"RUN={run_dir}"], cwd=stack.REPO_ROOT, capture_output=True,
+    again = subprocess.run(["make", "-s", "cancel", f"RUN={run_dir}"], cwd=paths.REPO_ROOT, capture_output=True,
                            text=True, timeout=60)  # fmt: skip
     assert again.returncode == 0 and f"job {info['job_id']} ({run_dir.name}) already COMPLETED" in again.stdout
 
 
 def test_a_request_the_partition_can_never_run_is_refused_before_anything_is_queued():
     queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
-    out = subprocess.run(["make", "submit", f"RECIPE={R8}", "CLUSTER=local", "NODES=16"], cwd=stack.REPO_ROOT,
+    out = subprocess.run(["make", "submit", f"RECIPE={R8}", "CLUSTER=local", "NODES=16"], cwd=paths.REPO_ROOT,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 2 and "error: 16 nodes requested but partition local has 8: use NODES≤8" in out.stderr
     after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
@@ -90,7 +90,7 @@ def test_a_request_the_partition_can_never_run_is_refused_before_anything_is_que
 def test_kill_9_of_make_stops_its_submission_and_the_run_says_what_happened():
     root = load_profile("local").job_path / "runs"
     before = set(root.glob(f"{R8}-*"))
-    proc = subprocess.Popen(["make", "submit", f"RECIPE={R8}", "CLUSTER=local", "PREFLIGHT=1"], cwd=stack.REPO_ROOT,
+    proc = subprocess.Popen(["make", "submit", f"RECIPE={R8}", "CLUSTER=local", "PREFLIGHT=1"], cwd=paths.REPO_ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     deadline, marker = time.monotonic() + 300, None
     while time.monotonic() < deadline and marker is None:

@@ -10,7 +10,7 @@ Mocked, the GPU only: no GPU here can write a trace, so two real traces written 
 (tests/data/reference_traces: nccl_data is rank 0 of its run, trace_diff_control rank 3) are put where Bridge 0.6.2
 writes them in this job (`<tensorboard_dir>/../torch_profile/rank-<R>.json.gz`, training/profiling.py, with the
 recipe's default TensorBoard directory under the job's working directory), and the job's own after-training step
-(regress/profiled.py after_training, what launch/entry.py runs after `pretrain`) runs as a Slurm step on 8 ranks in
+(profile/profiled.py after_training, what launch/entry.py runs after `pretrain`) runs as a Slurm step on 8 ranks in
 the job's packaged code: the profiled ranks keep their traces in the run directory, the first writes the
 report, every rank waits for its marker. Then `make overlap-report RUN=<run dir>` must find and report them, with
 figures equal to the independent computation (tests/reference_traces.py), and the nightly's readers must find the
@@ -29,10 +29,10 @@ import pytest
 import yaml
 from reference_traces import brute, ms, traces_dir
 
-from overlapkit import stack
+from overlapkit import paths
 from overlapkit.cluster import slurm, submit
 from overlapkit.cluster.profiles import load_profile
-from overlapkit.regress import exposed, logparse, night_report
+from overlapkit.nightly import exposed, logparse, night_report
 
 pytestmark = pytest.mark.slurm
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"  # TP1 PP1 CP2 DP4: SendRecv is CP's, AllReduce and Broadcast DP's
@@ -41,8 +41,8 @@ TRACES = {0: "nccl_data", 3: "trace_diff_control"}  # the rank each trace says i
 AFTER_TRAINING = """
 import sys
 sys.path[:0] = ["src", "."]
-from overlapkit.plan.planfile import read_plan
-from overlapkit.regress import profiled
+from overlapkit.spec.planfile import read_plan
+from overlapkit.profile import profiled
 run_dir, tensorboard_dir = sys.argv[1:3]
 profiled.after_training(run_dir, read_plan(run_dir), tensorboard_dir)
 """
@@ -54,7 +54,7 @@ def test_a_torch_profile_run_leaves_traces_and_report_where_overlap_report_and_t
     site.write_text(local.path.read_text().replace('job_dir = "runs/slurm"', f'job_dir = "{tmp_path / "jobs"}"'))
     cmd = ["make", "-s", "submit", f"RECIPE={R8}", f"CLUSTER={site}", "PREFLIGHT=env"]
     cmd += ["TORCH_PROFILE=3:5", "TORCH_PROFILE_RANKS=0,3"]
-    out = subprocess.run(cmd, cwd=stack.REPO_ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = [p.parent for p in (tmp_path / "jobs" / "runs").glob(f"{R8}-*/submission.json")]
     info = json.loads((run_dir / "submission.json").read_text())
@@ -111,7 +111,7 @@ def test_a_torch_profile_run_leaves_traces_and_report_where_overlap_report_and_t
     assert written["timeline"] == str(run_dir / "overlap_timeline.png") and (run_dir / "overlap_timeline.png").is_file()
 
     # make overlap-report RUN=, as a user types it: the job's report again, figures equal the independent sweep
-    rep = subprocess.run(["make", "-s", "overlap-report", f"RUN={run_dir}", "FORMAT=json"], cwd=stack.REPO_ROOT,
+    rep = subprocess.run(["make", "-s", "overlap-report", f"RUN={run_dir}", "FORMAT=json"], cwd=paths.REPO_ROOT,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     report = json.loads(rep.stdout)
     errors = [f for f in report["findings"] if f["level"] == "error"]

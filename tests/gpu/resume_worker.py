@@ -1,5 +1,5 @@
-"""One rank of tests/gpu/test_resume_gpu.py, under torchrun: the Llama3 8B 1-GPU cut (overlapkit.regress.gpucut) on
-the prepared data (DATA's spec applied by plan/data.py), checkpoints in CKPT, Bridge's exit signal handler on."""
+"""One rank of tests/gpu/test_resume_gpu.py, under torchrun: the Llama3 8B 1-GPU cut (overlapkit.bridge.gpucut) on
+the prepared data (DATA's spec applied by bridge/data.py), checkpoints in CKPT, Bridge's exit signal handler on."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import sys
 
 
 def main(spec: str, ckpt: str, iters: int, save_interval: int) -> int:
-    from overlapkit import stack
-    from overlapkit.plan import data
-    from overlapkit.regress import gpucut
+    from overlapkit.bridge import data, gpucut, stack
 
     stack.import_bridge()
     from megatron.bridge.training.gpt_step import forward_step

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "plan"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit_tests" / "bridge"))
 from data_fixtures import corpus_docs, make_tokenizer, write_corpus  # noqa: E402
 
 from overlapkit.cluster import resume  # noqa: E402
-from overlapkit.regress import logparse  # noqa: E402
+from overlapkit.nightly import logparse  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 # A plan.json that make submit wrote (llama3_8b fp8, 1 node), for tests that need a run directory's plan.
-PLAN_FIXTURE = Path(__file__).parent / "regress" / "fixtures" / "preflight_submit_run" / "plan.json"
+PLAN_FIXTURE = Path(__file__).parent / "nightly" / "fixtures" / "preflight_submit_run" / "plan.json"
 
 
 @pytest.fixture

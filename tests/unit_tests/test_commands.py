@@ -13,10 +13,10 @@ import sys
 import pytest
 
 from launch import commands
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import build
 from overlapkit.errors import AuditFailed, BadInput, ClusterFailure
 from overlapkit.makewatch import Interrupted
-from overlapkit.plan import build
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
@@ -25,14 +25,14 @@ TOOLS = {"test", "bench", "gpu-check", "docs"}  # pytest, bench/ and tools/ scri
 
 
 def test_every_make_target_is_one_row_and_every_row_a_command():
-    makefile = (stack.REPO_ROOT / "Makefile").read_text()
+    makefile = (paths.REPO_ROOT / "Makefile").read_text()
     runs = dict(re.findall(r"^([a-z-]+):.*\n\t@?(.*\$\(PY\).*)$", makefile, re.MULTILINE))
     assert {t for t, line in runs.items() if not line.startswith("$(PY) -m launch ")} == TOOLS
     called = re.findall(r"\$\(PY\) -m launch ([a-z-]+)", makefile)
     assert "-m launch." not in makefile  # no target runs a module of launch/ by itself
     assert set(called) <= set(commands.COMMANDS)
     unreached = set(commands.COMMANDS) - set(called)
-    # What the scheduler job runs (overlapkit/regress/schedule.py), and the server a client starts (plan_server.py).
+    # What the scheduler job runs (overlapkit/nightly/schedule.py), and the server a client starts (plan_server.py).
     assert unreached == {"nightly-schedule-run", "plan-server"}
     for name, cmd in commands.COMMANDS.items():
         module = __import__(cmd.module, fromlist=["run"])
@@ -60,7 +60,7 @@ def test_an_internal_error_before_the_import_shows_its_traceback_and_exits_1():
     traceback and exits 1, not one line and 2."""
     code = (
         "import sys\n"
-        "from overlapkit.plan import inputs\n"
+        "from overlapkit.bridge import inputs\n"
         "def broken(*a, **k):\n"
         "    raise KeyError('nodes')\n"
         "inputs.parse_nodes = broken\n"
@@ -68,7 +68,7 @@ def test_an_internal_error_before_the_import_shows_its_traceback_and_exits_1():
         f"sys.exit(commands.main(['plan', {R8!r}, '--nodes', '2']))\n"
     )
     env = {"PYTHONPATH": "src:.", "PATH": "/usr/bin:/bin", "OVERLAPKIT_PLAN_SERVER": "0"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 1, out.stderr
     assert "Traceback (most recent call last)" in out.stderr and out.stderr.rstrip().endswith("KeyError: 'nodes'")
 
@@ -98,7 +98,7 @@ def test_every_error_class_of_ours_is_bad_input_an_audit_or_the_clusters():
     them would reach the user as a traceback."""
     ours = {BadInput, AuditFailed, ClusterFailure, Interrupted}
     found = []
-    src = stack.REPO_ROOT / "src"
+    src = paths.REPO_ROOT / "src"
     for path in sorted((src / "overlapkit").rglob("*.py")):
         name = ".".join(path.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
         for _, cls in inspect.getmembers(importlib.import_module(name), inspect.isclass):

@@ -15,9 +15,9 @@ from pathlib import Path
 import make_targets
 import pytest
 
-from overlapkit import stack
+from overlapkit import paths
 
-REPO = stack.REPO_ROOT
+REPO = paths.REPO_ROOT
 _spec = importlib.util.spec_from_file_location("docs_tool", REPO / "tools" / "docs.py")  # `make docs`, a script
 docs = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # its dataclasses look it up there
 _spec.loader.exec_module(docs)

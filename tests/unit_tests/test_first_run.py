@@ -8,9 +8,9 @@ import os
 import subprocess
 import sys
 
-from overlapkit import stack
+from overlapkit import paths
 
-UV_SH = stack.REPO_ROOT / "tools" / "uv.sh"
+UV_SH = paths.REPO_ROOT / "tools" / "uv.sh"
 
 
 def _uv_sh(tmp_path, venv, *argv):

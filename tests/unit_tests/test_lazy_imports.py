@@ -1,4 +1,4 @@
-"""Planning's deferred imports (overlapkit/lazy_imports.py): every recipe's `FORMAT=json` plan is the same with
+"""Planning's deferred imports (overlapkit/bridge/lazy_imports.py): every recipe's `FORMAT=json` plan is the same with
 nothing deferred, a deferred module is the real one at its first use, and a job that trains imports in full."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from launch import commands, entry
-from overlapkit import lazy_imports, stack
-from overlapkit.plan import registry
+from overlapkit import paths
+from overlapkit.bridge import lazy_imports, registry, stack
 
 # A fresh interpreter plans every recipe, as `make plan FORMAT=json` prints it, with or without deferral.
 CHILD = (
@@ -46,7 +46,7 @@ def collect(full: bool, runs: Path) -> dict:
 def _fresh(mode: str, runs: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k != lazy_imports.SWITCH}
     argv = [sys.executable, "-c", CHILD, str(Path(__file__).parent), mode, str(runs)]
-    out = subprocess.run(argv, cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(argv, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

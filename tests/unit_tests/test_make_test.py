@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 
-from overlapkit import stack
+from overlapkit import paths
 
 
 def make_test(pytest_args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_ARGS")}  # this session's own
     cmd = ["make", "-s", "test", f"PYTEST_ARGS=--noconftest -p no:cacheprovider --collect-only {pytest_args}"]
-    return subprocess.run(cmd, cwd=stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_a_path_runs_that_path_only(tmp_path):

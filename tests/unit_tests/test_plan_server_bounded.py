@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from launch import commands, plan_server, serve
-from overlapkit import jsonio, stack
+from overlapkit import jsonio, paths
 from overlapkit.errors import BadInput
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
@@ -240,7 +240,7 @@ STAMP_PROBE = (
 def _stamp_under_make(*variables: str, env=None) -> str:
     out = subprocess.run(
         ["make", "-s", "plan", f"RECIPE={R8}", *variables, f"PY={STAMP_PROBE}"],
-        cwd=stack.REPO_ROOT,
+        cwd=paths.REPO_ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from overlapkit import stack, te_stub
+from overlapkit import paths
+from overlapkit.bridge import stack, te_stub
 
 
 def test_installed_versions_equal_the_pins():
@@ -20,8 +21,8 @@ def test_installed_versions_equal_the_pins():
 
 
 def test_a_drifted_install_is_a_warning_under_the_plan_header(monkeypatch):
-    from overlapkit.plan.build import make_plan
-    from overlapkit.plan.report import console, render_plan
+    from overlapkit.bridge.build import make_plan
+    from overlapkit.bridge.report import console, render_plan
 
     monkeypatch.setitem(stack.PINNED, "megatron-core", "0.0.1")  # as if the lock had moved past the installed one
     out = io.StringIO()
@@ -31,7 +32,7 @@ def test_a_drifted_install_is_a_warning_under_the_plan_header(monkeypatch):
 
 
 def test_pins_in_pyproject_match_stack_pins():
-    deps = tomllib.loads((stack.REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     for name, version in stack.PINNED.items():
         assert f"{name}=={version}" in deps
 
@@ -89,7 +90,7 @@ def runs_places() -> dict:
         "local profile job_dir": load_profile("local").job_path,
         "run-local": submit.local_runs(),
         "calibration": calibration.path_of("c").parent,
-        "a profile's runs/x": stack.in_checkout("runs/x"),
+        "a profile's runs/x": paths.in_checkout("runs/x"),
         "calibrate searches": args.roots[0] if args.roots else None,
     }
 
@@ -97,10 +98,10 @@ def runs_places() -> dict:
 def test_unset_the_runs_root_is_the_checkouts_runs(monkeypatch):
     from overlapkit.sizing import calibration
 
-    monkeypatch.delenv(stack.RUNS_VAR)
+    monkeypatch.delenv(paths.RUNS_VAR)
     monkeypatch.delenv(calibration.DIR_VAR, raising=False)
-    runs = stack.REPO_ROOT / "runs"
-    assert stack.runs_root() == runs and stack.in_checkout("slurm/profiles") == stack.REPO_ROOT / "slurm/profiles"
+    runs = paths.REPO_ROOT / "runs"
+    assert paths.runs_root() == runs and paths.in_checkout("slurm/profiles") == paths.REPO_ROOT / "slurm/profiles"
     places = runs_places()
     expect = [runs / "slurm", runs / "local", runs / "calibration", runs / "x"]
     assert list(places.values())[:4] == expect
@@ -110,7 +111,7 @@ def test_unset_the_runs_root_is_the_checkouts_runs(monkeypatch):
 def test_overlapkit_runs_moves_every_place_under_runs(monkeypatch, tmp_path):
     from overlapkit.sizing import calibration
 
-    monkeypatch.setenv(stack.RUNS_VAR, str(tmp_path / "r"))
+    monkeypatch.setenv(paths.RUNS_VAR, str(tmp_path / "r"))
     monkeypatch.delenv(calibration.DIR_VAR, raising=False)
     (tmp_path / "r").mkdir()
     places = runs_places()
@@ -119,7 +120,7 @@ def test_overlapkit_runs_moves_every_place_under_runs(monkeypatch, tmp_path):
 
 
 def test_a_relative_overlapkit_runs_is_refused_in_one_line(monkeypatch, make_here):
-    monkeypatch.setenv(stack.RUNS_VAR, "scratch/runs")
+    monkeypatch.setenv(paths.RUNS_VAR, "scratch/runs")
     code, out, err = make_here("plan", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16")
     assert code == 2, out + err
     fix = "OVERLAPKIT_RUNS=scratch/runs: not an absolute path: give a /directory, or unset it (the checkout's runs/)"
@@ -129,11 +130,11 @@ def test_a_relative_overlapkit_runs_is_refused_in_one_line(monkeypatch, make_her
 def test_the_suites_runs_go_to_a_folder_of_its_own(make_here):
     """tests/conftest.py points OVERLAPKIT_RUNS at a temporary folder: a plan the suite makes is written there, and the
     checkout's runs/ (where your `make status` and `make calibrate` look) gains nothing."""
-    mine = stack.REPO_ROOT / "runs"
+    mine = paths.REPO_ROOT / "runs"
     before = set(mine.iterdir()) if mine.is_dir() else set()
-    assert not stack.runs_root().is_relative_to(stack.REPO_ROOT)
+    assert not paths.runs_root().is_relative_to(paths.REPO_ROOT)
     code, out, err = make_here("plan", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16")
     assert code == 0, err
     (line,) = [x for x in out.splitlines() if x.startswith("run directory: ")]
-    assert Path(line.removeprefix("run directory: ")).parent == stack.runs_root()
+    assert Path(line.removeprefix("run directory: ")).parent == paths.runs_root()
     assert (set(mine.iterdir()) if mine.is_dir() else set()) == before

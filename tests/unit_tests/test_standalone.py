@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from reference_traces import TRACE_DIR
 
-from overlapkit import stack
+from overlapkit import paths
 
 # A path beside or above the checkout, as code or docs would name one. This file's own samples of them are skipped.
-THIS = Path(__file__).resolve().relative_to(stack.REPO_ROOT).as_posix()
+THIS = Path(__file__).resolve().relative_to(paths.REPO_ROOT).as_posix()
 SHARED = "sha" + "red"
 BESIDE = [
     re.compile(r"\.\./" + SHARED + r"\b"),  # the team folder beside the checkout, as a doc or a relative path names it
@@ -44,11 +44,11 @@ def repo_files() -> list[str]:
     """Every file a clone has (tracked, or new and not ignored): what CI's fresh clone holds."""
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=stack.REPO_ROOT,
+        cwd=paths.REPO_ROOT,
         capture_output=True,
         check=True,
     )
-    return sorted({f for f in out.stdout.decode().split("\0") if f and (stack.REPO_ROOT / f).is_file()})
+    return sorted({f for f in out.stdout.decode().split("\0") if f and (paths.REPO_ROOT / f).is_file()})
 
 
 def test_nothing_names_a_path_beside_the_checkout():
@@ -57,7 +57,7 @@ def test_nothing_names_a_path_beside_the_checkout():
         if rel == THIS:
             continue
         try:
-            text = (stack.REPO_ROOT / rel).read_text(encoding="utf-8")
+            text = (paths.REPO_ROOT / rel).read_text(encoding="utf-8")
         except UnicodeDecodeError:  # the traces (gzip) and other binaries name no path
             continue
         found += offences(rel, text)
@@ -70,8 +70,8 @@ def test_nothing_names_a_path_beside_the_checkout():
         ("tests/x.py", "p = Path('..') / '../" + SHARED + "/reference'"),
         ("docs/x.md", "the traces of `../" + SHARED + "/reference/traces`"),
         ("tests/x.py", "os.environ['OVERLAPKIT_" + SHARED.upper() + "']"),
-        ("src/a/b.py", "REFERENCE = stack.REPO_ROOT.parent / 'reference'"),
-        ("src/a/b.py", "x = stack.REPO_ROOT.parents[1] / 'y'"),
+        ("src/a/b.py", "REFERENCE = paths.REPO_ROOT.parent / 'reference'"),
+        ("src/a/b.py", "x = paths.REPO_ROOT.parents[1] / 'y'"),
         ("tools/x.py", "d = ROOT / '..' / \"" + SHARED + "\" / 'x'"),
         ("tools/x.py", "REPO = Path(__file__).resolve().parents[2]"),
         ("src/overlapkit/x.py", "R = Path(__file__).parents[3]"),

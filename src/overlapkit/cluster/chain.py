@@ -10,7 +10,7 @@ from pathlib import Path
 from overlapkit import jsonio
 from overlapkit.cluster import joblog, resume, slurm
 from overlapkit.errors import BadInput, one_line
-from overlapkit.plan import planfile
+from overlapkit.spec import planfile
 
 MARKER = "submission.json"  # a run directory's record of its submission (cluster/submit.py writes it)
 ROLE = "the run's submission record that make submit writes"

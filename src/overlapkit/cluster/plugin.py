@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import nemo_run as run
 
+from overlapkit.bridge.env import Ledger
 from overlapkit.errors import BadInput
-from overlapkit.plan.env import Ledger
 from overlapkit.secrets import FIX, secret_problem
 
 

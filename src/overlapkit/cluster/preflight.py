@@ -1,7 +1,7 @@
 """The in-job preflight of launch/entry.py: each rank's cheap checks of its environment against the ledger and the
 plan, rank 0's re-audit of the recipe rebuilt in the job, and the waits that gather every rank's record and hand all
 ranks rank 0's verdict. Standard library only: it runs before anything may import torch, since the launch-time variables
-(plan/env.py's ledger) must be in the environment before CUDA initialises."""
+(bridge/env.py's ledger) must be in the environment before CUDA initialises."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-# What a rank NSYS profiles needs (the preflight's check, and regress/profiled.py's error when it wraps the rank).
+# What a rank NSYS profiles needs (the preflight's check, and profile/profiled.py's error when it wraps the rank).
 NSYS_FIX = "run in a container image with Nsight Systems (the NeMo container has it) or add its bin/ to PATH"
 
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from overlapkit import jsonio
+from overlapkit.bridge.runopts import directory_problem
 from overlapkit.errors import BadInput
 from overlapkit.names import checked_name
-from overlapkit.plan.request import Cluster
-from overlapkit.plan.runopts import directory_problem
+from overlapkit.paths import REPO_ROOT, in_checkout, repo_relative
 from overlapkit.secrets import FIX, credential_kind, secret_problem
-from overlapkit.stack import REPO_ROOT, in_checkout, repo_relative
+from overlapkit.spec.request import Cluster
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
 # Megatron Bridge v0.6.0's release notes are titled "NeMo Framework 26.08 — Megatron Bridge Release Notes"
@@ -29,7 +29,7 @@ PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
 # (docs/releases/software-versions.md, roadmap issue #3754). Nothing in the installed 0.6.2 wheel names a tag, and a
 # patch tag (26.08.0x) may carry 0.6.2 exactly: check `pip show megatron-bridge` inside the image before a real run.
 DEFAULT_CONTAINER = "nvcr.io/nvidia/nemo:26.08"
-DEFAULT_JOB_DIR = "runs/slurm"  # relative paths are under the checkout, runs/... under stack.runs_root()
+DEFAULT_JOB_DIR = "runs/slurm"  # relative paths are under the checkout, runs/... under paths.runs_root()
 # Userbuffers (TP overlap) bootstrap over MPI when TE's NCCL bootstrap is off; pmix is what Slurm's srun offers.
 DEFAULT_SRUN_ARGS = ("--mpi=pmix",)
 
@@ -66,7 +66,7 @@ class ClusterProfile:
     # Keep Bridge loaded in a plan server on the machine where make runs (launch/plan_server.py, docs/plan.md):
     # off unless the profile says so, since that machine is often a cluster's shared login node.
     plan_server: bool = False
-    # What the nightly profiles its runs with (regress/nightly.py): Nsight Systems, or Bridge's PyTorch profiler on a
+    # What the nightly profiles its runs with (nightly/nightly.py): Nsight Systems, or Bridge's PyTorch profiler on a
     # cluster without nsys (`profiler = "torch"`); either leaves the overlap report the night reads.
     profiler: str = "nsys"
     path: Path | None = field(default=None, compare=False)
@@ -81,7 +81,7 @@ class ClusterProfile:
         return repo_relative(self.path) if self.path else f"profile {self.name} (in memory)"
 
     def resolved(self) -> Cluster:
-        """What a plan reads of this profile (plan/request.py's Cluster): its job directory made absolute."""
+        """What a plan reads of this profile (spec/request.py's Cluster): its job directory made absolute."""
         return Cluster(
             self.name, self.source, str(self.job_path), self.time_limit, self.wandb_project, self.wandb_entity
         )

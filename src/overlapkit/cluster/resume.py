@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio
+from overlapkit.bridge.runopts import directory_problem
 from overlapkit.errors import BadInput
-from overlapkit.plan.runopts import directory_problem
 
 # Bridge's checkpoint tracker (megatron/bridge/training/checkpointing.py: TRACKER_PREFIX + train_state.pt), and the
 # Megatron-LM one Bridge writes beside it (save_checkpoint's train_state_finalize_fn: "Write Megatron-LM tracker file
@@ -107,7 +107,7 @@ class Verdict:
 
 
 def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> Verdict:
-    """`run` is the plan's run summary (plan/runopts.py: summary), `layout` the plan's layout. A later segment must
+    """`run` is the plan's run summary (bridge/runopts.py: summary), `layout` the plan's layout. A later segment must
     resume (no tracker: exit 1, never a silent start from iteration 0); a tracker naming an incomplete iteration
     falls back or stops; a finished run exits 0; a changed layout stops unless opted in."""
     d, asked = run.get("checkpoint_dir"), run.get("ckpt_step")

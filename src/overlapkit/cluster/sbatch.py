@@ -8,13 +8,13 @@ from __future__ import annotations
 import shlex
 from string import Template
 
-from overlapkit import jsonio, stack
+from overlapkit import jsonio, paths
+from overlapkit.bridge import runopts
+from overlapkit.bridge.runopts import PREEMPT_S
 from overlapkit.cluster import slurm
 from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
-from overlapkit.plan import runopts
-from overlapkit.plan.runopts import PREEMPT_S
 
-TEMPLATE = stack.REPO_ROOT / "slurm" / "templates" / "pretrain.sbatch"
+TEMPLATE = paths.REPO_ROOT / "slurm" / "templates" / "pretrain.sbatch"
 
 
 def render(sub: Submission) -> str:
@@ -25,7 +25,7 @@ def render(sub: Submission) -> str:
         for name, value in plan.ledger.values().items()
     )
     nsys = "# (no NSYS: no Nsight Systems profile)"
-    if plan.run.nsys:  # launch/entry.py runs the profiled ranks under nsys itself (overlapkit/regress/profiled.py)
+    if plan.run.nsys:  # launch/entry.py runs the profiled ranks under nsys itself (overlapkit/profile/profiled.py)
         (a, b), ranks = plan.run.nsys, ",".join(map(str, plan.run.nsys_ranks))
         nsys = (
             f"# NSYS={a}:{b} NSYS_RANKS={ranks}: launch/entry.py runs those ranks under nsys profile and exports each "
@@ -34,7 +34,7 @@ def render(sub: Submission) -> str:
         )
     srun = list(p.srun_args)
     if p.container_image:  # pyxis: the image, the mounts, and the checkout itself at the same path
-        mounts = [*p.container_mounts, f"{stack.REPO_ROOT}:{stack.REPO_ROOT}", f"{sub.run_dir}:{sub.run_dir}"]
+        mounts = [*p.container_mounts, f"{paths.REPO_ROOT}:{paths.REPO_ROOT}", f"{sub.run_dir}:{sub.run_dir}"]
         srun += [f"--container-image={p.container_image}", f"--container-mounts={','.join(mounts)}"]
     return Template(TEMPLATE.read_text()).substitute(
         recipe=plan.recipe.name,
@@ -57,7 +57,7 @@ def render(sub: Submission) -> str:
         step_export="\n".join(f"export {k}={v}" for k, v in slurm.STEP_EXPORT.items()),
         exports=exports,
         srun_args=shlex.join(srun),
-        code_dir=shlex.quote(str(stack.REPO_ROOT)),
+        code_dir=shlex.quote(str(paths.REPO_ROOT)),
         claim=shlex.quote(f"{sub.command} --claim"),
         command=shlex.quote(sub.command),
     )

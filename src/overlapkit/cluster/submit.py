@@ -26,15 +26,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from overlapkit import jsonio, makewatch, names, stack
+from overlapkit import jsonio, makewatch, names, paths
+from overlapkit.bridge import runopts, stack
+from overlapkit.bridge.build import Plan, plan_for, write_run_dir
 from overlapkit.cluster import chain, preflight, resume, runlock, slurm
 from overlapkit.cluster.chain import MARKER, checked_marker
 from overlapkit.cluster.profiles import ClusterProfile, load_profile, placeholder_problem
 from overlapkit.errors import AuditFailed, BadInput, ClusterFailure
-from overlapkit.plan import request, runopts
-from overlapkit.plan.build import Plan, plan_for, write_run_dir
-from overlapkit.plan.request import PlanRequest
-from overlapkit.topology import GPUS_PER_NODE
+from overlapkit.spec import request
+from overlapkit.spec.request import PlanRequest
+from overlapkit.spec.topology import GPUS_PER_NODE
 
 TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
 
@@ -114,7 +115,7 @@ class Submission:
 
 
 def python_for(profile: ClusterProfile) -> str:
-    return profile.python.replace("{repo}", str(stack.REPO_ROOT))
+    return profile.python.replace("{repo}", str(paths.REPO_ROOT))
 
 
 ENTRY = "launch/entry.py"  # a path-based script: Bridge's run plugins append their overrides to its arguments
@@ -122,7 +123,7 @@ ENTRY = "launch/entry.py"  # a path-based script: Bridge's run plugins append th
 
 def entry_args(plan: Plan, run_dir: Path, preflight_only: bool, checks: str, segment: int = 1) -> list[str]:
     """launch/entry.py's arguments for one rank of `segment`; the overrides themselves are in the run directory's
-    overrides.json (plan/build.py), so no value is split by a shell on the way."""
+    overrides.json (bridge/build.py), so no value is split by a shell on the way."""
     args = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", str(plan.target.nodes)]
     args += ["--checks", checks, "--segment", str(segment), "--segments", str(plan.run.segments)]
     return args + (["--preflight-only"] if preflight_only else [])
@@ -245,7 +246,7 @@ def software_problem(profile: ClusterProfile) -> str | None:
 def _imports_in(python: str) -> str | None:
     """What `python launch/entry.py --imports-only` says is missing (None: nothing), as the job's ranks would run it
     (the job's exports only: PATH). Not answering in time is a note, not a refusal."""
-    cmd = [python, str(stack.REPO_ROOT / ENTRY), "--imports-only"]
+    cmd = [python, str(paths.REPO_ROOT / ENTRY), "--imports-only"]
     env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}  # stack.import_bridge sets offline
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=IMPORTS_TIMEOUT_S, env=env)
@@ -267,8 +268,8 @@ def _imports_in(python: str) -> str | None:
 def dry_home(profile: ClusterProfile) -> Path:
     """Where a dry run writes (its run directory, nemo_run's experiment folder): the profile's job directory where it
     is inside the checkout's runs/ (the local Slurm's), else runs/dryrun/<profile name>: a dry run creates nothing
-    on the cluster's filesystem, a placeholder job directory included (runs/: stack.runs_root)."""
-    runs = stack.runs_root().resolve()
+    on the cluster's filesystem, a placeholder job directory included (runs/: paths.runs_root)."""
+    runs = paths.runs_root().resolve()
     job = profile.job_path.resolve()
     return profile.job_path if job == runs or runs in job.parents else runs / "dryrun" / profile.name
 
@@ -336,14 +337,14 @@ def claim(run_dir: Path, job_id: str, run: runopts.RunOptions) -> dict:
 def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
     """The request on this cluster: its job directory, the per-segment time limit (profile, else recipe), its W&B
     project. The recipe's limit is looked up even when the profile has one: an unknown recipe is that error first."""
-    from overlapkit.plan import registry
+    from overlapkit.bridge import registry
 
     return request.bind(req, profile.resolved(), registry.get(req.recipe).time_limit)
 
 
 def local_runs() -> Path:
-    """run-local's job directory: its checkpoints and run directories (runs/local, under stack.runs_root())."""
-    return stack.runs_root() / "local"
+    """run-local's job directory: its checkpoints and run directories (runs/local, under paths.runs_root())."""
+    return paths.runs_root() / "local"
 
 
 def bind_local(req: PlanRequest) -> PlanRequest:
@@ -388,7 +389,7 @@ def plugins_for(sub) -> list:
     """Our env-var plugin, and Bridge's PreemptionPlugin where the run saves checkpoints (it appends its overrides to
     the path-based script's arguments and sets --signal). NSYS needs no plugin: the run options carry the window
     into the config (runopts.apply) and launch/entry.py runs each profiled rank under nsys itself, so the reports
-    and their SQLite exports land in <run dir>/nsys/ on every launch path (overlapkit/regress/profiled.py)."""
+    and their SQLite exports land in <run dir>/nsys/ on every launch path (overlapkit/profile/profiled.py)."""
     from megatron.bridge.recipes.run_plugins import PreemptionPlugin
 
     from overlapkit.cluster.plugin import EnvVarPlugin
@@ -472,7 +473,7 @@ def dryrun(sub: Submission) -> str:
 
 def shipped_commit() -> tuple[str, list[str]]:
     """(HEAD sha, tracked files with uncommitted changes): GitArchivePackager ships HEAD only."""
-    git = ["git", "-C", str(stack.REPO_ROOT)]
+    git = ["git", "-C", str(paths.REPO_ROOT)]
     sha = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
     return sha, [line[3:] for line in dirty.stdout.splitlines()]
@@ -524,7 +525,7 @@ def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full",
     run_dir = write_run_dir(plan, local_runs())
     executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun")
     # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
-    script = str(stack.REPO_ROOT / ENTRY)
+    script = str(paths.REPO_ROOT / ENTRY)
     task = run.Script(path=script, args=entry_args(plan, run_dir, preflight_only, checks), entrypoint="python")
     with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
         exp.add(task, name="train", plugins=plugins_for(plan))

@@ -1,7 +1,7 @@
 """Layout search: every TP/PP/VPP/CP/MBS split of a model over N H100s that divides, fits memory and keeps the overlap
 stack on, ranked, each with a one-line "why".
 
-Divisibility follows the audit (overlapkit.plan.audit): heads and query groups by TP, layers (+ Bridge's
+Divisibility follows the audit (overlapkit.bridge.audit): heads and query groups by TP, layers (+ Bridge's
 embedding/loss accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS. Each layout that divides
 is the recipe's own config at that layout (`Recipe.build`: what the forked file builds, its FROM recipe's knobs,
 recompute and dispatcher included, with the overlap stack applied), sized and predicted by the plan's own code:
@@ -14,7 +14,7 @@ overlap stack on wherever a layout with DP>1 fits); then the predicted TFLOP/s p
 within 2% of the best of the leading class is a tie); ties by the rules of thumb: an exact Bridge userbuffers
 preset (or TP=1, where TP overlap is n/a) before the explicit opt-in `overlap.tp_preset=default`; the smallest PP
 (pipeline bubble), then TP, then CP (their collectives), then EP for MoE shapes (the smallest expert all-to-all
-group; EP>1 always, so the EP overlap path runs, and experts by EP and GPUs by EP·PP must divide, plan/moe.py); the
+group; EP>1 always, so the EP overlap path runs, and experts by EP and GPUs by EP·PP must divide, bridge/moe.py); the
 largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory
 headroom. Each runner-up says why it loses.
 """
@@ -27,17 +27,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from overlapkit import stack
+from overlapkit.bridge import presets, stack
+from overlapkit.bridge.audit import audit, split_violations
+from overlapkit.bridge.build import model_inputs
+from overlapkit.bridge.moe import expert_split_violations
+from overlapkit.bridge.overlap import OverlapIntent, resolve
 from overlapkit.errors import BadInput
-from overlapkit.plan import presets
-from overlapkit.plan.audit import audit, split_violations
-from overlapkit.plan.build import model_inputs
-from overlapkit.plan.moe import expert_split_violations
-from overlapkit.plan.overlap import OverlapIntent, resolve
-from overlapkit.shape import ModelShape, head_dim_problem
 from overlapkit.sizing import calibration, memory, throughput
 from overlapkit.sizing.memory import MemoryEstimate, Workload, first_stage_layers
-from overlapkit.topology import DEFAULT_GPU, GPUS_PER_NODE, Layout, Target
+from overlapkit.spec.shape import ModelShape, head_dim_problem
+from overlapkit.spec.topology import DEFAULT_GPU, GPUS_PER_NODE, Layout, Target
 
 TPS, CPS, MBSS = (1, 2, 4, 8), (1, 2, 4), (1, 2)  # TP stays inside one 8-GPU NVLink node
 # The estimate is a model, not a measurement: a layout within 10% of the budget is one allocator spike from an OOM on
@@ -87,7 +86,7 @@ class Candidate:
 def layout_errors(
     s: ModelShape, gpus: int, tp: int, pp: int, vpp: int | None, cp: int, mbs: int, gbs: int, ep: int = 1
 ):
-    """Why this split does not divide (the audit's rules, plan/moe.py's for the experts); empty when it does."""
+    """Why this split does not divide (the audit's rules, bridge/moe.py's for the experts); empty when it does."""
     errs = []
     if tp not in TPS:
         errs.append(f"TP{tp} is not one of {TPS} (TP stays inside an {GPUS_PER_NODE}-GPU node)")

@@ -18,23 +18,23 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapkit import jsonio, stack
+from overlapkit import jsonio
+from overlapkit.bridge import inputs, presets, registry, stack
+from overlapkit.bridge.build import make_plan
+from overlapkit.bridge.overlap import OverlapIntent
 from overlapkit.errors import AuditFailed, BadInput
 from overlapkit.fork import layout_search
 from overlapkit.names import checked_name, inside
-from overlapkit.plan import inputs, presets, registry
-from overlapkit.plan.build import make_plan
-from overlapkit.plan.overlap import OverlapIntent
-from overlapkit.shape import ModelShape, head_dim_follows
 from overlapkit.sizing import calibration, hardware, memory
-from overlapkit.topology import GPUS_PER_NODE
+from overlapkit.spec.shape import ModelShape, head_dim_follows
+from overlapkit.spec.topology import GPUS_PER_NODE
 
 NAME_RE = re.compile(
     r"^(?P<model>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<dtype>bf16|fp8cs)$",
     re.ASCII,  # \d is 0-9 only: a full-width ８ is no digit of a recipe name (nor of a Python module's)
 )
 SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq", "experts", "topk")
-# Each shape flag's config field, whose size rule (plan/inputs.py: SIZES, CEILINGS) it answers to before any search.
+# Each shape flag's config field, whose size rule (bridge/inputs.py: SIZES, CEILINGS) it answers to before any search.
 SHAPE_KEYS = dict(
     zip(
         SHAPE_FIELDS,
@@ -76,7 +76,7 @@ class ForkResult:
     path: Path
     choice: layout_search.Candidate
     alternatives: list
-    plan: object  # overlapkit.plan.build.Plan
+    plan: object  # overlapkit.bridge.build.Plan
     memory: memory.MemoryEstimate
 
 

@@ -1,12 +1,12 @@
 """The throughput model's fitted constants: their values, the published rows each is fitted on, and the fit.
 
 Every other number of the model is a datasheet figure (sizing/hardware.py) or a rule of the software stack. Each
-constant here is tied to the published runs whose prediction it moves (FITTED_ON, row keys of plan/published.py);
+constant here is tied to the published runs whose prediction it moves (FITTED_ON, row keys of bridge/published.py);
 tests/unit_tests/sizing/test_throughput.py fails when a constant has no row, names a row the reference lacks, or
 leaves out a row it moves, and re-runs the fit (`fit`, least squares in log error over those rows, within BOUNDS)
 to check the values below are what it gives. The leave-one-out check refits without each row and predicts it.
 
-A cluster's own calibration (`make calibrate`, regress/calibrate.py) fits the constants its finished runs can move
+A cluster's own calibration (`make calibrate`, nightly/calibrate.py) fits the constants its finished runs can move
 on their measured step times (`fit_free`) and is stored per cluster profile under runs/calibration/ (git-ignored,
 never over FITTED); `for_cluster` gives it, or the published one, with its label and error bands.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overlapkit import jsonio, stack
+from overlapkit import jsonio, paths
 from overlapkit.errors import BadInput
 from overlapkit.names import checked_name, inside
 
@@ -157,7 +157,7 @@ def kind(moe: bool, dtype: str) -> str:
     return f"{'MoE' if moe else 'dense'} {dtype}"
 
 
-# Leave-one-out errors on step time of the published runs by class (plan/published.py `bands`, checked by
+# Leave-one-out errors on step time of the published runs by class (bridge/published.py `bands`, checked by
 # tests/unit_tests/sizing/test_throughput.py): min and max over the class's runs.
 BANDS = {
     "dense fp8": Band(-0.1194, 0.1067, 9, "9 published dense fp8 runs"),
@@ -190,7 +190,7 @@ class Calibration:
 
 
 PUBLISHED = Calibration()
-# Where make calibrate writes a cluster's fit: runs/calibration (stack.runs_root(), git-ignored, like the run
+# Where make calibrate writes a cluster's fit: runs/calibration (paths.runs_root(), git-ignored, like the run
 # directories); OVERLAPKIT_CALIBRATION_DIR elsewhere (a test's own directory).
 DIR_VAR = "OVERLAPKIT_CALIBRATION_DIR"
 FIX = "run make calibrate CLUSTER=<name> again, or delete the file to predict with the published constants"
@@ -221,7 +221,7 @@ def beyond_physics(step_s: Callable[[Constants], float], measured_s: float) -> s
 
 
 def folder(root: Path | None = None) -> Path:
-    return Path(root or os.environ.get(DIR_VAR) or stack.runs_root() / "calibration")
+    return Path(root or os.environ.get(DIR_VAR) or paths.runs_root() / "calibration")
 
 
 def path_of(cluster: str, root: Path | None = None) -> Path:

@@ -1,7 +1,7 @@
 """The GPUs a plan can be made for (GPU=h100, GPU=h200): each one's public specs, in one table that the memory
 estimate (sizing/memory.py: how much HBM there is) and the throughput model (sizing/throughput.py: peaks, links, HBM
 bandwidth) both read. Nothing here is fitted (the fitted constants are sizing/calibration.py's). Standard library
-only: the request's check (plan/request.py) runs before the Bridge import.
+only: the request's check (spec/request.py) runs before the Bridge import.
 
 Every part of the node but the GPU (8 GPUs on one NVSwitch, one 400 Gb/s NIC per GPU) is the same DGX/HGX design.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from overlapkit.errors import BadInput
-from overlapkit.topology import DEFAULT_GPU
+from overlapkit.spec.topology import DEFAULT_GPU
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Hardware:
     network_gbs: float  # GB/s per GPU, each direction (one NIC per GPU)
     hbm_tbs: float  # TB/s
     hbm_gb: float  # GiB, as nvidia-smi reports the card's total (MiB / 1024): what the memory budget starts from
-    presets: str  # the GPU whose Bridge userbuffers presets (plan/presets.py) this one runs
+    presets: str  # the GPU whose Bridge userbuffers presets (bridge/presets.py) this one runs
 
 
 # NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/, H100 SXM column): BF16 1,979 and FP8

@@ -46,10 +46,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from overlapkit.shape import ModelShape
 from overlapkit.sizing import moe_memory
 from overlapkit.sizing.hardware import HARDWARE
-from overlapkit.topology import DEFAULT_GPU, Target, data_parallel_size, expert_data_parallel_size
+from overlapkit.spec.shape import ModelShape
+from overlapkit.spec.topology import DEFAULT_GPU, Target, data_parallel_size, expert_data_parallel_size
 
 GB = 2**30
 MARGIN_GB = 4.0  # allocator fragmentation: about 5% of the card

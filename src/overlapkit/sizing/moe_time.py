@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from overlapkit.topology import expert_group
+from overlapkit.spec.topology import expert_group
 
 # Bytes a dispatched token carries per hidden element: BF16 both ways (the dispatchers move the layer's BF16 input;
 # Megatron Core's FP8 dispatch is a separate option the recipes leave off).

@@ -4,7 +4,7 @@ The model (docs/throughput.md has the derivation, the sources and the validation
 
 - model FLOPs per step: Bridge's own `num_floating_point_operations` (megatron/bridge/training/utils/flop_utils.py,
   the number behind `log_throughput`), split into core attention, the output layer and the routed experts by
-  evaluating it again (sizing/flops.py). Transformer Engine runs the linear layers in FP8 on an FP8 recipe; core
+  evaluating it again (bridge/flops.py). Transformer Engine runs the linear layers in FP8 on an FP8 recipe; core
   attention (flash/cuDNN) and the output layer (megatron-core's ColumnParallelLinear, not a TE module) stay BF16.
 - compute: each part at its own achieved rate, a fitted fraction of the dense peak of its dtype (sizing/hardware.py):
   `gemm_fp8` for FP8 linear layers (times `blockwise` on a blockwise recipe), `gemm_bf16` for BF16 ones, core
@@ -30,7 +30,7 @@ The model (docs/throughput.md has the derivation, the sources and the validation
 - optimizer: Adam's memory traffic over the GPU's optimizer shard at HBM bandwidth.
 
 Hardware numbers are datasheet figures (sizing/hardware.py, cited); the fitted constants, each with the published
-rows it is fitted on, are sizing/calibration.py's; plan/published.py refits them and the tests check every row. A
+rows it is fitted on, are sizing/calibration.py's; bridge/published.py refits them and the tests check every row. A
 prediction uses its Inputs' calibration (published, or a cluster's from make calibrate) and carries its label and the
 leave-one-out band of comparable runs; what the model does not price, sizing/knobs.py names.
 """
@@ -39,13 +39,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from overlapkit.bridge.flops import Flops, flops_of_config, flops_of_model
 from overlapkit.sizing import calibration, moe_time
 from overlapkit.sizing.calibration import Constants
-from overlapkit.sizing.flops import Flops, flops_of_config, flops_of_model
 from overlapkit.sizing.hardware import HARDWARE, Hardware, hardware
 from overlapkit.sizing.memory import Workload, first_stage_layers
 from overlapkit.sizing.moe_time import Moe
-from overlapkit.topology import DEFAULT_GPU, GPUS_PER_NODE, expert_group
+from overlapkit.spec.topology import DEFAULT_GPU, GPUS_PER_NODE, expert_group
 
 __all__ = ["HARDWARE", "Constants", "Flops", "Hardware", "Inputs", "Moe", "Overlaps", "Prediction", "predict"]
 __all__ += ["flops_of_config", "flops_of_model"]
@@ -73,8 +73,8 @@ class Overlaps:
         return cls(**on)
 
 
-# Each Overlaps field's row in the plan's overlap table (plan/overlap.py; the EP row is plan/moe.py's): what the model
-# reads, and the name make plan's worth table shows (sizing/worth.py).
+# Each Overlaps field's row in the plan's overlap table (bridge/overlap.py; the EP row is bridge/moe.py's): what the
+# model reads, and the name make plan's worth table shows (sizing/worth.py).
 ROWS = {
     "tp": "tp_comm_overlap",
     "p2p": "overlap_p2p_comm",

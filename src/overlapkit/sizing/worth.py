@@ -3,7 +3,7 @@
 The same model (sizing/throughput.py `Inputs.predict`, on the plan's own inputs), called once more per overlap that is
 on with exactly that field of `Overlaps` flipped to off: the difference is what the overlap hides on this layout. A
 user reads which overlap the run depends on (make plan), and the nightly which one a slowdown looks like
-(regress/rules.py `likely_overlap`).
+(nightly/rules.py `likely_overlap`).
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ import pytest
 from ckpt_fixtures import save_iteration
 from slurm_fixtures import held_job
 
-from overlapkit import jsonio, stack
+from overlapkit import jsonio, paths
+from overlapkit.bridge import runopts
 from overlapkit.cluster import chain, resume, runlock, slurm
 from overlapkit.errors import BadInput
-from overlapkit.plan import runopts
 
 
 @pytest.fixture
@@ -233,7 +233,7 @@ def test_written_files_keep_the_umask(tmp_path):
 @pytest.mark.slurm
 def test_make_sbatch_is_refused_while_its_run_name_is_live(make_here):
     name = f"hostile-{uuid.uuid4().hex[:8]}"
-    ck = stack.runs_root() / "slurm" / "checkpoints" / name  # the local profile's job_dir, runs/slurm
+    ck = paths.runs_root() / "slurm" / "checkpoints" / name  # the local profile's job_dir, runs/slurm
     held = held_job()
     try:
         runlock.record(ck, ck.parent / "run", [held])
@@ -340,7 +340,7 @@ def test_a_job_of_make_sbatchs_script_records_itself_or_stops_on_the_real_slurm(
     RUN= find it, overlapkit-runs.json holds it); sbatch'd again while another run is live there, the job stops in
     that step, before any rank trains."""
     profile = tmp_path / "mine.toml"
-    text = (stack.REPO_ROOT / "slurm" / "profiles" / "local.toml").read_text()
+    text = (paths.REPO_ROOT / "slurm" / "profiles" / "local.toml").read_text()
     profile.write_text(text.replace('job_dir = "runs/slurm"', f'job_dir = "{tmp_path / "jobs"}"'))
     args = ("RECIPE=llama3_8b_pretrain_8gpu_h100_bf16", f"CLUSTER={profile}", "RUN_NAME=plain", "PREFLIGHT=env")
     code, out, err = make_here("sbatch", *args)

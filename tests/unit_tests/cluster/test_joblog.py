@@ -132,7 +132,7 @@ def test_make_status_and_the_nightly_report_show_a_failed_jobs_first_error(tmp_p
     assert code == 0 and out.splitlines()[1] == f"  job {job} FAILED; first error: {ABSENT} ({log})", out
     code, out, _ = make_here("status", f"RUN={run_dir}", "FORMAT=json")
     assert json.loads(out)["jobs"][0]["error"] == f"{ABSENT} ({log})"
-    from overlapkit.regress import night_report
+    from overlapkit.nightly import night_report
 
     entry = {"recipe": "llama3_8b_pretrain_8gpu_h100_fp8cs", "nodes": 1, "run_dir": str(run_dir), "job_id": job}
     res = night_report.evaluate(entry, slurm.job_state(job), [log], tmp_path / "goldens", False)

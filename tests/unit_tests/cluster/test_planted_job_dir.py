@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from slurm_fixtures import held_job
 
-from overlapkit import stack
+from overlapkit import paths
 from overlapkit.cluster import chain, slurm
 
 NOT_REGULAR = "is not a regular file (a FIFO, socket or device): give the file itself"
@@ -24,7 +24,7 @@ NOT_REGULAR = "is not a regular file (a FIFO, socket or device): give the file i
 @pytest.fixture
 def shared(tmp_path):
     """(CLUSTER= a profile whose job_dir is a fresh shared directory, that directory's runs/)."""
-    local = (stack.REPO_ROOT / "slurm" / "profiles" / "local.toml").read_text()
+    local = (paths.REPO_ROOT / "slurm" / "profiles" / "local.toml").read_text()
     profile = tmp_path / "shared.toml"
     lines = [f'job_dir = "{tmp_path / "jobs"}"' if line.startswith("job_dir") else line for line in local.splitlines()]
     profile.write_text("\n".join(lines) + "\n")

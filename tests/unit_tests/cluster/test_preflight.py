@@ -58,7 +58,7 @@ def test_a_rank_waits_for_rank_zeros_verdict_and_says_when_none_came(tmp_path, c
 
 
 def test_the_preflight_names_a_profiled_rank_without_nsys_on_its_path():
-    """A rank NSYS profiles needs nsys on its PATH (regress/profiled.py wraps it in `nsys profile`); the other ranks
+    """A rank NSYS profiles needs nsys on its PATH (profile/profiled.py wraps it in `nsys profile`); the other ranks
     do not. A failure on a GPU node (/dev/nvidiactl), a note on this CPU one."""
     plan = {
         "run": {"nsys": {"steps": [33, 35], "ranks": [0, 8]}},

@@ -11,10 +11,10 @@ import pytest
 from ckpt_fixtures import save_iteration
 
 from launch import entry
+from overlapkit.bridge import runopts
 from overlapkit.cluster import resume, submit
 from overlapkit.cluster.profiles import load_profile
-from overlapkit.plan import runopts
-from overlapkit.plan.request import PlanRequest
+from overlapkit.spec.request import PlanRequest
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 LAYOUT = {"nodes": 1, "gpus": 8, "tp": 1, "pp": 1, "vpp": None, "cp": 1, "dp": 8, "gbs": 128, "seq": 8192}
@@ -98,7 +98,7 @@ def test_a_changed_layout_is_refused_unless_only_the_weights_are_loaded(tmp_path
 def test_make_submit_refuses_a_changed_layout_before_anything_is_queued(tmp_path, capsys):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     req = submit.bind(PlanRequest(R8, nodes=2, run=runopts.RunOptions(run_name="grow")), profile)
-    from overlapkit.plan.build import plan_for
+    from overlapkit.bridge.build import plan_for
 
     plan = plan_for(req, profile=profile)
     ck = tmp_path / "jobs" / "checkpoints" / "grow"

@@ -19,13 +19,13 @@ import time
 import pytest
 
 from launch import commands
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import runopts, stack
 from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import AuditFailed
-from overlapkit.plan import runopts
 
-GOLDEN = stack.REPO_ROOT / "tests" / "golden"
+GOLDEN = paths.REPO_ROOT / "tests" / "golden"
 CASES = [
     ("llama3_70b_pretrain_64gpu_h100_bf16", "example-eos"),
     ("llama3_8b_pretrain_8gpu_h100_fp8cs", "local"),
@@ -36,7 +36,7 @@ CASES = [
 def normalise(text: str, sub: submit.Submission) -> str:
     text = text.replace(str(sub.run_dir), "<RUN_DIR>").replace(str(sub.profile.job_path), "<JOB_DIR>")
     text = re.sub(r"(<JOB_DIR>/experiments/[^/\s]+/)[^/\s]+_\d+", r"\1<EXP_ID>", text)
-    return text.replace(str(stack.REPO_ROOT), "<REPO>")
+    return text.replace(str(paths.REPO_ROOT), "<REPO>")
 
 
 def check(name: str, text: str) -> None:
@@ -169,7 +169,7 @@ def test_an_inherited_make_pid_is_watched_only_by_makes_descendants():
     )
     env = {"PYTHONPATH": "src:.", "OVERLAPKIT_MAKE_PID": str(stranger.pid)}
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-    child = subprocess.Popen([sys.executable, "-c", code], cwd=stack.REPO_ROOT, env=env, text=True, **pipes)
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=paths.REPO_ROOT, env=env, text=True, **pipes)
     try:
         assert child.stdout.readline().strip() == "not watching", child.stderr.read()[-500:]
     finally:
@@ -191,7 +191,7 @@ def test_a_descendant_of_make_is_stopped_by_sigterm_once_make_is_killed():
     )
     make = subprocess.Popen(
         ["sh", "-c", 'OVERLAPKIT_MAKE_PID=$$ "$0" -c "$1" & wait', sys.executable, child],
-        cwd=stack.REPO_ROOT,
+        cwd=paths.REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -211,7 +211,7 @@ def test_a_descendant_of_make_is_stopped_by_sigterm_once_make_is_killed():
 def test_pretraining_chain_sbatch_matches_golden(tmp_path):
     """RUN_NAME + SEGMENTS=2 + NSYS: one script per segment, each with Bridge's PreemptionPlugin signal and its
     overrides as the path-based entry's arguments. NSYS puts no nsys in front of the ranks: launch/entry.py runs the
-    profiled ones under nsys itself (regress/profiled.py), the same on both paths, and the plain script says so."""
+    profiled ones under nsys itself (profile/profiled.py), the same on both paths, and the plain script says so."""
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     opts = runopts.RunOptions(run_name="golden", segments=2, nsys=(10, 12), nsys_ranks=(0, 4))
     sub = submit.prepare("llama3_8b_pretrain_8gpu_h100_bf16", profile, preflight_only=True, caller_env={}, run=opts)
@@ -227,7 +227,7 @@ def test_pretraining_chain_sbatch_matches_golden(tmp_path):
 def test_make_sbatch_gpu_h200_plans_the_job_for_h200(make_here, tmp_path):
     """`make sbatch GPU=h200`: the plan in the run directory and the request the job rebuilds are for H200."""
     profile = tmp_path / "mine.toml"
-    text = (stack.REPO_ROOT / "slurm" / "profiles" / "local.toml").read_text()
+    text = (paths.REPO_ROOT / "slurm" / "profiles" / "local.toml").read_text()
     profile.write_text(text.replace('job_dir = "runs/slurm"', f'job_dir = "{tmp_path / "jobs"}"'))
     code, out, err = make_here("sbatch", "RECIPE=llama3_8b_pretrain_8gpu_h100_bf16", "GPU=h200", f"CLUSTER={profile}")
     assert code == 0, err

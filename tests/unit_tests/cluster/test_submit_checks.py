@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from launch import commands
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge.build import make_plan, write_run_dir
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import PROFILES_DIR, ProfileError, load_profile, placeholder_problem
 from overlapkit.errors import BadInput
-from overlapkit.plan.build import make_plan, write_run_dir
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 EXAMPLE = PROFILES_DIR / "example-eos.toml"
@@ -134,7 +134,7 @@ def test_a_real_submit_whose_python_cannot_import_training_is_refused_before_any
     queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
     assert commands.call("submit", ["--recipe", R8, "--cluster", str(copy)]) == 2
     err = capsys.readouterr().err.strip()
-    python = stack.REPO_ROOT / ".venv" / "bin" / "python"
+    python = paths.REPO_ROOT / ".venv" / "bin" / "python"
     assert err.startswith(f"error: the job's Python ({python}) cannot start training: {NVRX}: give the profile")
     assert err.endswith("or PREFLIGHT=1 to run only the in-job checks; nothing submitted") and "\n" not in err
     assert not list((tmp_path / "jobs").glob("runs/*"))
@@ -146,7 +146,7 @@ def test_another_python_is_asked_through_the_entry_itself(tmp_path):
     """A job's Python that is not this environment: `<python> launch/entry.py --imports-only`, as the ranks start
     (here this interpreter without its site-packages: no Bridge at all)."""
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nexec {stack.REPO_ROOT / ".venv/bin/python"} -S "$@"\n')
+    python.write_text(f'#!/bin/sh\nexec {paths.REPO_ROOT / ".venv/bin/python"} -S "$@"\n')
     python.chmod(0o755)
     profile = load_profile("local").__class__(
         name="x", account="a", partition="p", container_image=None, python=str(python)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from overlapkit.bridge import presets
 from overlapkit.fork import scaffold
 from overlapkit.fork.layout_search import LayoutSearchError, layout_errors, search, tight
-from overlapkit.plan import presets
-from overlapkit.shape import ModelShape
+from overlapkit.spec.shape import ModelShape
 
 R70, R8 = "llama3_70b_pretrain_64gpu_h100_bf16", "llama3_8b_pretrain_8gpu_h100_bf16"
 # CodeLlama-34B's published shape (see test_scaffold.py): Llama3 70B's hidden and GQA with 48 layers, FFN 22016.

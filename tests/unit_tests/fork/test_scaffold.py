@@ -15,10 +15,10 @@ import sys
 import pytest
 
 from launch import commands
-from overlapkit import stack
+from overlapkit import paths
+from overlapkit.bridge import registry
+from overlapkit.bridge.build import make_plan
 from overlapkit.fork import scaffold
-from overlapkit.plan import registry
-from overlapkit.plan.build import make_plan
 from overlapkit.sizing.hardware import HARDWARE
 
 R70, R8 = "llama3_70b_pretrain_64gpu_h100_bf16", "llama3_8b_pretrain_8gpu_h100_bf16"
@@ -81,7 +81,7 @@ def test_fork_34b_writes_a_recipe_that_builds_audits_and_registers(capsys, tmp_p
     assert p.report.row("tp_comm_overlap").state == "on" and p.report.row("overlap_grad_reduce").state == "on"
     # The file is lint-clean as written, so it can live in recipes/ under `make lint`.
     ruff = [sys.executable, "-m", "ruff"]
-    cfg = ["--config", str(stack.REPO_ROOT / "pyproject.toml")]
+    cfg = ["--config", str(paths.REPO_ROOT / "pyproject.toml")]
     assert subprocess.run([*ruff, "check", *cfg, str(path)], capture_output=True).returncode == 0
     assert subprocess.run([*ruff, "format", "--check", *cfg, str(path)], capture_output=True).returncode == 0
 

@@ -12,11 +12,11 @@ import json
 
 import pytest
 
-from overlapkit import stack
-from overlapkit.plan import registry
-from overlapkit.plan.build import make_plan
-from overlapkit.plan.overlap import resolve
-from overlapkit.topology import Target
+from overlapkit import paths
+from overlapkit.bridge import registry
+from overlapkit.bridge.build import make_plan
+from overlapkit.bridge.overlap import resolve
+from overlapkit.spec.topology import Target
 
 MOE = [
     f"{m}_pretrain_{g}gpu_h100_{d}"
@@ -40,7 +40,7 @@ _FORCE = (
     "routing imbalance; a training recipe routes by the learned router (expect the published step time as a best case)"
 )
 _P2P_CHUNK = (
-    "derived for every PP>1 layout (plan/env.py, from NVIDIA's Llama3 70B recipe); the MoE perf recipes omit it"
+    "derived for every PP>1 layout (bridge/env.py, from NVIDIA's Llama3 70B recipe); the MoE perf recipes omit it"
 )
 # (recipe, field) → why our recipe differs from NVIDIA's perf recipe. "*" matches every MoE recipe.
 DELIBERATE = {
@@ -123,7 +123,7 @@ HF = {  # recipe → (hub repo, snapshot): what Bridge's recipe function reads t
 @pytest.mark.parametrize("name", sorted(HF))
 def test_shipped_hf_configs_reach_the_megatron_provider(name):
     repo, snap = HF[name]
-    hf = json.loads((stack.HF_CACHE / f"models--{repo}" / "snapshots" / snap / "config.json").read_text())
+    hf = json.loads((paths.HF_CACHE / f"models--{repo}" / "snapshots" / snap / "config.json").read_text())
     m = registry.get(name).build().model
     experts = hf.get("num_experts") or hf.get("n_routed_experts") or hf.get("num_local_experts")
     assert (m.hidden_size, m.num_layers, m.num_attention_heads) == (

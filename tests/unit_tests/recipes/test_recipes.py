@@ -16,13 +16,13 @@ import pytest
 from rich.console import Console
 
 from launch import commands
-from overlapkit import stack
-from overlapkit.plan import registry
-from overlapkit.plan.build import make_plan, write_run_dir
-from overlapkit.plan.report import render_plan
-from overlapkit.shape import ModelShape
+from overlapkit import paths
+from overlapkit.bridge import registry
+from overlapkit.bridge.build import make_plan, write_run_dir
+from overlapkit.bridge.report import render_plan
+from overlapkit.spec.shape import ModelShape
 
-GOLDEN = stack.REPO_ROOT / "tests" / "golden"
+GOLDEN = paths.REPO_ROOT / "tests" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 
@@ -72,8 +72,8 @@ def test_the_eighteen_shipped_recipes_cover_the_eight_models_and_both_dtypes():
         assert f"_{r.gpus}gpu_h100_" in n and r.source and r.time_limit.count(":") == 2
 
 
-# What the pinned stack itself warns when a shipped recipe starts (the plan shows each: plan/startup.py), each with why
-# the recipe keeps it. A warning a stack upgrade adds fails here until someone reads it and adds it, or mends it.
+# What the pinned stack itself warns when a shipped recipe starts (the plan shows each: bridge/startup.py), each with
+# why the recipe keeps it. A warning a stack upgrade adds fails here until someone reads it and adds it, or mends it.
 STACK_WARNS_SHIPPED = {
     "Transformer Engine cross entropy loss fusion has known stability issues": "NVIDIA's perf recipes fuse the loss "
     "in TE (cross_entropy_fusion_impl='te'); Megatron-LM's argument check refuses it, Bridge's does not",
@@ -129,7 +129,7 @@ def test_plan_output_matches_golden(name, planned):
     ],
 )
 def test_shipped_hf_configs_reach_the_megatron_provider(hf, name):
-    snap = stack.HF_CACHE / f"models--meta-llama--{hf}" / "snapshots" / "config-only" / "config.json"
+    snap = paths.HF_CACHE / f"models--meta-llama--{hf}" / "snapshots" / "config-only" / "config.json"
     hf_cfg = json.loads(snap.read_text())
     m = registry.get(name).build().model
     assert (m.hidden_size, m.ffn_hidden_size, m.num_layers) == (

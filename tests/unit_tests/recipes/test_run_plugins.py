@@ -18,10 +18,8 @@ import megatron
 import nemo_run as run
 import pytest
 
-from overlapkit.cluster.plugin import EnvVarPlugin
-from overlapkit.cluster.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
-from overlapkit.plan.build import make_plan
-from overlapkit.plan.env import (
+from overlapkit.bridge.build import make_plan
+from overlapkit.bridge.env import (
     LAYERS,
     PINNED,
     SECRET_VALUE,
@@ -30,7 +28,9 @@ from overlapkit.plan.env import (
     derived_env,
     secret_names,
 )
-from overlapkit.plan.report import console, ledger_rows, render_ledger
+from overlapkit.bridge.report import console, ledger_rows, render_ledger
+from overlapkit.cluster.plugin import EnvVarPlugin
+from overlapkit.cluster.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
 from recipes._base import EnvVar
 
 B8, F8, B70, F70 = (
@@ -516,8 +516,8 @@ def test_ep_overlap_value_8_is_an_error_where_tp_overlap_or_cp_needs_1_and_1_is_
 
 
 def _chain_sub(tmp_path, sets="", **run):
+    from overlapkit.bridge import runopts
     from overlapkit.cluster import submit
-    from overlapkit.plan import runopts
 
     prof = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     opts = runopts.RunOptions(**{"run_name": "p", **run})

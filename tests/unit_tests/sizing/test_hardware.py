@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from overlapkit.plan import presets
-from overlapkit.shape import ModelShape
+from overlapkit.bridge import presets
 from overlapkit.sizing import hardware, memory
 from overlapkit.sizing.hardware import HARDWARE
+from overlapkit.spec.shape import ModelShape
 
 
 def test_gpu_is_parsed_to_a_table_entry_or_one_line_naming_the_choices():
@@ -64,8 +64,8 @@ def test_a_plan_for_another_gpu_than_the_recipes_says_so_in_one_line():
 def test_make_recipes_gpu_h200_lists_h200_predictions(make_here, monkeypatch):
     """`make recipes GPU=h200` (the Makefile's command line, its main): each row is the recipe's plan for H200 (the
     listing narrowed to one recipe: planning all eighteen again would add a minute to the suite)."""
-    from overlapkit.plan import registry
-    from overlapkit.plan.build import make_plan
+    from overlapkit.bridge import registry
+    from overlapkit.bridge.build import make_plan
 
     name = "llama3_8b_pretrain_8gpu_h100_fp8cs"
     monkeypatch.setattr(registry, "names", lambda: [name])

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from overlapkit.plan import registry
-from overlapkit.plan.build import make_plan, prediction_inputs
+from overlapkit.bridge import registry
+from overlapkit.bridge.build import make_plan, prediction_inputs
 from overlapkit.sizing import calibration, hardware, knobs, moe_time
 
 QWEN_BF16 = "qwen3_30b_a3b_pretrain_16gpu_h100_bf16"  # Bridge's 16-GPU recipe: TE graphs of moe_router + preprocess

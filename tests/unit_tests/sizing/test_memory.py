@@ -8,8 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from overlapkit.plan import registry
-from overlapkit.shape import ModelShape
+from overlapkit.bridge import registry
 from overlapkit.sizing.memory import (
     GB,
     UB_BUFFERS,
@@ -20,7 +19,8 @@ from overlapkit.sizing.memory import (
     in_flight_chunks,
     layer_activation_bytes,
 )
-from overlapkit.topology import Target
+from overlapkit.spec.shape import ModelShape
+from overlapkit.spec.topology import Target
 
 _SHAPE_FIELDS = {f.name for f in fields(ModelShape)}
 

@@ -1,4 +1,4 @@
-"""MoE and MLA sizing (overlapkit.sizing.moe_memory, overlapkit.shape): parameter counts against the model cards,
+"""MoE and MLA sizing (overlapkit.sizing.moe_memory, overlapkit.spec.shape): parameter counts against the model cards,
 and each memory term against bytes worked out by hand on a toy MoE small enough to do on paper."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from overlapkit.plan import registry
-from overlapkit.plan.build import make_plan
-from overlapkit.shape import ModelShape
+from overlapkit.bridge import registry
+from overlapkit.bridge.build import make_plan
 from overlapkit.sizing import moe_memory
 from overlapkit.sizing.memory import GB, Workload, estimate_workload, layer_activation_bytes
+from overlapkit.spec.shape import ModelShape
 
 # Published counts. Qwen3 cards (huggingface.co/Qwen/Qwen3-30B-A3B, Qwen3-235B-A22B) count the embedding among
 # the activated parameters; DeepSeek-V3's README ("36.6B activated, including 0.9B for the output head" of its 37B)

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from overlapkit.sizing import moe_time
-from overlapkit.topology import expert_group
+from overlapkit.spec.topology import expert_group
 
 QWEN30 = moe_time.Moe(128, 8, 16, 48, dispatcher="flex", backend="hybridep")
 QWEN235 = moe_time.Moe(128, 8, 32, 94)

@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from overlapkit.plan import published
-from overlapkit.plan.build import make_plan, prediction_inputs
-from overlapkit.plan.registry import get, names
+from overlapkit.bridge import published
+from overlapkit.bridge.build import make_plan, prediction_inputs
+from overlapkit.bridge.registry import get, names
 from overlapkit.sizing import calibration, memory, throughput
-from overlapkit.topology import Layout, Target
+from overlapkit.spec.topology import Layout, Target
 
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"
 
@@ -177,7 +177,7 @@ def test_plan_json_and_text_carry_the_prediction():
 
     from rich.console import Console
 
-    from overlapkit.plan.report import render_plan
+    from overlapkit.bridge.report import render_plan
 
     plan = make_plan(R70, caller_env={})
     d = plan.to_dict()["throughput"]

@@ -10,8 +10,8 @@ import io
 import pytest
 from rich.console import Console
 
-from overlapkit.plan.build import prediction_inputs
-from overlapkit.plan.report import render_plan
+from overlapkit.bridge.build import prediction_inputs
+from overlapkit.bridge.report import render_plan
 from overlapkit.sizing import throughput, worth
 
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"

@@ -15,10 +15,10 @@ from megatron.bridge.recipes.llama import llama3_70b_pretrain_config
 from megatron.bridge.training import comm_overlap as co
 from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
 
-from overlapkit.plan import presets
-from overlapkit.plan.audit import audit
-from overlapkit.plan.overlap import OverlapIntent, apply_overlap_stack, resolve, te_flag
-from overlapkit.topology import LayoutError, Target
+from overlapkit.bridge import presets
+from overlapkit.bridge.audit import audit
+from overlapkit.bridge.overlap import OverlapIntent, apply_overlap_stack, resolve, te_flag
+from overlapkit.spec.topology import LayoutError, Target
 
 BF16_70B = "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"
 FP8_70B = "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"
@@ -355,7 +355,7 @@ Q235 = "qwen3_235b_a22b_pretrain_256gpu_h100_bf16"  # TP2 PP8 VP4 EP32, EP a2a o
 
 
 def moe_cfg(name=Q235):
-    from overlapkit.plan import registry
+    from overlapkit.bridge import registry
 
     return registry.get(name).build()  # Bridge's qwen3_moe recipe function, our layout and stack
 
@@ -383,7 +383,7 @@ MOE_ASSERTS = [
 
 
 def test_moe_clean_case_has_the_ep_rows_and_bridge_asserts_nothing():
-    from overlapkit.plan import registry
+    from overlapkit.bridge import registry
 
     cfg = moe_cfg()
     res, rep = run(cfg, nodes=32, intent=registry.get(Q235).intent)  # the recipe keeps TP overlap off, declared
@@ -429,7 +429,7 @@ def test_moe_divisibility_experts_by_ep_and_the_expert_grid():
 
 
 def test_dispatcher_backend_missing_is_an_error_on_a_gpu_node_and_a_note_on_a_cpu_one():
-    from overlapkit.plan import moe
+    from overlapkit.bridge import moe
 
     model = moe_cfg("deepseek_v3_pretrain_1024gpu_h100_bf16").model  # flex / hybridep
     assert model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend == "hybridep"
@@ -456,7 +456,7 @@ def test_dense_models_get_no_moe_rows():
 
 
 def test_declared_off_overlaps_are_off_with_the_reason_and_undeclared_ones_are_errors():
-    from overlapkit.plan.build import make_plan
+    from overlapkit.bridge.build import make_plan
 
     p = make_plan("deepseek_v3_pretrain_1024gpu_h100_bf16")
     for name in ("tp_comm_overlap", "ep_a2a_overlap", "overlap_grad_reduce"):
@@ -484,7 +484,7 @@ def test_declared_off_overlaps_are_off_with_the_reason_and_undeclared_ones_are_e
     ],
 )
 def test_set_flipping_a_moe_prerequisite_fails_with_a_fix_that_clears_it(sets):
-    from overlapkit.plan.build import make_plan
+    from overlapkit.bridge.build import make_plan
 
     bad = make_plan(Q235, sets=sets)
     moe_codes = [f for f in bad.report.errors if f.code.startswith("ep_overlap")]

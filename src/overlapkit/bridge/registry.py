@@ -1,0 +1,252 @@
+"""The recipe registry: every module in `recipes/` (and in the directories of RECIPES_PATH) registers its builders here.
+
+Recipes are found by name, as torchtitan's train-spec registry and Bridge's perf-recipe modules are: `discover()`
+imports every module of the `recipes` package, so a fork written by `make new-recipe`, or a user's own file, is
+planned by the next command without being listed anywhere. A module that fails to import is one line naming the
+file (`load_errors()`), its partial registrations are dropped, and every other recipe still lists.
+
+The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), given in
+`register(intent=...)`; the recipe hands the same value to the shared builder step that applies the overlap stack
+(recipes._base.h100_pretrain's `intent` argument), so its own edits after that step stand (the stack never silently
+undoes them). tests/unit_tests/bridge/test_registry.py checks that every recipe applies the intent it registers.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import pkgutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overlapkit import paths
+from overlapkit.bridge import stack
+from overlapkit.bridge.overlap import OverlapIntent
+from overlapkit.errors import BadInput
+from overlapkit.names import checked_name
+from overlapkit.spec.topology import GPUS_PER_NODE
+
+PACKAGE = "recipes"
+PATH_VAR = "RECIPES_PATH"  # extra directories of recipe modules, os.pathsep-separated
+RECIPES_DIR = paths.REPO_ROOT / PACKAGE
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    value: str | int
+    reason: str  # one line, with its source
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Registry entry: the pure builder plus what a launcher needs to know about it."""
+
+    name: str
+    build: Callable
+    model: str
+    nodes: int
+    time_limit: str
+    env: dict[str, EnvVar]
+    source: str
+    intent: OverlapIntent = field(default_factory=OverlapIntent)
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * GPUS_PER_NODE
+
+
+class UnknownRecipe(BadInput, KeyError):
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+REGISTRY: dict[str, Recipe] = {}
+_ERRORS: dict[str, str] = {}  # module name → one-line import error naming its file
+_DISCOVERED = False
+
+
+def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00", env=None, intent=None):
+    """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder whose overlap stack follows `intent` (an
+    OverlapIntent, which the builder passes to h100_pretrain too; default: every overlap on, presets by shape)."""
+
+    def wrap(build: Callable):
+        name = checked_name(build.__name__, "recipe", "a recipe's name names its run directories and goldens")
+        if name in REGISTRY:
+            raise ValueError(f"recipe {name} is registered twice ({REGISTRY[name].build.__module__})")
+        REGISTRY[name] = Recipe(
+            name, build, model, nodes, time_limit, dict(env or {}), source, intent or OverlapIntent()
+        )
+        return build
+
+    return wrap
+
+
+def _extra_dirs() -> list[str]:
+    return [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
+
+
+def discover() -> None:
+    """Import every module of the `recipes` package (and RECIPES_PATH) once per process; never raises: a module that
+    fails to import registers nothing and leaves one line naming its file (load_errors)."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    stack.import_bridge()
+    pkg = importlib.import_module(PACKAGE)
+    for d in _extra_dirs():  # RECIPES_PATH's directories join the package's path
+        if not Path(d).is_dir():
+            _ERRORS[f"path:{d}"] = f"{PATH_VAR} entry {d} is not a directory: fix or remove it"
+        elif str(Path(d).resolve()) not in map(str, pkg.__path__):
+            pkg.__path__.append(str(Path(d).resolve()))
+    seen: dict[str, Path] = {}
+    for directory in list(pkg.__path__):
+        for info in sorted(pkgutil.iter_modules([directory]), key=lambda i: i.name):
+            path = Path(directory) / (info.name if info.ispkg else f"{info.name}.py")
+            if info.name.startswith("_"):
+                continue
+            if info.name in seen:
+                _ERRORS[f"dup:{path}"] = (
+                    f"{paths.repo_relative(path)} is shadowed by {paths.repo_relative(seen[info.name])}: rename one"
+                )
+                continue
+            seen[info.name] = path
+            module, before = f"{PACKAGE}.{info.name}", set(REGISTRY)
+            if module in sys.modules:
+                continue
+            try:
+                with stack.silenced():
+                    importlib.import_module(module)
+            except Exception as exc:  # any error in a user's file: drop what it registered, keep the other recipes
+                sys.modules.pop(module, None)
+                for name in set(REGISTRY) - before:
+                    del REGISTRY[name]
+                where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+                why = f"{type(exc).__name__}{where}: {' '.join(str(exc).split())}"  # one line, whatever it printed
+                _ERRORS[module] = f"{paths.repo_relative(path)} does not import: {why}"
+
+
+def finds(path: Path) -> bool:
+    """Would a new process's discover() import the recipe file at `path`?"""
+    dirs = [RECIPES_DIR, *map(Path, _extra_dirs())]
+    return any(Path(path).resolve().parent == d.resolve() for d in dirs)
+
+
+def load_errors() -> list[str]:
+    discover()
+    return list(_ERRORS.values())
+
+
+def names() -> list[str]:
+    discover()
+    return sorted(REGISTRY)
+
+
+def get(name: str) -> Recipe:
+    discover()
+    if name in REGISTRY:
+        return REGISTRY[name]
+    broken = f"; {len(_ERRORS)} recipe module(s) failed to import: {next(iter(_ERRORS.values()))}" if _ERRORS else ""
+    raise UnknownRecipe(_unknown(name, REGISTRY) + broken)
+
+
+def _unknown(name: str, known) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.4) or sorted(known)[:3]
+    return f"unknown recipe {name!r}; closest: {', '.join(close)} (`make recipes` lists all)"
+
+
+def check_declared(name: str) -> None:
+    """Before the Bridge import: raise UnknownRecipe when no recipe file declares `name` by a decorator (register or
+    a module-level helper that returns register(...)). A file that registers any other way (a call, a loop) makes
+    the answer unknown, and the full check after the import decides."""
+    declared = declared_nodes()
+    if declared and name not in declared:
+        raise UnknownRecipe(_unknown(name, declared))
+
+
+def declared_nodes() -> dict[str, int | None] | None:
+    """Before the Bridge import: every recipe name the files declare by a decorator, with the `nodes=` it declares
+    (None where that is not a literal); None when some file leaves a name to its import (see check_declared)."""
+    declared: dict[str, int | None] = {}
+    for directory in [RECIPES_DIR, *map(Path, _extra_dirs())]:
+        for path in sorted(Path(directory).glob("[!_]*.py")):
+            try:
+                names = _declared_in(ast.parse(path.read_text()))
+            except (OSError, SyntaxError, ValueError):
+                return None  # discover() reports the broken file
+            if names is None:
+                return None
+            declared |= names
+    return declared
+
+
+def _declared_in(tree: ast.Module) -> dict[str, int | None] | None:
+    """Recipe names a module declares (with their literal nodes), or None when it calls register some other way."""
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    helpers = {f.name for f in funcs if any(_calls(n, {"register"}) for n in ast.walk(f))}
+    params = {f.name: [a.arg for a in f.args.args] for f in funcs if f.name in helpers}
+    decorators, declared = set(), {}
+    for f in funcs:
+        for d in f.decorator_list:
+            if _calls(d, {"register"} | helpers) or (isinstance(d, ast.Name) and d.id == "register"):
+                # The literal node count the decorator passes: `nodes=N`, or N in the place of a helper's `nodes`
+                # parameter; None for a computed value.
+                values = [kw.value for kw in getattr(d, "keywords", ()) if kw.arg == "nodes"]
+                names = params.get(getattr(d.func, "id", None), []) if isinstance(d, ast.Call) else []
+                if "nodes" in names and names.index("nodes") < len(d.args):
+                    values.append(d.args[names.index("nodes")])
+                ints = [v.value for v in values if isinstance(v, ast.Constant) and type(v.value) is int]
+                declared[f.name] = ints[0] if ints else None
+                decorators.add(id(d))
+    inside_helpers = {id(n) for f in funcs if f.name in helpers for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if _calls(node, {"register"}) and id(node) not in decorators | inside_helpers:
+            return None
+    return declared
+
+
+def _calls(node, names: set[str]) -> bool:
+    f = node.func if isinstance(node, ast.Call) else None
+    return (isinstance(f, ast.Name) and f.id in names) or (isinstance(f, ast.Attribute) and f.attr in names)
+
+
+def shipped(name: str) -> bool:
+    """Is recipe `name` defined in this repo's recipes/ (not in a RECIPES_PATH directory)?"""
+    module = sys.modules.get(get(name).build.__module__)
+    return module is not None and Path(module.__file__).resolve().parent == RECIPES_DIR.resolve()
+
+
+def load_file(path: Path, name: str):
+    """Import the recipe file at `path` (any suffix: a fork's temp file too) as `recipes.<name>`; its @register adds
+    it to the registry. No __pycache__ is left next to it."""
+    discover()
+    module = f"{PACKAGE}.{name}"
+    loader = importlib.machinery.SourceFileLoader(module, str(path))
+    spec = importlib.util.spec_from_file_location(module, path, loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[module] = mod
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        with stack.silenced():
+            spec.loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = saved
+    return mod
+
+
+def builders():
+    """`recipes._base`, the builders the recipe files share (h100_pretrain, moe_pretrain, with_shape): what a fork's
+    layout search builds its file's config with at each layout (fork/scaffold.py recipe_at)."""
+    discover()
+    return importlib.import_module(f"{PACKAGE}._base")
+
+
+def unregister(name: str) -> None:
+    REGISTRY.pop(name, None)
+    sys.modules.pop(f"{PACKAGE}.{name}", None)

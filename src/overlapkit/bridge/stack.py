@@ -1,0 +1,102 @@
+"""The one place that prepares the process for Megatron Bridge and imports it (once).
+
+The import costs about 30 s and 1.3 GB (docs/architecture.md, measured facts), so every entry point (CLI, tests,
+bench) goes through `import_bridge()` exactly once per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import os
+import warnings
+
+from overlapkit import paths
+from overlapkit.bridge import lazy_imports, te_stub
+
+# Exact pins; a drifted install fails tests/unit_tests/test_stack.py and is a warning line under `make plan`'s header
+# (bridge/report.py render_plan: the plan stands, its numbers may not).
+PINNED = {"megatron-bridge": "0.6.2", "megatron-core": "0.19.2", "nemo-run": "0.11.1"}
+
+_BRIDGE = None
+
+
+def offline_env(environ: dict | None = None) -> dict:
+    """Hub offline + repo-local cache, unless the caller already chose a cache."""
+    env = os.environ if environ is None else environ
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("HF_HUB_CACHE", str(paths.HF_CACHE))
+    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    return env
+
+
+def quiet_logs() -> None:
+    """Bridge/Core/transformers print import-time warnings about missing TE/Apex on CPU: expected, not news."""
+    noisy = ("megatron.bridge.utils.import_utils", "megatron.bridge.utils.fusions")  # TE/Apex-absent notices
+    for name in ("megatron", "megatron.core", "megatron.bridge", "transformers", "nemo_run", "torch", *noisy):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
+
+
+@contextlib.contextmanager
+def silenced():
+    """Mute Bridge's import/build-time notices on CPU (TE/Apex absent, fusions disabled): expected here, not news.
+    Never used around `overlap.resolve`, whose Bridge warnings are the audit's evidence."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def import_bridge(full: bool = False):
+    """Import `megatron.bridge` once, offline, with the Transformer Engine shim (a no-op where TE exists).
+    Planning defers what no command uses (bridge/lazy_imports.py); `full=True` (training) imports everything."""
+    global _BRIDGE
+    if _BRIDGE is None:
+        offline_env()
+        quiet_logs()
+        # Stays installed: Bridge imports gpt_full_te_layer_autocast_spec lazily too. It only ever serves the two
+        # named importers, so it is invisible to megatron-core and everything else.
+        te_stub.install()
+        if not full:
+            lazy_imports.install()
+        with silenced():
+            import megatron.bridge as bridge
+
+        quiet_logs()  # some imports reset levels
+        _BRIDGE = bridge
+    if full:
+        with silenced():
+            lazy_imports.finish()  # a process that planned deferred first: the rest now, before it trains
+    return _BRIDGE
+
+
+# What a run's record names: the pins plus the packages that decide its numbers (absent ones are left out).
+RECORDED = ("megatron-bridge", "megatron-core", "torch", "transformer-engine", "transformers", "nemo-run")
+
+
+def versions(names=RECORDED) -> dict[str, str]:
+    """Installed version of each package in `names`; one that is not installed is left out, never guessed."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def version_drift() -> list[str]:
+    """One line per package whose installed version differs from its pin."""
+    have = versions(PINNED)
+    return [
+        f"{name} {have.get(name, 'none')} is installed but this repo pins {want}: run `make setup`"
+        for name, want in PINNED.items()
+        if have.get(name) != want
+    ]

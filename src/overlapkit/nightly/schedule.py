@@ -1,0 +1,353 @@
+"""The nightly runs itself: a chain of small `sbatch --begin` jobs, each launching one night and queueing the next.
+
+Login nodes often forbid cron, and a laptop's cron dies with the laptop. Slurm's own cron (`scrontab`) is not built
+on every site (Debian's Slurm 22.05 packages, the local dev Slurm included, ship none), but every Slurm honours
+`sbatch --begin`. So `make nightly-schedule CLUSTER=<profile> AT=<time>` submits one small CPU job, the scheduler,
+held until AT. When it runs it first queues its successor for the same time of day tomorrow, then launches the night
+exactly as `make nightly` does (audit, ledger, preflight, summary job). Successor first: a night that fails to
+launch, or a scheduler killed at its time limit, must not end the chain. What the scheduler job and the night run
+are the entry layer's commands (Commands, handed down by launch/nightly.py); this module only appends their options.
+
+The chain's state is `<profile job_dir>/nightly/schedule.json`: the queued scheduler's job id and begin time, AT, the
+night's options and the history of fired runs. Every scheduler job is named `nightly-scheduler` and carries the
+schedule file's path as its Slurm comment, so squeue finds one chain's jobs and never another's (another profile's,
+or a test's temporary job_dir). Scheduling again queues the new scheduler, then cancels the chain's other queued
+ones, so there is never a second chain; the file is read, changed and written under a lock, and a scheduler that
+fires finds out there whether it is still the chain's.
+
+Times are the local wall clock of the machine that runs sbatch, as sbatch itself reads --begin and squeue prints it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from overlapkit import jsonio, paths
+from overlapkit.cluster import slurm
+from overlapkit.errors import ClusterFailure
+from overlapkit.nightly.begin import At, ScheduleError, first_begin, iso, local_now, next_begin, parse_iso
+from overlapkit.nightly.nightly import MIN_DP
+from overlapkit.nightly.rules import NIGHTLY_ITERS
+
+SCHEDULER_NAME = "nightly-scheduler"  # fixed, so `squeue -n nightly-scheduler` lists every chain's next night
+SCHEDULE_FILE = "schedule.json"
+# The scheduler plans and submits every recipe (a Bridge import plus one plan per recipe: minutes on a login-class
+# CPU); an hour is ample, and short enough for partitions with a low MaxTime.
+SCHEDULER_TIME = "01:00:00"
+# Slurm starts a job whose begin time has come at its next scheduling pass (sbatch(1), --begin: "the job will be
+# eligible to start on the next poll ... e.g., 60 seconds with the default sched/builtin"), later if the partition
+# is full. Still pending this long after its begin time, the night is late, and nightly-status says so.
+LATE_AFTER = dt.timedelta(minutes=15)
+HISTORY_KEEP = 400  # fired runs kept in schedule.json: over a year of nights
+
+# --- the schedule file -----------------------------------------------------------------------------------------------
+
+
+def schedule_path(profile) -> Path:
+    return profile.job_path / "nightly" / SCHEDULE_FILE
+
+
+def read(path: Path) -> dict | None:
+    """The schedule record (None: never scheduled); a FileProblem (one line) for one that is not an object."""
+    role, fix = "the nightly schedule that make nightly-schedule writes", "move it away and schedule again"
+    return jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock beside the schedule file, held while it is read, changed and written. A filesystem without
+    flock (Lustre mounted without -o flock) gives none; the job-id check in fire() still keeps one chain."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(jsonio.open_lock(path.with_name(path.name + ".lock"), 0o644)) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+
+
+def restart_command(sched: dict) -> str:
+    """The make command that (re)starts this chain as it was asked for."""
+    words = ["make", "nightly-schedule", f"CLUSTER={shlex.quote(sched['cluster'])}", f"AT={shlex.quote(sched['at'])}"]
+    for var, key, default in (
+        ("RECIPES", "recipes", ""),
+        ("PREFLIGHT", "preflight", ""),
+        ("ITERS", "iters", NIGHTLY_ITERS),
+        ("MIN_DP", "min_dp", MIN_DP),
+        ("JOB_DIR", "job_dir_given", ""),
+    ):
+        if sched.get(key, default) not in (default, None):
+            words.append(f"{var}={shlex.quote(str(sched[key]))}")
+    return " ".join(words)
+
+
+def _where(sched: dict) -> str:
+    """CLUSTER= (and JOB_DIR= when one was given) for the hints."""
+    job_dir = f" JOB_DIR={shlex.quote(sched['job_dir_given'])}" if sched.get("job_dir_given") else ""
+    return f"CLUSTER={shlex.quote(sched['cluster'])}{job_dir}"
+
+
+def night_argv(sched: dict, command: tuple[str, ...]) -> list[str]:
+    """What the scheduler runs for the night: `make nightly`'s command (Commands.night), with the same options."""
+    return [
+        *command,
+        "--cluster",
+        sched["profile"],
+        "--job-dir",
+        sched["job_dir"],
+        "--preflight",
+        sched["preflight"],
+        "--recipes",
+        sched["recipes"],
+        "--iters",
+        str(sched["iters"]),
+        "--min-dp",
+        str(sched["min_dp"]),
+    ]
+
+
+def scrontab_lines(sched: dict, begin: dt.datetime, command: tuple[str, ...]) -> list[str]:
+    """The same nightly as a scrontab entry (scrontab(1): `#SCRON` lines carry sbatch options; cron fields are
+    minute hour day month weekday), for sites that build scrontab. `command`: Commands.night."""
+    opts = f"#SCRON --partition={sched['partition']} --account={sched['account']} --time={SCHEDULER_TIME} -J nightly"
+    cmd = f"cd {shlex.quote(str(paths.REPO_ROOT))} && PYTHONPATH=src:. {shlex.join(night_argv(sched, command))}"
+    return [opts, f"{begin.minute} {begin.hour} * * * {cmd}"]
+
+
+# --- scheduling, firing, unscheduling (Slurm calls through cluster.slurm) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Commands:
+    """The entry layer's command lines the chain runs, each without its options (launch/nightly.py: the python that
+    scheduled the chain, and launch/commands.py's names): `night` what `make nightly` runs, `fire` what each
+    scheduler job runs. The scheduler job hands them on to its successor, so a chain keeps the python it began with."""
+
+    night: tuple[str, ...]
+    fire: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    profile: object  # cluster.profiles.ClusterProfile, loaded from a file (the scheduler job reloads it)
+    at: At
+    cluster: str  # CLUSTER= as given: the restart hint repeats it
+    commands: Commands
+    job_dir: str = ""  # JOB_DIR= as given ("" = the profile's)
+    recipes: str = ""  # RECIPES= as given ("" = every recipe)
+    preflight: str = ""  # PREFLIGHT= as given
+    iters: int = NIGHTLY_ITERS
+    min_dp: int = MIN_DP
+    dryrun: bool = False  # DRYRUN=1: say what would be queued; queue and write nothing
+
+
+def check_partition(profile) -> None:
+    """Before anything is submitted: a partition sinfo knows, whose nodes can run the one-CPU scheduler job."""
+    if bad := slurm.request_problems(profile, 1, SCHEDULER_TIME):
+        raise ScheduleError(bad[0])
+
+
+def chain_jobs(path: Path) -> list[dict] | None:
+    """This chain's scheduler jobs in squeue (by name and comment); None when squeue does not answer."""
+    jobs = slurm.queued(SCHEDULER_NAME)
+    return None if jobs is None else [j for j in jobs if j["comment"] == str(path)]
+
+
+def _cancel(job_id: str) -> bool:
+    """True when this call cancelled the job; False when it had ended meanwhile or scancel refused."""
+    try:
+        return slurm.cancel(job_id) is None
+    except ClusterFailure:
+        return False
+
+
+def _queued_or_fail(path: Path, doing: str) -> list[dict]:
+    jobs = chain_jobs(path)
+    if jobs is None:
+        raise ClusterFailure(f"squeue did not answer, so the queued scheduler jobs are unknown; {doing} (sinfo?)")
+    return jobs
+
+
+def submit_scheduler(sched: dict, path: Path, begin: dt.datetime, command: tuple[str, ...]) -> str:
+    """One scheduler job held until `begin`; from the checkout it runs `command` (Commands.fire), which reruns this
+    module's fire() with the python that scheduled the chain (the one `make nightly` uses: it plans with Bridge and
+    submits with nemo_run)."""
+    argv = [*command, "--cluster", sched["profile"], "--job-dir", sched["job_dir"]]
+    cmd = f"cd {shlex.quote(str(paths.REPO_ROOT))} && PYTHONPATH=src:. {shlex.join(argv)}"
+    return slurm.sbatch_wrap(
+        cmd,
+        account=sched["account"],
+        partition=sched["partition"],
+        name=SCHEDULER_NAME,
+        output=str(path.parent / "scheduler-%j.out"),
+        after=[],
+        time_limit=SCHEDULER_TIME,
+        begin=iso(begin),
+        comment=str(path),
+        secrets=sched.get("secrets", ()),  # the night it launches submits jobs that need them
+    )
+
+
+def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> dict:
+    p = req.profile
+    if p.path is None:
+        raise ScheduleError(f"profile {p.name} has no file: the scheduler job reloads it, give CLUSTER=<name|.toml>")
+    return {
+        "cluster": req.cluster,
+        "profile": str(p.path),
+        "partition": p.partition,
+        "account": p.account,
+        "job_dir": p.job_dir,
+        "job_dir_given": req.job_dir,
+        "at": req.at.text,
+        "recipes": req.recipes,
+        "preflight": req.preflight,
+        "iters": req.iters,
+        "min_dp": req.min_dp,
+        "secrets": list(p.secrets),  # names only: sbatch passes their values on from the shell (slurm.export_list)
+        "active": True,
+        "scheduled_at": iso(now),
+        "job_id": None,
+        "begin": None,
+        "history": (old or {}).get("history", []),
+    }
+
+
+def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
+    """Queue a scheduler held until AT, then cancel this chain's other queued ones (new first: if sbatch refuses,
+    the old chain stands), and record it; returns what `make nightly-schedule` prints. A dry run says what it would
+    queue, and queues and writes nothing."""
+    path, now = schedule_path(req.profile), now or local_now()
+    if req.dryrun:
+        new_schedule(req, None, now)  # what it would refuse, it refuses now
+        night = f"RECIPES={req.recipes}" if req.recipes else "every recipe"
+        return [
+            f"dry run: would queue {SCHEDULER_NAME} on partition {req.profile.partition}, held until "
+            f"{iso(first_begin(req.at, now))}, then one a day; each runs make nightly ({night}) and records {path}",
+            "dry run: nothing queued, nothing written",
+        ]
+    with _locked(path):
+        sched = new_schedule(req, read(path), now)
+        queued = _queued_or_fail(path, "nothing scheduled")
+        begin = first_begin(req.at, now)
+        sched.update(job_id=submit_scheduler(sched, path, begin, req.commands.fire), begin=iso(begin))
+        replaced = [j for j in queued if j["state"] == "PENDING" and _cancel(j["job_id"])]
+        jsonio.write_json(path, sched)
+    return scheduled_lines(sched, path, replaced, req.commands.night)
+
+
+def unschedule(profile, cluster: str, now: dt.datetime | None = None) -> list[str]:
+    """Cancel the chain's queued scheduler jobs and mark the chain off; returns what `make nightly-unschedule`
+    prints. A scheduler running now is named: one that has not reached the lock finds the chain off and does
+    nothing; one past it has queued its successor, cancelled here, and launches its night."""
+    path = schedule_path(profile)
+    with _locked(path):
+        sched = read(path)
+        queued = _queued_or_fail(path, "nothing cancelled")
+        cancelled = [j for j in queued if j["state"] == "PENDING" and _cancel(j["job_id"])]
+        if sched:
+            sched.update(active=False, unscheduled_at=iso(now or local_now()), job_id=None)
+            jsonio.write_json(path, sched)
+    running = [j for j in queued if j["state"] != "PENDING"]
+    lines = [f"cancelled: {SCHEDULER_NAME} job {j['job_id']} (was to begin {j['begin']})" for j in cancelled]
+    lines += [
+        f"job {j['job_id']} is {j['state']} now: tonight's night may still launch; the chain stays off" for j in running
+    ]
+    if not cancelled and not running:
+        lines.append(f"no scheduler job was queued for {cluster}")
+    lines.append(f"the nightly chain for {cluster} is off" + (" (its history stays in schedule.json)" if sched else ""))
+    return lines
+
+
+def _nightly_root(sched: dict) -> Path:
+    root = Path(sched["job_dir"]).expanduser()
+    return (root if root.is_absolute() else paths.REPO_ROOT / root) / "nightly"
+
+
+def scheduler_log(sched: dict, job_id: str) -> str:
+    return paths.repo_relative(_nightly_root(sched) / f"scheduler-{job_id}.out")
+
+
+def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime | None = None) -> int:
+    """What the scheduler job runs: queue the successor, launch the night, record both. Exit status: the night's
+    launch (non-zero also when no successor could be queued), so Slurm's state of the scheduler job tells.
+
+    The night runs as if from a login shell: a job's environment holds Slurm's SLURM_* (whatever sbatch's --export),
+    and srun reads them as its options (SLURM_NTASKS is -n), so a night launched from inside this 1-task job would
+    hand SLURM_NTASKS=1 and the rest to every run's srun. SLURM_CONF stays: it says which cluster to talk to. The
+    night is `make nightly`'s command in a child process, so its failure cannot undo the bookkeeping."""
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
+        if name != "SLURM_CONF":
+            del os.environ[name]
+    path, now = schedule_path(profile), now or local_now()
+    with _locked(path):
+        sched = read(path)
+        if not sched or not sched.get("active") or sched.get("job_id") != job_id:
+            mine = (sched or {}).get("job_id") if (sched or {}).get("active") else "none: the chain is off"
+            say(f"scheduler job {job_id} is no longer this chain's (its queued job: {mine}); nothing to do")
+            return 0
+        # the schedule now names the successor (or, if sbatch refused, still names this job, which nightly-status
+        # then reports as a broken chain)
+        fired = {"job_id": job_id, "begin": sched["begin"], "fired_at": iso(now)}
+        begin = next_begin(parse_iso(sched["begin"]) or now, now)
+        try:
+            fired["successor"] = submit_scheduler(sched, path, begin, commands.fire)
+            sched.update(job_id=fired["successor"], begin=iso(begin))
+            say(f"queued the successor: job {fired['successor']} begins {iso(begin)}")
+        except ClusterFailure as exc:
+            fired["successor_error"] = str(exc)
+            say(f"error: no successor queued, the chain ends here: {exc}")
+        sched["history"] = [*sched.get("history", []), fired][-HISTORY_KEEP:]
+        jsonio.write_json(path, sched)
+    root = _nightly_root(sched)
+    before = set(root.glob("*/night.json"))
+    argv = night_argv(sched, commands.night)
+    say(f"$ {shlex.join(argv)}")
+    sys.stdout.flush()
+    env = {**os.environ, "PYTHONPATH": f"{paths.REPO_ROOT / 'src'}:{paths.REPO_ROOT}"}
+    try:
+        rc = subprocess.run(argv, cwd=paths.REPO_ROOT, env=env, check=False).returncode
+    except OSError as exc:
+        say(f"error: could not start the night: {exc}")
+        rc = 127
+    new = sorted(set(root.glob("*/night.json")) - before)
+    night = str(new[-1].parent) if new else None
+    with _locked(path):
+        latest = read(path) or sched
+        for entry in latest.get("history", []):
+            if entry.get("job_id") == job_id:
+                entry.update(night=night, rc=rc)
+        jsonio.write_json(path, latest)
+    say(f"night launched: {night} (exit {rc})" if night else f"error: the night did not launch (exit {rc})")
+    return rc or (0 if "successor" in fired else 1)
+
+
+def scheduled_lines(sched: dict, path: Path, replaced: list[dict], command: tuple[str, ...]) -> list[str]:
+    """What `make nightly-schedule` prints (`command`: Commands.night, for the scrontab alternative)."""
+    daily = parse_iso(sched["begin"]).strftime("%H:%M:%S")
+    lines = [
+        f"scheduled: {SCHEDULER_NAME} job {sched['job_id']} on partition {sched['partition']} begins "
+        f"{sched['begin']} (AT={sched['at']}), then every day at {daily}",
+        f"each night: RECIPES={sched['recipes'] or '(all)'} PREFLIGHT={sched['preflight'] or '(off)'} "
+        f"ITERS={sched['iters']} MIN_DP={sched['min_dp']}, as make nightly runs it",
+        *(f"replaced: job {j['job_id']} (was to begin {j['begin']})" for j in replaced),
+        f"chain state: {paths.repo_relative(path)}; scheduler log: {paths.repo_relative(path.parent)}/"
+        "scheduler-<job>.out",
+        f"check: make nightly-status {_where(sched)}; stop: make nightly-unschedule {_where(sched)}",
+    ]
+    if shutil.which("scrontab"):
+        lines += [
+            "scrontab is available here: instead of this chain, `make nightly-unschedule` and put these two "
+            "lines in `scrontab -e`:",
+            *scrontab_lines(sched, parse_iso(sched["begin"]), command),
+        ]
+    return lines
