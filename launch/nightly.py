@@ -23,7 +23,7 @@ from overlapkit.bridge import stack
 from overlapkit.bridge.inputs import positive_int
 from overlapkit.cluster.submit import Interrupted, install_signal_handlers, preflight_mode
 from overlapkit.errors import BadInput
-from overlapkit.nightly import begin, chain_status, nightly, schedule
+from overlapkit.nightly import chain_status, nightly, schedule
 from overlapkit.nightly import rules as regress
 
 # The commands of this module that Slurm jobs run, by their names in launch/commands.py's table; the library appends
@@ -54,7 +54,7 @@ def parse(argv):
     ap.add_argument("--goldens", default=str(regress.GOLDENS_DIR))
     ap.add_argument("--force", type=switch, default="", help="bless: 1 replaces the golden already there")
     ap.add_argument("--no-retry", action="store_true", help="report: do not resubmit infrastructure failures")
-    ap.add_argument("--at", default="", help=f"schedule: when each night starts: {begin.FORMS}")
+    ap.add_argument("--at", default="", help=f"schedule: when each night starts: {schedule.FORMS}")
     return ap.parse_args(argv)
 
 
@@ -75,8 +75,8 @@ def check(args) -> bool:
     preflight_mode(args.preflight)
     nightly.check_gpu(args.gpu)
     if args.action == "schedule":
-        args.start = begin.check_at(args.at)
         schedule.check_partition(profile_of(args))
+        schedule.first_begin(profile_of(args), args.at, schedule.local_now())
         return bool(args.recipes.strip())
     if args.action == "submit":
         profile_of(args)  # CLUSTER= and JOB_DIR= before the import
@@ -129,7 +129,7 @@ def run(args) -> int:
                     nightly.check_recipes(names)
                 req = schedule.ScheduleRequest(
                     profile=profile_of(args),
-                    at=args.start,
+                    at=args.at,
                     cluster=args.cluster,
                     commands=SCHEDULER_COMMANDS,
                     job_dir=args.job_dir,

@@ -54,7 +54,7 @@ def test_bad_input_is_one_line_answered_before_bridge_and_submits_nothing(tmp_pa
     (tmp_path / "nosuch.toml").write_text(profile)
     before = {j["job_id"] for j in slurm.queued(schedule.SCHEDULER_NAME)}
     for args, says in [
-        (["CLUSTER=local", "AT=25:00"], "error: AT='25:00' is not a start time; use HH:MM[:SS]"),
+        (["CLUSTER=local", "AT=25:00"], "error: AT='25:00' is not a start time: sbatch says: Invalid time"),
         (["CLUSTER=local", "AT=now+1h"], "error: AT='now+1h' is not a start time"),
         (["CLUSTER=local", "AT="], "error: AT='': give the time the nightly starts every day"),
         (["CLUSTER=local", "AT=now+99999999999weeks"], "error: AT='now+99999999999weeks' is more than 366 days ahead"),

@@ -189,6 +189,23 @@ def sbatch_wrap(
     return out.stdout.strip().split(";")[0]
 
 
+def begin_time(at: str, *, account: str, partition: str, time_limit: str) -> str:
+    """When a job held with `--begin=<at>` would start, as sbatch itself reads `at` (`sbatch --test-only`: nothing is
+    queued; sbatch(1), --begin, takes Slurm's whole time grammar): ISO time, as squeue prints it. BadInput with
+    sbatch's own words when it refuses `at`; ClusterFailure when sbatch does not answer."""
+    argv = ["sbatch", "--test-only", f"--begin={at}", f"--account={account}", f"--partition={partition}"]
+    out = _run([*argv, "--nodes=1", "--ntasks=1", f"--time={time_limit}", "--wrap", "true"])
+    if out is None:
+        raise ClusterFailure("sbatch did not answer, so AT cannot be read (is Slurm up? sinfo)")
+    lines = [line.strip().removeprefix("sbatch: ").removeprefix("error: ") for line in out.stderr.splitlines()]
+    said = "; ".join(line for line in lines if line)  # --test-only answers on stderr
+    if out.returncode != 0:
+        raise BadInput(said or f"sbatch exited {out.returncode}")
+    if m := re.search(r"to start at (\S+)", said):
+        return m[1]
+    raise ClusterFailure(f"sbatch --test-only said no start time: {said[:200]}")
+
+
 # squeue -O fields for queued(): EligibleTime is the job's --begin time (it stays put while the job waits, where %S
 # turns into the scheduler's estimate or N/A). Comment goes last: it is free text and may hold the separator.
 _QUEUED_FIELDS = ("JobID", "State", "EligibleTime", "Reason", "Comment")

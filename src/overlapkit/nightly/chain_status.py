@@ -10,9 +10,18 @@ from pathlib import Path
 
 from overlapkit import jsonio, paths
 from overlapkit.cluster import slurm
-from overlapkit.nightly.begin import iso, local_now, parse_iso
 from overlapkit.nightly.nightly import latest_night, read_night
-from overlapkit.nightly.schedule import LATE_AFTER, chain_jobs, read, restart_command, schedule_path, scheduler_log
+from overlapkit.nightly.schedule import (
+    LATE_AFTER,
+    chain_jobs,
+    iso,
+    local_now,
+    parse_iso,
+    read,
+    restart_command,
+    schedule_path,
+    scheduler_log,
+)
 
 
 @dataclass

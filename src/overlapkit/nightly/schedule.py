@@ -24,6 +24,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -33,8 +34,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, paths
 from overlapkit.cluster import slurm
-from overlapkit.errors import ClusterFailure
-from overlapkit.nightly.begin import At, ScheduleError, first_begin, iso, local_now, next_begin, parse_iso
+from overlapkit.errors import BadInput, ClusterFailure
 from overlapkit.nightly.nightly import MIN_DP
 from overlapkit.nightly.rules import NIGHTLY_ITERS
 
@@ -48,6 +48,61 @@ SCHEDULER_TIME = "01:00:00"
 # is full. Still pending this long after its begin time, the night is late, and nightly-status says so.
 LATE_AFTER = dt.timedelta(minutes=15)
 HISTORY_KEEP = 400  # fired runs kept in schedule.json: over a year of nights
+# AT is whatever `sbatch --begin` takes: Slurm reads it (slurm.begin_time), we keep no grammar of our own. For help:
+FORMS = "a time sbatch --begin takes: 02:00, 2:30PM, midnight, noon, now+90 (seconds), now+2hours, 2026-12-02T02:00"
+# Our bound, not Slurm's: a first night more than a year ahead is a typo. A year and a day, so "the same date next
+# year" is still accepted.
+MAX_AHEAD = dt.timedelta(days=366)  # _WITHIN says it
+_WITHIN = "the first night starts within 366 days (at most now+366days, or a date before then)"
+_ISO_FORMAT = "%Y-%m-%dT%H:%M:%S"  # what --begin takes and squeue's EligibleTime prints
+
+
+class ScheduleError(BadInput):
+    """One-line, user-facing."""
+
+
+def iso(t: dt.datetime) -> str:
+    return t.strftime(_ISO_FORMAT)
+
+
+def parse_iso(text: str | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None  # squeue prints N/A or Unknown for a time it does not know
+
+
+def local_now() -> dt.datetime:
+    return dt.datetime.now().replace(microsecond=0)
+
+
+def first_begin(profile, at: str, now: dt.datetime) -> dt.datetime:
+    """When the first night starts, as Slurm reads AT on the profile's partition (`sbatch --test-only`, nothing
+    queued: a time of day already past today means tomorrow, a past date means at once), within MAX_AHEAD."""
+    shown = at if len(at) <= 60 else at[:40] + "…"
+    if not at.strip():
+        raise ScheduleError(f"AT='': give the time the nightly starts every day; use {FORMS}")
+    if re.search(r"\d{10}", at):  # past any begin within a year; Slurm's parse_time wraps such a count to now
+        raise ScheduleError(f"AT={shown!r} is more than {MAX_AHEAD.days} days ahead: {_WITHIN}")
+    try:
+        said = slurm.begin_time(at, account=profile.account, partition=profile.partition, time_limit=SCHEDULER_TIME)
+    except BadInput as exc:
+        raise ScheduleError(f"AT={shown!r} is not a start time: sbatch says: {exc}; use {FORMS}") from None
+    begin = parse_iso(said)  # None: past the year 9999 a datetime holds
+    if begin is None or begin - now > MAX_AHEAD:
+        raise ScheduleError(f"AT={shown!r} is more than {MAX_AHEAD.days} days ahead (sbatch reads {said}): {_WITHIN}")
+    return begin
+
+
+def next_begin(prev: dt.datetime, now: dt.datetime) -> dt.datetime:
+    """The successor's begin: the same wall-clock time the next day (so now+N repeats 24 h after the first night;
+    across a DST change the time of day is kept). A scheduler that started more than a day late skips the nights
+    already past rather than queueing them all at once."""
+    begin = prev + dt.timedelta(days=1)
+    while begin <= now:
+        begin += dt.timedelta(days=1)
+    return begin
+
 
 # --- the schedule file -----------------------------------------------------------------------------------------------
 
@@ -139,7 +194,7 @@ class Commands:
 @dataclass(frozen=True)
 class ScheduleRequest:
     profile: object  # cluster.profiles.ClusterProfile, loaded from a file (the scheduler job reloads it)
-    at: At
+    at: str  # AT= as given: sbatch --begin reads it
     cluster: str  # CLUSTER= as given: the restart hint repeats it
     commands: Commands
     job_dir: str = ""  # JOB_DIR= as given ("" = the profile's)
@@ -177,10 +232,10 @@ def _queued_or_fail(path: Path, doing: str) -> list[dict]:
     return jobs
 
 
-def submit_scheduler(sched: dict, path: Path, begin: dt.datetime, command: tuple[str, ...]) -> str:
-    """One scheduler job held until `begin`; from the checkout it runs `command` (Commands.fire), which reruns this
-    module's fire() with the python that scheduled the chain (the one `make nightly` uses: it plans with Bridge and
-    submits with nemo_run)."""
+def submit_scheduler(sched: dict, path: Path, begin: str, command: tuple[str, ...]) -> str:
+    """One scheduler job held until `begin` (any sbatch --begin time); from the checkout it runs `command`
+    (Commands.fire), which reruns this module's fire() with the python that scheduled the chain (the one `make
+    nightly` uses: it plans with Bridge and submits with nemo_run)."""
     argv = [*command, "--cluster", sched["profile"], "--job-dir", sched["job_dir"]]
     cmd = f"cd {shlex.quote(str(paths.REPO_ROOT))} && PYTHONPATH=src:. {shlex.join(argv)}"
     return slurm.sbatch_wrap(
@@ -191,7 +246,7 @@ def submit_scheduler(sched: dict, path: Path, begin: dt.datetime, command: tuple
         output=str(path.parent / "scheduler-%j.out"),
         after=[],
         time_limit=SCHEDULER_TIME,
-        begin=iso(begin),
+        begin=begin,
         comment=str(path),
         secrets=sched.get("secrets", ()),  # the night it launches submits jobs that need them
     )
@@ -208,7 +263,7 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
         "account": p.account,
         "job_dir": p.job_dir,
         "job_dir_given": req.job_dir,
-        "at": req.at.text,
+        "at": req.at,
         "recipes": req.recipes,
         "preflight": req.preflight,
         "iters": req.iters,
@@ -232,14 +287,18 @@ def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
         night = f"RECIPES={req.recipes}" if req.recipes else "every recipe"
         return [
             f"dry run: would queue {SCHEDULER_NAME} on partition {req.profile.partition}, held until "
-            f"{iso(first_begin(req.at, now))}, then one a day; each runs make nightly ({night}) and records {path}",
+            f"{iso(first_begin(req.profile, req.at, now))}, then one a day; each runs make nightly ({night}) and "
+            f"records {path}",
             "dry run: nothing queued, nothing written",
         ]
     with _locked(path):
         sched = new_schedule(req, read(path), now)
         queued = _queued_or_fail(path, "nothing scheduled")
-        begin = first_begin(req.at, now)
-        sched.update(job_id=submit_scheduler(sched, path, begin, req.commands.fire), begin=iso(begin))
+        expected = iso(first_begin(req.profile, req.at, now))
+        job_id = submit_scheduler(sched, path, req.at, req.commands.fire)
+        # the begin Slurm set (EligibleTime), where test-only's estimate could be later on a busy partition
+        held = [j["begin"] for j in chain_jobs(path) or [] if j["job_id"] == job_id and parse_iso(j["begin"])]
+        sched.update(job_id=job_id, begin=held[0] if held else expected)
         replaced = [j for j in queued if j["state"] == "PENDING" and _cancel(j["job_id"])]
         jsonio.write_json(path, sched)
     return scheduled_lines(sched, path, replaced, req.commands.night)
@@ -300,7 +359,7 @@ def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime |
         fired = {"job_id": job_id, "begin": sched["begin"], "fired_at": iso(now)}
         begin = next_begin(parse_iso(sched["begin"]) or now, now)
         try:
-            fired["successor"] = submit_scheduler(sched, path, begin, commands.fire)
+            fired["successor"] = submit_scheduler(sched, path, iso(begin), commands.fire)
             sched.update(job_id=fired["successor"], begin=iso(begin))
             say(f"queued the successor: job {fired['successor']} begins {iso(begin)}")
         except ClusterFailure as exc:
