@@ -1,13 +1,12 @@
 """`make plan` and `make recipes` against the bare Bridge import, measured side by side in one run.
 
 Each repetition, in this order (so machine noise is shared): the bare `import megatron.bridge` in a fresh
-interpreter (TE shim, nothing deferred: what training imports); a first `make plan` in a fresh process with the plan
-server off (OVERLAPKIT_PLAN_SERVER=0: the path every plan took before the server, and the one CI takes); the import as
-planning does it (what no command uses deferred: overlapkit/bridge/lazy_imports.py); a first `make plan` with no server
-running (OVERLAPKIT_PLAN_SERVER=1: it starts the server and is its first command); at once after it, with no wait,
+interpreter (TE shim: what training and planning import); a first `make plan` in a fresh process with the plan
+server off (OVERLAPKIT_PLAN_SERVER=0: the path every plan took before the server, and the one CI takes); a first
+`make plan` with no server running (OVERLAPKIT_PLAN_SERVER=1: it starts the server and is its first command); at once after it, with no wait,
 a second `make plan` (served: no second import, goal <= 2 s) and `make recipes` (every recipe).
 Prints each median (wall and CPU seconds: the CPUs may be shared) and the ratios; the cold-start row is the first
-plan in a fresh process (server off) against the bare import, goal <= 0.7. `--cold` times only the first three. The
+plan in a fresh process (server off) against the bare import, goal <= 0.7. `--cold` times only the first two. The
 server lives in a private directory of this run (a server you are using is left alone) and is stopped at the end;
 the run directories the plans wrote are removed.
 """
@@ -26,10 +25,8 @@ import time
 
 from launch import plan_server
 from overlapkit import paths
-from overlapkit.bridge import lazy_imports
 
-IMPORT = "from overlapkit.bridge import stack; stack.import_bridge()"
-BARE = "from overlapkit.bridge import stack; stack.import_bridge(full=True)"
+BARE = "from overlapkit.bridge import stack; stack.import_bridge()"
 COLD_GOAL = 0.7
 RECIPE = "llama3_70b_pretrain_64gpu_h100_bf16"
 RUNS = paths.runs_root()
@@ -54,10 +51,9 @@ def timed(cmd: list[str], env: dict, row: str = "") -> float:
 
 
 def cold_round(env: dict, times: dict) -> None:
-    """The cold start: the bare import, a first `make plan` in a fresh process (no server), planning's import."""
+    """The cold start: the bare import, and a first `make plan` in a fresh process (no server)."""
     times["bare"].append(timed([sys.executable, "-c", BARE], env, "bare"))
     times["plain"].append(timed(["make", "-s", "plan", f"RECIPE={RECIPE}"], {**env, plan_server.SWITCH: "0"}, "plain"))
-    times["import"].append(timed([sys.executable, "-c", IMPORT], env, "import"))
 
 
 def stop(env: dict) -> None:
@@ -76,7 +72,6 @@ def one_round(env: dict, times: dict) -> None:
 LABELS = {
     "bare": "bare `import megatron.bridge` (TE shim only)",
     "plain": "first `make plan`, fresh process, server off",
-    "import": "planning's import (unused packages deferred)",
     "first": "first `make plan` (no server: starts one)",
     "second": "second `make plan`, typed at once after it",
     "recipes": "`make recipes` (server warm, every recipe)",
@@ -108,7 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument(
-        "--cold", action="store_true", help="only the cold start: bare import, first plan, planning's import"
+        "--cold", action="store_true", help="only the cold start: bare import, first plan"
     )
     opts = ap.parse_args()
     if opts.reps < 1:
@@ -116,7 +111,6 @@ def main() -> None:
     reps = opts.reps
     sockets = tempfile.mkdtemp(prefix="okps-bench-")
     env = {**os.environ, plan_server.DIR_VAR: sockets, plan_server.SWITCH: "1"}
-    env.pop(lazy_imports.SWITCH, None)  # planning defers as it does for users; the bare row asks for full
     before = set(RUNS.glob(f"{RECIPE}-*")) if RUNS.is_dir() else set()
     times = {k: [] for k in LABELS}
     try:

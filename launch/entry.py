@@ -52,11 +52,10 @@ from overlapkit.spec import planfile  # noqa: E402  (standard library only at im
 
 def rebuild(args):
     """The recipe planned again in the job from overrides.json, then the plugins' overrides (imports Bridge: after
-    the preflight). A job that trains imports the whole stack first: nothing deferred (bridge/lazy_imports.py)
-    where it trains, as a preflight-only job plans with it deferred."""
+    the preflight)."""
     from overlapkit.bridge import stack
 
-    stack.import_bridge(full=not args.preflight_only)
+    stack.import_bridge()
     from overlapkit.bridge.build import OVERRIDES, plan_for
     from overlapkit.spec import request
 
@@ -128,7 +127,7 @@ def imports_only() -> int:
     from overlapkit.bridge import stack
 
     try:
-        stack.import_bridge(full=True)
+        stack.import_bridge()
         problem = preflight.training_import_problem()
     except Exception as exc:  # whatever stops Bridge's import in this Python (a missing module, a mismatched one)
         problem = f"cannot import megatron.bridge: {preflight.missing(exc)}"
@@ -176,7 +175,7 @@ def main(argv=None) -> int:
         return 1
     if args.preflight_only:
         return 0
-    cfg = (rebuilt or rebuild(args)).cfg  # first: rebuild imports Bridge in full (TE shim, offline, nothing deferred)
+    cfg = (rebuilt or rebuild(args)).cfg  # first: rebuild imports Bridge (TE shim, offline)
     forward_step, pretrain = preflight.training_entry()
 
     if args.ckpt_step is not None:  # the resume guard's fallback: the tracker's iteration is incomplete
