@@ -500,6 +500,21 @@ def test_cuda_max_connections_rule_reproduces_nvidias_value_with_its_reason(name
     assert "perf_recipes" in entry.reason  # the source is named in the ledger
 
 
+def test_cuda_max_connections_has_one_home_that_every_reader_follows(monkeypatch, tmp_path):
+    """env.connections is the rule's one home: answering a value no rule gives (7), the ledger, the audit row and the
+    env the plugin hands a real nemo_run executor all say 7. A second rule anywhere on that path keeps its own value."""
+    from overlapkit.bridge import env
+
+    monkeypatch.setattr(env, "connections", lambda plan: env.Connections("7", "a probe of the one home"))
+    led = build_ledger(plan(B70), load_profile("example-eos"), caller_env={})
+    assert (led.entry(PINNED).value, led.entry(PINNED).reason) == ("7", "a probe of the one home")
+    rep = audit_rows(plan(B70), led)
+    assert rep.rows[0].detail == "7 (TP=4, CP=2)" and not [f for f in rep.findings if f.code == "cuda_max_connections"]
+    executor = run.SlurmExecutor(account="acct", tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
+    EnvVarPlugin.from_ledger(led).setup(run.Script(inline="echo hi"), executor)
+    assert executor.env_vars[PINNED] == "7"
+
+
 def test_ep_overlap_value_8_is_an_error_where_tp_overlap_or_cp_needs_1_and_1_is_an_error_where_8_is_needed():
     q = make_plan("qwen3_235b_a22b_pretrain_256gpu_h100_bf16", caller_env={})
     one = build_ledger(q, profile(env={PINNED: "1"}), caller_env={})
