@@ -4,8 +4,9 @@ reason no test runs it.
 
 A test "runs" a target when this pytest process starts `make` on this repository's Makefile with that target, seen
 by an audit hook on every subprocess the process starts (`sys.addaudithook`, event "subprocess.Popen"); a test file
-that only mentions a target runs nothing. The rule is judged when a session has run the whole suite
-(tests/conftest.py): part of the suite (one file, -k, a machine whose Slurm is down) runs only part of the targets.
+that only mentions a target runs nothing. The rule is a test, JUDGE (tests/unit_tests/test_docs.py), which
+tests/conftest.py runs last (after any shuffle) and which judges a session that runs the whole suite: part of the
+suite (one file, -k, a machine whose Slurm is down) runs only part of the targets.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ VALUED = {"-C", "--directory", "-f", "--file", "--makefile", "-I", "--include-di
 NOT_RUN = {"-n", "--dry-run", "--just-print", "--recon", "-q", "--question", "-p", "--print-data-base"}
 
 made: set[str] = set()  # the targets this process has run, filled by `record`
+JUDGE = "test_every_make_target_the_docs_show_is_run_by_a_test"
+# Whether this session runs the whole suite, the condition for judging which make targets it ran: the tests/ root
+# collected, nothing deselected (-k, -m, --lf, --deselect), nothing skipped but what needs a GPU (tests/conftest.py).
+WHOLE = {"args": [], "partial": []}
+
+
+def whole_run() -> str | None:
+    """None when this session runs the whole suite; else why not, one line."""
+    if WHOLE["args"] != [str(REPO / "tests")]:
+        return f"only {' '.join(WHOLE['args'])} collected"
+    return "; ".join(WHOLE["partial"][:3]) or None
 
 
 def code_of(text: str) -> list[str]:

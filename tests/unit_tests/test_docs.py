@@ -97,8 +97,8 @@ def test_allowed_paths_are_the_products_own():
 
 
 def test_every_make_target_shown_is_a_target_and_every_reason_is_for_a_shown_target():
-    """The half of the docs' rule that needs no run; the other half (shown targets are run by a test) is judged on
-    the whole suite's own run, at its end (tests/conftest.py, tests/make_targets.py)."""
+    """The half of the docs' rule that needs no run; the other half (shown targets are run by a test) is the last
+    test of a whole run, below."""
     every_other_target = make_targets.makefile_targets() - set(make_targets.UNTESTED)
     assert make_targets.judge(make_targets.shown_targets(), every_other_target) == []
 
@@ -185,3 +185,12 @@ def test_the_docs_check_names_each_kind_of_break_and_make_docs_mends_them():
     mended = docs.rewrite(texts["docs/plan.md"], produced)
     assert mended == "TP overlap (<!-- make docs: plan-worth-tp -->+6.0%<!-- /make docs -->), then\n"
     assert docs.problems({"docs/plan.md": mended}, {"plan-worth-tp": "+6.0%"}) == []
+
+
+def test_every_make_target_the_docs_show_is_run_by_a_test():
+    """The docs' rule on what this session ran (tests/make_targets.py): every `make <target>` a doc shows, some test
+    ran through make. tests/conftest.py puts this test last, after any shuffle, so it sees every other test's makes;
+    it judges only a whole run, since part of the suite runs part of the targets."""
+    if why := make_targets.whole_run():
+        pytest.skip(f"not the whole suite ({why}): the docs' targets are judged on a whole run")
+    assert make_targets.judge(make_targets.shown_targets(), make_targets.made) == []
