@@ -12,11 +12,10 @@ from dataclasses import asdict, dataclass, field
 
 from overlapkit.bridge import moe, overrides, presets
 from overlapkit.bridge.overlap import Resolved
-from overlapkit.spec.overlap import Overlap, OverlapIntent
+from overlapkit.spec.overlap import NA, OFF, ON, Overlap, OverlapIntent
 from overlapkit.spec.shape import ModelShape, dtype_of
 from overlapkit.spec.topology import Target
 
-ON, OFF, NA = "on", "off", "n/a"
 # A bucket of >= 2**30 *parameters* is 2-4 GiB of gradients: no chunk of our models warrants it, while 1 GiB written
 # as a byte count is a common slip (Bridge's and Megatron's bucket_size counts parameters, not bytes).
 BYTES_LIKE_BUCKET = 2**30

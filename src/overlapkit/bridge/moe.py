@@ -16,10 +16,9 @@ import importlib.util
 from packaging.version import Version
 
 from overlapkit.bridge.overlap import is_moe
-from overlapkit.spec.overlap import Overlap
+from overlapkit.spec.overlap import NA, OFF, ON, Overlap
 from overlapkit.spec.topology import expert_data_parallel_size
 
-ON, OFF, NA = "on", "off", "n/a"
 EP_OVERLAP = Overlap.EP.field
 DELAY_WGRAD = "comm_overlap.delay_wgrad_compute"
 # Megatron Core imports the DeepEP and HybridEP kernels from the `deep_ep` package

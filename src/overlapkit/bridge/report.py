@@ -4,7 +4,6 @@ list. Everything a person reads in a terminal is drawn here; the JSON forms live
 from __future__ import annotations
 
 import itertools
-import os
 
 from rich import box
 from rich.console import Console
@@ -121,11 +120,7 @@ def recipes_table(rows: list[dict]) -> Table:
 def legend() -> str:
     """`make recipes`' key to its labels: the rows of one profile class (RS/AG, both DP's) share one entry."""
     groups = [list(g) for _, g in itertools.groupby(Overlap, key=lambda o: o.klass or o)]
-    entries = []
-    for g in groups:
-        shared = os.path.commonprefix([o.what for o in g]) if len(g) > 1 else ""
-        whats = [g[0].what] + [o.what.removeprefix(shared) for o in g[1:]]
-        entries.append(f"{'/'.join(o.label for o in g)} = {' / '.join(whats)}")
+    entries = [f"{'/'.join(o.label for o in g)} = {' / '.join(o.what for o in g)}" for g in groups]
     return "overlaps: " + ", ".join(entries)
 
 

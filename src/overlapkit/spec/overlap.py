@@ -14,6 +14,8 @@ from enum import StrEnum
 
 from overlapkit.errors import BadInput
 
+ON, OFF, NA = "on", "off", "n/a"  # a row's states
+
 
 class Overlap(StrEnum):
     # row, config field, label, what it overlaps, why a recipe may keep it off, throughput term, profile class
@@ -48,7 +50,7 @@ class Overlap(StrEnum):
         "overlap_param_gather",
         "comm_overlap.overlap_param_gather",
         "AG",
-        "data-parallel param all-gather",
+        "param all-gather",
         None,
         "param_gather",
         "dp",
