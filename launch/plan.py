@@ -32,7 +32,7 @@ def parse(argv):
 def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
     from overlapkit.bridge import registry
     from overlapkit.bridge.build import make_plan
-    from overlapkit.bridge.report import overlap_summary, recipes_table
+    from overlapkit.bridge.report import legend, overlap_summary, recipes_table
     from overlapkit.sizing import calibration
     from overlapkit.sizing.hardware import DEFAULT_GPU, HARDWARE
 
@@ -59,11 +59,7 @@ def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
             }
         )
     con.print(recipes_table(rows))
-    con.print(
-        "overlaps: TP = tensor-parallel userbuffers, P2P = pipeline p2p, RS/AG = data-parallel grad "
-        "reduce-scatter / param all-gather, FP8-AG = FP8 param all-gather, "
-        "EP = expert-parallel all-to-all"
-    )
+    con.print(legend())
     con.print(
         f"TFLOP/s* = predicted model TFLOP/s per GPU on {HARDWARE[gpu].name} (Bridge's FLOPs count; "
         f"docs/throughput.md; constants: {calibration.for_cluster(cluster).label})"

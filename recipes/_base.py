@@ -1,20 +1,24 @@
-"""What every H100 recipe shares: the layout knobs, the precision and the overlap stack; `register` (overlapkit's
-registry) records the entry and the recipe's overlap intent, which the recipe also hands to the builder below.
+"""What every H100 recipe shares: the layout knobs, the precision and the overlap stack, and `register`, the
+registry's decorator with the recipe's overlap intent stated once (the builders below apply the intent registered).
 
 A recipe file only names its Bridge base function, its layout, and what differs. Forking a size = one small file.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_fp8_current_scaling_mixed
 
-from overlapkit.bridge.overlap import OverlapIntent, apply_overlap_stack
-from overlapkit.bridge.registry import EnvVar, register
+from overlapkit.bridge import registry
+from overlapkit.bridge.overlap import apply_overlap_stack
+from overlapkit.bridge.registry import EnvVar
+from overlapkit.spec.overlap import Overlap, OverlapIntent
 from overlapkit.spec.topology import Layout
 
 DTYPES = ("bf16", "fp8cs")
@@ -41,11 +45,35 @@ def precision(dtype: str):
     raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
 
 
+# The intent of the recipe being built, for h100_pretrain: what `register` recorded for it.
+_INTENT: ContextVar[OverlapIntent | None] = ContextVar("intent", default=None)
+
+
+def register(*, intent: OverlapIntent | None = None, perf: str | None = None, **entry):
+    """registry.register, the recipe's `intent` applied by the builders below while it builds (so stated once), and
+    with `perf`, the module of NVIDIA's perf recipe of the same name, as its source (`<perf>.<name>_config`)."""
+
+    def wrap(build: Callable[[], ConfigContainer]):
+        @functools.wraps(build)
+        def built() -> ConfigContainer:
+            token = _INTENT.set(intent)
+            try:
+                return build()
+            finally:
+                _INTENT.reset(token)
+
+        source = {"source": f"{perf}.{build.__name__}_config"} if perf else {}
+        return registry.register(intent=intent, **source, **entry)(built)
+
+    return wrap
+
+
 def h100_pretrain(
     base: Callable[[], ConfigContainer], dtype: str, layout: Layout, intent: OverlapIntent | None = None
 ) -> ConfigContainer:
-    """Bridge base recipe → our dtype and layout → the full overlap stack for `intent` (the one the recipe registers;
-    None: every overlap on, presets selected by shape)."""
+    """Bridge base recipe → our dtype and layout → the full overlap stack for `intent` (default: the one the recipe
+    being built registered; none: every overlap on, presets selected by shape)."""
+    intent = intent or _INTENT.get()
     cfg = base()
     cfg.mixed_precision = precision(dtype)
     m = cfg.model
@@ -133,6 +161,7 @@ __all__ = [
     "HYBRIDEP_ENV",
     "Layout",
     "MoE",
+    "Overlap",
     "OverlapIntent",
     "h100_pretrain",
     "moe_pretrain",

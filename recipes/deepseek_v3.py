@@ -1,13 +1,11 @@
-"""DeepSeek-V3 (671B: MLA, 256 routed + 1 shared expert, 3 dense layers, 1 MTP layer) on 1024 H100s (128 nodes).
+"""DeepSeek-V3 (671B: MLA, 256 routed + 1 shared expert, 3 dense layers, 1 MTP layer) on 1024 H100s.
 
-Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3`
-(`deepseek_v3_pretrain_1024gpu_h100_{bf16,fp8cs}_config`), on Bridge's
-`megatron.bridge.recipes.deepseek.h100.deepseek_v3.deepseek_v3_pretrain_1024gpu_h100_bf16_config`: TP2 PP8 VP4 EP64
-(DP 64, expert-DP 2), MBS1 GBS16384, seq 4096, HybridEP flex dispatcher, selective recompute of the MLA up-
-projections and the dense MLPs, and the explicit pipeline layout `Et|(tt|)*30mL` (embedding + 1 layer, then 2 layers
-per stage, MTP + loss last: 32 stages). NVIDIA keeps TP overlap, EP all-to-all overlap and DP grad-reduce overlap
-off; CUDA_DEVICE_MAX_CONNECTIONS is 1. Published H100 throughput: NVIDIA lists an FP8 run and its blockwise variant
-(docs/throughput.md: a row of the validation table).
+Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3`, on
+Bridge's `megatron.bridge.recipes.deepseek.h100.deepseek_v3.deepseek_v3_pretrain_1024gpu_h100_bf16_config`
+(expert-DP 2), HybridEP flex dispatcher, selective recompute of the MLA up-projections and the dense MLPs, and the
+explicit pipeline layout (embedding + 1 layer, then 2 layers per stage, MTP + loss last: 32 stages). NVIDIA keeps TP
+overlap, EP all-to-all overlap and DP grad-reduce overlap off; CUDA_DEVICE_MAX_CONNECTIONS is 1. Published H100
+throughput: NVIDIA lists an FP8 run and its blockwise variant (docs/throughput.md: a row of the validation table).
 """
 
 from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import (
@@ -15,7 +13,7 @@ from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import (
 )
 from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import set_deepseek_v3_pipeline_model_parallel_layout
 
-from recipes._base import HYBRIDEP_ENV, EnvVar, Layout, MoE, OverlapIntent, moe_pretrain, register
+from recipes._base import HYBRIDEP_ENV, EnvVar, Layout, MoE, Overlap, OverlapIntent, moe_pretrain, register
 
 SRC = "megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3"
 LAYOUT = Layout(tp=2, pp=8, cp=1, vpp=4, mbs=1, gbs=16384, seq=4096, ep=64, etp=1)
@@ -23,13 +21,10 @@ PIPELINE = "Et|(tt|)*30mL"  # NVIDIA's: 61 layers + MTP over PP8·VP4 = 32 stage
 KNOBS = MoE(dispatcher="flex", backend="hybridep", recompute_modules=("mla_up_proj", "mlp"))
 INTENT = OverlapIntent(
     off=(
+        (Overlap.TP, f"NVIDIA's recipe runs TP2 without userbuffers ({SRC}); Bridge has no preset for hidden 7168"),
+        (Overlap.EP, f"NVIDIA's measured baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"),
         (
-            "tp_comm_overlap",
-            f"NVIDIA's recipe runs TP2 without userbuffers ({SRC}); Bridge has no preset for hidden 7168",
-        ),
-        ("ep_a2a_overlap", f"NVIDIA's measured baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"),
-        (
-            "overlap_grad_reduce",
+            Overlap.RS,
             f"NVIDIA's recipe sets it off ({SRC}): with 256 microbatches per step the one "
             "reduce-scatter after the last is a small share of the step",
         ),
@@ -42,33 +37,17 @@ ENV = {
 
 
 def _build(dtype: str):
-    cfg = moe_pretrain(base, dtype, LAYOUT, KNOBS, INTENT)
+    cfg = moe_pretrain(base, dtype, LAYOUT, KNOBS)
     set_deepseek_v3_pipeline_model_parallel_layout(cfg.model, PIPELINE)
     cfg.dist.enable_megatron_core_experimental = True  # MLA RoPE fusion is experimental in Megatron Core
     return cfg
 
 
-@register(
-    model="DeepSeek-V3",
-    nodes=128,
-    time_limit="06:00:00",
-    env=ENV,
-    intent=INTENT,
-    source=f"{SRC}.deepseek_v3_pretrain_1024gpu_h100_bf16_config",
-)
+@register(model="DeepSeek-V3", nodes=128, time_limit="06:00:00", env=ENV, intent=INTENT, perf=SRC)
 def deepseek_v3_pretrain_1024gpu_h100_bf16():
-    """BF16, TP2 PP8 VP4 EP64 (DP=64), MBS1 GBS16384, seq 4096, HybridEP, layout Et|(tt|)*30mL."""
     return _build("bf16")
 
 
-@register(
-    model="DeepSeek-V3",
-    nodes=128,
-    time_limit="06:00:00",
-    env=ENV,
-    intent=INTENT,
-    source=f"{SRC}.deepseek_v3_pretrain_1024gpu_h100_fp8cs_config",
-)
+@register(model="DeepSeek-V3", nodes=128, time_limit="06:00:00", env=ENV, intent=INTENT, perf=SRC)
 def deepseek_v3_pretrain_1024gpu_h100_fp8cs():
-    """FP8 current scaling, TP2 PP8 VP4 EP64 (DP=64), MBS1 GBS16384, seq 4096, HybridEP, layout Et|(tt|)*30mL."""
     return _build("fp8cs")

@@ -1,4 +1,4 @@
-"""GPT3 175B on 128 H100s (16 nodes), sequence length 2048.
+"""GPT3 175B on 128 H100s, sequence length 2048.
 
 Layout: NVIDIA's published H100 table (NeMo 24.07, NVIDIA/NeMo docs/source/performance/performance_summary.md:
 128 GPUs, FP8, GBS 256, MBS 1, TP4 PP8 VP6: 716 tokens/s/GPU), built on Bridge's base
@@ -19,11 +19,9 @@ LAYOUT = Layout(tp=4, pp=8, cp=1, vpp=6, mbs=1, gbs=256, seq=2048)
 
 @register(model="GPT3 175B", nodes=16, time_limit="06:00:00", source=SRC)
 def gpt3_175b_pretrain_128gpu_h100_bf16():
-    """BF16, TP4 PP8 VP6 (DP=4), MBS1 GBS256, seq 2048."""
     return h100_pretrain(base, "bf16", LAYOUT)
 
 
 @register(model="GPT3 175B", nodes=16, time_limit="06:00:00", source=SRC)
 def gpt3_175b_pretrain_128gpu_h100_fp8cs():
-    """FP8 current scaling, TP4 PP8 VP6 (DP=4), MBS1 GBS256, seq 2048."""
     return h100_pretrain(base, "fp8cs", LAYOUT)

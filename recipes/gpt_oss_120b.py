@@ -1,17 +1,15 @@
-"""GPT-OSS 120B (128 experts, top-4, 36 layers alternating sliding/full attention) on 64 H100s (8 nodes).
+"""GPT-OSS 120B (128 experts, top-4, 36 layers alternating sliding/full attention) on 64 H100s.
 
-Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.gpt_oss.h100.gpt_oss`
-(`gpt_oss_120b_pretrain_64gpu_h100_{bf16,fp8cs}_config`), on Bridge's
-`megatron.bridge.recipes.gpt_oss.h100.gpt_oss.gpt_oss_120b_pretrain_64gpu_h100_bf16_config`: TP1 PP4 EP8 (DP 16,
-expert-DP 2), MBS1 GBS1280, seq 4096, alltoall dispatcher, selective recompute of LayerNorm and the expert
-activation. PP4 without a virtual pipeline: p2p overlap is off, as in NVIDIA's recipe, and Bridge allows EP
-all-to-all overlap only with one (it asserts VPP when PP>1). CUDA_DEVICE_MAX_CONNECTIONS is 32 (TP=CP=1).
-Published H100 throughput: none listed (docs/throughput.md).
+Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.gpt_oss.h100.gpt_oss`, on Bridge's
+`megatron.bridge.recipes.gpt_oss.h100.gpt_oss.gpt_oss_120b_pretrain_64gpu_h100_bf16_config` (expert-DP 2),
+alltoall dispatcher, selective recompute of LayerNorm and the expert activation. PP4 without a virtual pipeline: p2p
+overlap is off, as in NVIDIA's recipe, and Bridge allows EP all-to-all overlap only with one (it asserts VPP when
+PP>1). CUDA_DEVICE_MAX_CONNECTIONS is 32 (TP=CP=1). Published H100 throughput: none listed (docs/throughput.md).
 """
 
 from megatron.bridge.recipes.gpt_oss.h100.gpt_oss import gpt_oss_120b_pretrain_64gpu_h100_bf16_config as base
 
-from recipes._base import Layout, MoE, OverlapIntent, moe_pretrain, register
+from recipes._base import Layout, MoE, Overlap, OverlapIntent, moe_pretrain, register
 
 SRC = "megatron.bridge.perf_recipes.gpt_oss.h100.gpt_oss"
 LAYOUT = Layout(tp=1, pp=4, cp=1, vpp=None, mbs=1, gbs=1280, seq=4096, ep=8, etp=1)
@@ -19,19 +17,17 @@ KNOBS = MoE(dispatcher="alltoall", recompute_modules=("layernorm", "moe_act"))
 NO_VPP = f"NVIDIA's measured layout is PP4 without a virtual pipeline ({SRC})"
 INTENT = OverlapIntent(
     off=(
-        ("overlap_p2p_comm", NO_VPP),
-        ("ep_a2a_overlap", f"{NO_VPP}, and Bridge allows EP all-to-all overlap with PP>1 only on a virtual pipeline"),
+        (Overlap.P2P, NO_VPP),
+        (Overlap.EP, f"{NO_VPP}, and Bridge allows EP all-to-all overlap with PP>1 only on a virtual pipeline"),
     )
 )
 
 
-@register(model="GPT-OSS 120B", nodes=8, intent=INTENT, source=f"{SRC}.gpt_oss_120b_pretrain_64gpu_h100_bf16_config")
+@register(model="GPT-OSS 120B", nodes=8, intent=INTENT, perf=SRC)
 def gpt_oss_120b_pretrain_64gpu_h100_bf16():
-    """BF16, TP1 PP4 EP8 (DP=16), MBS1 GBS1280, seq 4096, alltoall, selective recompute."""
-    return moe_pretrain(base, "bf16", LAYOUT, KNOBS, INTENT)
+    return moe_pretrain(base, "bf16", LAYOUT, KNOBS)
 
 
-@register(model="GPT-OSS 120B", nodes=8, intent=INTENT, source=f"{SRC}.gpt_oss_120b_pretrain_64gpu_h100_fp8cs_config")
+@register(model="GPT-OSS 120B", nodes=8, intent=INTENT, perf=SRC)
 def gpt_oss_120b_pretrain_64gpu_h100_fp8cs():
-    """FP8 current scaling, TP1 PP4 EP8 (DP=16), MBS1 GBS1280, seq 4096, alltoall, selective recompute."""
-    return moe_pretrain(base, "fp8cs", LAYOUT, KNOBS, INTENT)
+    return moe_pretrain(base, "fp8cs", LAYOUT, KNOBS)

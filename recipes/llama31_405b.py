@@ -1,8 +1,7 @@
-"""Llama3.1 405B on 512 or 1024 H100s (64 or 128 nodes).
+"""Llama3.1 405B on 512 or 1024 H100s.
 
-Layout: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.llama.h100.llama31`
-(`llama31_405b_pretrain_{1024,512}gpu_h100_{bf16,fp8cs}_config`): TP8 PP8 CP2 VP8 with Bridge's
-`userbuffers_{bf16,fp8}_h100_h16384_tp8_cp2_mbs1_seqlen8192` presets; the 512-GPU variants halve GBS to 768.
+Layout: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.llama.h100.llama31`, with Bridge's
+`userbuffers_{bf16,fp8}_h100_h16384_tp8_cp2_mbs1_seqlen8192` presets; the 512-GPU variants halve GBS, as NVIDIA's do.
 126 layers + embedding + loss (Bridge's base accounts for both in the pipeline split) = 128 = 2 per PP·VP stage.
 Published: Megatron-Bridge 26.06 (FP8, 1024 GPUs, GBS 1536: 326 tokens/s/GPU).
 """
@@ -16,33 +15,29 @@ LAYOUT = Layout(tp=8, pp=8, cp=2, vpp=8, mbs=1, gbs=1536, seq=8192)  # the base 
 HALF_GBS = 768  # the 512-GPU variants keep DP's per-rank batch: 1536 × 512/1024
 
 
-def _registered(nodes: int, perf_recipe: str):
-    return register(model="Llama3.1 405B", nodes=nodes, time_limit="06:00:00", source=f"{SRC}.{perf_recipe}")
+def _registered(nodes: int):
+    return register(model="Llama3.1 405B", nodes=nodes, time_limit="06:00:00", perf=SRC)
 
 
-@_registered(128, "llama31_405b_pretrain_1024gpu_h100_bf16_config")
+@_registered(128)
 def llama31_405b_pretrain_1024gpu_h100_bf16():
-    """BF16, TP8 PP8 CP2 VP8 (DP=8), MBS1 GBS1536, seq 8192."""
     return h100_pretrain(base, "bf16", LAYOUT)
 
 
-@_registered(128, "llama31_405b_pretrain_1024gpu_h100_fp8cs_config")
+@_registered(128)
 def llama31_405b_pretrain_1024gpu_h100_fp8cs():
-    """FP8 current scaling, TP8 PP8 CP2 VP8 (DP=8), MBS1 GBS1536, seq 8192."""
     return h100_pretrain(base, "fp8cs", LAYOUT)
 
 
-@_registered(64, "llama31_405b_pretrain_512gpu_h100_bf16_config")
+@_registered(64)
 def llama31_405b_pretrain_512gpu_h100_bf16():
-    """The 1024-GPU BF16 recipe at DP=4 with GBS 768."""
     cfg = llama31_405b_pretrain_1024gpu_h100_bf16()
     cfg.train.global_batch_size = HALF_GBS
     return cfg
 
 
-@_registered(64, "llama31_405b_pretrain_512gpu_h100_fp8cs_config")
+@_registered(64)
 def llama31_405b_pretrain_512gpu_h100_fp8cs():
-    """The 1024-GPU FP8 recipe at DP=4 with GBS 768."""
     cfg = llama31_405b_pretrain_1024gpu_h100_fp8cs()
     cfg.train.global_batch_size = HALF_GBS
     return cfg

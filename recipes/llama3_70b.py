@@ -1,8 +1,7 @@
-"""Llama3 70B on 64 H100s (8 nodes).
+"""Llama3 70B on 64 H100s.
 
-Layouts: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.llama.h100.llama3`
-(`llama3_70b_pretrain_64gpu_h100_{bf16,fp8cs}_config`), with Bridge's userbuffers presets
-`userbuffers_{bf16,fp8}_h100_h8192_tp4_mbs1_seqlen8192`; published: Megatron-Bridge 25.11 (FP8-CS, 64 GPUs,
+Layouts: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.llama.h100.llama3`, with Bridge's userbuffers
+presets `userbuffers_{bf16,fp8}_h100_h8192_tp4_mbs1_seqlen8192`; published: Megatron-Bridge 25.11 (FP8-CS, 64 GPUs,
 TP4 PP8 VP5, GBS 128: 1602 tokens/s/GPU) and 26.04.01 (GBS 256: 1664 tokens/s/GPU).
 """
 
@@ -13,13 +12,11 @@ from recipes._base import Layout, h100_pretrain, register
 SRC = "megatron.bridge.perf_recipes.llama.h100.llama3"
 
 
-@register(model="Llama3 70B", nodes=8, source=f"{SRC}.llama3_70b_pretrain_64gpu_h100_bf16_config")
+@register(model="Llama3 70B", nodes=8, perf=SRC)
 def llama3_70b_pretrain_64gpu_h100_bf16():
-    """BF16, TP4 PP4 CP2 VP5 (DP=2), MBS1 GBS256, seq 8192."""
     return h100_pretrain(base, "bf16", Layout(tp=4, pp=4, cp=2, vpp=5, mbs=1, gbs=256, seq=8192))
 
 
-@register(model="Llama3 70B", nodes=8, source=f"{SRC}.llama3_70b_pretrain_64gpu_h100_fp8cs_config")
+@register(model="Llama3 70B", nodes=8, perf=SRC)
 def llama3_70b_pretrain_64gpu_h100_fp8cs():
-    """FP8 current scaling, TP4 PP8 CP1 VP5 (DP=2), MBS1 GBS256, seq 8192."""
     return h100_pretrain(base, "fp8cs", Layout(tp=4, pp=8, cp=1, vpp=5, mbs=1, gbs=256, seq=8192))

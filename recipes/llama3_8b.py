@@ -1,9 +1,9 @@
 """Llama3 8B on one 8-GPU H100 node.
 
-Layouts and env vars: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.llama.h100.llama3`
-(`llama3_8b_pretrain_8gpu_h100_{bf16,fp8cs}_config`); published: Megatron-Bridge 25.11 performance summary
-(8 GPUs, FP8-CS, GBS 128, 14451 tokens/s/GPU). TP=1 on both, so TP comm overlap is n/a by design: an 8B model fits
-without tensor parallelism, and the overlap that matters is DP grad-reduce / param-gather over DP=4 or 8.
+Layouts and env vars: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.llama.h100.llama3`; published:
+Megatron-Bridge 25.11 performance summary (8 GPUs, FP8-CS, GBS 128, 14451 tokens/s/GPU). TP=1 on both, so TP comm
+overlap is n/a by design: an 8B model fits without tensor parallelism, and the overlap that matters is DP
+grad-reduce / param-gather. The FP8 recipe recomputes 5 layers per block in full, as NVIDIA's does.
 """
 
 from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
@@ -11,29 +11,21 @@ from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
 from recipes._base import EnvVar, Layout, h100_pretrain, register
 
 SRC = "megatron.bridge.perf_recipes.llama.h100.llama3"
+_CUDNN_LN = f"cuDNN LayerNorm kernels, as in NVIDIA's measured 8B FP8 baseline ({SRC})"
+FP8_ENV = {
+    "NVTE_NORM_FWD_USE_CUDNN": EnvVar(1, _CUDNN_LN),
+    "NVTE_NORM_BWD_USE_CUDNN": EnvVar(1, _CUDNN_LN),
+    "NCCL_CTA_POLICY": EnvVar(1, f"NCCL CTA scheduling policy of NVIDIA's measured 8B FP8 baseline ({SRC})"),
+}
 
 
-@register(model="Llama3 8B", nodes=1, source=f"{SRC}.llama3_8b_pretrain_8gpu_h100_bf16_config")
+@register(model="Llama3 8B", nodes=1, perf=SRC)
 def llama3_8b_pretrain_8gpu_h100_bf16():
-    """BF16, TP1 PP1 CP2 (DP=4), MBS1 GBS128, seq 8192."""
     return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=2, vpp=None, mbs=1, gbs=128, seq=8192))
 
 
-_CUDNN_LN = f"cuDNN LayerNorm kernels, as in NVIDIA's measured 8B FP8 baseline ({SRC})"
-
-
-@register(
-    model="Llama3 8B",
-    nodes=1,
-    source=f"{SRC}.llama3_8b_pretrain_8gpu_h100_fp8cs_config",
-    env={
-        "NVTE_NORM_FWD_USE_CUDNN": EnvVar(1, _CUDNN_LN),
-        "NVTE_NORM_BWD_USE_CUDNN": EnvVar(1, _CUDNN_LN),
-        "NCCL_CTA_POLICY": EnvVar(1, f"NCCL CTA scheduling policy of NVIDIA's measured 8B FP8 baseline ({SRC})"),
-    },
-)
+@register(model="Llama3 8B", nodes=1, perf=SRC, env=FP8_ENV)
 def llama3_8b_pretrain_8gpu_h100_fp8cs():
-    """FP8 current scaling, TP1 PP1 CP1 (DP=8), MBS1 GBS128, full recompute of 5 layers per block."""
     cfg = h100_pretrain(base, "fp8cs", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=128, seq=8192))
     cfg.model.recompute_granularity, cfg.model.recompute_method, cfg.model.recompute_num_layers = "full", "block", 5
     return cfg

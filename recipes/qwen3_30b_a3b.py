@@ -1,7 +1,6 @@
-"""Qwen3 30B-A3B (128 experts, top-8, no shared expert) on 16 H100s (2 nodes).
+"""Qwen3 30B-A3B (128 experts, top-8, no shared expert) on 16 H100s.
 
-Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.qwen.h100.qwen3_moe`
-(`qwen3_30b_a3b_pretrain_16gpu_h100_{bf16,fp8cs}_config`): TP1 PP1 EP16 (expert-DP 1), MBS1 GBS1024, seq 4096,
+Layout and MoE knobs: NVIDIA's H100 perf recipes, `megatron.bridge.perf_recipes.qwen.h100.qwen3_moe` (expert-DP 1),
 HybridEP flex dispatcher, no recompute. Each dtype starts from the Bridge recipe NVIDIA's does: BF16 from Bridge's
 own 16-GPU recipe (TE-scoped CUDA graphs for the router, precision-aware optimizer) with EP all-to-all overlap on;
 FP8 from Bridge's 8-GPU recipe, where NVIDIA's measured FP8 baseline keeps EP overlap off. TP=1, so TP comm overlap
@@ -11,31 +10,26 @@ run (docs/throughput.md: a row of the validation table).
 
 from megatron.bridge.recipes.qwen.h100 import qwen3_moe as bridge
 
-from recipes._base import HYBRIDEP_ENV, Layout, MoE, OverlapIntent, moe_pretrain, register
+from recipes._base import HYBRIDEP_ENV, Layout, MoE, Overlap, OverlapIntent, moe_pretrain, register
 
 SRC = "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe"
 LAYOUT = Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=1024, seq=4096, ep=16, etp=1)
 KNOBS = MoE(dispatcher="flex", backend="hybridep")
 base = bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config  # what `make new-recipe FROM=` one of these forks
 FP8_NO_EP_OVERLAP = f"NVIDIA's measured FP8 baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"
-FP8_INTENT = OverlapIntent(off=(("ep_a2a_overlap", FP8_NO_EP_OVERLAP),))
 
 
-@register(
-    model="Qwen3 30B-A3B", nodes=2, source=f"{SRC}.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", env=HYBRIDEP_ENV
-)
+@register(model="Qwen3 30B-A3B", nodes=2, perf=SRC, env=HYBRIDEP_ENV)
 def qwen3_30b_a3b_pretrain_16gpu_h100_bf16():
-    """BF16, TP1 PP1 EP16 (DP=16), MBS1 GBS1024, seq 4096, HybridEP, EP all-to-all overlap."""
     return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config, "bf16", LAYOUT, KNOBS)
 
 
 @register(
     model="Qwen3 30B-A3B",
     nodes=2,
-    source=f"{SRC}.qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config",
+    perf=SRC,
     env=HYBRIDEP_ENV,
-    intent=FP8_INTENT,
+    intent=OverlapIntent(off=((Overlap.EP, FP8_NO_EP_OVERLAP),)),
 )
 def qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs():
-    """FP8 current scaling, TP1 PP1 EP16 (DP=16), MBS1 GBS1024, seq 4096, HybridEP."""
-    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS, FP8_INTENT)
+    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from overlapkit.bridge import moe, overrides, presets
-from overlapkit.bridge.overlap import OverlapIntent, Resolved
+from overlapkit.bridge.overlap import Resolved
+from overlapkit.spec.overlap import NA, OFF, ON, Overlap, OverlapIntent
 from overlapkit.spec.shape import ModelShape, dtype_of
 from overlapkit.spec.topology import Target
 
-ON, OFF, NA = "on", "off", "n/a"
 # A bucket of >= 2**30 *parameters* is 2-4 GiB of gradients: no chunk of our models warrants it, while 1 GiB written
 # as a byte count is a common slip (Bridge's and Megatron's bucket_size counts parameters, not bytes).
 BYTES_LIKE_BUCKET = 2**30
@@ -132,7 +132,7 @@ class _Audit:
     rep: AuditReport = field(default_factory=AuditReport)
 
     def row(self, name: str, state: str, detail: str) -> None:
-        self.rep.rows.append(Row(name, state, detail))
+        self.rep.rows.append(Row(str(name), state, detail))
 
     def err(self, code: str, msg: str, fix: str | None = None) -> None:
         self.rep.findings.append(Finding("error", code, msg, fix))
@@ -207,21 +207,21 @@ def _tp_overlap(a: _Audit) -> None:
     cfg, tp = a.cfg, a.layout[0]
     requested = bool(cfg.comm_overlap is not None and cfg.comm_overlap.tp_comm_overlap)
     if tp < 2:
-        a.row("tp_comm_overlap", NA, f"TP={tp} by design of this layout: no tensor-parallel collectives to overlap")
+        a.row(Overlap.TP, NA, f"TP={tp} by design of this layout: no tensor-parallel collectives to overlap")
         if requested:
             a.err(
                 "tp_overlap_dropped",
                 f"TP overlap requested but Bridge drops it: TP={tp} < 2; set "
-                "model.tensor_model_parallel_size>=2 or comm_overlap.tp_comm_overlap=false",
+                f"model.tensor_model_parallel_size>=2 or {Overlap.TP.field}=false",
             )
         return
-    if not requested and (why := a.intent.why_off("tp_comm_overlap")):
-        a.row("tp_comm_overlap", OFF, f"kept off: {why}")
+    if not requested and (why := a.intent.why_off(Overlap.TP)):
+        a.row(Overlap.TP, OFF, f"kept off: {why}")
         return
     if not requested:
-        a.row("tp_comm_overlap", OFF, f"TP={tp} but comm_overlap.tp_comm_overlap is off")
-        msg = f"TP={tp} without TP comm overlap: set comm_overlap.tp_comm_overlap=true"
-        a.err("tp_overlap_off", msg, "comm_overlap.tp_comm_overlap=true")
+        a.row(Overlap.TP, OFF, f"TP={tp} but {Overlap.TP.field} is off")
+        msg = f"TP={tp} without TP comm overlap: set {Overlap.TP.field}=true"
+        a.err("tp_overlap_off", msg, f"{Overlap.TP.field}=true")
         return
     if not a.res.model.tp_comm_overlap:
         if not cfg.model.sequence_parallel:
@@ -230,14 +230,14 @@ def _tp_overlap(a: _Audit) -> None:
             why, fix = "Transformer Engine is missing on the target", "launch in a container with TE (NeMo image)"
         else:
             why, fix = "; ".join(a.res.bridge_warnings) or "Bridge disabled it", "see Bridge's warning"
-        a.row("tp_comm_overlap", OFF, f"dropped by Bridge: {why}")
+        a.row(Overlap.TP, OFF, f"dropped by Bridge: {why}")
         sets = "model.sequence_parallel=true" if not cfg.model.sequence_parallel else None
         a.err("tp_overlap_dropped", f"TP overlap requested but Bridge drops it: {why}; {fix}", sets)
         return
     ub = cfg.comm_overlap.tp_comm_overlap_cfg  # on: its userbuffers config, a preset that fits the model?
     name, key = presets.name_of(ub), presets.key_of(cfg, a.target.gpu)
     if ub is None:
-        a.row("tp_comm_overlap", ON, f"TP={tp}, SP on; TE's default userbuffers config")
+        a.row(Overlap.TP, ON, f"TP={tp}, SP on; TE's default userbuffers config")
         if a.intent.tp_preset == presets.DEFAULT_TP_CONFIG:
             a.warn("tp_default_config", "TP overlap uses TE's default userbuffers config (explicit opt-in)")
         else:
@@ -248,10 +248,10 @@ def _tp_overlap(a: _Audit) -> None:
             )
         return
     if name is None:
-        a.row("tp_comm_overlap", ON, f"TP={tp}, SP on; custom userbuffers config")
+        a.row(Overlap.TP, ON, f"TP={tp}, SP on; custom userbuffers config")
         a.warn("tp_custom_config", "TP overlap uses a custom userbuffers config: its shape cannot be checked")
         return
-    a.row("tp_comm_overlap", ON, f"TP={tp}, SP on, TE on target; preset {name}")
+    a.row(Overlap.TP, ON, f"TP={tp}, SP on, TE on target; preset {name}")
     hard, soft = presets.mismatches(presets.exported_presets()[name], key)
     if hard:
         a.err(
@@ -286,7 +286,7 @@ def _p2p_overlap(a: _Audit) -> None:
     """Pipeline p2p overlap: Bridge selects it only with PP>1 and VPP>1."""
     _, pp, _, vpp, _ = a.layout
     if pp == 1:
-        a.row("overlap_p2p_comm", NA, "PP=1: no pipeline p2p")
+        a.row(Overlap.P2P, NA, "PP=1: no pipeline p2p")
         if vpp and vpp > 1:
             a.err(
                 "vpp_without_pp",
@@ -294,16 +294,16 @@ def _p2p_overlap(a: _Audit) -> None:
                 "model.virtual_pipeline_model_parallel_size=null",
             )
     elif a.res.model.overlap_p2p_comm:
-        a.row("overlap_p2p_comm", ON, f"PP={pp} × VPP={vpp}: interleaved schedule overlaps p2p")
-    elif (not vpp or vpp == 1) and (kept := a.intent.why_off("overlap_p2p_comm")):
-        a.row("overlap_p2p_comm", OFF, f"PP={pp} without VPP, kept off: {kept}")
+        a.row(Overlap.P2P, ON, f"PP={pp} × VPP={vpp}: interleaved schedule overlaps p2p")
+    elif (not vpp or vpp == 1) and (kept := a.intent.why_off(Overlap.P2P)):
+        a.row(Overlap.P2P, OFF, f"PP={pp} without VPP, kept off: {kept}")
     else:
         if not vpp or vpp == 1:
             why = f"PP={pp} without VPP: Bridge selects batch_p2p_comm (no overlap)"
             fix = "set model.virtual_pipeline_model_parallel_size>1"
         else:
-            why, fix = "comm_overlap.overlap_p2p_comm=false overrides Bridge", "set comm_overlap.overlap_p2p_comm=true"
-        a.row("overlap_p2p_comm", OFF, why)
+            why, fix = f"{Overlap.P2P.field}=false overrides Bridge", f"set {Overlap.P2P.field}=true"
+        a.row(Overlap.P2P, OFF, why)
         a.err("p2p_overlap_off", f"{why}; {fix}", fix.removeprefix("set ") if "=" in fix and ">" not in fix else None)
 
 
@@ -318,7 +318,7 @@ def _dp_overlap(a: _Audit) -> None:
     rddp, (_, _, _, vpp, dp) = a.res.ddp, a.layout
     dist_opt, bucket, (grad_dtype, width) = bool(rddp.use_distributed_optimizer), rddp.bucket_size, _grad_dtype(rddp)
     if dp == 1:
-        for name in ("overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "bucket_size"):
+        for name in (Overlap.RS, Overlap.AG, "align_param_gather", "bucket_size"):
             a.row(name, NA, "DP=1: no data-parallel collectives")
         a.warn("dp1", "DP=1 on this layout: grad-reduce and param-gather overlap are n/a (add nodes for DP>1)")
     else:
@@ -329,20 +329,16 @@ def _dp_overlap(a: _Audit) -> None:
                 "setup and param-gather overlap cannot run; set ddp.use_distributed_optimizer=true",
                 "ddp.use_distributed_optimizer=true",
             )
-        for name, what in (
-            ("overlap_grad_reduce", "grad reduce-scatter"),
-            ("overlap_param_gather", "param all-gather"),
-        ):
-            if getattr(rddp, name) and dist_opt:
-                a.row(name, ON, f"DP={dp}: {what} overlapped with backward/forward")
-            elif dist_opt and (why := a.intent.why_off(name)):
-                a.row(name, OFF, f"kept off: {why}")
+        for o, what in ((Overlap.RS, "grad reduce-scatter"), (Overlap.AG, "param all-gather")):
+            if getattr(rddp, o) and dist_opt:
+                a.row(o, ON, f"DP={dp}: {what} overlapped with backward/forward")
+            elif dist_opt and (why := a.intent.why_off(o)):
+                a.row(o, OFF, f"kept off: {why}")
             elif dist_opt:
-                a.row(name, OFF, f"DP={dp} but comm_overlap.{name}=false")
-                msg = f"DP={dp} without {what} overlap; set comm_overlap.{name}=true"
-                a.err(f"{name}_off", msg, f"comm_overlap.{name}=true")
+                a.row(o, OFF, f"DP={dp} but {o.field}=false")
+                a.err(f"{o}_off", f"DP={dp} without {what} overlap; set {o.field}=true", f"{o.field}=true")
             else:
-                a.row(name, OFF, f"DP={dp} but no distributed optimizer")
+                a.row(o, OFF, f"DP={dp} but no distributed optimizer")
         if rddp.align_param_gather:
             a.row("align_param_gather", ON, "VPP>1: param all-gathers aligned across chunks")
         else:
@@ -414,15 +410,15 @@ def _precision(a: _Audit) -> None:
         )
     fp8_pg = bool(mp is not None and mp.fp8_param_gather)
     if dtype_of(cfg) == "bf16":
-        a.row("fp8_param_gather", NA if not fp8_pg else ON, "BF16 run")
+        a.row(Overlap.FP8_AG, NA if not fp8_pg else ON, "BF16 run")
         if fp8_pg:
             a.err(
                 "fp8_param_gather_bf16",
-                "fp8_param_gather on a BF16 run: set mixed_precision.fp8_param_gather=false",
-                "mixed_precision.fp8_param_gather=false",
+                f"fp8_param_gather on a BF16 run: set {Overlap.FP8_AG.field}=false",
+                f"{Overlap.FP8_AG.field}=false",
             )
         return
-    a.row("fp8_param_gather", ON if fp8_pg else OFF, "FP8 params all-gathered in FP8")
+    a.row(Overlap.FP8_AG, ON if fp8_pg else OFF, "FP8 params all-gathered in FP8")
     dist_opt = bool(rddp.use_distributed_optimizer)
     if fp8_pg and (not dist_opt or (dp > 1 and not rddp.overlap_param_gather)):
         a.err(

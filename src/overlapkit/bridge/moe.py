@@ -16,10 +16,10 @@ import importlib.util
 from packaging.version import Version
 
 from overlapkit.bridge.overlap import is_moe
+from overlapkit.spec.overlap import NA, OFF, ON, Overlap
 from overlapkit.spec.topology import expert_data_parallel_size
 
-ON, OFF, NA = "on", "off", "n/a"
-EP_OVERLAP = "comm_overlap.overlap_moe_expert_parallel_comm"
+EP_OVERLAP = Overlap.EP.field
 DELAY_WGRAD = "comm_overlap.delay_wgrad_compute"
 # Megatron Core imports the DeepEP and HybridEP kernels from the `deep_ep` package
 # (megatron/core/transformer/moe/fused_a2a.py: `from deep_ep import Buffer`, `from deep_ep import HybridEPBuffer`).
@@ -217,18 +217,18 @@ def _rows(m, res, intent, findings, requested: bool, world: int) -> list[tuple]:
     the dispatcher, expert-DP overlap. A missing EP overlap or dispatcher backend adds its finding."""
     rm, ep, rows = res.model, m.expert_model_parallel_size or 1, []
     if ep == 1:
-        rows.append(("ep_a2a_overlap", NA, "EP=1: no expert all-to-all"))
+        rows.append((Overlap.EP, NA, "EP=1: no expert all-to-all"))
     elif rm.overlap_moe_expert_parallel_comm:
         why = f"EP={ep}: dispatch/combine all-to-all overlapped with another microbatch's compute"
-        rows.append(("ep_a2a_overlap", ON, why))
-    elif why := intent.why_off("ep_a2a_overlap"):
-        rows.append(("ep_a2a_overlap", OFF, f"kept off: {why}"))
+        rows.append((Overlap.EP, ON, why))
+    elif why := intent.why_off(Overlap.EP):
+        rows.append((Overlap.EP, OFF, f"kept off: {why}"))
     elif requested and findings:  # Bridge's setup would assert: the findings name the prerequisite and its fix
-        rows.append(("ep_a2a_overlap", OFF, f"EP={ep}: requested, but a prerequisite fails (see the errors)"))
+        rows.append((Overlap.EP, OFF, f"EP={ep}: requested, but a prerequisite fails (see the errors)"))
     else:
         msg = f"EP={ep} without EP all-to-all overlap: set {EP_OVERLAP}=true"
         findings.append(("error", "ep_overlap_off", msg, f"{EP_OVERLAP}=true"))
-        rows.append(("ep_a2a_overlap", OFF, f"EP={ep} but {EP_OVERLAP} is off"))
+        rows.append((Overlap.EP, OFF, f"EP={ep} but {EP_OVERLAP} is off"))
     if not rm.overlap_moe_expert_parallel_comm:
         rows.append(("delay_wgrad_compute", NA, "needs EP all-to-all overlap"))
     elif rm.delay_wgrad_compute:
@@ -267,7 +267,7 @@ def _rows(m, res, intent, findings, requested: bool, world: int) -> list[tuple]:
         why = f"expert-DP={edp}: expert grad reduce-scatter / param all-gather overlapped"
         rows.append(("expert_dp_overlap", ON, why))
     else:
-        why = intent.why_off("overlap_grad_reduce")
+        why = intent.why_off(Overlap.RS)
         off = f"expert-DP={edp}: " + (f"grad reduce kept off: {why}" if why else "DP overlap off")
         rows.append(("expert_dp_overlap", OFF, off))
     return rows

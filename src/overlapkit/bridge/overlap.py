@@ -13,32 +13,8 @@ import logging
 from dataclasses import dataclass, field
 
 from overlapkit.bridge import presets
+from overlapkit.spec.overlap import Overlap, OverlapIntent
 from overlapkit.spec.topology import DEFAULT_GPU, Target, data_parallel_size
-
-
-@dataclass
-class OverlapIntent:
-    """What the recipe claims, beyond what ConfigContainer can say (a field of the registry's Recipe)."""
-
-    tp_preset: str | None = None  # exported preset name, presets.DEFAULT_TP_CONFIG (opt-in), or None = auto
-    param_gather_with_optimizer_step: bool = False  # opt-in: Bridge leaves it off because of checkpointing
-    # MoE: delay the expert weight-gradient GEMMs so they overlap the EP all-to-all (needs EP a2a overlap).
-    delay_wgrad: bool = False
-    # Overlaps the recipe keeps off on purpose, as NVIDIA's measured recipe does: ((name, why), ...). Names:
-    # KEEP_OFF. The audit shows them "off" with that reason instead of failing; anything else missing is an error.
-    off: tuple[tuple[str, str], ...] = ()
-
-    def why_off(self, name: str) -> str | None:
-        return dict(self.off).get(name)
-
-
-# What a recipe may declare off (OverlapIntent.off), with the config field that carries each.
-KEEP_OFF = {
-    "tp_comm_overlap": "comm_overlap.tp_comm_overlap",
-    "ep_a2a_overlap": "comm_overlap.overlap_moe_expert_parallel_comm",
-    "overlap_grad_reduce": "comm_overlap.overlap_grad_reduce",
-    "overlap_p2p_comm": "model.virtual_pipeline_model_parallel_size",
-}
 
 
 @dataclass
@@ -80,7 +56,7 @@ def _tp_overlap(cfg, intent: OverlapIntent, gpu: str):
     tp = m.tensor_model_parallel_size
     if tp > 1:
         m.sequence_parallel = True  # TP overlap requires SP; Bridge drops TP overlap without it
-    if tp > 1 and intent.why_off("tp_comm_overlap"):
+    if tp > 1 and intent.why_off(Overlap.TP):
         return CommOverlapConfig(tp_comm_overlap=False)
     if tp > 1:
         if intent.tp_preset == presets.DEFAULT_TP_CONFIG:
@@ -101,7 +77,7 @@ def _dp_overlap(cfg, intent: OverlapIntent) -> None:
     cfg.ddp.overlap_grad_reduce = True
     cfg.ddp.overlap_param_gather = True
     cfg.ddp.align_param_gather = pp > 1 and vpp > 1
-    if intent.why_off("overlap_grad_reduce"):  # Bridge's setup would switch it back on for DP>1 unless comm says no
+    if intent.why_off(Overlap.RS):  # Bridge's setup would switch it back on for DP>1 unless comm says no
         cfg.ddp.overlap_grad_reduce = cfg.comm_overlap.overlap_grad_reduce = False
 
 
@@ -124,7 +100,7 @@ def _moe_overlap(cfg, intent: OverlapIntent) -> None:
     m, comm = cfg.model, cfg.comm_overlap
     if not is_moe(m):
         return
-    on = (m.expert_model_parallel_size or 1) > 1 and not intent.why_off("ep_a2a_overlap")
+    on = (m.expert_model_parallel_size or 1) > 1 and not intent.why_off(Overlap.EP)
     comm.overlap_moe_expert_parallel_comm = on
     comm.delay_wgrad_compute = bool(on and intent.delay_wgrad)
     if on:

@@ -3,6 +3,8 @@ list. Everything a person reads in a terminal is drawn here; the JSON forms live
 
 from __future__ import annotations
 
+import itertools
+
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -11,8 +13,10 @@ from rich.table import Table
 from overlapkit.bridge import stack
 from overlapkit.bridge.env import LAYERS
 from overlapkit.bridge.runopts import lines as run_lines
+from overlapkit.spec.overlap import Overlap
 
 STYLE = {"on": "green", "off": "red", "n/a": "dim"}
+LABELLED = set(Overlap)
 
 
 def console(file=None, width: int | None = None) -> Console:
@@ -113,19 +117,16 @@ def recipes_table(rows: list[dict]) -> Table:
     return t
 
 
-# Short names for the recipe list: TP userbuffers, pipeline p2p, DP reduce-scatter, DP all-gather, FP8 all-gather.
-SHORT = {
-    "tp_comm_overlap": "TP",
-    "overlap_p2p_comm": "P2P",
-    "overlap_grad_reduce": "RS",
-    "overlap_param_gather": "AG",
-    "fp8_param_gather": "FP8-AG",
-    "ep_a2a_overlap": "EP",
-}
+def legend() -> str:
+    """`make recipes`' key to its labels: the rows of one profile class (RS/AG, both DP's) share one entry."""
+    groups = [list(g) for _, g in itertools.groupby(Overlap, key=lambda o: o.klass or o)]
+    entries = [f"{'/'.join(o.label for o in g)} = {' / '.join(o.what for o in g)}" for g in groups]
+    return "overlaps: " + ", ".join(entries)
 
 
 def overlap_summary(report) -> str:
-    return " ".join(SHORT[r.name] for r in report.rows if r.name in SHORT and r.state == "on")
+    """The short labels (spec/overlap.py) of the overlaps that are on, in the audit's order: `make recipes`' column."""
+    return " ".join(Overlap(r.name).label for r in report.rows if r.name in LABELLED and r.state == "on")
 
 
 def ledger_rows(ledger) -> list[tuple[str, str, str, str, str]]:

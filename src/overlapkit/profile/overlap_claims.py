@@ -9,18 +9,14 @@ from __future__ import annotations
 from overlapkit.bridge import runopts
 from overlapkit.bridge.env import PINNED
 from overlapkit.profile.overlap_classes import CLASSES, Layout
+from overlapkit.spec.overlap import Overlap
 from overlapkit.spec.topology import DEFAULT_GPU
 
-# The plan's audit rows that claim each class's overlap (bridge/audit.py, bridge/moe.py). CP has no switch: Transformer
+# The plan's audit rows that claim each class's overlap (spec/overlap.py's class). CP has no switch: Transformer
 # Engine's context-parallel attention always overlaps each K/V exchange with the previous chunk's attention
 # (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py AttnFuncWithCPAndKVP2P, v2.4), so
 # CP > 1 is a claim by itself.
-CLAIMS = {
-    "tp": ("tp_comm_overlap",),
-    "pp": ("overlap_p2p_comm",),
-    "dp": ("overlap_grad_reduce", "overlap_param_gather"),
-    "ep": ("ep_a2a_overlap",),
-}
+CLAIMS = {c: tuple(str(o) for o in Overlap if o.klass == c) for c in CLASSES if c != "cp"}
 
 # Exposed share above which a claimed overlap is a failure, with what is exposed by design below it.
 THRESHOLDS = {

@@ -45,6 +45,7 @@ from overlapkit.sizing.calibration import Constants
 from overlapkit.sizing.hardware import HARDWARE, Hardware, hardware
 from overlapkit.sizing.memory import Workload, first_stage_layers
 from overlapkit.sizing.moe_time import Moe
+from overlapkit.spec.overlap import Overlap
 from overlapkit.spec.topology import DEFAULT_GPU, GPUS_PER_NODE, expert_group
 
 __all__ = ["HARDWARE", "Constants", "Flops", "Hardware", "Inputs", "Moe", "Overlaps", "Prediction", "predict"]
@@ -73,15 +74,9 @@ class Overlaps:
         return cls(**on)
 
 
-# Each Overlaps field's row in the plan's overlap table (bridge/overlap.py; the EP row is bridge/moe.py's): what the
-# model reads, and the name make plan's worth table shows (sizing/worth.py).
-ROWS = {
-    "tp": "tp_comm_overlap",
-    "p2p": "overlap_p2p_comm",
-    "grad_reduce": "overlap_grad_reduce",
-    "param_gather": "overlap_param_gather",
-    "ep": "ep_a2a_overlap",
-}
+# Each Overlaps field's row in the plan's overlap table (spec/overlap.py's term): what the model reads, and the name
+# make plan's worth table shows (sizing/worth.py).
+ROWS = {o.term: str(o) for o in Overlap if o.term}
 
 
 @dataclass

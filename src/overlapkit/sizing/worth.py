@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 from overlapkit.sizing import throughput
 
-ROWS = throughput.ROWS  # each Overlaps field's row in the overlap table: the names the worth table shows
-
 
 @dataclass(frozen=True)
 class Worth:
@@ -33,7 +31,7 @@ class Worth:
 
     def to_dict(self) -> dict:
         return {
-            "row": ROWS[self.overlap],
+            "row": throughput.ROWS[self.overlap],
             "off_step_s": round(self.off_step_s, 4),
             "delta_s": round(self.delta_s, 4),
             "delta_pct": round(self.delta_pct, 2),

@@ -20,6 +20,7 @@ from overlapkit import paths
 from overlapkit.bridge import registry
 from overlapkit.bridge.build import make_plan, write_run_dir
 from overlapkit.bridge.report import render_plan
+from overlapkit.spec.overlap import Overlap
 from overlapkit.spec.shape import ModelShape
 
 GOLDEN = paths.REPO_ROOT / "tests" / "golden"
@@ -99,7 +100,7 @@ def test_recipe_builds_offline_passes_the_audit_and_has_no_warnings(name, planne
     assert unread == [], "a stack warning no one has read: add it to STACK_WARNS_SHIPPED with why, or mend the recipe"
     # Every overlap is on, n/a, or kept off by the recipe's declaration, with its reason (OverlapIntent.off).
     kept = dict(p.intent.off)
-    for name in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "ep_a2a_overlap"):
+    for name in Overlap:
         row = next((r for r in p.report.rows if r.name == name), None)
         if row is not None and row.state not in ("on", "n/a"):
             assert kept.get(name) and kept[name] in row.detail, (row, kept)

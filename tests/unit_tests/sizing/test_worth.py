@@ -54,13 +54,6 @@ def test_an_overlap_that_is_off_has_no_worth_entry(planned):
     assert worth.overlap_worth(none_on) == {}
 
 
-def test_rows_name_the_overlap_table_rows_the_model_reads():
-    for field, row in worth.ROWS.items():
-        flipped = throughput.Overlaps.of_rows({row: "on"})
-        assert {f.name for f in dataclasses.fields(flipped) if getattr(flipped, f.name)} == {field}
-    assert set(worth.ROWS) == {f.name for f in dataclasses.fields(throughput.Overlaps)}
-
-
 def test_plan_json_and_text_show_each_overlaps_worth(planned):
     plan = planned(QWEN)
     d = plan.to_dict()["throughput"]["overlap_worth"]
