@@ -56,6 +56,26 @@ def _data(model) -> dict:
     return {f.name: v for f in dataclasses.fields(model) if not callable(v := getattr(model, f.name))}
 
 
+def test_the_table_the_registry_reads_before_the_import_is_what_the_modules_register():
+    import recipes
+
+    registered: dict[str, set] = {}
+    for name in filter(registry.shipped, registry.names()):
+        registered.setdefault(registry.get(name).build.__module__.removeprefix("recipes."), set()).add(name)
+    assert registered == {module: set(names) for module, names in recipes.RECIPES.items()}
+
+
+def test_a_name_whose_gpus_are_not_its_nodes_is_refused():
+    """declared_nodes reads the nodes from the name before the import: register makes that the registered value."""
+    build = registry.get("llama3_8b_pretrain_8gpu_h100_bf16").build
+
+    def mine_pretrain_16gpu_h100_bf16():
+        return build()
+
+    with pytest.raises(ValueError, match="names 16 GPUs but registers nodes=3: make them agree"):
+        registry.register(model="x", nodes=3, source="x")(mine_pretrain_16gpu_h100_bf16)
+
+
 def test_unknown_recipe_names_the_closest():
     with pytest.raises(registry.UnknownRecipe, match="closest: llama3_70b_pretrain_64gpu_h100_bf16"):
         registry.get("llama3_70b_pretrain_64gpu_h100")
