@@ -134,6 +134,9 @@ def discover() -> None:
             try:
                 with stack.silenced():
                     importlib.import_module(module)
+                if NAME_RE.fullmatch(info.name) and (got := sorted(set(REGISTRY) - before)) != [info.name]:
+                    # what declared_nodes read before the import (the file's name) must be what it registers
+                    raise ValueError(f"a file named for recipe {info.name} registers that one alone, not {got}")
             except Exception as exc:  # any error in a user's file: drop what it registered, keep the other recipes
                 sys.modules.pop(module, None)
                 for name in set(REGISTRY) - before:
@@ -183,11 +186,9 @@ def check_declared(name: str) -> None:
 def declared_nodes() -> dict[str, int | None] | None:
     """Before the Bridge import: every recipe name the modules declare as data, with the nodes its name says (None for
     a name off the pattern); None when some module leaves its names to its import (see check_declared)."""
-    from recipes import RECIPES
-
     declared: dict[str, int | None] = {}
     for directory in [RECIPES_DIR, *map(Path, _extra_dirs())]:
-        table = RECIPES if Path(directory).resolve() == RECIPES_DIR.resolve() else {}
+        table = importlib.import_module(PACKAGE).RECIPES if Path(directory).resolve() == RECIPES_DIR.resolve() else {}
         for path in sorted(Path(directory).glob("[!_]*.py")):
             if path.stem not in table and not NAME_RE.fullmatch(path.stem):
                 return None

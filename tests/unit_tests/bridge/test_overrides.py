@@ -24,6 +24,14 @@ def test_values_take_the_type_of_the_field_they_replace(cfg):
     assert overrides.apply(cfg, overrides.parse("optimizer.lr=3e-4"))[0][2] == 3e-4
 
 
+def test_values_are_set_by_bridges_own_override_path(cfg):
+    # Bridge's apply_overrides turns a dtype's name back into the torch.dtype (a plain setattr would keep the text)
+    import torch
+
+    overrides.apply(cfg, overrides.parse("model.params_dtype=float16"))
+    assert cfg.model.params_dtype is torch.float16
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [

@@ -107,6 +107,16 @@ def test_a_new_process_discovers_a_users_file_and_reports_a_broken_one(tmp_path)
     assert got["audit"]["ok"] and got["audit"]["rows"]["overlap_param_gather_with_optimizer_step"]["state"] == "on"
 
 
+def test_a_file_named_for_a_recipe_registers_that_one_alone(tmp_path):
+    """Its name is what the registry declared before the import: a file that registers another is a load error."""
+    (tmp_path / "other_pretrain_16gpu_h100_bf16.py").write_text(textwrap.dedent(GOOD))
+    env = {**os.environ, registry.PATH_VAR: str(tmp_path)}
+    cmd = [sys.executable, "-m", "launch", "recipes", "--runs", str(tmp_path / "runs")]
+    listed = subprocess.run(cmd, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    said = "a file named for recipe other_pretrain_16gpu_h100_bf16 registers that one alone, not ['mine_8b_pretrain"
+    assert listed.returncode == 1 and said in listed.stderr and "mine_8b" not in listed.stdout
+
+
 def test_finds_knows_where_a_new_process_looks(tmp_path, monkeypatch):
     assert registry.finds(paths.REPO_ROOT / "recipes" / "x.py")
     assert not registry.finds(tmp_path / "x.py")
