@@ -72,11 +72,6 @@ def kind_of(value) -> str:
     return "list" if isinstance(value, (list, tuple)) else "dict" if isinstance(value, dict) else "object"
 
 
-def kinds_of(current) -> set[str]:
-    """What an overlap.* intent key accepts, judged from its default: its kind (or null); anything when None."""
-    return {"any"} if current is None else {kind_of(current), "none"}
-
-
 def _kinds(tp) -> tuple[list[str], list]:
     """(kinds, choices) an annotation allows."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -134,7 +129,7 @@ _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
-    """`raw` (YAML scalar text) as a value of one of `kinds` (a field's annotation's, or kinds_of(default))."""
+    """`raw` (YAML scalar text) as a value of one of `kinds` (a field's annotation's, or an intent default's)."""
     try:
         value = yaml.load(raw, Loader=_Loader) if raw != "" else ""
     except yaml.YAMLError as exc:
@@ -273,5 +268,5 @@ def split_intent(pairs: list[tuple[str, str]]) -> tuple[dict[str, object], list[
             hint = f"; did you mean {INTENT_PREFIX}{close[0]}?" if close else f" (known: {', '.join(names)})"
             raise OverrideError(f"unknown key {key!r}{hint}")
         default = getattr(OverlapIntent(), name)
-        intent[name] = convert_kinds(key, raw, kinds_of(default) if default is not None else {"str", "none"})
+        intent[name] = convert_kinds(key, raw, {kind_of(default), "none"} if default is not None else {"str", "none"})
     return intent, rest
