@@ -130,7 +130,7 @@ def test_a_plan_that_does_not_fit_the_gpu_never_ends_audit_ok(make_here):
 # Answered before the Bridge import (in a process that never imports torch): what the in-process cases above cannot
 # show, since this test process has Bridge loaded. One new process for all of them.
 EARLY = [
-    ("plan", [R8, "--set", "model.foo.bar=1"], "unknown key 'model.foo.bar'"),
+    ("plan", [R8, "--set", "train.global_batch_size=0"], "must be a whole number ≥ 1"),  # a key SET types early
     ("plan", [R8, "--set", "optimizer.lr=1.0e+400"], "not a finite number"),
     ("plan", [R8, "--nsys", "1:99999999999999999999"], "iterations are at most"),
     ("submit", ["--recipe", R405, "--cluster", "local"], "128 nodes requested but partition"),

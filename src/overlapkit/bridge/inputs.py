@@ -1,11 +1,8 @@
 """What a user types, checked before the Bridge import (docs/architecture.md: measured facts), and the size rules.
 
-NODES, SET (syntax, known keys, value types, sizes, no credentials) and recipe names are answered in well under a
-second. SET is checked against the recorded schema (overrides.schema(), plan/config_schema.json): every
-`section.field` of the shipped recipes' ConfigContainers with the kinds its annotation allows. `python -m
-overlapkit.bridge.inputs --record` rewrites it; a test fails when the installed Bridge disagrees with the file. What
-the schema cannot decide (a key it has not recorded, or a Bridge other than the recorded one) is left to the full
-check after the import, so nothing valid is refused early.
+NODES, SET (syntax, the overlap.* keys, values that are no value, the sizes and signs below, no credentials) and
+recipe names are answered in well under a second. Whether any other key exists and what its field holds is Bridge's
+to say after the import (overrides.apply: its override path on the live config), so nothing valid is refused early.
 
 `SIZES` is the one home of "must be positive": checked here on SET values and, by the plan, on the built config
 (a fork's file or a base recipe), before anything divides by them.
@@ -14,14 +11,9 @@ check after the import, so nothing valid is refused early.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import difflib
-import json
-import types
-import typing
 
-from overlapkit import jsonio, paths
-from overlapkit.bridge import overrides, runopts, stack
+from overlapkit import jsonio
+from overlapkit.bridge import overrides, runopts
 from overlapkit.errors import BadInput
 from overlapkit.secrets import credential_kind
 from overlapkit.spec.shape import head_dim_follows, head_dim_problem
@@ -191,19 +183,26 @@ def positive_int(text: str) -> int:
     return n
 
 
-# --- SET against the recorded schema (overrides.schema) ---------------------------------------------------
+# --- SET before the import: the keys this module types ----------------------------------------------------------
+
+
+def _early_kinds(key: str) -> set[str]:
+    """What a SET value of `key` may be before the import: a size is a whole number (or null where SIZES allows it),
+    a signed setting a number or null (its field's annotation says whether null is allowed, after the import); any
+    other key any value (Bridge's field decides)."""
+    if key in SIZES:
+        return {"int", "none"} if SIZES[key][1] else {"int"}
+    return {"float", "none"} if key in SIGNED else {"any"}
 
 
 def check_sets(text) -> list[tuple[str, str]]:
-    """SET= before the import: syntax, overlap.* keys, then each recorded key's type and size, and no credentials.
-    Returns the parsed pairs; raises OverrideError (one line)."""
+    """SET= before the import: syntax, overlap.* keys, each value read (a number within int64, finite), the sizes and
+    signs, and no credentials. Returns the parsed pairs; raises OverrideError (one line)."""
     pairs = overrides.parse(text)
     seen = [k for k, _ in pairs]
     if twice := next((k for i, k in enumerate(seen) if k in seen[:i]), None):
         raise overrides.OverrideError(f"{twice} is set twice in SET: keep one {twice}=<value>")
     _, config_pairs = overrides.split_intent(pairs)
-    keys = overrides.schema()
-    sections = {k.split(".")[0] for k in keys}
     for key, raw in config_pairs:
         if kind := credential_kind(raw):
             raise overrides.OverrideError(
@@ -211,79 +210,6 @@ def check_sets(text) -> list[tuple[str, str]]:
                 "plan.json and the job script); export it and list its name in the "
                 "profile's secrets"
             )
-        if key in keys:
-            value = overrides.convert(key, raw)
-            if msg := size_problem(key, value):
-                raise overrides.OverrideError(msg)
-        elif key.split(".")[0] in sections:
-            # A key of a recorded section the schema has not recorded: unknown when its `section.field` is (no such
-            # field, or a field that holds a plain value and so has no fields of its own); left to the full check
-            # when that field holds an object (comm_overlap.tp_comm_overlap_cfg.<field>) or anything.
-            field = ".".join(key.split(".")[:2])
-            if key.count(".") > 1 and field in keys:
-                if set(keys[field]["kinds"]) & {"object", "any", "dict"}:
-                    continue
-                raise overrides.OverrideError(f"unknown key {key!r}: {field} holds a value, not fields")
-            close = difflib.get_close_matches(key if key.count(".") == 1 else field, keys, n=1, cutoff=0.5)
-            raise overrides.OverrideError(f"unknown key {key!r}" + (f"; did you mean {close[0]}?" if close else ""))
+        if msg := size_problem(key, overrides.convert_kinds(key, raw, _early_kinds(key))):
+            raise overrides.OverrideError(msg)
     return pairs
-
-
-def _kinds(tp) -> tuple[list[str], list]:
-    """(kinds, choices) an annotation allows."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is type(None):
-        return ["none"], []
-    if origin in (typing.Union, types.UnionType):
-        parts = [_kinds(a) for a in args]
-        return sorted({k for p, _ in parts for k in p}), []
-    if origin is typing.Literal:
-        return sorted({overrides.kind_of(v) for v in args}), list(args)
-    if tp in (bool, int, float, str):
-        return [tp.__name__], []
-    if origin in (list, tuple, set) or tp in (list, tuple, set):
-        return ["list"], []
-    if origin is dict or tp is dict:
-        return ["dict"], []
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return ["object"], []
-    return ["any"], []
-
-
-def record(cfgs) -> dict:
-    """The schema of these ConfigContainers: each section's dataclass fields, kinds from the type annotations."""
-    keys: dict[str, dict] = {}
-    for cfg in cfgs:
-        for section in overrides.fields_of(cfg):
-            obj = getattr(cfg, section)
-            if not dataclasses.is_dataclass(obj):
-                continue
-            try:
-                hints = typing.get_type_hints(type(obj))
-            except Exception:  # an annotation that does not resolve outside its package: accept any value
-                hints = {}
-            for f in dataclasses.fields(obj):
-                kinds, choices = _kinds(hints[f.name]) if f.name in hints else (["any"], [])
-                entry = keys.setdefault(f"{section}.{f.name}", {"kinds": []})
-                entry["kinds"] = sorted(set(entry["kinds"]) | set(kinds))
-                if choices:
-                    entry["choices"] = choices
-    return {"versions": stack.versions(overrides.SCHEMA_PACKAGES), "keys": dict(sorted(keys.items()))}
-
-
-def shipped_schema() -> dict:
-    """record() over every shipped recipe (imports Bridge)."""
-    from overlapkit.bridge import registry
-
-    with stack.silenced():
-        return record(registry.get(n).build() for n in registry.names() if registry.shipped(n))
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] != ["--record"]:
-        sys.exit("usage: python -m overlapkit.bridge.inputs --record")
-    stack.import_bridge()
-    overrides.SCHEMA_FILE.write_text(json.dumps(shipped_schema(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {paths.repo_relative(overrides.SCHEMA_FILE)}")

@@ -1,7 +1,9 @@
 """Dotted overrides (`SET="train.global_batch_size=512 model.sequence_parallel=false"`) on a real ConfigContainer.
 
-Values are parsed as YAML scalars and converted to the type of the field they replace; anything unknown or
-ill-typed is a one-line OverrideError naming the nearest valid key.
+Values are read as YAML scalars and checked against the annotation of the live field they replace; the keys are the
+ones Bridge's own override path knows (megatron.bridge.training.utils.omegaconf_utils: the OmegaConf tree of the
+config, which its scripts' dotted overrides address), and each value is set through its `apply_overrides`. Anything
+unknown or ill-typed is a one-line OverrideError naming the nearest key.
 """
 
 from __future__ import annotations
@@ -9,24 +11,20 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import difflib
-import json
 import math
 import re
 import shlex
+import types
+import typing
 from functools import cache
-from pathlib import Path
 
 import yaml
 
 from overlapkit import jsonio
-from overlapkit.bridge import runopts, stack
+from overlapkit.bridge import runopts
 from overlapkit.errors import BadInput
 
 INTENT_PREFIX = "overlap."  # keys that change the overlap intent, not a config field (see OverlapIntent)
-# The recorded schema: every `section.field` of the shipped recipes' ConfigContainers with the kinds its annotation
-# allows (written by `python -m overlapkit.bridge.inputs --record`; trusted only for the Bridge it was recorded from).
-SCHEMA_FILE = Path(__file__).with_name("config_schema.json")
-SCHEMA_PACKAGES = ("megatron-bridge", "megatron-core")
 
 
 class OverrideError(BadInput):
@@ -53,22 +51,6 @@ def fields_of(obj) -> list[str]:
     return [k for k in vars(obj) if not k.startswith("_")] if hasattr(obj, "__dict__") else []
 
 
-def valid_keys(root, prefix: str = "", depth: int = 2) -> list[str]:
-    out = []
-    for name in fields_of(root):
-        key = f"{prefix}{name}"
-        out.append(key)
-        child = getattr(root, name, None)
-        if depth > 1 and dataclasses.is_dataclass(child):
-            out += valid_keys(child, key + ".", depth - 1)
-    return out
-
-
-def _nearest(key: str, root) -> str:
-    close = difflib.get_close_matches(key, valid_keys(root), n=1, cutoff=0.5)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
 _READABLE = {
     "int": "an integer",
     "float": "a number",
@@ -81,7 +63,7 @@ _READABLE = {
 
 
 def kind_of(value) -> str:
-    """The schema's name for the kind of `value`."""
+    """The name of the kind of `value` (_READABLE's keys, and "object")."""
     if value is None:
         return "none"
     for t in (bool, int, float, str):
@@ -90,23 +72,38 @@ def kind_of(value) -> str:
     return "list" if isinstance(value, (list, tuple)) else "dict" if isinstance(value, dict) else "object"
 
 
-def kinds_of(current) -> set[str]:
-    """What an unrecorded field accepts, judged from its current value: its kind (or null); anything when None."""
-    return {"any"} if current is None else {kind_of(current), "none"}
+def _kinds(tp) -> tuple[list[str], list]:
+    """(kinds, choices) an annotation allows."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is type(None):
+        return ["none"], []
+    if origin in (typing.Union, types.UnionType):
+        parts = [_kinds(a) for a in args]
+        return sorted({k for p, _ in parts for k in p}), []
+    if origin is typing.Literal:
+        return sorted({kind_of(v) for v in args}), list(args)
+    if tp in (bool, int, float, str):
+        return [tp.__name__], []
+    if origin in (list, tuple, set) or tp in (list, tuple, set):
+        return ["list"], []
+    if origin is dict or tp is dict:
+        return ["dict"], []
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return ["object"], []
+    return ["any"], []
+
+
+@cache
+def _hints(cls) -> dict:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve outside its package: any value
+        return {}
 
 
 def to_raw(value) -> str:
     """A value as SET text (the inverse of convert for scalars): null, true/false, or str()."""
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-@cache
-def schema() -> dict[str, dict]:
-    """{section.field: {"kinds": [...], "choices"?: [...]}}, or {} when the installed stack is not the recorded one."""
-    if not SCHEMA_FILE.is_file():
-        return {}
-    data = json.loads(SCHEMA_FILE.read_text())
-    return data["keys"] if data.get("versions") == stack.versions(SCHEMA_PACKAGES) else {}
 
 
 class _Loader(yaml.SafeLoader):
@@ -132,7 +129,7 @@ _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 def convert_kinds(key: str, raw: str, kinds: set[str], choices=None):
-    """`raw` (YAML scalar text) as a value of one of `kinds` (the recorded schema's, or kinds_of(current))."""
+    """`raw` (YAML scalar text) as a value of one of `kinds` (a field's annotation's, or an intent default's)."""
     try:
         value = yaml.load(raw, Loader=_Loader) if raw != "" else ""
     except yaml.YAMLError as exc:
@@ -197,31 +194,60 @@ def _as_kind(value, kinds: set[str]):
     return value if isinstance(value, dict) and "dict" in kinds else _REFUSED
 
 
-def convert(key: str, raw: str, current=None):
-    """`raw` converted to the type of the field it replaces: the recorded schema's kinds, else `current`'s."""
-    entry = schema().get(key)
-    if entry is None:
-        return convert_kinds(key, raw, kinds_of(current))
-    return convert_kinds(key, raw, set(entry["kinds"]), entry.get("choices"))
+def convert(key: str, raw: str, holder, leaf: str):
+    """`raw` converted to the type of field `leaf` of the dataclass `holder` (its annotation; any value where that
+    does not resolve)."""
+    kinds, choices = _kinds(_hints(type(holder))[leaf]) if leaf in _hints(type(holder)) else (["any"], [])
+    return convert_kinds(key, raw, set(kinds), choices)
+
+
+def keys_of(node, prefix: str = "") -> list[str]:
+    """Every dotted key of an OmegaConf tree (Bridge's view of a config: the keys its overrides address)."""
+    from omegaconf import DictConfig
+
+    out = []
+    for name, child in node.items():
+        out.append(f"{prefix}{name}")
+        if isinstance(child, DictConfig):
+            out += keys_of(child, f"{prefix}{name}.")
+    return out
+
+
+def _holder(cfg, keys: set[str], key: str):
+    """The dataclass holding `key`'s field, walked on `cfg`; OverrideError for a key Bridge's tree (`keys`) lacks."""
+    *path, leaf = key.split(".")
+    obj = cfg
+    for i in range(len(path)):
+        where = ".".join(path[: i + 1])
+        if where not in keys:
+            break
+        obj = getattr(obj, path[i])
+        if obj is None:
+            raise OverrideError(f"cannot set {key!r}: {where} is None in this recipe")
+        if not dataclasses.is_dataclass(obj):
+            raise OverrideError(f"unknown key {key!r}: {where} holds a value, not fields")
+    if key not in keys:
+        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+        raise OverrideError(f"unknown key {key!r}" + (f"; did you mean {close[0]}?" if close else ""))
+    return obj, leaf
 
 
 def apply(cfg, pairs: list[tuple[str, str]]) -> list[tuple[str, object, object]]:
-    """Set each dotted key on `cfg`. Returns (key, old, new) for the plan's record."""
+    """Set each dotted key on `cfg` through Bridge's own override path, in order. Returns (key, old, new) for the
+    plan's record."""
+    from megatron.bridge.training.utils.omegaconf_utils import apply_overrides, create_omegaconf_dict_config
+
+    if not pairs:
+        return []
+    keys = set(keys_of(create_omegaconf_dict_config(cfg)[0]))
     changes = []
     for key, raw in pairs:
-        *path, leaf = key.split(".")
-        obj = cfg
-        for i, part in enumerate(path):
-            if part not in fields_of(obj):
-                raise OverrideError(f"unknown key {key!r}: no {'.'.join(path[: i + 1])!r}{_nearest(key, cfg)}")
-            obj = getattr(obj, part)
-            if obj is None:
-                raise OverrideError(f"cannot set {key!r}: {'.'.join(path[: i + 1])} is None in this recipe")
-        if leaf not in fields_of(obj):
-            raise OverrideError(f"unknown key {key!r}{_nearest(key, cfg)}")
-        old = getattr(obj, leaf)
-        new = convert(key, raw, old)
-        setattr(obj, leaf, new)
+        holder, leaf = _holder(cfg, keys, key)
+        old, new = getattr(holder, leaf), convert(key, raw, holder, leaf)
+        nested = new
+        for part in reversed(key.split(".")):
+            nested = {part: nested}
+        apply_overrides(cfg, nested, {})
         changes.append((key, old, new))
     return changes
 
@@ -242,5 +268,5 @@ def split_intent(pairs: list[tuple[str, str]]) -> tuple[dict[str, object], list[
             hint = f"; did you mean {INTENT_PREFIX}{close[0]}?" if close else f" (known: {', '.join(names)})"
             raise OverrideError(f"unknown key {key!r}{hint}")
         default = getattr(OverlapIntent(), name)
-        intent[name] = convert_kinds(key, raw, kinds_of(default) if default is not None else {"str", "none"})
+        intent[name] = convert_kinds(key, raw, {kind_of(default), "none"} if default is not None else {"str", "none"})
     return intent, rest

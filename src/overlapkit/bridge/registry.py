@@ -9,17 +9,21 @@ The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read
 `register(intent=...)`; the recipe hands the same value to the shared builder step that applies the overlap stack
 (recipes._base.h100_pretrain's `intent` argument), so its own edits after that step stand (the stack never silently
 undoes them). tests/unit_tests/bridge/test_registry.py checks that every recipe applies the intent it registers.
+
+Before the import the registry knows names as data, never by reading code: the shipped modules' table
+(`recipes.RECIPES`, checked against what they register by the same test) and each file named for its recipe
+(`<name>.py`, as make new-recipe writes a fork); a recipe's nodes are its name's GPU count / 8 (register checks it).
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import importlib
 import importlib.machinery
 import importlib.util
 import os
 import pkgutil
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +39,11 @@ from overlapkit.spec.topology import GPUS_PER_NODE
 PACKAGE = "recipes"
 PATH_VAR = "RECIPES_PATH"  # extra directories of recipe modules, os.pathsep-separated
 RECIPES_DIR = paths.REPO_ROOT / PACKAGE
+# What a recipe's name says: `<model>_pretrain_<N>gpu_h100_<dtype>`, N its GPUs (register checks them against nodes)
+NAME_RE = re.compile(
+    r"^(?P<model>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<dtype>bf16|fp8cs)$",
+    re.ASCII,  # \d is 0-9 only: a full-width ８ is no digit of a recipe name (nor of a Python module's)
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,8 @@ def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00
         name = checked_name(build.__name__, "recipe", "a recipe's name names its run directories and goldens")
         if name in REGISTRY:
             raise ValueError(f"recipe {name} is registered twice ({REGISTRY[name].build.__module__})")
+        if (said := NAME_RE.fullmatch(name)) and int(said["gpus"]) != nodes * GPUS_PER_NODE:
+            raise ValueError(f"recipe {name} names {said['gpus']} GPUs but registers nodes={nodes}: make them agree")
         REGISTRY[name] = Recipe(
             name, build, model, nodes, time_limit, dict(env or {}), source, intent or OverlapIntent()
         )
@@ -123,6 +134,9 @@ def discover() -> None:
             try:
                 with stack.silenced():
                     importlib.import_module(module)
+                if NAME_RE.fullmatch(info.name) and (got := sorted(set(REGISTRY) - before)) != [info.name]:
+                    # what declared_nodes read before the import (the file's name) must be what it registers
+                    raise ValueError(f"a file named for recipe {info.name} registers that one alone, not {got}")
             except Exception as exc:  # any error in a user's file: drop what it registered, keep the other recipes
                 sys.modules.pop(module, None)
                 for name in set(REGISTRY) - before:
@@ -162,58 +176,26 @@ def _unknown(name: str, known) -> str:
 
 
 def check_declared(name: str) -> None:
-    """Before the Bridge import: raise UnknownRecipe when no recipe file declares `name` by a decorator (register or
-    a module-level helper that returns register(...)). A file that registers any other way (a call, a loop) makes
-    the answer unknown, and the full check after the import decides."""
+    """Before the Bridge import: raise UnknownRecipe when no recipe is declared as `name` (declared_nodes). A module
+    that is neither in the table nor named for its recipe makes the answer unknown, and the full check decides."""
     declared = declared_nodes()
     if declared and name not in declared:
         raise UnknownRecipe(_unknown(name, declared))
 
 
 def declared_nodes() -> dict[str, int | None] | None:
-    """Before the Bridge import: every recipe name the files declare by a decorator, with the `nodes=` it declares
-    (None where that is not a literal); None when some file leaves a name to its import (see check_declared)."""
+    """Before the Bridge import: every recipe name the modules declare as data, with the nodes its name says (None for
+    a name off the pattern); None when some module leaves its names to its import (see check_declared)."""
     declared: dict[str, int | None] = {}
     for directory in [RECIPES_DIR, *map(Path, _extra_dirs())]:
+        table = importlib.import_module(PACKAGE).RECIPES if Path(directory).resolve() == RECIPES_DIR.resolve() else {}
         for path in sorted(Path(directory).glob("[!_]*.py")):
-            try:
-                names = _declared_in(ast.parse(path.read_text()))
-            except (OSError, SyntaxError, ValueError):
-                return None  # discover() reports the broken file
-            if names is None:
+            if path.stem not in table and not NAME_RE.fullmatch(path.stem):
                 return None
-            declared |= names
+            for name in table.get(path.stem, (path.stem,)):
+                said = NAME_RE.fullmatch(name)
+                declared[name] = int(said["gpus"]) // GPUS_PER_NODE if said else None
     return declared
-
-
-def _declared_in(tree: ast.Module) -> dict[str, int | None] | None:
-    """Recipe names a module declares (with their literal nodes), or None when it calls register some other way."""
-    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    helpers = {f.name for f in funcs if any(_calls(n, {"register"}) for n in ast.walk(f))}
-    params = {f.name: [a.arg for a in f.args.args] for f in funcs if f.name in helpers}
-    decorators, declared = set(), {}
-    for f in funcs:
-        for d in f.decorator_list:
-            if _calls(d, {"register"} | helpers) or (isinstance(d, ast.Name) and d.id == "register"):
-                # The literal node count the decorator passes: `nodes=N`, or N in the place of a helper's `nodes`
-                # parameter; None for a computed value.
-                values = [kw.value for kw in getattr(d, "keywords", ()) if kw.arg == "nodes"]
-                names = params.get(getattr(d.func, "id", None), []) if isinstance(d, ast.Call) else []
-                if "nodes" in names and names.index("nodes") < len(d.args):
-                    values.append(d.args[names.index("nodes")])
-                ints = [v.value for v in values if isinstance(v, ast.Constant) and type(v.value) is int]
-                declared[f.name] = ints[0] if ints else None
-                decorators.add(id(d))
-    inside_helpers = {id(n) for f in funcs if f.name in helpers for n in ast.walk(f)}
-    for node in ast.walk(tree):
-        if _calls(node, {"register"}) and id(node) not in decorators | inside_helpers:
-            return None
-    return declared
-
-
-def _calls(node, names: set[str]) -> bool:
-    f = node.func if isinstance(node, ast.Call) else None
-    return (isinstance(f, ast.Name) and f.id in names) or (isinstance(f, ast.Attribute) and f.attr in names)
 
 
 def shipped(name: str) -> bool:

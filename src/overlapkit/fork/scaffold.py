@@ -29,10 +29,6 @@ from overlapkit.sizing import calibration, hardware, memory
 from overlapkit.spec.shape import ModelShape, head_dim_follows
 from overlapkit.spec.topology import GPUS_PER_NODE
 
-NAME_RE = re.compile(
-    r"^(?P<model>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_pretrain_(?P<gpus>\d+)gpu_h100_(?P<dtype>bf16|fp8cs)$",
-    re.ASCII,  # \d is 0-9 only: a full-width ８ is no digit of a recipe name (nor of a Python module's)
-)
 SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq", "experts", "topk")
 # Each shape flag's config field, whose size rule (bridge/inputs.py: SIZES, CEILINGS) it answers to before any search.
 SHAPE_KEYS = dict(
@@ -85,11 +81,11 @@ def model_label(prefix: str) -> str:
 
 
 def check_request(req: ForkRequest) -> tuple[str, int, str]:
-    """NAME and FROM, before the Bridge import (the recipe files are read, not imported): the name's pattern and
-    what it implies (GPUs, dtype), the directory, a name already taken, a FROM no file declares. Returns (model
-    prefix, GPUs, dtype); ForkError (one line) otherwise. A name registered some other way (a call) is refused
-    after the import (fork)."""
-    m = NAME_RE.fullmatch(req.name)
+    """NAME and FROM, before the Bridge import (the registry's names as data, nothing imported): the name's pattern
+    and what it implies (GPUs, dtype), the directory, a name already taken, a FROM none declares. Returns (model
+    prefix, GPUs, dtype); ForkError (one line) otherwise. A name only a module's import knows is refused after the
+    import (fork)."""
+    m = registry.NAME_RE.fullmatch(req.name)
     if not m:
         raise ForkError(f"recipe name {req.name!r} must be <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
     try:  # the pattern holds: what the one rule for names adds is the length a file name may have

@@ -1,7 +1,7 @@
 """The request a plan is made from: what the user typed, parsed once and bound once, then passed down as plain data.
 
-`parse` checks everything that can be checked before the Bridge import (NODES, the recipe's name, SET's syntax, keys,
-types and sizes, RUN_NAME, SEGMENTS, NSYS, DATA): one line per bad value. The request carries the cluster it runs on
+`parse` checks everything that can be checked before the Bridge import (NODES, the recipe's name, SET's syntax, sizes,
+overlap.* keys, RUN_NAME, SEGMENTS, NSYS, DATA): one line per bad value. The request carries the cluster it runs on
 when the caller resolved one (make plan's CLUSTER, before the import: a `Cluster`, the profile's facts as plain
 values, resolved by the entry: plan/ reads them and never calls into cluster/, a later stage); `bind` is the one home
 of binding the run options to it (its job directory, the per-segment time limit, its W&B project): bridge/build.py

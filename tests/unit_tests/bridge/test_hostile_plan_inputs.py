@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from overlapkit.bridge import inputs, runopts
+from overlapkit.bridge import inputs, overrides, registry, runopts
 from overlapkit.bridge.build import make_plan
 from overlapkit.bridge.overrides import OverrideError
 from overlapkit.cluster import submit
@@ -37,8 +37,8 @@ R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 )
 def test_null_false_or_a_number_is_never_the_text_of_a_text_field(sets, read_as):
     key, _, raw = sets.partition("=")
-    with pytest.raises(OverrideError) as exc:
-        inputs.check_sets(sets)
+    with pytest.raises(OverrideError) as exc:  # the field's annotation, after the import (Bridge's override path)
+        overrides.apply(registry.get(R8).build(), overrides.parse(sets))
     msg = str(exc.value)
     assert msg.startswith(f"{key}={raw!r}: expected a string") and f"not {read_as};" in msg
     assert msg.endswith(f"""to mean the text, quote it inside SET: {key}="'{raw}'\"""")
@@ -46,8 +46,13 @@ def test_null_false_or_a_number_is_never_the_text_of_a_text_field(sets, read_as)
 
 def test_text_a_text_field_keeps():
     # the fix the refusal names, as typed inside SET="...": shlex keeps the single quotes for YAML, which reads text
-    assert inputs.check_sets("""model.normalization="'0'" checkpoint.save=null logger.wandb_exp_name=2026-12-03""")
-    assert inputs.check_sets("logger.wandb_exp_name=04:00:00 dataset.split=98,1,1")
+    cfg = registry.get(R8).build()
+    quoted = """model.normalization="'0'" checkpoint.save=null logger.wandb_exp_name=2026-12-03"""
+    for sets in (quoted, "logger.wandb_exp_name=04:00:00 dataset.split=98,1,1"):
+        assert inputs.check_sets(sets)
+        overrides.apply(cfg, overrides.parse(sets))
+    assert (cfg.model.normalization, cfg.checkpoint.save) == ("0", None)
+    assert (cfg.logger.wandb_exp_name, cfg.dataset.split) == ("04:00:00", "98,1,1")
 
 
 @pytest.mark.parametrize(

@@ -192,8 +192,8 @@ def test_a_recipe_that_raises_is_one_line_and_leaves_nothing(capsys, tmp_path, c
 
 def test_model_label_and_name_pattern():
     assert scaffold.model_label("llama3_34b") == "Llama3 34B" and scaffold.model_label("gpt3_1.3b") == "Gpt3 1.3B"
-    assert scaffold.NAME_RE.match(NAME_34B)["model"] == "llama3_34b"
-    assert scaffold.NAME_RE.match("llama3_34b_pretrain_32gpu_h100_fp16") is None
+    assert registry.NAME_RE.match(NAME_34B)["model"] == "llama3_34b"
+    assert registry.NAME_RE.match("llama3_34b_pretrain_32gpu_h100_fp16") is None
 
 
 # --- MoE forks: EP is searched (EXPERTS=, TOPK=, pinned EP=) -------------------------------------------------------
