@@ -94,6 +94,10 @@ def pytest_collection_modifyitems(config, items):
         for item in need_slurm:
             item.add_marker(pytest.mark.skip(reason=reason))
     WHOLE["args"] = [str(Path(a.split("::")[0]).resolve()) for a in config.args]
+    # The tests that wait on Slurm's jobs last, those that read the night (started at collection) after the rest:
+    # the jobs run while the CPU does the rest of the suite. Only the time changes: any order passes
+    # (pytest-random-order, when asked for, reorders after this hook).
+    items.sort(key=lambda i: ("slurm" in i.keywords) + (NIGHT_FIXTURE in i.fixturenames))
 
 
 # Whether this session runs the whole suite, the condition for judging which make targets it ran: the tests/ root
@@ -123,6 +127,9 @@ def isolated_environ():
 
 def pytest_sessionfinish(session, exitstatus):
     """The docs' make targets judged on the whole suite's run (tests/make_targets.py), then the server stopped."""
+    if (night := NIGHT["proc"]) and night.poll() is None:  # the session ended before a test waited for it
+        night.terminate()
+        night.wait(timeout=120)
     ran = not session.config.option.collectonly
     whole = ran and WHOLE["args"] == [str(paths.REPO_ROOT / "tests")] and not WHOLE["partial"]
     if (
@@ -185,10 +192,33 @@ def make_here(capsys):
     return run
 
 
+# `make nightly CLUSTER=local PREFLIGHT=1` for the tests that read a night: typed once, as soon as the session knows it
+# runs one of them (pytest_collection_finish), so that Slurm runs the night's jobs while the tests before them run.
+NIGHT = {"proc": None}
+NIGHT_FIXTURE = "preflight_night"
+
+
+def _start_night(tmp_path_factory: pytest.TempPathFactory) -> subprocess.Popen:
+    if NIGHT["proc"] is None:
+        NIGHT["jobs"] = (d := tmp_path_factory.mktemp("night")) / "jobs"
+        cmd = ["make", "-s", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={NIGHT['jobs']}"]
+        NIGHT["out"] = [open(d / name, "w+") for name in ("stdout", "stderr")]  # noqa: SIM115 (read once make ends)
+        NIGHT["proc"] = subprocess.Popen(cmd, cwd=paths.REPO_ROOT, stdout=NIGHT["out"][0], stderr=NIGHT["out"][1])
+    return NIGHT["proc"]
+
+
+def pytest_collection_finish(session):
+    if not session.config.option.collectonly and any(
+        NIGHT_FIXTURE in i.fixturenames and not i.get_closest_marker("skip") for i in session.items
+    ):
+        _start_night(session.config._tmp_path_factory)
+
+
 @pytest.fixture(scope="session")
 def preflight_night(tmp_path_factory):
     """`make nightly CLUSTER=local PREFLIGHT=1` typed once for the tests that read a night (the nightly e2e, the
     70B run of the Slurm e2e): (CompletedProcess, JOB_DIR) once make has returned. Its jobs may still run."""
-    jobs = tmp_path_factory.mktemp("night") / "jobs"
-    cmd = ["make", "-s", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={jobs}"]
-    return subprocess.run(cmd, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=1800), jobs
+    proc = _start_night(tmp_path_factory)
+    code = proc.wait(timeout=1800)
+    out, err = (f.seek(0) or f.read() for f in NIGHT["out"])
+    return subprocess.CompletedProcess(proc.args, code, out, err), NIGHT["jobs"]
