@@ -94,10 +94,10 @@ def pytest_collection_modifyitems(config, items):
         for item in need_slurm:
             item.add_marker(pytest.mark.skip(reason=reason))
     WHOLE["args"] = [str(Path(a.split("::")[0]).resolve()) for a in config.args]
-    # The tests that wait on Slurm's jobs last, those that read the night (started at collection) after the rest:
-    # the jobs run while the CPU does the rest of the suite. Only the time changes: any order passes
-    # (pytest-random-order, when asked for, reorders after this hook).
-    items.sort(key=lambda i: ("slurm" in i.keywords) + (NIGHT_FIXTURE in i.fixturenames))
+    # The Slurm tests last: the night (started at collection) runs while the rest of the suite uses the CPU, and a
+    # Slurm test waits for it (slurm_after_the_night). Only the time changes: any order passes (pytest-random-order,
+    # when asked for, reorders after this hook).
+    items.sort(key=lambda i: "slurm" in i.keywords)
 
 
 # Whether this session runs the whole suite, the condition for judging which make targets it ran: the tests/ root
@@ -212,6 +212,23 @@ def pytest_collection_finish(session):
         NIGHT_FIXTURE in i.fixturenames and not i.get_closest_marker("skip") for i in session.items
     ):
         _start_night(session.config._tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def slurm_after_the_night(request):
+    """A Slurm test starts once the night's jobs have ended, on the idle cluster it had when the night was typed in
+    the test that reads it: its jobs would otherwise queue behind the night's (its timeouts, its squeue
+    before/after)."""
+    if NIGHT["proc"] is not None and request.node.get_closest_marker("slurm") and not NIGHT.get("over"):
+        from overlapkit.cluster import slurm
+
+        NIGHT["proc"].wait(timeout=1800)
+        for record in (NIGHT["jobs"] / "nightly").glob("*/night.json"):
+            night = json.loads(record.read_text())
+            for job in [e.get("job_id") for e in night["entries"]] + [night.get("report_job_id")]:
+                if job:
+                    slurm.wait_for(job, timeout=1800)
+        NIGHT["over"] = True
 
 
 @pytest.fixture(scope="session")
