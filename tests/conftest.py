@@ -95,7 +95,21 @@ def pytest_collection_modifyitems(config, items):
         for item in need_slurm:
             item.add_marker(pytest.mark.skip(reason=reason))
     make_targets.WHOLE["args"] = [str(Path(a.split("::")[0]).resolve()) for a in config.args]
+    if not _shuffled(config):
+        # The Slurm tests last: the night (started at collection) runs while the rest of the suite uses the CPU, and
+        # a Slurm test waits for it (slurm_after_the_night). Only the time changes: any order passes.
+        items.sort(key=lambda i: "slurm" in i.keywords)
     items.sort(key=lambda item: item.name == make_targets.JUDGE)  # stable: every other test keeps its order
+
+
+def _shuffled(config) -> bool:
+    """--random-order (or its bucket or seed) given: its order is the one to keep (pytest-random-order's own test of
+    whether it is on)."""
+    try:
+        from random_order.config import Config
+    except ImportError:
+        return False
+    return Config(config).is_enabled
 
 
 def pytest_deselected(items):
@@ -119,7 +133,10 @@ def isolated_environ():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The plan server this session started, stopped."""
+    """The night this session started, ended if no test waited for it; the plan server it started, stopped."""
+    if (night := NIGHT["proc"]) and night.poll() is None:  # the session ended before a test waited for it
+        night.terminate()
+        night.wait(timeout=120)
     _, lock, _ = plan_server.paths()
     if pid := plan_server.holder(lock):  # 0: one is starting, its pid not yet written
         os.kill(pid, signal.SIGTERM)
@@ -170,10 +187,50 @@ def make_here(capsys):
     return run
 
 
+# `make nightly CLUSTER=local PREFLIGHT=1` for the tests that read a night: typed once, as soon as the session knows it
+# runs one of them (pytest_collection_finish), so that Slurm runs the night's jobs while the tests before them run.
+NIGHT = {"proc": None}
+NIGHT_FIXTURE = "preflight_night"
+
+
+def _start_night(tmp_path_factory: pytest.TempPathFactory) -> subprocess.Popen:
+    if NIGHT["proc"] is None:
+        NIGHT["jobs"] = (d := tmp_path_factory.mktemp("night")) / "jobs"
+        cmd = ["make", "-s", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={NIGHT['jobs']}"]
+        NIGHT["out"] = [open(d / name, "w+") for name in ("stdout", "stderr")]  # noqa: SIM115 (read once make ends)
+        NIGHT["proc"] = subprocess.Popen(cmd, cwd=paths.REPO_ROOT, stdout=NIGHT["out"][0], stderr=NIGHT["out"][1])
+    return NIGHT["proc"]
+
+
+def pytest_collection_finish(session):
+    if not session.config.option.collectonly and any(
+        NIGHT_FIXTURE in i.fixturenames and not i.get_closest_marker("skip") for i in session.items
+    ):
+        _start_night(session.config._tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def slurm_after_the_night(request):
+    """A Slurm test starts once the night's jobs have ended, on the idle cluster it had when the night was typed in
+    the test that reads it: its jobs would otherwise queue behind the night's (its timeouts, its squeue
+    before/after)."""
+    if NIGHT["proc"] is not None and request.node.get_closest_marker("slurm") and not NIGHT.get("over"):
+        from overlapkit.cluster import slurm
+
+        NIGHT["proc"].wait(timeout=1800)
+        for record in (NIGHT["jobs"] / "nightly").glob("*/night.json"):
+            night = json.loads(record.read_text())
+            for job in [e.get("job_id") for e in night["entries"]] + [night.get("report_job_id")]:
+                if job:
+                    slurm.wait_for(job, timeout=1800)
+        NIGHT["over"] = True
+
+
 @pytest.fixture(scope="session")
 def preflight_night(tmp_path_factory):
     """`make nightly CLUSTER=local PREFLIGHT=1` typed once for the tests that read a night (the nightly e2e, the
     70B run of the Slurm e2e): (CompletedProcess, JOB_DIR) once make has returned. Its jobs may still run."""
-    jobs = tmp_path_factory.mktemp("night") / "jobs"
-    cmd = ["make", "-s", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={jobs}"]
-    return subprocess.run(cmd, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=1800), jobs
+    proc = _start_night(tmp_path_factory)
+    code = proc.wait(timeout=1800)
+    out, err = (f.seek(0) or f.read() for f in NIGHT["out"])
+    return subprocess.CompletedProcess(proc.args, code, out, err), NIGHT["jobs"]

@@ -33,7 +33,7 @@ def test_make_nightly_preflight_submits_the_suite_and_the_report_runs_last(prefl
     night = json.loads((night_dir / "night.json").read_text())
     ids = [e["job_id"] for e in night["entries"] if e.get("job_id")]
     assert len(ids) == 10 and night["preflight_only"]  # 6 dense + Qwen3 30B-A3B and GPT-OSS, two dtypes each
-    state = slurm.wait_for(night["report_job_id"], timeout=1800).split()[0]
+    state = slurm.wait_for(night["report_job_id"], timeout=1800, poll=0.5).split()[0]
     assert state == "COMPLETED", (night_dir / f"report-{night['report_job_id']}.out").read_text()[-3000:]
     report_start, _ = _times(night["report_job_id"])
     assert all(report_start >= _times(i)[1] for i in ids)  # afterany: the summary ran after every run ended

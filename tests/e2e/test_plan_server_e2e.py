@@ -220,11 +220,22 @@ class Terminal:
         return re.sub(r"\d{8}-\d{6}(\.\d+)?", "<time>", self.out.decode())  # the run directory's stamp
 
 
-def test_a_served_plan_on_a_terminal_prints_what_the_plain_path_prints(served):
+def terminal_argv(served: Served) -> list[str]:
+    return [a for a in served.argv() if a not in ("--format", "json")]
+
+
+@pytest.fixture(scope="module")
+def plain_on_a_terminal(served, tmp_path_factory):
+    """The plain path on a terminal, the server off, its directory one of its own (a Bridge import in a new process,
+    shared by the two tests that read it): (what it printed, that directory)."""
+    off = {plan_server.SWITCH: "0", plan_server.DIR_VAR: str(tmp_path_factory.mktemp("plain") / "off")}
+    return Terminal(terminal_argv(served), {**served.env, **off}).text(), Path(off[plan_server.DIR_VAR])
+
+
+def test_a_served_plan_on_a_terminal_prints_what_the_plain_path_prints(served, plain_on_a_terminal):
     served.pid()
-    argv = [a for a in served.argv() if a not in ("--format", "json")]
-    fast = Terminal(argv, served.env).text()
-    plain = Terminal(argv, {**served.env, plan_server.SWITCH: "0"}).text()
+    fast = Terminal(terminal_argv(served), served.env).text()
+    plain, _ = plain_on_a_terminal
     assert fast == plain
     assert "\x1b[" in fast and max(len(re.sub(r"\x1b\[[0-9;]*m", "", line)) for line in fast.splitlines()) <= COLS
 
@@ -270,13 +281,10 @@ def test_a_worker_blocked_on_a_fifo_ends_when_its_client_or_make_is_killed(serve
     proc.wait()
 
 
-def test_with_the_server_off_none_is_asked_or_started(served, tmp_path):
-    off = {plan_server.SWITCH: "0", plan_server.DIR_VAR: str(tmp_path / "off")}
-    out = subprocess.run(
-        served.argv(), cwd=ROOT, env={**served.env, **off}, capture_output=True, text=True, timeout=900
-    )
-    assert out.returncode == 0 and "note:" not in out.stderr, out.stderr
-    assert not (tmp_path / "off").exists()  # not even its directory: nothing can be left running
+def test_with_the_server_off_none_is_asked_or_started(plain_on_a_terminal):
+    printed, off = plain_on_a_terminal  # exited 0 (Terminal.text); stdout and stderr are the one terminal
+    assert "note:" not in printed, printed[-3000:]
+    assert not off.exists()  # not even its directory: nothing can be left running
 
 
 def test_an_idle_server_exits():

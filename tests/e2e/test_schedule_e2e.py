@@ -43,7 +43,7 @@ def wait_fired(jobs: Path, job_id: str, timeout: float = 600) -> dict:
         fired = [h for h in state(jobs)["history"] if h["job_id"] == job_id and "rc" in h]
         if fired:
             return fired[0]
-        time.sleep(1)  # a file read: the fire is seen within a second
+        time.sleep(0.2)  # a file read: the fire is seen as it is written
     log = jobs / "nightly" / f"scheduler-{job_id}.out"
     pytest.fail(f"scheduler job {job_id} did not fire: {slurm.job_state(job_id)}; {log.read_text()[-2000:]}")
 
@@ -100,14 +100,14 @@ def test_the_chain_fires_launches_the_night_and_queues_its_successor(tmp_path):
     fired = wait_fired(jobs, job["job_id"])
     log = (jobs / "nightly" / f"scheduler-{job['job_id']}.out").read_text()
     assert fired["rc"] == 0 and fired["night"], log[-3000:]
-    assert slurm.wait_for(job["job_id"], timeout=120).split()[0] == "COMPLETED", log[-3000:]
+    assert slurm.wait_for(job["job_id"], timeout=120, poll=0.5).split()[0] == "COMPLETED", log[-3000:]
     night = json.loads((Path(fired["night"]) / "night.json").read_text())
     assert [e["recipe"] for e in night["entries"]] == [R8] and night["preflight_only"] and night["entries"][0]["job_id"]
     (succ,) = chain(jobs)  # the successor, the same time tomorrow
     assert succ["job_id"] == fired["successor"] == state(jobs)["job_id"] and succ["state"] == "PENDING"
     assert dt.datetime.fromisoformat(succ["begin"]) - begin == dt.timedelta(days=1)
 
-    assert slurm.wait_for(night["report_job_id"], timeout=900).split()[0] == "COMPLETED"
+    assert slurm.wait_for(night["report_job_id"], timeout=900, poll=0.5).split()[0] == "COMPLETED"
     suite = ET.parse(Path(fired["night"]) / "junit.xml").getroot().find("testsuite")
     assert (suite.get("name"), suite.get("tests"), suite.get("failures")) == ("nightly.local", "1", "0")
     out = make("nightly-status", "CLUSTER=local", f"JOB_DIR={jobs}")

@@ -86,7 +86,7 @@ def ended(submitted_chain):
     """Once the chain has ended: each job's final state and `make status` on it, read before any test continues the
     run (a continuation under the same RUN_NAME adds a checkpoint that make status would then show)."""
     _, run_dir, ids, _ = submitted_chain
-    states = [slurm.wait_for(j, timeout=600).split()[0] for j in ids]
+    states = [slurm.wait_for(j, timeout=600, poll=0.5).split()[0] for j in ids]
     return states, make("status", f"RUN={run_dir}").stdout
 
 
@@ -140,7 +140,7 @@ def test_one_live_run_per_run_name_and_a_finished_run_cancels_its_later_segments
     # recipe's 1168251, laid out as Megatron writes it): segment 1 exits 0 and cancels segment 2.
     save_iteration(ck, 1168251)
     run_dir, ids = submit(spec, name, segments=2)
-    assert [slurm.wait_for(j, timeout=600).split()[0] for j in ids] == ["COMPLETED", "CANCELLED"]
+    assert [slurm.wait_for(j, timeout=600, poll=0.5).split()[0] for j in ids] == ["COMPLETED", "CANCELLED"]
     exp = Path(json.loads((run_dir / "submission.json").read_text())["experiment_dir"])
     log = "".join(f.read_text() for f in (exp / "train-seg1").glob("log-*.out"))
     assert "segment 1/2: training finished at iteration 1168251" in log
@@ -152,6 +152,6 @@ def test_make_cancel_ends_the_whole_chain(spec):
     run_dir, ids = submit(spec, f"e2e-{uuid.uuid4().hex[:8]}")
     out = make("cancel", f"RUN={run_dir}")
     assert out.returncode == 0, out.stderr
-    assert [slurm.wait_for(j, timeout=120).split()[0] for j in ids] == ["CANCELLED"] * 3
+    assert [slurm.wait_for(j, timeout=120, poll=0.5).split()[0] for j in ids] == ["CANCELLED"] * 3
     info = json.loads((run_dir / "submission.json").read_text())
     assert all(line.endswith("CANCELLED") for line in chain.status_lines(run_dir, info)[:3])

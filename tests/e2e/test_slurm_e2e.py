@@ -28,7 +28,7 @@ R8, R70 = "llama3_8b_pretrain_8gpu_h100_fp8cs", "llama3_70b_pretrain_64gpu_h100_
 
 
 def wait(job_id: str, timeout: float = 600) -> str:
-    state = slurm.wait_for(job_id, timeout)
+    state = slurm.wait_for(job_id, timeout, poll=0.5)  # sacct twice a second: the state seen as it ends
     return state.split()[0]
 
 

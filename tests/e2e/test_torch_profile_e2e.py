@@ -58,7 +58,7 @@ def test_a_torch_profile_run_leaves_traces_and_report_where_overlap_report_and_t
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = [p.parent for p in (tmp_path / "jobs" / "runs").glob(f"{R8}-*/submission.json")]
     info = json.loads((run_dir / "submission.json").read_text())
-    assert slurm.wait_for(info["job_id"], timeout=300).split()[0] == "COMPLETED"
+    assert slurm.wait_for(info["job_id"], timeout=300, poll=0.5).split()[0] == "COMPLETED"
     assert json.loads((run_dir / "preflight.json").read_text())["ok"]
 
     # The profiler config the job runs with: Bridge's PyTorch profiler on steps 3-5 of ranks 0 and 3, nothing else
