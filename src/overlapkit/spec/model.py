@@ -1,0 +1,28 @@
+"""The one way a file's typed model says what is wrong with it: pydantic validates (strict: no coercion, no unknown
+key), and its first error becomes the project's one line, never a traceback. A model's own validator says its line
+itself (a ValueError); every other error is the model's template for that field (`MESSAGES`: by `field:type`, then
+`field`, then `:type`), formatted with the key and the value as the file gave it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import ConfigDict, ValidationError
+
+STRICT = ConfigDict(strict=True, extra="forbid")
+# An unknown key is said first, then a missing one, then the rest in the model's field order.
+_RANK = {"unexpected_keyword_argument": 0, "extra_forbidden": 0, "missing": 1, "missing_argument": 1}
+
+
+def problem(exc: ValidationError, given, messages: dict[str, str | Callable[[str, object], str]]) -> str:
+    """`exc`'s first error as one line (`given`: the data validated, whose value a template shows)."""
+    err = min(exc.errors(), key=lambda e: _RANK.get(e["type"], 2))
+    if err["type"] == "value_error":
+        return str(err["ctx"]["error"])
+    key = ".".join(map(str, err["loc"][:1]))
+    value = given.get(key, err["input"]) if isinstance(given, dict) else err["input"]
+    for name in (f"{key}:{err['type']}", key, f":{err['type']}"):
+        if (message := messages.get(name)) is not None:
+            return message(key, value) if callable(message) else message.format(key=key, value=value)
+    return f"{'.'.join(map(str, err['loc']))} is {value!r}: {err['msg'].lower()}"
