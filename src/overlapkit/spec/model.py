@@ -16,13 +16,24 @@ _RANK = {"unexpected_keyword_argument": 0, "extra_forbidden": 0, "missing": 1, "
 
 
 def problem(exc: ValidationError, given, messages: dict[str, str | Callable[[str, object], str]]) -> str:
-    """`exc`'s first error as one line (`given`: the data validated, whose value a template shows)."""
+    """`exc`'s first error as one line (`given`: the data validated, whose values a template shows). A template is
+    looked up by the error's place, longest first (`layout.tp`, then `layout`), each as `place:type`, then `place`,
+    then by `:type` alone for the top-level key."""
     err = min(exc.errors(), key=lambda e: _RANK.get(e["type"], 2))
     if err["type"] == "value_error":
         return str(err["ctx"]["error"])
-    key = ".".join(map(str, err["loc"][:1]))
-    value = given.get(key, err["input"]) if isinstance(given, dict) else err["input"]
-    for name in (f"{key}:{err['type']}", key, f":{err['type']}"):
-        if (message := messages.get(name)) is not None:
-            return message(key, value) if callable(message) else message.format(key=key, value=value)
-    return f"{'.'.join(map(str, err['loc']))} is {value!r}: {err['msg'].lower()}"
+    loc = [str(part) for part in err["loc"]]
+    for n in range(len(loc), 0, -1):
+        key = ".".join(loc[:n])
+        for name in (f"{key}:{err['type']}", key) + ((f":{err['type']}",) if n == 1 else ()):
+            if (message := messages.get(name)) is not None:
+                value = _at(given, err["loc"][:n])
+                return message(key, value) if callable(message) else message.format(key=key, value=value)
+    return f"{'.'.join(loc)} is {err['input']!r}: {err['msg'].lower()}"
+
+
+def _at(given, loc):
+    """The value at `loc` in `given` as the file gave it (None where it has none)."""
+    for part in loc:
+        given = given.get(part) if isinstance(given, dict) else given[part] if isinstance(given, list) else None
+    return given
