@@ -15,20 +15,21 @@ STRICT = ConfigDict(strict=True, extra="forbid")
 _RANK = {"unexpected_keyword_argument": 0, "extra_forbidden": 0, "missing": 1, "missing_argument": 1}
 
 
-def problem(exc: ValidationError, given, messages: dict[str, str | Callable[[str, object], str]]) -> str:
-    """`exc`'s first error as one line (`given`: the data validated, whose values a template shows). A template is
-    looked up by the error's place, longest first (`layout.tp`, then `layout`), each as `place:type`, then `place`,
-    then by `:type` alone for the top-level key."""
+def problem(exc: ValidationError, given, messages: dict[str, str | Callable[[str, object], str]], **ctx) -> str:
+    """`exc`'s first error as one line (`given`: the data validated, whose values a template shows; `ctx`: more for
+    the templates). A template is looked up by the error's place, longest first (`layout.tp`, then `layout`, then ""
+    for the whole), each as `place:type`, then `place`, then by `:type` alone for a top-level key."""
     err = min(exc.errors(), key=lambda e: _RANK.get(e["type"], 2))
     if err["type"] == "value_error":
         return str(err["ctx"]["error"])
     loc = [str(part) for part in err["loc"]]
-    for n in range(len(loc), 0, -1):
+    for n in range(len(loc), -1, -1):
         key = ".".join(loc[:n])
-        for name in (f"{key}:{err['type']}", key) + ((f":{err['type']}",) if n == 1 else ()):
+        kind = f":{err['type']}"
+        for name in [key + kind, key, kind][: 3 if n == 1 else 2] if n else [""]:
             if (message := messages.get(name)) is not None:
                 value = _at(given, err["loc"][:n])
-                return message(key, value) if callable(message) else message.format(key=key, value=value)
+                return message(key, value) if callable(message) else message.format(key=key, value=value, **ctx)
     return f"{'.'.join(loc)} is {err['input']!r}: {err['msg'].lower()}"
 
 
