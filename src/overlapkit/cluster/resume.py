@@ -1,5 +1,5 @@
 """What a run resumes from: the checkpoint directory's tracker, which iterations in it are complete, and the layout
-each was saved with. Standard library only: launch/entry.py asks before anything imports torch.
+each was saved with. No torch (the standard library and pydantic): launch/entry.py asks before anything imports torch.
 
 - The tracker (Bridge's latest_train_state.pt; the Megatron-LM latest_checkpointed_iteration.txt it also writes,
   which holds the iteration as text) names the iteration Bridge loads. One whose directory is incomplete (a partial

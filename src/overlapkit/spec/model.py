@@ -18,11 +18,12 @@ _RANK = {"unexpected_keyword_argument": 0, "extra_forbidden": 0, "missing": 1, "
 def problem(exc: ValidationError, given, messages: dict[str, str | Callable[[str, object], str]], **ctx) -> str:
     """`exc`'s first error as one line (`given`: the data validated, whose values a template shows; `ctx`: more for
     the templates). A template is looked up by the error's place, longest first (`layout.tp`, then `layout`, then ""
-    for the whole), each as `place:type`, then `place`, then by `:type` alone for a top-level key."""
+    for the whole; `blend.*` for any entry of the list `blend`), each as `place:type`, then `place`, then by `:type`
+    alone for a top-level key."""
     err = min(exc.errors(), key=lambda e: _RANK.get(e["type"], 2))
     if err["type"] == "value_error":
         return str(err["ctx"]["error"])
-    loc = [str(part) for part in err["loc"]]
+    loc = ["*" if isinstance(part, int) else str(part) for part in err["loc"]]  # an entry of a list: its place is *
     for n in range(len(loc), -1, -1):
         key = ".".join(loc[:n])
         kind = f":{err['type']}"
@@ -30,7 +31,7 @@ def problem(exc: ValidationError, given, messages: dict[str, str | Callable[[str
             if (message := messages.get(name)) is not None:
                 value = _at(given, err["loc"][:n])
                 return message(key, value) if callable(message) else message.format(key=key, value=value, **ctx)
-    return f"{'.'.join(loc)} is {err['input']!r}: {err['msg'].lower()}"
+    return f"{'.'.join(map(str, err['loc']))} is {err['input']!r}: {err['msg'].lower()}"
 
 
 def _at(given, loc):
