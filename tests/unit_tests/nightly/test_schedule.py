@@ -15,6 +15,7 @@ import pytest
 
 from launch import commands
 from launch import nightly as nightly_command
+from overlapkit import jsonio
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.nightly import begin as begin_time
@@ -363,3 +364,25 @@ def test_a_date_past_a_year_is_refused_and_one_within_it_kept():
     with pytest.raises(begin_time.ScheduleError, match="AT='9999-12-31' is more than 366 days ahead"):
         begin_time.first_begin(begin_time.parse_at("9999-12-31"), NOW)
     assert begin_time.first_begin(begin_time.parse_at("2027-12-01T02:00"), NOW) == T(2027, 12, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        ({"job_id": "--me"}, "job_id is '--me', not a Slurm job id"),  # scancel and squeue would get it
+        ({"secrets": ["A,B=1"]}, "secrets entry 'A,B=1' is not an environment variable name"),  # sbatch's --export
+        ({"iters": "60"}, "iters is '60': input should be a valid integer"),
+        ({"at": None}, "at is None: input should be a valid string"),
+    ],
+)
+def test_a_schedule_record_is_read_through_its_model(tmp_path, edit, said):
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps({**SCHED, **edit}))
+    with pytest.raises(jsonio.FileProblem) as exc:
+        schedule.read(path)
+    assert str(exc.value).startswith(f"{path}: {said}") and "\n" not in str(exc.value)
+    path.write_text(json.dumps({k: v for k, v in SCHED.items() if k != "at"}))
+    with pytest.raises(jsonio.FileProblem, match="lacks 'at'"):
+        schedule.read(path)
+    path.write_text(json.dumps(SCHED))
+    assert schedule.read(path) == SCHED
