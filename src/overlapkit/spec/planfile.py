@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, create_model, model_validator
 
 from overlapkit import jsonio
 from overlapkit.spec import model
@@ -35,28 +35,16 @@ class _Part(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
-class Layout(_Part):
-    nodes: PositiveInt
-    gpus: PositiveInt
-    tp: PositiveInt
-    pp: PositiveInt
-    cp: PositiveInt
-    dp: PositiveInt
-    mbs: PositiveInt
-    gbs: PositiveInt
-    seq: PositiveInt
-    vpp: PositiveInt | None = None
-    ep: PositiveInt | None = None
-    etp: PositiveInt | None = None
-    expert_dp: PositiveInt | None = None
-    experts: PositiveInt | None = None
-    topk: PositiveInt | None = None
-
+class _World(_Part):
     @model_validator(mode="after")
     def _world(self):
         if self.gpus != (world := self.tp * self.pp * self.cp * self.dp):
             raise ValueError(f"layout.gpus is {self.gpus}, not tp×pp×cp×dp = {world}")
         return self
+
+
+Sizes = {key: (PositiveInt, ...) for key in SIZES} | {key: (PositiveInt | None, None) for key in OPTIONAL_SIZES}
+Layout = create_model("Layout", __base__=_World, **Sizes)
 
 
 class Row(_Part):
@@ -104,12 +92,10 @@ MESSAGES = {
     **{f"layout.{key}": "{key} is {value!r}, not a whole number ≥ 1" for key in SIZES},
     **{f"layout.{key}": "{key} is {value!r}, not a whole number ≥ 1 (or null)" for key in OPTIONAL_SIZES},
     "audit.rows": "audit.rows is not an object of {{name: {{state, detail}}}}",
-    "audit.errors": "audit.errors is not a list of findings",
-    "audit.warnings": "audit.warnings is not a list of findings",
+    **dict.fromkeys(("audit.errors", "audit.warnings"), "{key} is not a list of findings"),
     "run.checkpoint_dir": lambda key, value: f"{key} is {_kind(value)}, not a path",
     "run.train_iters": "{key} is {value!r}, not a whole number ≥ 1",
-    "run.nsys": _WINDOW,
-    "run.torch_profile": _WINDOW,
+    **dict.fromkeys(("run.nsys", "run.torch_profile"), _WINDOW),
     **dict.fromkeys(("layout", "audit", "run"), _object),
 }
 

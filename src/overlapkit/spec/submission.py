@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, PositiveInt, ValidationInfo
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, PositiveInt, ValidationInfo, create_model
 
 # A Slurm job id as sbatch, squeue and sacct print it: digits; an array task <job>_<task>; a heterogeneous job's
 # component <job>+<offset> (Slurm's job_array and heterogeneous_jobs documentation).
@@ -31,28 +31,20 @@ def _job_id(value, info: ValidationInfo) -> str:
 
 
 JobId = Annotated[str, PlainValidator(_job_id)]
-Text = str | None
 
 
-class Submission(BaseModel):
-    """submission.json: `submitting` (pid, host) → `submitted` (job ids, experiment) or `failed` (reason), or
-    `dryrun`, `sbatch-script`; a record from before `state` holds a job id only."""
-
+class _Submission(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     state: str = ""
-    experiment_dir: Text = None
-    checkpoint_dir: Text = None
-    run_dir: Text = None
-    script: Text = None
-    log: Text = None
-    host: Text = None
-    cluster: Text = None
-    at: Text = None
-    reason: Text = None
     pid: PositiveInt | None = None
     job_id: JobId = None  # present, it is one (null included)
     job_ids: list[JobId] | None = None
 
+
+PATHS = ("experiment_dir", "checkpoint_dir", "run_dir", "script", "log", "host", "cluster", "at", "reason")
+# submission.json: `submitting` (pid, host) → `submitted` (job ids, experiment) or `failed` (reason), or `dryrun`,
+# `sbatch-script`; a record from before `state` holds a job id only.
+Submission = create_model("Submission", __base__=_Submission, **dict.fromkeys(PATHS, (str | None, None)))
 
 SUBMISSION_MESSAGES = {
     "state": "state is {value!r}, not a word",
