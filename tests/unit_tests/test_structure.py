@@ -72,6 +72,11 @@ COVERED_BY = {
     "spec/topology": "training/test_comm_overlap.py",
     "errors": "test_commands.py",  # the exit status each class gets, through the dispatcher
     "spec/shape": "recipes/test_recipes.py",
+    "spec/planfile": "bridge/test_planfile.py",
+    # the typed models of the files the project reads, tested together (and each through its reader's tests)
+    **dict.fromkeys(
+        ("spec/model", "spec/profile", "spec/dataspec", "spec/submission", "spec/schedule"), "spec/test_records.py"
+    ),
     # the overlap report's parts, tested together on one set of Nsight SQLite fixtures
     "profile/nsys_sqlite": "profile/test_overlap_report.py",
     "profile/torch_trace": "profile/test_overlap_real_traces.py",  # read against the real traces of tests/data/

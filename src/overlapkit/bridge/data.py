@@ -1,15 +1,7 @@
-"""The data spec (`DATA=<data.toml>`, written by `make prep-data`): Megatron indexed datasets, their weights or
-per-split blends, the split, the local Hugging Face tokenizer and the index cache, checked file by file before the
-Bridge import and applied with Bridge's own GPTDatasetConfig and TokenizerConfig.
-
-data.toml (relative paths are relative to the file):
-
-    tokenizer = "tokenizer"                # a local HF tokenizer directory (tokenizer.json)
-    split = "98,1,1"                       # train,valid,test weights of one blend
-    cache = "index-cache"                  # GPTDatasetConfig.path_to_cache: must be writable
-    [[blend]]                              # or [blend_per_split] train = [...] valid = [...] test = [...]
-    prefix = "corpus_text_document"        # <prefix>.bin and <prefix>.idx
-    weight = 1.0
+"""The data spec (`DATA=<data.toml>`, written by `make prep-data`; its model and the file's shape: spec/dataspec.py):
+Megatron indexed datasets, their weights or per-split blends, the split, the local Hugging Face tokenizer and the
+index cache, checked file by file before the Bridge import and applied with Bridge's own GPTDatasetConfig and
+TokenizerConfig.
 
 Every problem is one DataError line naming the fix. Nothing here writes a dataset file: prep-data uses modelopt's
 preprocessor (Megatron Core's IndexedDatasetBuilder); this module only reads the `.idx` header to check it.
@@ -18,17 +10,18 @@ preprocessor (Megatron Core's IndexedDatasetBuilder); this module only reads the
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
 import struct
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from overlapkit.errors import BadInput
+from overlapkit.spec import model
+from overlapkit.spec.dataspec import MESSAGES, SPLITS, DataToml, Entry
 
 # Megatron Core's .idx layout (megatron-core 0.19.2, megatron/core/datasets/indexed_dataset.py, _IndexWriter.write
 # and _IndexReader): magic, <Q version 1, <B dtype code, <Q sequence count, <Q document count, then int32 sequence
@@ -46,8 +39,6 @@ DTYPES = {
     7: ("float32", 2**24),
     8: ("uint16", 65535),
 }
-SPLITS = ("train", "valid", "test")
-KEYS = ("tokenizer", "split", "cache", "blend", "blend_per_split")
 
 
 class DataError(BadInput):
@@ -146,21 +137,12 @@ def tokenizer_vocab(path: Path, where: str) -> int:
         _fail(where, f"tokenizer {path}/tokenizer.json does not load ({str(exc).splitlines()[0]}): re-save it")
 
 
-def _prefixes(entries, base: Path, where: str, vocab: int) -> tuple[Prefix, ...]:
-    if not isinstance(entries, list) or not entries:
-        _fail(where, 'a blend is a list of tables: [[blend]] prefix = "..." weight = 1.0')
+def _prefixes(entries: list[Entry], base: Path, where: str, vocab: int) -> tuple[Prefix, ...]:
     out = []
     for e in entries:
-        if not isinstance(e, dict) or set(e) - {"prefix", "weight"} or not isinstance(e.get("prefix"), str):
-            _fail(where, f'blend entry {e!r}: use prefix = "<path without .bin/.idx>" and weight = <number>')
-        w = e.get("weight", 1.0)
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
-            _fail(where, f"weight {w!r} of {e['prefix']}: weights must be positive numbers below infinity")
-        prefix = str(resolved(base / e["prefix"], where)).removesuffix(".bin").removesuffix(".idx")
+        prefix = str(resolved(base / e.prefix, where)).removesuffix(".bin").removesuffix(".idx")
         if prefix in [p.path for p in out]:
-            _fail(
-                where, f"{e['prefix']} is listed twice in one blend: list each dataset once (its weight sets its share)"
-            )
+            _fail(where, f"{e.prefix} is listed twice in one blend: list each dataset once (its weight sets its share)")
         tokens, docs, dtype, largest = read_idx(prefix, where)
         if vocab - 1 > largest:
             _fail(
@@ -168,7 +150,7 @@ def _prefixes(entries, base: Path, where: str, vocab: int) -> tuple[Prefix, ...]
                 f"{prefix}.idx stores {dtype} tokens (ids ≤ {largest}) but the tokenizer has {vocab}: "
                 "re-run make prep-data with this tokenizer",
             )
-        out.append(Prefix(prefix, float(w), tokens, docs, dtype))
+        out.append(Prefix(prefix, e.weight, tokens, docs, dtype))
     return tuple(out)
 
 
@@ -182,9 +164,6 @@ def resolved(path: Path, where: str) -> Path:
         _fail(where, f"{path} cannot be resolved ({exc.strerror}): fix the path")
 
 
-_SHARE = re.compile(r"\s*\d+(\.\d*)?\s*", re.ASCII)  # a non-negative number in ASCII digits ('9²' is not one)
-
-
 def load(path: str | Path) -> DataSpec:
     """Parse and check a data.toml (files, headers, dtype against the tokenizer, weights, cache)."""
     where = f"DATA={path}"
@@ -195,41 +174,25 @@ def load(path: str | Path) -> DataSpec:
         raw = tomllib.loads(src.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         _fail(where, f"invalid TOML: {' '.join(str(exc).split())}")
-    if unknown := sorted(set(raw) - set(KEYS)):
-        _fail(where, f"unknown key {unknown[0]!r}; valid: {', '.join(KEYS)}")
-    if ("blend" in raw) == ("blend_per_split" in raw):
-        _fail(where, "set exactly one of [[blend]] (with split) and [blend_per_split] (train/valid/test)")
-    if not isinstance(raw.get("tokenizer"), str):
-        _fail(where, 'tokenizer = "<local Hugging Face tokenizer directory>" is required')
+    try:
+        spec = DataToml.model_validate(raw)
+    except ValidationError as exc:
+        _fail(where, model.problem(exc, raw, MESSAGES))
     base = src.parent
-    tok = resolved(base / raw["tokenizer"], where)
+    tok = resolved(base / spec.tokenizer, where)
     vocab = tokenizer_vocab(tok, where)
-    if not isinstance(cache := raw.get("cache", "index-cache"), str):
-        _fail(where, f'cache = {cache!r}: a directory path, e.g. cache = "index-cache"')
-    cache = resolved(base / cache, where)
+    cache = resolved(base / spec.cache, where)
     probe = cache
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         _fail(where, f"index cache {cache} is not writable (Megatron writes its sample indices there): set cache")
-    cache = str(cache)
-    if "blend" in raw:
-        # train,valid,test shares of one blend: three non-negative numbers, the train share above 0 (a run with no
-        # training data would read nothing; Megatron would build its train split empty).
-        split = str(raw.get("split", "98,1,1"))
-        parts = split.split(",")
-        if len(parts) != 3 or not all(_SHARE.fullmatch(p) for p in parts):
-            _fail(where, f'split = {split!r}: three non-negative numbers (train,valid,test), e.g. "98,1,1"')
-        if not float(parts[0]) > 0:
-            _fail(where, f'split = {split!r}: the train share is 0, so the run has no training data; e.g. "98,1,1"')
-        return DataSpec(str(src), str(tok), vocab, cache, split, blend=_prefixes(raw["blend"], base, where, vocab))
-    if "split" in raw:
-        _fail(where, "split applies to [[blend]] only; [blend_per_split] names each split's prefixes itself")
-    table = raw["blend_per_split"]
-    if not isinstance(table, dict) or set(table) - set(SPLITS) or "train" not in table:
-        _fail(where, "[blend_per_split] takes train (required), valid and test, each a list of {prefix, weight}")
-    per = {s: _prefixes(table[s], base, where, vocab) for s in SPLITS if s in table}
-    return DataSpec(str(src), str(tok), vocab, cache, None, per_split=per)
+    if spec.blend:
+        blend = _prefixes(spec.blend, base, where, vocab)
+        return DataSpec(str(src), str(tok), vocab, str(cache), spec.split, blend=blend)
+    table = spec.blend_per_split
+    per = {s: _prefixes(getattr(table, s), base, where, vocab) for s in SPLITS if getattr(table, s) is not None}
+    return DataSpec(str(src), str(tok), vocab, str(cache), None, per_split=per)
 
 
 def _blend(prefixes) -> tuple[list[str], list[float]]:

@@ -7,40 +7,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from overlapkit import jsonio
 from overlapkit.cluster import joblog, resume, slurm
 from overlapkit.errors import BadInput, one_line
-from overlapkit.spec import planfile
+from overlapkit.spec import model, planfile, submission
 
 MARKER = "submission.json"  # a run directory's record of its submission (cluster/submit.py writes it)
 ROLE = "the run's submission record that make submit writes"
-PATHS = ("experiment_dir", "checkpoint_dir", "run_dir", "script", "log", "host", "cluster", "at", "reason")
 
 
 def checked_marker(run_dir: Path, info: dict) -> dict:
-    """A run's submission record, every field a reader uses of its type (job ids that Slurm's tools may be handed:
-    never an option), or one line naming the file, the field and the fix."""
-    path, fix = Path(run_dir) / MARKER, "it was edited or written by another tool: restore it, or give another RUN="
-
-    def bad(what: str):
-        return jsonio.file_problem(path, what, ROLE, fix)
-
-    if not isinstance(info.get("state", ""), str):
-        raise bad(f"state is {info['state']!r}, not a word")
-    for key in PATHS:
-        if info.get(key) is not None and not isinstance(info[key], str):
-            raise bad(f"{key} is {info[key]!r}, not text")
-    pid = info.get("pid")
-    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 1):
-        raise bad(f"pid is {pid!r}, not a process id")
-    ids = info.get("job_ids")
-    if ids is not None and not isinstance(ids, list):
-        raise bad(f"job_ids is {ids!r}, not a list")
-    for key, value in [("job_id", info.get("job_id"))] * ("job_id" in info) + [("job_ids", j) for j in ids or []]:
-        try:
-            slurm.checked_id(value, key)
-        except BadInput as exc:
-            raise bad(str(exc).partition(": nothing")[0]) from None
+    """A run's submission record checked by its model (spec/submission.py), or one line naming the file, the field
+    and the fix."""
+    try:
+        submission.Submission.model_validate(info)
+    except ValidationError as exc:
+        what = model.problem(exc, info, submission.SUBMISSION_MESSAGES)
+        fix = "it was edited or written by another tool: restore it, or give another RUN="
+        raise jsonio.file_problem(Path(run_dir) / MARKER, what, ROLE, fix) from None
     return info
 
 

@@ -1,5 +1,5 @@
 """What a run resumes from: the checkpoint directory's tracker, which iterations in it are complete, and the layout
-each was saved with. Standard library only: launch/entry.py asks before anything imports torch.
+each was saved with. No torch (the standard library and pydantic): launch/entry.py asks before anything imports torch.
 
 - The tracker (Bridge's latest_train_state.pt; the Megatron-LM latest_checkpointed_iteration.txt it also writes,
   which holds the iteration as text) names the iteration Bridge loads. One whose directory is incomplete (a partial
@@ -18,9 +18,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from overlapkit import jsonio
 from overlapkit.bridge.runopts import directory_problem
 from overlapkit.errors import BadInput
+from overlapkit.spec import model, submission
 
 # Bridge's checkpoint tracker (megatron/bridge/training/checkpointing.py: TRACKER_PREFIX + train_state.pt), and the
 # Megatron-LM one Bridge writes beside it (save_checkpoint's train_state_finalize_fn: "Write Megatron-LM tracker file
@@ -177,15 +180,12 @@ def layouts(directory: str | None) -> list[dict]:
     path = Path(directory) / LAYOUTS
     fix = "restore it (or remove it to resume without the layout check)"
     entries = jsonio.read_json(path, list, role=LAYOUTS_ROLE, fix=fix, missing_ok=True) or []
-    for i, e in enumerate(entries):
-        it = e.get("from_iteration", 0) if isinstance(e, dict) else None
-        what = None
-        if not isinstance(e, dict) or not isinstance(e.get("layout"), dict):
-            what = f"entry {i} is {str(e)[:40]}, not {{from_iteration, layout}}"
-        elif isinstance(it, bool) or not isinstance(it, int) or it < 0:
-            what = f"entry {i}'s from_iteration is {it!r}, not an iteration"
-        if what:
-            raise jsonio.file_problem(path, what, LAYOUTS_ROLE, fix)
+    for i, entry in enumerate(entries):
+        try:
+            submission.LayoutEntry.model_validate(entry)
+        except ValidationError as exc:
+            what = model.problem(exc, entry, submission.LAYOUT_MESSAGES, i=i, entry=entry)
+            raise jsonio.file_problem(path, what, LAYOUTS_ROLE, fix) from None
     return entries
 
 

@@ -11,24 +11,16 @@ import time
 
 from overlapkit.bridge.runopts import minutes  # the time-limit rule's home: a segment's guards are there too
 from overlapkit.errors import BadInput, ClusterFailure
+from overlapkit.spec.submission import job_id_problem
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
 
 
-# A Slurm job id as sbatch, squeue and sacct print it: digits; an array task <job>_<task>; a heterogeneous job's
-# component <job>+<offset> (Slurm's job_array and heterogeneous_jobs documentation).
-JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
-
-
 def checked_id(value, where: str = "a job id") -> str:
     """`value` as a job id to hand to Slurm's tools; BadInput (one line naming `where`) for anything else."""
-    if isinstance(value, str) and JOB_ID.fullmatch(value):
-        return value
-    shown = repr(value) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
-    raise BadInput(
-        f"{where} is {shown[:80]}, not a Slurm job id (digits, or <job>_<task> / <job>+<offset>): nothing is handed "
-        "to Slurm; fix or remove the record"
-    )
+    if problem := job_id_problem(value, where):
+        raise BadInput(f"{problem}: nothing is handed to Slurm; fix or remove the record")
+    return value
 
 
 # What sbatch hands a job from the submitting shell (sbatch --export): PATH, so the script and its steps find the

@@ -32,11 +32,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from overlapkit import jsonio, paths
 from overlapkit.cluster import slurm
 from overlapkit.errors import BadInput, ClusterFailure
 from overlapkit.nightly.nightly import MIN_DP
 from overlapkit.nightly.rules import NIGHTLY_ITERS
+from overlapkit.spec import model
+from overlapkit.spec.schedule import MESSAGES, Schedule
 
 SCHEDULER_NAME = "nightly-scheduler"  # fixed, so `squeue -n nightly-scheduler` lists every chain's next night
 SCHEDULE_FILE = "schedule.json"
@@ -112,9 +116,16 @@ def schedule_path(profile) -> Path:
 
 
 def read(path: Path) -> dict | None:
-    """The schedule record (None: never scheduled); a FileProblem (one line) for one that is not an object."""
+    """The schedule record (None: never scheduled), checked by its model (spec/schedule.py); a FileProblem (one line)
+    for one that is not an object or not the schedule."""
     role, fix = "the nightly schedule that make nightly-schedule writes", "move it away and schedule again"
-    return jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
+    sched = jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
+    if sched:
+        try:
+            Schedule.model_validate(sched)
+        except ValidationError as exc:
+            raise jsonio.file_problem(path, model.problem(exc, sched, MESSAGES), role, fix) from None
+    return sched
 
 
 @contextlib.contextmanager

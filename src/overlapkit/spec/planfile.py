@@ -1,6 +1,6 @@
 """The one reader of a run directory's plan.json (bridge/build.py writes it): every command that reads a plan back (make
 status, make bless, the nightly's report, the overlap report, make calibrate, the in-job entry) gets it through
-`read_plan`, checked field by field, or one line naming the file, the field and the fix. Standard library only:
+`read_plan`, checked by the model `Plan`, or one line naming the file, the field and the fix. No torch, no Bridge:
 launch/entry.py reads the plan before anything may import torch.
 
 What is checked is what a reader relies on: the recipe's name (printed, so no control characters), the layout's
@@ -12,18 +12,92 @@ make plan writes a file.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, create_model, model_validator
 
 from overlapkit import jsonio
+from overlapkit.spec import model
 
 PLAN = "plan.json"
 ROLE = "the run's plan that make plan/submit writes"
 FIX = "plan it again (make plan), or give RUN= a run directory make plan/submit wrote"
-RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")  # a module name under recipes/ (or a fork's)
 # The layout's sizes: each a whole number ≥ 1 (vpp: none without interleaving; the MoE ones only on MoE plans).
 SIZES = ("nodes", "gpus", "tp", "pp", "cp", "dp", "mbs", "gbs", "seq")
 OPTIONAL_SIZES = ("vpp", "ep", "etp", "expert_dp", "experts", "topk")
+Step = Annotated[int, Field(ge=0)]
+
+
+class _Part(BaseModel):
+    """What a reader relies on of a part of the plan; the rest of it is kept as written."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class _World(_Part):
+    @model_validator(mode="after")
+    def _world(self):
+        if self.gpus != (world := self.tp * self.pp * self.cp * self.dp):
+            raise ValueError(f"layout.gpus is {self.gpus}, not tp×pp×cp×dp = {world}")
+        return self
+
+
+Sizes = {key: (PositiveInt, ...) for key in SIZES} | {key: (PositiveInt | None, None) for key in OPTIONAL_SIZES}
+Layout = create_model("Layout", __base__=_World, **Sizes)
+
+
+class Row(_Part):
+    state: str
+
+
+class Audit(_Part):
+    rows: dict[str, Row]
+    errors: list[dict] = []
+    warnings: list[dict] = []
+
+
+class Window(_Part):
+    """The profiler's window (NSYS or TORCH_PROFILE): the overlap report and the nightly read it."""
+
+    steps: list[Step] = Field(min_length=2, max_length=2)
+    ranks: list[Step]
+
+
+class Run(_Part):
+    checkpoint_dir: str | None = None
+    train_iters: PositiveInt | None = None
+    nsys: Window | None = None
+    torch_profile: Window | None = None
+
+
+class Plan(_Part):
+    recipe: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # a module name under recipes/ (or a fork's)
+    layout: Layout
+    audit: Audit
+    run: Run | None = None
+
+
+def _kind(value) -> str:
+    return "null" if value is None else f"{type(value).__name__} {value!r}"[:60]
+
+
+def _object(key: str, value) -> str:
+    return f"{key} is {_kind(value)}, not an object"
+
+
+_WINDOW = "{key} is not {{steps: [start, end], ranks: [rank, ...]}} of whole numbers"
+MESSAGES = {
+    "recipe": "recipe is {value!r}, not a recipe's name (letters, digits, _ . -)",
+    **{f"layout.{key}": "{key} is {value!r}, not a whole number ≥ 1" for key in SIZES},
+    **{f"layout.{key}": "{key} is {value!r}, not a whole number ≥ 1 (or null)" for key in OPTIONAL_SIZES},
+    "audit.rows": "audit.rows is not an object of {{name: {{state, detail}}}}",
+    **dict.fromkeys(("audit.errors", "audit.warnings"), "{key} is not a list of findings"),
+    "run.checkpoint_dir": lambda key, value: f"{key} is {_kind(value)}, not a path",
+    "run.train_iters": "{key} is {value!r}, not a whole number ≥ 1",
+    **dict.fromkeys(("run.nsys", "run.torch_profile"), _WINDOW),
+    **dict.fromkeys(("layout", "audit", "run"), _object),
+}
 
 
 def read_plan(run_dir: Path) -> dict:
@@ -38,54 +112,10 @@ def read_plan(run_dir: Path) -> dict:
     return plan
 
 
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
 def plan_problem(plan: dict) -> str | None:
     """What is wrong with a plan.json's content (field, value, what it should be), or None."""
-    recipe = plan.get("recipe")
-    if not isinstance(recipe, str) or not RECIPE_NAME.fullmatch(recipe):
-        return f"recipe is {recipe!r}, not a recipe's name (letters, digits, _ . -)"
-    lay = plan.get("layout")
-    if not isinstance(lay, dict):
-        return f"layout is {_kind(lay)}, not an object"
-    for key in SIZES:
-        if not _whole(lay.get(key)):
-            return f"layout.{key} is {lay.get(key)!r}, not a whole number ≥ 1"
-    for key in OPTIONAL_SIZES:
-        if lay.get(key) is not None and not _whole(lay[key]):
-            return f"layout.{key} is {lay[key]!r}, not a whole number ≥ 1 (or null)"
-    if lay["gpus"] != lay["tp"] * lay["pp"] * lay["cp"] * lay["dp"]:
-        return f"layout.gpus is {lay['gpus']}, not tp×pp×cp×dp = {lay['tp'] * lay['pp'] * lay['cp'] * lay['dp']}"
-    audit = plan.get("audit")
-    if not isinstance(audit, dict):
-        return f"audit is {_kind(audit)}, not an object"
-    rows = audit.get("rows")
-    if not isinstance(rows, dict) or not all(
-        isinstance(r, dict) and isinstance(r.get("state"), str) for r in rows.values()
-    ):
-        return "audit.rows is not an object of {name: {state, detail}}"
-    for key in ("errors", "warnings"):
-        if not isinstance(audit.get(key, []), list) or not all(isinstance(f, dict) for f in audit.get(key, [])):
-            return f"audit.{key} is not a list of findings"
-    if (run := plan.get("run")) is None:
-        return None
-    if not isinstance(run, dict):
-        return f"run is {_kind(run)}, not an object"
-    if run.get("checkpoint_dir") is not None and not isinstance(run["checkpoint_dir"], str):
-        return f"run.checkpoint_dir is {_kind(run['checkpoint_dir'])}, not a path"
-    if run.get("train_iters") is not None and not _whole(run["train_iters"]):
-        return f"run.train_iters is {run['train_iters']!r}, not a whole number ≥ 1"
-    for key in ("nsys", "torch_profile"):  # the profiler's window, either: the overlap report and nightly read it
-        if (window := run.get(key)) is None:
-            continue
-        steps, ranks = (window.get("steps"), window.get("ranks")) if isinstance(window, dict) else (None, None)
-        ok_steps = isinstance(steps, list) and len(steps) == 2 and all(_whole(s) or s == 0 for s in steps)
-        if not ok_steps or not isinstance(ranks, list) or not all(_whole(r) or r == 0 for r in ranks):
-            return f"run.{key} is not {{steps: [start, end], ranks: [rank, ...]}} of whole numbers"
+    try:
+        Plan.model_validate(plan)
+    except ValidationError as exc:
+        return model.problem(exc, plan, MESSAGES)
     return None
-
-
-def _kind(value) -> str:
-    return "null" if value is None else f"{type(value).__name__} {value!r}"[:60]

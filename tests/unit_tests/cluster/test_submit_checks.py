@@ -144,16 +144,18 @@ def test_a_real_submit_whose_python_cannot_import_training_is_refused_before_any
 
 def test_another_python_is_asked_through_the_entry_itself(tmp_path):
     """A job's Python that is not this environment: `<python> launch/entry.py --imports-only`, as the ranks start
-    (here this interpreter without its site-packages: no Bridge at all)."""
+    (here this interpreter without its site-packages: no Bridge at all, nor pydantic, which the entry reads its
+    records with: the first module it stops on is named)."""
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nexec {paths.REPO_ROOT / ".venv/bin/python"} -S "$@"\n')
     python.chmod(0o755)
     profile = load_profile("local").__class__(
         name="x", account="a", partition="p", container_image=None, python=str(python)
     )
+    entry = f"{python} {paths.REPO_ROOT / submit.ENTRY} --imports-only"
     assert submit.software_problem(profile) == (
-        f"the job's Python ({python}) cannot start training: cannot import megatron.bridge: module 'megatron' is not "
-        f"installed: {submit.SOFTWARE_FIX}"
+        f"the job's Python ({python}) cannot start training: {entry} fails: ModuleNotFoundError: No module named "
+        f"'pydantic': {submit.SOFTWARE_FIX}"
     )
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from launch import commands
 from launch import nightly as nightly_command
+from overlapkit import jsonio
 from overlapkit.cluster import slurm
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.nightly import chain_status, logparse, schedule
@@ -331,3 +332,25 @@ def test_scheduled_lines_offer_scrontab_only_where_it_exists(tmp_path, monkeypat
     monkeypatch.setattr(schedule.shutil, "which", lambda name: f"/usr/bin/{name}")
     more = schedule.scheduled_lines(SCHED, path, [], NIGHT)
     assert more[-3].startswith("scrontab is available here") and more[-1].startswith("0 2 * * * cd ")
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        ({"job_id": "--me"}, "job_id is '--me', not a Slurm job id"),  # scancel and squeue would get it
+        ({"secrets": ["A,B=1"]}, "secrets entry 'A,B=1' is not an environment variable name"),  # sbatch's --export
+        ({"iters": "60"}, "iters is '60': input should be a valid integer"),
+        ({"at": None}, "at is None: input should be a valid string"),
+    ],
+)
+def test_a_schedule_record_is_read_through_its_model(tmp_path, edit, said):
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps({**SCHED, **edit}))
+    with pytest.raises(jsonio.FileProblem) as exc:
+        schedule.read(path)
+    assert str(exc.value).startswith(f"{path}: {said}") and "\n" not in str(exc.value)
+    path.write_text(json.dumps({k: v for k, v in SCHED.items() if k != "at"}))
+    with pytest.raises(jsonio.FileProblem, match="lacks 'at'"):
+        schedule.read(path)
+    path.write_text(json.dumps(SCHED))
+    assert schedule.read(path) == SCHED
