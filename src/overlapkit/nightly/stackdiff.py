@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 UNCHANGED, CHANGED, FAILS = "unchanged", "changed", "fails to plan"
+ABSENT = "(no such field)"  # a field one stack's config does not have (None is a value)
 STEP_NOISE = 0.0005  # a step time within 0.05 %: rounding of the record, not a change
 
 
@@ -76,9 +77,9 @@ def bridge_changes(a: dict, b: dict) -> list[dict]:
     fa, fb = ba.get("fields", {}), bb.get("fields", {})
     ca, cb = a.get("config", {}), b.get("config", {})
     return [
-        {"field": k, "pinned": fa.get(k), "candidate": fb.get(k), "reaches": ca.get(k) != cb.get(k)}
+        {"field": k, "pinned": fa.get(k, ABSENT), "candidate": fb.get(k, ABSENT), "reaches": ca.get(k) != cb.get(k)}
         for k in sorted(fa.keys() | fb.keys())
-        if fa.get(k) != fb.get(k)
+        if fa.get(k, ABSENT) != fb.get(k, ABSENT)
     ]
 
 
@@ -156,7 +157,7 @@ def exit_status(d: dict) -> int:
 
 
 def _v(x) -> str:
-    return "absent" if x is None else repr(x) if isinstance(x, str) else str(x)
+    return x if x == ABSENT else repr(x) if isinstance(x, str) else str(x)
 
 
 def recipe_lines(r: dict) -> list[str]:
