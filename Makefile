@@ -60,6 +60,8 @@ ITERS   ?= 60
 MIN_DP  ?= 2
 JOB_DIR ?=
 AT      ?=
+# make stack-diff (docs/upgrading.md): the candidate pins, e.g. STACK="megatron-bridge==0.6.0 megatron-core==0.19.0".
+STACK   ?=
 # make calibrate: directories holding the run directories to fit on (empty: runs/ and the cluster's job_dir).
 RUNS    ?=
 # make test: pytest's own arguments (through PYTEST_ADDOPTS, split as a shell would); a path in them runs that path
@@ -70,7 +72,7 @@ PYTEST_ARGS ?=
 # argument, --flag=value, so even "--help" is a value). Our checks then answer whatever it holds (launch/args.py).
 DATA_VARS := RECIPE NODES SET FORMAT CLUSTER GPU DRYRUN PREFLIGHT RUN FROM NAME ARGS HIDDEN LAYERS HEADS QUERY_GROUPS \
   FFN SEQ GPUS DTYPE EXPERTS TOPK EP CUTS DATA RUN_NAME SEGMENTS NSYS NSYS_RANKS TORCH_PROFILE TORCH_PROFILE_RANKS IN TOKENIZER OUT KEY WORKERS FORCE \
-  RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG RUNS
+  RECIPES NIGHT LOG ITERS MIN_DP JOB_DIR AT PYTEST_ARGS PROFILE PNG RUNS STACK
 # A command-line variable that is neither data nor the plumbing below (UV, PY) would be ignored: a typo (RECIPIE=)
 # would plan the default recipe. launch/makevars.py answers (it knows make's own variables and our environment
 # ones), naming the nearest; an environment variable is never checked. Read before the line below marks DATA_VARS.
@@ -92,7 +94,7 @@ endif
 export OVERLAPKIT_MAKE_PID := $(shell echo $$PPID)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint recipes plan calibrate overlap-report plan-server-stop docs bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
+.PHONY: help setup test lint recipes plan stack-diff calibrate overlap-report plan-server-stop docs bench gpu-check new-recipe submit status logs cancel sbatch run-local prep-data slurm-up slurm-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -115,6 +117,9 @@ plan: ## the main job: build RECIPE, apply SET/NODES, resolve + audit the overla
 overlap-report: ## exposed communication per overlap class from a profile: RUN=<run dir> or PROFILE= RECIPE= (SET=, NODES=, GPU=, FORMAT=json, PNG=, FORCE=1)
 	@$(PY) -m launch overlap-report --run="$$RUN" --profile="$$PROFILE" --recipe="$$RECIPE" --nodes="$$NODES" --set="$$SET" --gpu="$$GPU" --format="$$FORMAT" --png="$$PNG" --force="$$FORCE"
 
+stack-diff: ## what a candidate STACK= (Bridge/Core/TE pins) changes in every recipe (RECIPES=, SET=, FORMAT=json): built once with uv, planned under both
+	@$(PY) -m launch stack-diff --stack="$$STACK" --recipes="$$RECIPES" --set="$$SET" --format="$$FORMAT"
+
 calibrate: ## fit the throughput model on CLUSTER's finished runs (RUNS= dirs); plan/recipes/nightly then use it
 	@$(PY) -m launch calibrate --cluster="$$CLUSTER" --runs="$$RUNS"
 
@@ -127,10 +132,11 @@ new-recipe: ## fork FROM into recipes/NAME.py: layout search, audit, memory (LAY
 docs: ## regenerate every figure README.md and docs/ show from the code (tools/docs.py); make test fails until you do
 	@$(PY) tools/docs.py
 
-bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`; the overlap report on 8 x 200k kernels vs a plain sweep; a plan with and without the stack's start-up checks
+bench: ## first/second `make plan` and `make recipes` vs bare `import megatron.bridge`; the overlap report on 8 x 200k kernels vs a plain sweep; a plan with and without the stack's start-up checks; stack-diff's candidate environment built, then reused
 	@$(PY) bench/plan_all.py
 	@$(PY) bench/overlap_report.py
 	@$(PY) bench/startup_checks.py
+	@$(PY) bench/stack_env.py
 
 gpu-check: ## real 1-GPU training: each recipe's cut vs Bridge's own, side by side (CUDA; CUTS="llama3_8b", ARGS=--list on CPU)
 	@$(PY) bench/gpu_cut.py --cuts="$$CUTS" --args="$$ARGS"
@@ -165,8 +171,8 @@ slurm-down: ## stop the local dev Slurm
 # Nightly regression (launch/nightly.py, docs/nightly.md).
 .PHONY: nightly nightly-report bless parse-log nightly-schedule nightly-status nightly-unschedule
 
-nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1)
-	@$(PY) -m launch nightly --cluster="$$CLUSTER" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" --recipes="$$RECIPES" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --gpu="$$GPU"
+nightly: ## submit every recipe's nightly shape + a summary job (RECIPES=, DRYRUN=1, PREFLIGHT=1, STACK= a candidate's plan diff in the report)
+	@$(PY) -m launch nightly --cluster="$$CLUSTER" --dryrun="$$DRYRUN" --preflight="$$PREFLIGHT" --recipes="$$RECIPES" --iters="$$ITERS" --min-dp="$$MIN_DP" --job-dir="$$JOB_DIR" --gpu="$$GPU" --stack="$$STACK"
 
 nightly-report: ## classify a night vs goldens, write report.md + plots (NIGHT=, default latest)
 	@$(PY) -m launch nightly-report --cluster="$$CLUSTER" --night="$$NIGHT" --job-dir="$$JOB_DIR"

@@ -46,6 +46,7 @@ COMMANDS = {
     "sbatch": Command("launch.submit", ("sbatch",)),
     "run-local": Command("launch.submit", ("run-local",)),
     "prep-data": Command("launch.prep_data"),
+    "stack-diff": Command("launch.stack_diff"),
     "nightly": Command("launch.nightly", ("submit",)),
     "nightly-report": Command("launch.nightly", ("report",)),
     "bless": Command("launch.nightly", ("bless",)),

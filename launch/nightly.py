@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from launch import plan_server
+from launch import plan_server, stack_diff
 from launch.args import Parser, add_gpu_option, switch
-from overlapkit.bridge import stack
+from overlapkit.bridge import stack, stackenv
 from overlapkit.bridge.inputs import positive_int
 from overlapkit.cluster.submit import Interrupted, install_signal_handlers, preflight_mode
 from overlapkit.errors import BadInput
@@ -55,6 +55,7 @@ def parse(argv):
     ap.add_argument("--force", type=switch, default="", help="bless: 1 replaces the golden already there")
     ap.add_argument("--no-retry", action="store_true", help="report: do not resubmit infrastructure failures")
     ap.add_argument("--at", default="", help=f"schedule: when each night starts: {schedule.FORMS}")
+    ap.add_argument("--stack", default="", help="submit: a candidate stack whose plan diff the report shows")
     return ap.parse_args(argv)
 
 
@@ -80,6 +81,7 @@ def check(args) -> bool:
         return bool(args.recipes.strip())
     if args.action == "submit":
         profile_of(args)  # CLUSTER= and JOB_DIR= before the import
+        args.candidate = stackenv.parse(args.stack) if args.stack.strip() else None
         return True
     return False
 
@@ -108,8 +110,9 @@ def run(args) -> int:
                     goldens=args.goldens,
                     dryrun=bool(args.dryrun),
                 )
-                nightly.submit_night(req, _say)
-                lines = []
+                diff = stack_diff.compare(args.candidate, names) if args.candidate else None  # before submitting
+                night_dir = nightly.submit_night(req, _say)
+                lines = [stack_diff.keep(diff, night_dir)] if diff else []
             case "report":
                 root = profile_of(args).job_path / "nightly"
                 night_dir = Path(args.night) if args.night else nightly.latest_night(root)

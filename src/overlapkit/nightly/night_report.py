@@ -18,7 +18,7 @@ from pathlib import Path
 from overlapkit import jsonio
 from overlapkit.bridge.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planned_window
 from overlapkit.cluster import joblog
-from overlapkit.nightly import exposed, logparse
+from overlapkit.nightly import exposed, logparse, stackdiff
 from overlapkit.nightly import rules as regress
 from overlapkit.spec import planfile
 
@@ -248,6 +248,7 @@ def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: P
         lines.append(_row(res, night_dir))
     failed = [r["recipe"] for r in results if not r.get("skipped") and not r["verdict"]["ok"]]
     lines += ["", f"**{len(failed)} failing**: {', '.join(failed)}" if failed else "**No failures.**", ""]
+    lines += stackdiff.night_section(night_dir, results)  # make nightly STACK=: the candidate's plan diff
     for title, rel in plots.items():
         lines.append(f"![{title}]({rel})")
     return "\n".join(lines) + "\n"
