@@ -15,10 +15,9 @@ import argparse
 import functools
 from pathlib import Path
 
-from launch.args import Parser, add_gpu_option
+from launch.args import Parser, add_gpu_option, positive_int
 from overlapkit import paths
 from overlapkit.bridge import stack
-from overlapkit.bridge.inputs import positive_int
 
 
 def parse(argv):

@@ -48,10 +48,10 @@ def _run_dir(text: str) -> Path:
 def check(args) -> bool:
     """Everything checked before the Bridge import: which input, the profiles' presence, the request. PROFILE= plans
     the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
-    from overlapkit.bridge.runopts import OVERLAP_JSON, OVERLAP_PNG
     from overlapkit.profile.nsys_sqlite import profile_files
     from overlapkit.profile.overlap_render import png_target
     from overlapkit.spec import request
+    from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG
 
     if args.run and args.profile:
         raise BadInput("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")

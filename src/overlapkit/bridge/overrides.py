@@ -19,8 +19,9 @@ from pathlib import Path
 import yaml
 
 from overlapkit import jsonio
-from overlapkit.bridge import runopts, stack
+from overlapkit.bridge import stack
 from overlapkit.errors import BadInput
+from overlapkit.spec import runopts
 
 INTENT_PREFIX = "overlap."  # keys that change the overlap intent, not a config field (see OverlapIntent)
 # The recorded schema: every `section.field` of the shipped recipes' ConfigContainers with the kinds its annotation

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.bridge.runopts import directory_problem
 from overlapkit.errors import BadInput
 from overlapkit.names import checked_name
 from overlapkit.paths import REPO_ROOT, in_checkout, repo_relative
 from overlapkit.secrets import FIX, credential_kind, secret_problem
 from overlapkit.spec.request import Cluster
+from overlapkit.spec.runopts import directory_problem
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
 # Megatron Bridge v0.6.0's release notes are titled "NeMo Framework 26.08 — Megatron Bridge Release Notes"
