@@ -78,7 +78,8 @@ def run(args) -> int:
 
     stack.import_bridge()
     from overlapkit.bridge import registry
-    from overlapkit.bridge.report import console, render_plan
+    from overlapkit.bridge.report import render_plan
+    from overlapkit.profile.overlap_render import console
     from overlapkit.sizing import calibration
     from overlapkit.sizing.hardware import HARDWARE
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from launch.args import Parser, add_gpu_option, switch
 from overlapkit import paths
-from overlapkit.bridge import stack
 from overlapkit.errors import BadInput, one_line
 
 
@@ -76,16 +75,17 @@ def check(args) -> bool:
 
 
 def run(args) -> int:
-    from overlapkit.bridge.report import console
     from overlapkit.profile import overlap_render, overlap_report
 
-    out = console()
+    out = overlap_render.console()
     if args.request is None:  # RUN=: the run's own plan and profiles; the report and its picture go into it
         run_dir = _run_dir(args.run)
         files, plan = overlap_report.run_inputs(run_dir)
     else:  # PROFILE=: the recipe planned as make plan does
-        stack.import_bridge()
+        from overlapkit.bridge import stack
         from overlapkit.bridge.build import plan_for
+
+        stack.import_bridge()
 
         plan = plan_for(args.request).to_dict()
         files, run_dir = args.files, None

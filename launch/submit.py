@@ -184,7 +184,8 @@ def run(args) -> int:
     if args.action in ("status", "logs", "cancel"):
         return do_run_dir_action(args)
     from overlapkit.bridge import stack, submission
-    from overlapkit.bridge.report import console, render_plan
+    from overlapkit.bridge.report import render_plan
+    from overlapkit.profile.overlap_render import console
 
     stack.import_bridge()
     try:

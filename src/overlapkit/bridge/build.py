@@ -56,7 +56,7 @@ class Plan:
 
     @property
     def run(self) -> RunOptions:
-        """RUN_NAME, SEGMENTS, NSYS, DATA, bound to where the run goes (bridge/runopts.py)."""
+        """RUN_NAME, SEGMENTS, NSYS, DATA, bound to where the run goes (spec/runopts.py)."""
         return self.request.run
 
     @property

@@ -30,8 +30,9 @@ from overlapkit.bridge.env import (
     secret_names,
 )
 from overlapkit.bridge.plugin import EnvVarPlugin
-from overlapkit.bridge.report import console, ledger_rows, render_ledger
+from overlapkit.bridge.report import ledger_rows, render_ledger
 from overlapkit.cluster.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
+from overlapkit.profile.overlap_render import console
 from recipes._base import EnvVar
 
 B8, F8, B70, F70 = (
