@@ -11,9 +11,10 @@ import pytest
 from ckpt_fixtures import save_iteration
 
 from launch import entry
-from overlapkit.bridge import runopts, submission
+from overlapkit.bridge import submission
 from overlapkit.cluster import resume, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.spec import runopts
 from overlapkit.spec.request import PlanRequest
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"

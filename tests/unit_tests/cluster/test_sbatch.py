@@ -20,10 +20,11 @@ import pytest
 
 from launch import commands
 from overlapkit import paths
-from overlapkit.bridge import runopts, stack, submission
+from overlapkit.bridge import stack, submission
 from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import AuditFailed
+from overlapkit.spec import runopts
 
 GOLDEN = paths.REPO_ROOT / "tests" / "golden"
 CASES = [
