@@ -49,7 +49,6 @@ def check(args) -> bool:
     the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
     from overlapkit.profile.nsys_sqlite import profile_files
     from overlapkit.profile.overlap_render import png_target
-    from overlapkit.spec import request
     from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG
 
     if args.run and args.profile:
@@ -69,6 +68,8 @@ def check(args) -> bool:
                 "apply; drop them, or give PROFILE=<its profiles> RECIPE=... to plan another way"
             )
         return False
+    from overlapkit.bridge import request
+
     args.files = profile_files(Path(args.profile), skip=(OVERLAP_JSON,))
     args.request = request.parse(args.recipe, args.nodes, args.set, action="overlap-report", gpu=args.gpu)
     return True
