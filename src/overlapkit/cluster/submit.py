@@ -1,4 +1,5 @@
-"""Submission: a planned, audited recipe → a run directory → nemo_run's SlurmExecutor (or the plain-sbatch path).
+"""Submission: a planned, audited recipe → a run directory → nemo_run's SlurmExecutor (or the plain-sbatch path). The
+plan, its run directory and run plugins come from the Bridge side (bridge/submission.py); here they are records.
 
 nemo_run (about 10 s to import here) is imported only where a job is built, so `make status|logs|cancel` never pay
 for it.
