@@ -20,7 +20,7 @@ import pytest
 
 from launch import commands
 from overlapkit import paths
-from overlapkit.bridge import stack, submission
+from overlapkit.bridge import submission
 from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import AuditFailed
@@ -110,7 +110,7 @@ def test_uncommitted_changes_are_reported_because_only_head_ships(tmp_path, monk
     (repo / "recipe.py").write_text("a = 1\n")
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "x"], check=True)
-    monkeypatch.setattr(stack, "REPO_ROOT", repo)
+    monkeypatch.setattr(paths, "REPO_ROOT", repo)
     sha, dirty = submit.shipped_commit()
     assert re.fullmatch(r"[0-9a-f]{40}", sha) and dirty == []
     (repo / "recipe.py").write_text("a = 2\n")
