@@ -3,8 +3,9 @@
 Each repetition, in this order (so machine noise is shared): the bare `import megatron.bridge` in a fresh
 interpreter (TE shim: what training and planning import); a first `make plan` in a fresh process with the plan
 server off (OVERLAPKIT_PLAN_SERVER=0: the path every plan took before the server, and the one CI takes); a first
-`make plan` with no server running (OVERLAPKIT_PLAN_SERVER=1: it starts the server and is its first command); at once after it, with no wait,
-a second `make plan` (served: no second import, goal <= 2 s) and `make recipes` (every recipe).
+`make plan` with no server running (OVERLAPKIT_PLAN_SERVER=1: it starts the server and is its first command); at
+once after it, with no wait, a second `make plan` (served: no second import, goal <= 2 s) and `make recipes`
+(every recipe).
 Prints each median (wall and CPU seconds: the CPUs may be shared) and the ratios; the cold-start row is the first
 plan in a fresh process (server off) against the bare import, goal <= 0.7. `--cold` times only the first two. The
 server lives in a private directory of this run (a server you are using is left alone) and is stopped at the end;
@@ -102,9 +103,7 @@ def report(times: dict, reps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument(
-        "--cold", action="store_true", help="only the cold start: bare import, first plan"
-    )
+    ap.add_argument("--cold", action="store_true", help="only the cold start: bare import, first plan")
     opts = ap.parse_args()
     if opts.reps < 1:
         ap.error(f"--reps {opts.reps}: give at least 1")

@@ -17,8 +17,10 @@ import re
 import shlex
 import sys
 
+from overlapkit import jsonio
 from overlapkit.errors import one_line
 from overlapkit.secrets import FIX, credential_kind
+from overlapkit.spec.runopts import whole
 
 # What a shell or make would expand: $NAME, ${...}, $(...) (POSIX sh "Parameter Expansion", "Command Substitution";
 # GNU make manual "Reference to Variables", "Functions")
@@ -111,6 +113,16 @@ def switch(text: str) -> bool:
     )
 
 
+def positive_int(text: str) -> int:
+    """argparse type for a size flag (make new-recipe LAYERS= HIDDEN= ..., make nightly ITERS=)."""
+    if (n := whole(text)) is None or n < 1:
+        t = (text or "").strip()
+        if t.isascii() and t.isdigit() and jsonio.integer(t) is None:  # past int64 (the one rule): say so
+            raise argparse.ArgumentTypeError(f"{t[:24]}… ({len(t)} digits) is past int64, larger than any size here")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ≥ 1")
+    return n
+
+
 def fail(message: str):
     print(f"error: {one_line(message)}", file=sys.stderr)
     sys.exit(2)
@@ -122,7 +134,7 @@ def flag_name(flag: str) -> str:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """The run options every entry that builds a run takes (make plan, submit, sbatch, run-local): RUN_NAME,
-    SEGMENTS, NSYS, NSYS_RANKS, TORCH_PROFILE, TORCH_PROFILE_RANKS, DATA; bridge/runopts.py parse checks them."""
+    SEGMENTS, NSYS, NSYS_RANKS, TORCH_PROFILE, TORCH_PROFILE_RANKS, DATA; spec/runopts.py parse checks them."""
     p.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>; resume from them")
     p.add_argument("--segments", default="", help="N chained jobs (afterany), each resuming from the last")
     p.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
@@ -143,9 +155,10 @@ RUN_OPTIONS = ("run_name", "segments", "nsys", "nsys_ranks", "torch_profile", "t
 
 
 def request_of(args, *, listing: bool = False, action: str = "plan"):
-    """The request (overlapkit.spec.request.PlanRequest) from an entry's arguments (--recipe or the positional
-    recipe, --nodes, --set and the run options), every check made before the Bridge import; not yet bound."""
-    from overlapkit.spec import request
+    """The request (spec/request.py PlanRequest, parsed by bridge/request.py) from an entry's arguments (--recipe or
+    the positional recipe, --nodes, --set and the run options), every check made before the Bridge import; not yet
+    bound."""
+    from overlapkit.bridge import request
 
     typed = {k: getattr(args, k) for k in RUN_OPTIONS}  # the run options as typed, by runopts.parse's keywords
     return request.parse(args.recipe, args.nodes, args.set, typed, listing=listing, action=action, gpu=args.gpu)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from launch.args import Parser
 from overlapkit import paths
-from overlapkit.bridge import stack
 from overlapkit.errors import BadInput
 
 
@@ -44,12 +43,13 @@ def check(args) -> bool:
 
 
 def run(args) -> int:
+    from overlapkit.bridge import stack, submission
     from overlapkit.nightly import calibrate
     from overlapkit.sizing import calibration
 
     stack.import_bridge()
     name = args.profile.name
-    runs, skipped = calibrate.find_runs(args.roots, name)
+    runs, skipped = calibrate.find_runs(args.roots, name, submission.replanned)
     result = calibrate.calibrate(runs, name, dt.datetime.now(dt.UTC).date())
     if result is not None and result.refused:  # the table says which run; nothing written, the old fit stands
         print(calibrate.report(result, runs, skipped, name, None))

@@ -42,12 +42,12 @@ from pathlib import Path
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path]
 
-from overlapkit.bridge import runopts  # noqa: E402  (standard library only at import)
 from overlapkit.cluster import chain, preflight, resume  # noqa: E402  (standard library only)
 from overlapkit.errors import BadInput, one_line  # noqa: E402  (standard library only)
 from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
 from overlapkit.profile import profiled  # noqa: E402  (standard library only at import)
-from overlapkit.spec import planfile  # noqa: E402  (standard library only at import)
+from overlapkit.spec import planfile, runopts  # noqa: E402  (standard library only at import)
+from overlapkit.spec.topology import env_int  # noqa: E402  (standard library only at import)
 
 
 def rebuild(args):
@@ -56,10 +56,10 @@ def rebuild(args):
     from overlapkit.bridge import stack
 
     stack.import_bridge()
-    from overlapkit.bridge.build import OVERRIDES, plan_for
-    from overlapkit.spec import request
+    from overlapkit.bridge import request
+    from overlapkit.bridge.build import plan_for
 
-    rec = json.loads((args.run_dir / OVERRIDES).read_text())
+    rec = json.loads((args.run_dir / runopts.OVERRIDES).read_text())
     return plan_for(request.from_record(rec, args.recipe, args.nodes, args.plugin_sets))  # bound at submit
 
 
@@ -68,7 +68,7 @@ def resume_guard(args, plan: dict) -> int | None:
     for a later segment, an incomplete one with nothing before it, a changed layout, training over), or go on
     (args.ckpt_step: the iteration to load when the tracker's is incomplete). Rank 0 speaks for all, and cancels
     the later segments of a run that is over."""
-    rank0 = not preflight.env_int("SLURM_PROCID", "RANK")
+    rank0 = not env_int("SLURM_PROCID", "RANK")
     where = f"segment {args.segment}/{args.segments}"
     verdict = resume.guard(plan.get("run") or {}, plan["layout"], where, later_segment=args.segment > 1)
     for line, error in verdict.lines if rank0 else ():

@@ -15,10 +15,9 @@ import argparse
 import functools
 from pathlib import Path
 
-from launch.args import Parser, add_gpu_option
+from launch.args import Parser, add_gpu_option, positive_int
 from overlapkit import paths
 from overlapkit.bridge import stack
-from overlapkit.bridge.inputs import positive_int
 
 
 def parse(argv):
@@ -79,7 +78,8 @@ def run(args) -> int:
 
     stack.import_bridge()
     from overlapkit.bridge import registry
-    from overlapkit.bridge.report import console, render_plan
+    from overlapkit.bridge.report import render_plan
+    from overlapkit.profile.overlap_render import console
     from overlapkit.sizing import calibration
     from overlapkit.sizing.hardware import HARDWARE
 

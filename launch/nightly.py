@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 from launch import plan_server, stack_diff
-from launch.args import Parser, add_gpu_option, switch
-from overlapkit.bridge import stack, stackenv
-from overlapkit.bridge.inputs import positive_int
+from launch.args import Parser, add_gpu_option, positive_int, switch
+from overlapkit.bridge import stackenv
 from overlapkit.cluster.submit import Interrupted, install_signal_handlers, preflight_mode
 from overlapkit.errors import BadInput
 from overlapkit.nightly import chain_status, nightly, schedule
@@ -65,6 +64,14 @@ def profile_of(args):
     return with_job_dir(load_profile(args.cluster), args.job_dir)
 
 
+def bridge():
+    """The Bridge side of a night (laying out, planning and submitting its recipes), imported where it is needed."""
+    from overlapkit.bridge import stack, submission
+
+    stack.import_bridge()
+    return submission
+
+
 def _say(text: str, err: bool = False) -> None:
     print(text, file=sys.stderr if err else sys.stdout)
 
@@ -97,7 +104,7 @@ def run(args) -> int:
         match args.action:
             case "submit":
                 preflight_only, checks = preflight_mode(args.preflight)
-                stack.import_bridge()
+                side = bridge()
                 req = nightly.NightRequest(
                     profile=profile_of(args),
                     recipes=names,
@@ -109,6 +116,8 @@ def run(args) -> int:
                     max_nodes=args.max_nodes,
                     goldens=args.goldens,
                     dryrun=bool(args.dryrun),
+                    bridge=side,
+                    versions=side.stack.versions(),
                 )
                 diff = stack_diff.compare(args.candidate, names) if args.candidate else None  # before submitting
                 night_dir = nightly.submit_night(req, _say)
@@ -119,7 +128,12 @@ def run(args) -> int:
                 if night_dir is None:
                     raise BadInput(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
                 ok = nightly.report_night(
-                    night_dir, REPORT_COMMAND, goldens=Path(args.goldens), retry=not args.no_retry, say=print
+                    night_dir,
+                    REPORT_COMMAND,
+                    goldens=Path(args.goldens),
+                    retry=not args.no_retry,
+                    say=print,
+                    bridge=bridge,
                 )
                 lines, code = [], 0 if ok else 1
             case "bless":
@@ -129,7 +143,7 @@ def run(args) -> int:
                 lines = [f"blessed {args.run} -> {out}"]
             case "schedule":
                 if names:  # the names need the registry (Bridge), so they are checked after everything else
-                    nightly.check_recipes(names)
+                    bridge().check_recipes(names)
                 req = schedule.ScheduleRequest(
                     profile=profile_of(args),
                     at=args.at,

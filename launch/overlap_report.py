@@ -19,7 +19,6 @@ from pathlib import Path
 
 from launch.args import Parser, add_gpu_option, switch
 from overlapkit import paths
-from overlapkit.bridge import stack
 from overlapkit.errors import BadInput, one_line
 
 
@@ -48,10 +47,9 @@ def _run_dir(text: str) -> Path:
 def check(args) -> bool:
     """Everything checked before the Bridge import: which input, the profiles' presence, the request. PROFILE= plans
     the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
-    from overlapkit.bridge.runopts import OVERLAP_JSON, OVERLAP_PNG
     from overlapkit.profile.nsys_sqlite import profile_files
     from overlapkit.profile.overlap_render import png_target
-    from overlapkit.spec import request
+    from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG
 
     if args.run and args.profile:
         raise BadInput("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
@@ -70,22 +68,25 @@ def check(args) -> bool:
                 "apply; drop them, or give PROFILE=<its profiles> RECIPE=... to plan another way"
             )
         return False
+    from overlapkit.bridge import request
+
     args.files = profile_files(Path(args.profile), skip=(OVERLAP_JSON,))
     args.request = request.parse(args.recipe, args.nodes, args.set, action="overlap-report", gpu=args.gpu)
     return True
 
 
 def run(args) -> int:
-    from overlapkit.bridge.report import console
     from overlapkit.profile import overlap_render, overlap_report
 
-    out = console()
+    out = overlap_render.console()
     if args.request is None:  # RUN=: the run's own plan and profiles; the report and its picture go into it
         run_dir = _run_dir(args.run)
         files, plan = overlap_report.run_inputs(run_dir)
     else:  # PROFILE=: the recipe planned as make plan does
-        stack.import_bridge()
+        from overlapkit.bridge import stack
         from overlapkit.bridge.build import plan_for
+
+        stack.import_bridge()
 
         plan = plan_for(args.request).to_dict()
         files, run_dir = args.files, None

@@ -86,7 +86,7 @@ def check(args) -> bool:
 
 
 def run(args) -> int:
-    from overlapkit.bridge.report import console
+    from overlapkit.profile.overlap_render import console
 
     out = console()
     stack.import_bridge()

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from launch.args import Parser, add_run_options, request_of, switch
 from overlapkit import jsonio, paths
-from overlapkit.bridge import registry, stack
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile, placeholder_problem
 from overlapkit.errors import BadInput, one_line
@@ -37,13 +36,16 @@ def parse(argv):
 
 
 def do_submit(args, out, req, profile) -> int:
+    from overlapkit.bridge import submission
     from overlapkit.bridge.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
     real = args.action == "submit" and not args.dryrun
-    bound = submit.bind(req, profile)
+    bound = submission.bind(req, profile)
     dry = args.action == "submit" and not real
-    sub = submit.submission(bound, profile, preflight_only=preflight_only, checks=checks, check_partition=real, dry=dry)
+    sub = submission.submission(
+        bound, profile, preflight_only=preflight_only, checks=checks, check_partition=real, dry=dry
+    )
     with submit.transaction(sub):
         render_plan(sub.plan, out)
         if args.action == "sbatch":
@@ -147,6 +149,8 @@ def checked(args):
     if profile and (placeholder := placeholder_problem(profile)):  # a dry run and a script for sbatch too
         raise BadInput(f"{placeholder}; nothing {'submitted' if args.action == 'submit' else 'written'}")
     if args.action == "submit" and not args.dryrun:  # what the partition can never run, before the import too
+        from overlapkit.bridge import registry
+
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
         if bad := slurm.request_problems(profile, nodes, profile.time_limit):
             raise BadInput(f"{bad[0]}; nothing submitted")
@@ -179,7 +183,9 @@ def run(args) -> int:
     os.environ.setdefault("NEMORUN_HOME", str(paths.runs_root() / "nemo_run"))
     if args.action in ("status", "logs", "cancel"):
         return do_run_dir_action(args)
-    from overlapkit.bridge.report import console, render_plan
+    from overlapkit.bridge import stack, submission
+    from overlapkit.bridge.report import render_plan
+    from overlapkit.profile.overlap_render import console
 
     stack.import_bridge()
     try:
@@ -192,7 +198,7 @@ def run(args) -> int:
         render_plan(plan, console())
         if not plan.report.ok:
             return 1
-        submit.run_local(plan, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
+        submission.run_local(plan, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
         return 0
     except submit.Interrupted as exc:
         print(f"error: {exc}; the run directory (if any) says what became of the submission", file=sys.stderr)

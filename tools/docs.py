@@ -89,14 +89,15 @@ def command_output(name: str, argv: list[str]) -> Run:
     """`python -m launch <name> <argv>` in this process (no plan server), at WIDTH columns, into a scratch directory
     (`--runs` or `--recipes-dir`, whichever the command takes, for what it writes)."""
     from launch import commands
-    from overlapkit.bridge import registry, report
+    from overlapkit.bridge import registry
+    from overlapkit.profile import overlap_render
 
-    plain = report.console
+    plain = overlap_render.console
     before = set(registry.names())
     with tempfile.TemporaryDirectory(prefix="okdocs-") as scratch:
         flag = {"plan": ["--runs", scratch], "new-recipe": ["--recipes-dir", scratch]}.get(name, [])
         out, err = io.StringIO(), io.StringIO()
-        with mock.patch.object(report, "console", lambda file=None, width=None: plain(file, width or WIDTH)):
+        with mock.patch.object(overlap_render, "console", lambda file=None, width=None: plain(file, width or WIDTH)):
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 code = commands.call(name, [*argv, *flag])
         for added in set(registry.names()) - before:  # a fork registers its recipe: this process forgets it
@@ -437,7 +438,7 @@ def moe_params(o: Outputs) -> str:
     from overlapkit.bridge.report import render_plan
 
     plan, out = _moe_plan(o, "qwen3_235b_a22b"), io.StringIO()
-    from overlapkit.bridge.report import console
+    from overlapkit.profile.overlap_render import console
 
     render_plan(plan, console(file=out, width=WIDTH))
     found = re.search(r"[\d.]+B params \(.*?experts\)", " ".join(out.getvalue().split()))  # one line

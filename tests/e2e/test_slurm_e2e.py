@@ -20,6 +20,7 @@ import pytest
 
 from launch import commands
 from overlapkit import paths
+from overlapkit.bridge import submission
 from overlapkit.cluster import slurm, submit
 from overlapkit.cluster.profiles import load_profile
 
@@ -131,7 +132,7 @@ def test_70b_preflight_runs_64_tasks_across_8_nodes(preflight_night):
 
 def test_missing_pmix_fails_the_job_and_slurm_says_failed(profile, capsys):
     no_pmix = dataclasses.replace(profile, srun_args=())
-    sub = submit.prepare(R70, no_pmix, nodes=4, preflight_only=True, checks="env", caller_env={})
+    sub = submission.prepare(R70, no_pmix, nodes=4, preflight_only=True, checks="env", caller_env={})
     info = submit.submit(sub)
     assert wait(info["job_id"]) == "FAILED"
     failures = [f for r in ranks(sub.run_dir) for f in r["failures"]]
@@ -144,7 +145,7 @@ def test_missing_pmix_fails_the_job_and_slurm_says_failed(profile, capsys):
 
 
 def test_cancelled_job_is_reported_cancelled(profile, capsys):
-    sub = submit.prepare(R8, profile, preflight_only=True, checks="full", caller_env={})
+    sub = submission.prepare(R8, profile, preflight_only=True, checks="full", caller_env={})
     info = submit.submit(sub)
     assert commands.call("cancel", ["--run", str(sub.run_dir)]) == 0
     assert wait(info["job_id"]) == "CANCELLED"
@@ -153,7 +154,7 @@ def test_cancelled_job_is_reported_cancelled(profile, capsys):
 
 
 def test_twenty_submissions_at_once_all_complete(profile):
-    subs = [submit.prepare(R8, profile, preflight_only=True, checks="env", caller_env={}) for _ in range(20)]
+    subs = [submission.prepare(R8, profile, preflight_only=True, checks="env", caller_env={}) for _ in range(20)]
     infos = [submit.submit(s) for s in subs]
     assert len({i["job_id"] for i in infos}) == 20
     t0 = time.monotonic()

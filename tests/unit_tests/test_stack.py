@@ -22,7 +22,8 @@ def test_installed_versions_equal_the_pins():
 
 def test_a_drifted_install_is_a_warning_under_the_plan_header(monkeypatch):
     from overlapkit.bridge.build import make_plan
-    from overlapkit.bridge.report import console, render_plan
+    from overlapkit.bridge.report import render_plan
+    from overlapkit.profile.overlap_render import console
 
     monkeypatch.setitem(stack.PINNED, "megatron-core", "0.0.1")  # as if the lock had moved past the installed one
     out = io.StringIO()

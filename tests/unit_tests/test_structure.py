@@ -30,25 +30,6 @@ ROOMS = {
     "bridge": {"spec", "sizing", "profile", "cluster"},
     "fork": {"spec", "sizing", "bridge"},
 }
-# Imports the redesign (issue 41) has still to take out: each names a module and what it may import for now.
-PENDING = {
-    "cluster/plugin": {"bridge.env"},
-    "cluster/profiles": {"bridge.runopts"},
-    "cluster/resume": {"bridge.runopts"},
-    "cluster/sbatch": {"bridge.runopts"},
-    "cluster/slurm": {"bridge.runopts"},
-    "cluster/submit": {"bridge.build", "bridge.registry", "bridge.runopts", "bridge.stack"},
-    "nightly/calibrate": {"bridge.build"},
-    "nightly/exposed": {"bridge.runopts"},
-    "nightly/logparse": {"bridge.runopts"},
-    "nightly/night_report": {"bridge.runopts"},
-    "nightly/nightly": {"bridge.registry", "bridge.runopts", "bridge.stack"},
-    "profile/overlap_claims": {"bridge.env", "bridge.runopts"},
-    "profile/overlap_report": {"bridge.runopts"},
-    "profile/profiled": {"bridge.runopts", "cluster.preflight"},
-    "sizing/throughput": {"bridge.flops"},
-    "spec/request": {"bridge.inputs", "bridge.overrides", "bridge.registry", "bridge.runopts", "sizing.hardware"},
-}
 MODULES = sorted(p for p in SRC.rglob("*.py") if p.name != "__init__.py")
 # Modules whose tests live in the files users know from Bridge's guide, or beside the module they serve.
 COVERED_BY = {
@@ -63,8 +44,10 @@ COVERED_BY = {
     "bridge/report": "recipes/test_recipes.py",
     "bridge/published": "sizing/test_throughput.py",
     "cluster/profiles": "recipes/test_run_plugins.py",
-    "cluster/plugin": "recipes/test_run_plugins.py",
+    "bridge/plugin": "recipes/test_run_plugins.py",
     "cluster/submit": "cluster/test_sbatch.py",
+    "bridge/submission": "cluster/test_sbatch.py",
+    "spec/runopts": "bridge/test_runopts.py",
     "cluster/slurm": "../e2e/test_slurm_e2e.py",
     "bridge/dataprep": "bridge/test_data.py",
     "nightly/night_report": "nightly/test_rules.py",
@@ -115,14 +98,13 @@ def _upward(path: Path, source: str) -> list[str]:
     """What the module at `path` (in src/overlapkit/) imports against the import rule: a room its own does not name,
     the recipes (through bridge.registry only) or the entry layer (launch/ knows the library, never the other way)."""
     own = path.parent.name if path.parent != SRC else ""
-    rel = str(path.relative_to(SRC).with_suffix(""))
     allowed = ROOMS[own] | {own, ""}
     bad = []
     for module, names in _imports(ast.parse(source)):
         package = module == "overlapkit" or module.removeprefix("overlapkit.") in ROOMS
         for t in [f"{module}.{n}" for n in names] if package and names else [module]:
             room = _room(t)
-            if room is None or room in allowed or t.removeprefix("overlapkit.") in PENDING.get(rel, ()):
+            if room is None or room in allowed:
                 continue
             bad.append(f"{t}: {own or 'the root'} does not import {room or 'the root'}")
         if module.split(".")[0] in ("recipes", "launch"):
@@ -133,6 +115,32 @@ def _upward(path: Path, source: str) -> list[str]:
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
 def test_no_module_imports_against_the_rule(path):
     assert _upward(path, path.read_text()) == [], f"{path.relative_to(SRC)} imports against the import rule"
+
+
+# The rooms that read records: none may bring Megatron, torch or Transformer Engine in, however deep the import chain.
+RECORD_ROOMS = ("spec", "sizing", "cluster", "nightly", "profile")
+BRIDGE_PACKAGES = ("megatron", "torch", "transformer_engine")
+
+
+def _loaded_by(modules: list[str]) -> list[str]:
+    """The Bridge-side packages in sys.modules of a fresh interpreter after importing `modules`."""
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"print(sorted({{n.split('.')[0] for n in sys.modules}} & set({BRIDGE_PACKAGES!r})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=paths.REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_rooms_that_read_records_never_import_bridge():
+    dotted = [
+        "overlapkit." + str(p.relative_to(SRC).with_suffix("")).replace("/", ".")
+        for p in MODULES
+        if p.relative_to(SRC).parts[0] in RECORD_ROOMS
+    ]
+    assert _loaded_by(dotted) == []
 
 
 @pytest.mark.parametrize(

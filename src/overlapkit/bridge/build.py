@@ -10,15 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.bridge import data, inputs, overrides, presets, registry, runopts, stack, startup
+from overlapkit.bridge import data, flops, inputs, overrides, presets, registry, runopts, stack, startup
 from overlapkit.bridge.audit import AuditReport, Finding, audit, replaced_overrides
 from overlapkit.bridge.env import Ledger, audit_rows, build_ledger
 from overlapkit.bridge.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
+from overlapkit.bridge.request import loose
 from overlapkit.errors import BadInput
 from overlapkit.names import inside
 from overlapkit.sizing import calibration, hardware, knobs, memory, throughput, worth
 from overlapkit.spec import request
-from overlapkit.spec.request import PlanRequest, loose
+from overlapkit.spec.request import PlanRequest
+from overlapkit.spec.runopts import OVERRIDES, RunOptions
 from overlapkit.spec.shape import ModelShape, dtype_of
 from overlapkit.spec.topology import Target, expert_data_parallel_size
 
@@ -53,8 +55,8 @@ class Plan:
         return hardware.retarget_note(self.recipe.name, self.target.gpu)
 
     @property
-    def run(self) -> runopts.RunOptions:
-        """RUN_NAME, SEGMENTS, NSYS, DATA, bound to where the run goes (bridge/runopts.py)."""
+    def run(self) -> RunOptions:
+        """RUN_NAME, SEGMENTS, NSYS, DATA, bound to where the run goes (spec/runopts.py)."""
         return self.request.run
 
     @property
@@ -118,7 +120,7 @@ class Plan:
             "cluster": self.profile.name if self.profile else None,
             "env": self.ledger.to_dict() if self.ledger else None,
             "run_dir": str(self.run_dir) if self.run_dir else None,
-            "data": data.consumption(self.cfg, self.run.data_spec()),
+            "data": data.consumption(self.cfg, runopts.data_spec(self.run)),
             "run": self.run_summary,
         }
 
@@ -135,7 +137,7 @@ def make_plan(
     te_available: bool = True,
     profile=None,
     caller_env=None,
-    run: runopts.RunOptions | None = None,
+    run: RunOptions | None = None,
     gpu: str = hardware.DEFAULT_GPU,
     cluster: str | None = None,
 ) -> Plan:
@@ -221,7 +223,7 @@ def model_inputs(cfg, res: Resolved, rows, target: Target, cal: calibration.Cali
     )
     return throughput.Inputs(
         memory.workload_of(cfg, target),
-        throughput.flops_of_config(cfg),
+        flops.flops_of_config(cfg),
         overlaps,
         throughput.Moe.of_model(cfg.model),
         res.ddp.bucket_size,
@@ -278,12 +280,6 @@ def _write_run_files(plan: Plan, run_dir: Path) -> None:
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}
     jsonio.write_json(run_dir / "ledger.json", ledger)
     jsonio.write_json(run_dir / OVERRIDES, overrides_record(plan))
-
-
-# What the job rebuilds the recipe from: the SET pairs exactly as typed (JSON keeps spaces, lists and dicts intact;
-# a command line would split them) and the bound run options. launch/entry.py reads it (request.from_record);
-# plugins add to its command line.
-OVERRIDES = "overrides.json"
 
 
 def overrides_record(plan: Plan) -> dict:

@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 from overlapkit.bridge.audit import OFF, ON, AuditReport, Finding, Row
 from overlapkit.errors import BadInput
 from overlapkit.secrets import FIX, credential_kind, is_secret, secret_problem
+from overlapkit.spec.topology import PINNED
 
 LAYERS = ("derived", "bridge", "recipe", "cluster")
-PINNED = "CUDA_DEVICE_MAX_CONNECTIONS"
 SECRET_VALUE = "<from caller env>"
 HOPPER = ("h100", "h200", "h800", "gh200")
 PERF = "megatron.bridge.perf_recipes.llama.h100.llama3"

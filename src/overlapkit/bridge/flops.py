@@ -1,5 +1,5 @@
 """Model FLOPs of a config, a model provider or a ModelShape, as Bridge counts them, split by the rate each part runs
-at (sizing/throughput.py).
+at (sizing/throughput.py's Flops, which bridge/build.py hands to the prediction).
 
 Bridge's own `num_floating_point_operations` (megatron/bridge/training/utils/flop_utils.py, the number behind
 `log_throughput`) is the count, never restated here. It is evaluated again to split it: at twice the sequence
@@ -12,20 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Flops:
-    """Model FLOPs of one sequence (forward + backward) as Bridge counts them, split by the dtype they run in."""
-
-    total: float
-    attention: float  # core attention (grows with s²)
-    logits: float  # output layer
-    experts: float = 0.0  # routed experts' MLPs (part of the linear layers)
-
-    @property
-    def linear(self) -> float:
-        """Every linear layer but the output layer, the routed experts included."""
-        return self.total - self.attention - self.logits
+from overlapkit.sizing.throughput import Flops
 
 
 def _bridge_flops(model) -> float:

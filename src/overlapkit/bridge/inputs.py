@@ -10,12 +10,10 @@ to say after the import (overrides.apply: its override path on the live config),
 
 from __future__ import annotations
 
-import argparse
-
-from overlapkit import jsonio
-from overlapkit.bridge import overrides, runopts
+from overlapkit.bridge import overrides
 from overlapkit.errors import BadInput
 from overlapkit.secrets import credential_kind
+from overlapkit.spec import runopts
 from overlapkit.spec.shape import head_dim_follows, head_dim_problem
 
 # key: (smallest allowed value, whether null is allowed). Null means "off" or "Bridge's default" where allowed.
@@ -170,16 +168,6 @@ def parse_nodes(text: str) -> int | None:
         raise BadInput(f"NODES={text!r}: must be a whole number of 8-GPU nodes from 1 to {MAX_NODES}")
     if n > MAX_NODES:
         raise BadInput(f"NODES={text!r}: at most {MAX_NODES} 8-GPU nodes (NODES is a node count, not GPUs)")
-    return n
-
-
-def positive_int(text: str) -> int:
-    """argparse type for a size flag (make new-recipe LAYERS= HIDDEN= ..., make nightly ITERS=)."""
-    if (n := _whole(text)) is None:
-        t = (text or "").strip()
-        if t.isascii() and t.isdigit() and jsonio.integer(t) is None:  # past int64 (the one rule): say so
-            raise argparse.ArgumentTypeError(f"{t[:24]}… ({len(t)} digits) is past int64, larger than any size here")
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ≥ 1")
     return n
 
 

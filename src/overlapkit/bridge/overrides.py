@@ -21,8 +21,8 @@ from functools import cache
 import yaml
 
 from overlapkit import jsonio
-from overlapkit.bridge import runopts
 from overlapkit.errors import BadInput
+from overlapkit.spec import runopts
 
 INTENT_PREFIX = "overlap."  # keys that change the overlap intent, not a config field (see OverlapIntent)
 

@@ -19,13 +19,6 @@ STYLE = {"on": "green", "off": "red", "n/a": "dim"}
 LABELLED = set(Overlap)
 
 
-def console(file=None, width: int | None = None) -> Console:
-    con = Console(file=file, width=width, highlight=False, soft_wrap=False)
-    if width is None and not con.is_terminal:
-        con.width = 150  # piped or in CI: wide enough for the overlap and recipe tables without wrapping every row
-    return con
-
-
 def table(title: str, columns: tuple[str, ...], rows, right: tuple[str, ...] = ()) -> Table:
     """A plan's table: its title on the left, the `right` columns right-justified (numbers), one row per item."""
     t = Table(title=title, title_justify="left")

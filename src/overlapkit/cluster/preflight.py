@@ -8,22 +8,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
-# What a rank NSYS profiles needs (the preflight's check, and profile/profiled.py's error when it wraps the rank).
-NSYS_FIX = "run in a container image with Nsight Systems (the NeMo container has it) or add its bin/ to PATH"
-
-
-def env_int(*names: str, environ=os.environ) -> int | None:
-    """The first of `names` set to a whole number (Slurm's variable, then torchrun's), else None."""
-    for n in names:
-        if re.fullmatch(r"[0-9]{1,9}", environ.get(n, "")):  # ASCII: "²".isdigit() holds, int("²") fails
-            return int(environ[n])
-    return None
+from overlapkit.spec.runopts import NSYS_FIX
+from overlapkit.spec.topology import env_int
 
 
 def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.environ) -> dict:

@@ -14,7 +14,6 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from overlapkit import jsonio
-from overlapkit.bridge.runopts import directory_problem
 from overlapkit.errors import BadInput
 from overlapkit.names import checked_name
 from overlapkit.paths import REPO_ROOT, repo_relative
@@ -28,6 +27,7 @@ from overlapkit.spec.profile import (  # noqa: F401 (the profile's names, where 
     ClusterProfile,
     ProfileError,
 )
+from overlapkit.spec.runopts import directory_problem
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
 

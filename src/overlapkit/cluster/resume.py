@@ -21,9 +21,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from overlapkit import jsonio
-from overlapkit.bridge.runopts import directory_problem
 from overlapkit.errors import BadInput
 from overlapkit.spec import model, submission
+from overlapkit.spec.runopts import directory_problem
 
 # Bridge's checkpoint tracker (megatron/bridge/training/checkpointing.py: TRACKER_PREFIX + train_state.pt), and the
 # Megatron-LM one Bridge writes beside it (save_checkpoint's train_state_finalize_fn: "Write Megatron-LM tracker file

@@ -9,10 +9,10 @@ import shlex
 from string import Template
 
 from overlapkit import jsonio, paths
-from overlapkit.bridge import runopts
-from overlapkit.bridge.runopts import PREEMPT_S
 from overlapkit.cluster import slurm
 from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
+from overlapkit.spec import runopts
+from overlapkit.spec.runopts import PREEMPT_S
 
 TEMPLATE = paths.REPO_ROOT / "slurm" / "templates" / "pretrain.sbatch"
 

@@ -9,8 +9,8 @@ import re
 import subprocess
 import time
 
-from overlapkit.bridge.runopts import minutes  # the time-limit rule's home: a segment's guards are there too
 from overlapkit.errors import BadInput, ClusterFailure
+from overlapkit.spec.runopts import minutes  # the time-limit rule's home: a segment's guards are there too
 from overlapkit.spec.submission import job_id_problem
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")

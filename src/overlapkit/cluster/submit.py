@@ -1,4 +1,5 @@
-"""Submission: a planned, audited recipe → a run directory → nemo_run's SlurmExecutor (or the plain-sbatch path).
+"""Submission: a planned, audited recipe → a run directory → nemo_run's SlurmExecutor (or the plain-sbatch path). The
+plan, its run directory and run plugins come from the Bridge side (bridge/submission.py); here they are records.
 
 nemo_run (about 10 s to import here) is imported only where a job is built, so `make status|logs|cancel` never pay
 for it.
@@ -26,14 +27,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from overlapkit import jsonio, makewatch, names, paths
-from overlapkit.bridge import runopts, stack
-from overlapkit.bridge.build import Plan, plan_for, write_run_dir
+from overlapkit import jsonio, makewatch, paths
 from overlapkit.cluster import chain, preflight, resume, runlock, slurm
 from overlapkit.cluster.chain import MARKER, checked_marker
-from overlapkit.cluster.profiles import ClusterProfile, load_profile, placeholder_problem
+from overlapkit.cluster.profiles import ClusterProfile, placeholder_problem
 from overlapkit.errors import AuditFailed, BadInput, ClusterFailure
-from overlapkit.spec import request
+from overlapkit.spec import runopts
 from overlapkit.spec.request import PlanRequest
 from overlapkit.spec.topology import GPUS_PER_NODE
 
@@ -106,12 +105,13 @@ def read_marker(run_dir: Path, strict: bool = False, keys=("state",)) -> dict:
 
 @dataclass
 class Submission:
-    plan: Plan
+    plan: object  # bridge/build.py Plan: its recipe, target, run options, ledger and run summary are read here
     profile: ClusterProfile
     run_dir: Path
     command: str  # what every rank runs on the plain-sbatch path
     preflight_only: bool = False  # recorded in submission.json: make bless refuses such a run
     checks: str = "full"
+    plugins: object = list  # () -> nemo_run's run plugins of a task, made on the Bridge side (bridge/submission.py)
 
 
 def python_for(profile: ClusterProfile) -> str:
@@ -121,7 +121,7 @@ def python_for(profile: ClusterProfile) -> str:
 ENTRY = "launch/entry.py"  # a path-based script: Bridge's run plugins append their overrides to its arguments
 
 
-def entry_args(plan: Plan, run_dir: Path, preflight_only: bool, checks: str, segment: int = 1) -> list[str]:
+def entry_args(plan, run_dir: Path, preflight_only: bool, checks: str, segment: int = 1) -> list[str]:
     """launch/entry.py's arguments for one rank of `segment`; the overrides themselves are in the run directory's
     overrides.json (bridge/build.py), so no value is split by a shell on the way."""
     args = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", str(plan.target.nodes)]
@@ -138,47 +138,11 @@ def preflight_mode(text: str) -> tuple[bool, str]:
     return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
 
 
-def prepare(
-    recipe: str,
-    cluster,
-    *,
-    nodes=None,
-    sets="",
-    preflight_only=False,
-    checks="full",
-    caller_env=None,
-    check_partition=False,
-    run: runopts.RunOptions | None = None,
-):
-    """`submission` for a request made of loose values (the nightly, tests): `cluster` a profile name, path or
-    ClusterProfile; `run` the unbound run options (RUN_NAME, SEGMENTS, NSYS, DATA)."""
-    profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
-    req = bind(request.loose(recipe, nodes, sets, run), profile)
-    return submission(
-        req,
-        profile,
-        preflight_only=preflight_only,
-        checks=checks,
-        caller_env=caller_env,
-        check_partition=check_partition,
-    )
-
-
-def submission(
-    req: PlanRequest,
-    profile: ClusterProfile,
-    *,
-    preflight_only=False,
-    checks="full",
-    caller_env=None,
-    check_partition=False,
-    dry=False,
-) -> Submission:
-    """Plan the request (bound to `profile` by `bind`) for `profile`, refuse on audit errors and (`check_partition`,
-    for a real submission) on a placeholder left in the profile, a request the partition can never run, a secret
-    not exported or in-job software that cannot start, then write the run directory (`dry`: a dry run's, under the
-    checkout's runs/: dry_home)."""
-    plan = plan_for(req, profile=profile, caller_env=caller_env)
+def accepted(plan, profile: ClusterProfile, *, preflight_only, caller_env, check_partition, dry) -> ClusterProfile:
+    """The planned request refused on audit errors and (`check_partition`, for a real submission) on a placeholder
+    left in the profile, a request the partition can never run, a secret not exported or in-job software that cannot
+    start; returns the profile the run directory goes under (`dry`: a dry run's, under the checkout's runs/:
+    dry_home)."""
     if not plan.report.ok:
         first = plan.report.errors[0]
         raise AuditFailed(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
@@ -190,14 +154,18 @@ def submission(
         print(f"warning: make submit would refuse this: {why}", file=sys.stderr)
     if dry:  # nemo_run's experiment folder and the run directory: nothing outside the checkout's runs/
         profile = dataclasses.replace(profile, job_dir=str(dry_home(profile)))
-    run_dir = write_run_dir(plan, names.inside(profile.job_path, "runs"))
+    return profile
+
+
+def opened(plan, profile: ClusterProfile, run_dir: Path, preflight_only, checks, plugins) -> Submission:
+    """The written run directory marked `submitting`, with what every rank of the plain-sbatch path runs."""
     mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
     # what every rank of the plain-sbatch path runs, from the checkout (entry.py puts src/ on its own path)
     command = f"exec {shlex.join([python_for(profile), ENTRY, *entry_args(plan, run_dir, preflight_only, checks)])}"
-    return Submission(plan, profile, run_dir, command, preflight_only, checks)
+    return Submission(plan, profile, run_dir, command, preflight_only, checks, plugins)
 
 
-def refuse_unready(plan: Plan, profile: ClusterProfile, caller_env=None, preflight_only=False) -> None:
+def refuse_unready(plan, profile: ClusterProfile, caller_env=None, preflight_only=False) -> None:
     """What a real submission refuses before anything is queued (SubmitError, one line): a request the partition can
     never run, a secret not exported, software the job cannot start; and the notes of the resume guard on its
     checkpoint."""
@@ -236,7 +204,6 @@ def software_problem(profile: ClusterProfile) -> str | None:
         )
         return None
     if Path(found).absolute().parent.parent == Path(sys.prefix).absolute():  # a venv's bin/python: this one
-        stack.import_bridge()
         problem = preflight.training_import_problem()
     else:
         problem = _imports_in(found)
@@ -288,7 +255,7 @@ def secrets_problem(profile: ClusterProfile, caller_env=None) -> str | None:
     return None
 
 
-def resume_lines(plan: Plan) -> list[str]:
+def resume_lines(plan) -> list[str]:
     """The resume guard on the checkpoint this plan would load (launch/entry.py runs it again in every segment):
     its notes, or a SubmitError where the job would stop (an incomplete checkpoint, a changed layout)."""
     if not plan.run.checkpoint_dir:
@@ -327,19 +294,6 @@ def claim(run_dir: Path, job_id: str, run: runopts.RunOptions) -> dict:
         mark(run_dir, "submitted", **info)
         record_jobs([job_id])
     return info
-
-
-# The one home of binding a request to where it runs: make plan (CLUSTER's profile), make submit/sbatch (the
-# profile), make run-local (this node) and the nightly bind here; the job rebuilds the bound request from
-# overrides.json (request.from_record) and never binds again.
-
-
-def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
-    """The request on this cluster: its job directory, the per-segment time limit (profile, else recipe), its W&B
-    project. The recipe's limit is looked up even when the profile has one: an unknown recipe is that error first."""
-    from overlapkit.bridge import registry
-
-    return request.bind(req, profile.resolved(), registry.get(req.recipe).time_limit)
 
 
 def local_runs() -> Path:
@@ -385,22 +339,6 @@ def experiment(sub: Submission):
     return run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR")
 
 
-def plugins_for(sub) -> list:
-    """Our env-var plugin, and Bridge's PreemptionPlugin where the run saves checkpoints (it appends its overrides to
-    the path-based script's arguments and sets --signal). NSYS needs no plugin: the run options carry the window
-    into the config (runopts.apply) and launch/entry.py runs each profiled rank under nsys itself, so the reports
-    and their SQLite exports land in <run dir>/nsys/ on every launch path (overlapkit/profile/profiled.py)."""
-    from megatron.bridge.recipes.run_plugins import PreemptionPlugin
-
-    from overlapkit.cluster.plugin import EnvVarPlugin
-
-    plan = sub.plan if isinstance(sub, Submission) else sub  # a Submission, or a Plan (run-local)
-    out, run_opts = [EnvVarPlugin.from_ledger(plan.ledger)], plan.run
-    if run_opts.run_name:
-        out.append(PreemptionPlugin(preempt_time=runopts.PREEMPT_S))
-    return out
-
-
 def add_task(exp, sub: Submission) -> list[str]:
     """One task per segment, each after the previous one ends however it ends (afterany: a segment that hit its time
     limit or was preempted still hands over to the next, which resumes from the checkpoint)."""
@@ -419,7 +357,7 @@ def add_task(exp, sub: Submission) -> list[str]:
             task,
             executor=executor,
             name="train" if n == 1 else f"train-seg{seg}",
-            plugins=plugins_for(sub),
+            plugins=sub.plugins(),
             dependencies=[prev] if prev else None,
         )
         ids.append(prev)
@@ -518,19 +456,17 @@ def submit(sub: Submission) -> dict:
     return info
 
 
-def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full", dryrun=False):
-    """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm); returns the run directory."""
+def run_local(plan, run_dir: Path, plugins, *, preflight_only: bool = False, checks: str = "full", dryrun=False):
+    """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm), from its written run directory."""
     import nemo_run as run
 
-    run_dir = write_run_dir(plan, local_runs())
     executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun")
     # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
     script = str(paths.REPO_ROOT / ENTRY)
     task = run.Script(path=script, args=entry_args(plan, run_dir, preflight_only, checks), entrypoint="python")
     with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
-        exp.add(task, name="train", plugins=plugins_for(plan))
+        exp.add(task, name="train", plugins=list(plugins))
         exp.dryrun(log=True) if dryrun else exp.run(sequential=True, tail_logs=True)
-    return run_dir
 
 
 # --- status / logs / cancel for a run directory -----------------------------------------------------------------

@@ -31,6 +31,7 @@ from overlapkit.errors import BadInput, one_line
 from overlapkit.nightly import logparse, rules
 from overlapkit.sizing import calibration, throughput
 from overlapkit.spec import planfile
+from overlapkit.spec.runopts import OVERRIDES
 
 MIN_RUNS = 3  # fewer: nothing to fit with a run left over for leave-one-out
 MIN_STEADY = 5  # steady-state iterations (after logparse's warm-up) a log needs to give a step time
@@ -57,17 +58,18 @@ class Run:
         return calibration.kind(bool(self.inputs.moe.experts), self.inputs.w.dtype)
 
 
-def read_run(run_dir: Path, cluster: str) -> Run | str:
+def read_run(run_dir: Path, cluster: str, replan) -> Run | str:
     """The run, or why it does not count (one line): every problem of one run's files is that run's own, the other
-    runs still count."""
+    runs still count. `replan(record)`: the run's plan made again, (layout, model inputs): bridge/submission.py's
+    replanned, handed down by launch/calibrate.py."""
     try:
-        got = _read_run(Path(run_dir), cluster)
+        got = _read_run(Path(run_dir), cluster, replan)
     except BadInput as exc:  # jsonio's FileProblem/Unreadable, a broken record, submit's log lookup, the rebuild
         got = str(exc)
     return got if isinstance(got, Run) else one_line(got)  # values from the files: shown escaped, one line
 
 
-def _read_run(run_dir: Path, cluster: str) -> Run | str:
+def _read_run(run_dir: Path, cluster: str, replan) -> Run | str:
     plan = planfile.read_plan(run_dir)  # a broken plan.json: its own one line (file, field, fix)
     if plan.get("cluster") not in (None, cluster):
         return f"planned for cluster {plan.get('cluster')}"
@@ -80,7 +82,7 @@ def _read_run(run_dir: Path, cluster: str) -> Run | str:
     if wrong := rules.launch_disagreements(plan, parsed.get("launch") or {}, "fit"):
         return wrong[0]  # a log of another run: fitted against this plan it would move the constants anywhere
     summary = parsed["summary"]
-    inputs = rebuilt(run_dir, rec, plan)
+    inputs = rebuilt(run_dir, rec, plan, replan)
     measured = summary["step_time_ms"] / 1e3
     if why := calibration.beyond_physics(lambda k: inputs.predict(k).step_s, measured):
         return why
@@ -90,8 +92,6 @@ def _read_run(run_dir: Path, cluster: str) -> Run | str:
 def record(run_dir: Path, plan: dict) -> dict:
     """overrides.json, of the shape make plan writes (bridge/build.py overrides_record) and of this plan's recipe: a
     record that is not is this run's one line (request.from_record trusts its fields)."""
-    from overlapkit.bridge.build import OVERRIDES
-
     path = run_dir / OVERRIDES
     rec = jsonio.read_json(path, role=RECORD_ROLE, fix=RECORD_FIX, keys=("recipe", "set", "run"))
     nodes, sets = rec.get("nodes"), rec["set"]
@@ -138,27 +138,24 @@ def step_problem(parsed: dict) -> str | None:
     return None
 
 
-def rebuilt(run_dir: Path, rec: dict, plan: dict) -> throughput.Inputs:
+def rebuilt(run_dir: Path, rec: dict, plan: dict, replan) -> throughput.Inputs:
     """The model inputs of the plan rebuilt from the record (published constants), which must be the plan it ran:
     a recipe edited or renamed since cannot be fitted on, the other runs still count (BadInput)."""
-    from overlapkit.bridge.build import OVERRIDES, plan_for, prediction_inputs
-    from overlapkit.spec import request
-
     try:
-        plan_now = plan_for(request.from_record(rec, rec["recipe"], rec.get("nodes")))
+        now, inputs = replan(rec)
     except BadInput as exc:  # UnknownRecipe, OverrideError, PlanError: the plan's own one line
         raise BadInput(f"its plan no longer builds: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:  # request/runopts take the record's fields on trust
         what = f"does not rebuild a plan ({type(exc).__name__}: {exc})"
         raise jsonio.file_problem(run_dir / OVERRIDES, what, RECORD_ROLE, RECORD_FIX) from None
-    was, now = plan["layout"], plan_now.layout
+    was = plan["layout"]
     if moved := [k for k in planfile.SIZES + planfile.OPTIONAL_SIZES if was.get(k) != now.get(k)]:
         k = moved[0]
         raise BadInput(
             f"its recipe {rec['recipe']} plans {k}={now.get(k)} today, the run ran {k}={was.get(k)} (plan.json): "
             "the recipe changed since; the fit needs the plan that ran: plan and run it again"
         )
-    return prediction_inputs(plan_now)
+    return inputs
 
 
 def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
@@ -184,7 +181,7 @@ def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
     return found, unreadable
 
 
-def find_runs(roots: list[Path], cluster: str) -> tuple[list[Run], list[str]]:
+def find_runs(roots: list[Path], cluster: str, replan) -> tuple[list[Run], list[str]]:
     """(the usable runs under `roots`, 'run dir: why not' for the others, and one line for directories that could
     not be searched)."""
     runs, skipped, dirs, unreadable = [], [], set(), []
@@ -193,7 +190,7 @@ def find_runs(roots: list[Path], cluster: str) -> tuple[list[Run], list[str]]:
         dirs |= set(got)
         unreadable += bad
     for run_dir in sorted(dirs):
-        got = read_run(run_dir, cluster)
+        got = read_run(run_dir, cluster, replan)
         if isinstance(got, Run):
             runs.append(got)
         else:

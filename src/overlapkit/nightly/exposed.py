@@ -1,5 +1,5 @@
 """The nightly's rule 6 (nightly/rules.py applies it after rule 5): each overlap class's exposed share of its
-communication, from the run's overlap report (bridge/runopts.py: OVERLAP_JSON, written in the job by the first profiled
+communication, from the run's overlap report (spec/runopts.py: OVERLAP_JSON, written in the job by the first profiled
 rank, profile/profiled.py, or by `make overlap-report RUN=`), against the golden's, in absolute percentage points.
 
 Rising beyond EXPOSED_MARGIN is a regression (an overlap stopped hiding that class); falling beyond it is an
@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.bridge.runopts import OVERLAP_JSON, PROFILERS, planned_window
 from overlapkit.nightly import logparse
 from overlapkit.profile.overlap_classes import CLASSES as EXPOSED_CLASSES  # the report's classes, in its order
+from overlapkit.spec.runopts import OVERLAP_JSON, PROFILERS, planned_window
 from overlapkit.spec.topology import GPUS_PER_NODE
 
 # Two steady steps profiled with Nsight Systems on one rank per node (issue #24: the night's exposed communication per

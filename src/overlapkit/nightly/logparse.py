@@ -122,7 +122,7 @@ def summarize(iters, memory: list[dict], warmup: int = WARMUP_ITERS, exclude=())
 def profiled_iterations(plan: dict) -> range:
     """The iterations plan.json's profiler window (NSYS or TORCH_PROFILE) slowed (runopts.perturbed_iterations; none
     for an unprofiled run)."""
-    from overlapkit.bridge import runopts
+    from overlapkit.spec import runopts
 
     if (planned := runopts.planned_window(plan.get("run"))) is None or not planned[1].get("steps"):
         return range(0)

@@ -3,7 +3,7 @@
 A night lives in `<profile job_dir>/nightly/<UTC stamp>/`: `night.json` (what was submitted), `report.md`,
 `results.json`, `plots/*.png`. Every night's numbers are appended to `<job_dir>/nightly/history.jsonl`. Each run's
 exposed communication per overlap class comes from its run directory's overlap report and timeline picture
-(bridge/runopts.py: OVERLAP_JSON, OVERLAP_PNG), written in the job after the profiled steps (profile/profiled.py) as
+(spec/runopts.py: OVERLAP_JSON, OVERLAP_PNG), written in the job after the profiled steps (profile/profiled.py) as
 `make overlap-report RUN=` writes them; a run without them says why.
 """
 
@@ -16,11 +16,11 @@ import os
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.bridge.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planned_window
 from overlapkit.cluster import joblog
 from overlapkit.nightly import exposed, logparse, stackdiff
 from overlapkit.nightly import rules as regress
 from overlapkit.spec import planfile
+from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planned_window
 
 # --- history: append-only JSONL ---------------------------------------------------------------------------------
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, paths
-from overlapkit.bridge import registry, runopts, stack
 from overlapkit.cluster import joblog, slurm, submit
 from overlapkit.cluster.profiles import PROFILER_CHOICES
 from overlapkit.errors import BadInput
@@ -27,7 +26,7 @@ from overlapkit.nightly import rules as regress
 from overlapkit.nightly.exposed import profile_window, profiled_ranks
 from overlapkit.nightly.rules import NIGHTLY_ITERS, NIGHTLY_SEED
 from overlapkit.sizing import hardware
-from overlapkit.spec import planfile
+from overlapkit.spec import planfile, runopts
 from overlapkit.spec.topology import GPUS_PER_NODE
 
 # DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
@@ -135,27 +134,15 @@ class NightRequest:
     max_nodes: int | None = None  # default: the nodes in the profile's partition (sinfo)
     goldens: str = str(regress.GOLDENS_DIR)
     dryrun: bool = False
-
-
-def _layout(entry: registry.Recipe) -> dict:
-    with stack.silenced():
-        cfg = entry.build()
-    m = cfg.model
-    return {
-        "tp": m.tensor_model_parallel_size,
-        "pp": m.pipeline_model_parallel_size,
-        "cp": m.context_parallel_size or 1,
-        "mbs": cfg.train.micro_batch_size,
-        "gbs": cfg.train.global_batch_size,
-        "nodes": entry.nodes,
-        "ep": m.expert_model_parallel_size or 1,
-        "etp": m.expert_tensor_parallel_size or 1,
-    }
+    # The Bridge side that lays out, plans and submits each recipe (bridge/submission.py), handed down by
+    # launch/nightly.py with the stack's versions each run records
+    bridge: object = None
+    versions: dict = dataclasses.field(default_factory=dict)
 
 
 def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say) -> dict:
     """One recipe of the night: skipped (why), would-submit (dry run) or submitted (job id, run directory)."""
-    layout = _layout(registry.get(name))
+    layout = req.bridge.layout_of(name)
     profiler = PROFILER_CHOICES[req.profile.profiler]
     run = shape_for(name, layout, iters=req.iters, min_dp=req.min_dp, profiler=profiler)
     row = {**run.to_dict(), "attempt": 0}
@@ -170,7 +157,7 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
         say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"{window}')
     else:
         try:
-            sub = submit.prepare(
+            sub = req.bridge.prepare(
                 name,
                 req.profile,
                 nodes=run.nodes,
@@ -188,7 +175,7 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
             **row,
             "preflight_only": req.preflight_only,
             "container_image": req.profile.container_image,
-            "versions": stack.versions(),
+            "versions": req.versions,
             "night": stamp,
         }
         jsonio.write_json(sub.run_dir / "nightly.json", meta)
@@ -198,19 +185,11 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
     return row
 
 
-def check_recipes(names: list[str]) -> None:
-    """Unknown recipe names fail before anything is submitted or scheduled (not at 02:00); needs the registry, so
-    Bridge."""
-    stack.import_bridge()
-    for name in names:
-        registry.get(name)
-
-
 def submit_night(req: NightRequest, say) -> Path | None:
     """Submit the suite and its summary job; returns the night directory (None for a dry run). `say(text, err=)`
     prints progress."""
-    names = req.recipes or registry.names()
-    check_recipes(names)
+    names = req.recipes or req.bridge.recipe_names()
+    req.bridge.check_recipes(names)
     limit = req.max_nodes or slurm.partition_nodes(req.profile.partition)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     entries = [_submit_one(req, name, stamp, limit, say) for name in names]
@@ -295,11 +274,12 @@ def report_night(
     goldens: Path = regress.GOLDENS_DIR,
     retry: bool = True,
     say=print,
+    bridge=None,
 ) -> bool:
     """Judge each entry of the night (skipped as submitted, else from Slurm's state and the job's logs), write the
     report, junit.xml (and history), and resubmit infrastructure failures once, with a new summary job after them
-    (`report_command`: NightRequest's). True when nothing failed: `make nightly-report` exits 1 otherwise, so the
-    summary job's Slurm state is FAILED on a bad night."""
+    (`report_command`: NightRequest's; `bridge()`: its Bridge side, imported for a retry only). True when nothing
+    failed: `make nightly-report` exits 1 otherwise, so the summary job's Slurm state is FAILED on a bad night."""
     night = read_night(night_dir)
     goldens, results = Path(night.get("goldens") or goldens), []
     for e in night["entries"]:
@@ -321,11 +301,11 @@ def report_night(
     if retry and (again := to_retry(night, results)):
         from overlapkit.cluster.profiles import load_profile
 
-        stack.import_bridge()
+        side = bridge()
         profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
         ids = []
         for e in again:
-            sub = submit.prepare(
+            sub = side.prepare(
                 e["recipe"],
                 profile,
                 nodes=e["nodes"],

@@ -6,11 +6,10 @@ communication-like kernel no rule knows, and a profile whose layout or GPU is no
 
 from __future__ import annotations
 
-from overlapkit.bridge import runopts
-from overlapkit.bridge.env import PINNED
 from overlapkit.profile.overlap_classes import CLASSES, Layout
+from overlapkit.spec import runopts
 from overlapkit.spec.overlap import Overlap
-from overlapkit.spec.topology import DEFAULT_GPU
+from overlapkit.spec.topology import DEFAULT_GPU, PINNED
 
 # The plan's audit rows that claim each class's overlap (spec/overlap.py's class). CP has no switch: Transformer
 # Engine's context-parallel attention always overlaps each K/V exchange with the previous chunk's attention

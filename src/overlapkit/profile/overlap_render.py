@@ -7,6 +7,7 @@ import io
 import os
 from pathlib import Path
 
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -19,6 +20,14 @@ from overlapkit.profile.overlap_classes import CLASSES
 TAG = "overlapkit make overlap-report"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 OWN_LIMIT = 8 * jsonio.MiB  # a timeline is ~100 KB; a larger file is not one
+
+
+def console(file=None, width: int | None = None) -> Console:
+    """The terminal every command prints its tables to (the plan's, the recipes' and this report's)."""
+    con = Console(file=file, width=width, highlight=False, soft_wrap=False)
+    if width is None and not con.is_terminal:
+        con.width = 150  # piped or in CI: wide enough for the overlap and recipe tables without wrapping every row
+    return con
 
 
 def safe(value) -> str:

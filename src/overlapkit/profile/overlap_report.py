@@ -8,7 +8,7 @@ tells steps apart (Bridge's train_step NVTX range, the PyTorch profiler's Profil
 profiled window, and the report says which.
 
 `report_run(run_dir)` and `report_profiles(paths, plan)` return the report as JSON-ready data; `timeline_png` draws one
-step of one rank; `write_run` leaves both in a run directory (bridge/runopts.py: OVERLAP_JSON, OVERLAP_PNG). Bad input
+step of one rank; `write_run` leaves both in a run directory (spec/runopts.py: OVERLAP_JSON, OVERLAP_PNG). Bad input
 raises ProfileError (one line).
 """
 
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.bridge.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG, TORCH_DIR, planned_window
 from overlapkit.profile import overlap_claims
 from overlapkit.profile import overlap_classes as oc
 from overlapkit.profile.nsys_sqlite import Profile, ProfileError, load, profile_files, rank_of
 from overlapkit.profile.torch_trace import STEP_PREFIX
 from overlapkit.spec.planfile import read_plan
+from overlapkit.spec.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG, TORCH_DIR, planned_window
 
 __all__ = ["ProfileError", "report_run", "report_profiles", "timeline_png", "write_run", "measure", "union", "subtract"]
 __all__ += ["per_span", "steps_of"]

@@ -1,8 +1,8 @@
 """A profiled rank in the job (NSYS=<start>:<end>): Nsight Systems around this rank's training, the report's SQLite
 export beside it in `<run dir>/nsys/rank<R>.{nsys-rep,sqlite}`, and the run's overlap report once every profiled rank
-has exported, under the names `make overlap-report RUN=<run dir>` writes (bridge/runopts.py: OVERLAP_JSON and
+has exported, under the names `make overlap-report RUN=<run dir>` writes (spec/runopts.py: OVERLAP_JSON and
 OVERLAP_PNG), so the directory is reportable as the job left it and the nightly reads and links the same files.
-Standard library only at import (cluster/preflight.py, bridge/runopts.py likewise): launch/entry.py calls it before
+Standard library only at import (cluster/preflight.py, spec/runopts.py likewise): launch/entry.py calls it before
 its preflight.
 
 Why the entry wraps its own rank instead of nemo_run's launcher prefix (what Bridge's NsysPlugin sets up):
@@ -39,10 +39,10 @@ import time
 from pathlib import Path
 
 from overlapkit import jsonio
-from overlapkit.bridge.runopts import NSYS_DIR, TORCH_DIR
-from overlapkit.cluster import preflight
 from overlapkit.errors import BadInput
 from overlapkit.profile.nsys_sqlite import export  # standard library only, as this module
+from overlapkit.spec.runopts import NSYS_DIR, NSYS_FIX, TORCH_DIR
+from overlapkit.spec.topology import env_int
 
 UNDER_NSYS = "OVERLAPKIT_UNDER_NSYS"  # set in the child nsys profiles: it trains, the parent exports
 # `nsys profile` switches (Nsight Systems User Guide, "CLI Profile Command Switch Options"): CUDA and NVTX traces
@@ -95,7 +95,7 @@ def wrap(run_dir: Path, plan: dict, program: list[str]) -> int | None:
     """launch/entry.py's first step: on a rank this job profiles (profiles_rank), its whole run under nsys
     (`program`: the entry again, as nsys's child) and the training's exit status; None on every other rank, and in
     nsys's child: go on with the preflight."""
-    rank = preflight.env_int("SLURM_PROCID", "RANK")
+    rank = env_int("SLURM_PROCID", "RANK")
     torch = (plan.get("run") or {}).get("torch_profile")
     if torch and rank == min(torch["ranks"]) and not _torch_done(run_dir, torch["ranks"]):
         (Path(run_dir) / TORCH_DIR / DONE).unlink(missing_ok=True)  # this job's report: the others wait for a fresh one
@@ -119,7 +119,7 @@ def after_training(run_dir: Path, plan: dict, tensorboard_dir: str | None = None
         return
     if not (torch := run.get("torch_profile")) or _torch_done(run_dir, torch["ranks"]):
         return
-    rank = preflight.env_int("SLURM_PROCID", "RANK")
+    rank = env_int("SLURM_PROCID", "RANK")
     problem = None
     if rank in torch["ranks"]:
         src = Path(f"{tensorboard_dir}/../torch_profile/rank-{rank}.json.gz")  # Bridge's own f-string (profiling.py)
@@ -154,7 +154,7 @@ def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> in
     nsys = shutil.which("nsys")
     if nsys is None:
         host = socket.gethostname()
-        _say(f"error: NSYS profiles rank {rank}, but nsys is not on the PATH on {host}: {preflight.NSYS_FIX}")
+        _say(f"error: NSYS profiles rank {rank}, but nsys is not on the PATH on {host}: {NSYS_FIX}")
         return 1
     nsys_dir(run_dir).mkdir(parents=True, exist_ok=True)
     ranks = plan["run"]["nsys"]["ranks"]

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from overlapkit.bridge.flops import Flops, flops_of_config, flops_of_model
 from overlapkit.sizing import calibration, moe_time
 from overlapkit.sizing.calibration import Constants
 from overlapkit.sizing.hardware import HARDWARE, Hardware, hardware
@@ -49,10 +48,24 @@ from overlapkit.spec.overlap import Overlap
 from overlapkit.spec.topology import DEFAULT_GPU, GPUS_PER_NODE, expert_group
 
 __all__ = ["HARDWARE", "Constants", "Flops", "Hardware", "Inputs", "Moe", "Overlaps", "Prediction", "predict"]
-__all__ += ["flops_of_config", "flops_of_model"]
 # Adam step per parameter of the local shard (fused multi-tensor Adam): fp32 master, exp_avg, exp_avg_sq read and
 # written (24 B), the gradient read (2 B) and the BF16 parameter written back (2 B).
 ADAM_BYTES_PER_PARAM = 28
+
+
+@dataclass(frozen=True)
+class Flops:
+    """Model FLOPs of one sequence (forward + backward) as Bridge counts them, split by the dtype they run in."""
+
+    total: float
+    attention: float  # core attention (grows with s²)
+    logits: float  # output layer
+    experts: float = 0.0  # routed experts' MLPs (part of the linear layers)
+
+    @property
+    def linear(self) -> float:
+        """Every linear layer but the output layer, the routed experts included."""
+        return self.total - self.attention - self.logits
 
 
 @dataclass(frozen=True)

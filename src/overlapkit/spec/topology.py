@@ -7,12 +7,25 @@ tensor parallelism stays inside it and every node count is a multiple of 8 GPUs.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 from overlapkit.errors import BadInput
 
 GPUS_PER_NODE = 8
+# The launch variable the plan pins (its rule: bridge/env.py connections), named in the overlap report's fixes too.
+PINNED = "CUDA_DEVICE_MAX_CONNECTIONS"
 DEFAULT_GPU = "h100"  # what every recipe was written and published for (its name says so; sizing/hardware.py's rows)
+
+
+def env_int(*names: str, environ=os.environ) -> int | None:
+    """Which rank this process is, and of how many: the first of `names` set to a whole number (Slurm's variable,
+    then torchrun's), else None."""
+    for n in names:
+        if re.fullmatch(r"[0-9]{1,9}", environ.get(n, "")):  # ASCII: "²".isdigit() holds, int("²") fails
+            return int(environ[n])
+    return None
 
 
 class LayoutError(BadInput):

@@ -19,7 +19,7 @@ from data_fixtures import build_dataset, corpus_docs, make_tokenizer, write_corp
 from overlapkit import paths
 from overlapkit.bridge import data, dataprep, runopts
 from overlapkit.bridge.build import make_plan
-from overlapkit.bridge.runopts import RunOptions
+from overlapkit.spec.runopts import RunOptions
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 

@@ -105,7 +105,8 @@ def test_forked_workers_die_with_their_owner_however_it_ends():
 def test_pids_and_counts_that_are_not_ascii_numbers_are_never_int(tmp_path):
     import socket
 
-    from overlapkit.cluster import preflight, runlock
+    from overlapkit.cluster import runlock
+    from overlapkit.spec import topology
 
     lock = tmp_path / runlock.LOCK
     lock.write_text("{}")
@@ -114,7 +115,7 @@ def test_pids_and_counts_that_are_not_ascii_numbers_are_never_int(tmp_path):
     stale_dir = tmp_path / f"{dataprep.WORK_PREFIX}{socket.gethostname()}-²"
     stale_dir.mkdir()
     assert dataprep.clear_stale(tmp_path) == [] and stale_dir.is_dir()
-    assert preflight.env_int("R", environ={"R": "²"}) is None and preflight.env_int("R", environ={"R": "3"}) == 3
+    assert topology.env_int("R", environ={"R": "²"}) is None and topology.env_int("R", environ={"R": "3"}) == 3
 
 
 def test_a_data_spec_through_a_link_loop_or_with_a_bad_cache_is_one_line(corpus, tmp_path):

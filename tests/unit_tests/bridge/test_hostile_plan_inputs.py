@@ -12,13 +12,14 @@ import re
 
 import pytest
 
-from overlapkit.bridge import inputs, overrides, registry, runopts
+from overlapkit.bridge import inputs, overrides, registry, submission
 from overlapkit.bridge.build import make_plan
 from overlapkit.bridge.overrides import OverrideError
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import one_line
 from overlapkit.fork import layout_search
+from overlapkit.spec import runopts
 from overlapkit.spec.request import PlanRequest
 from overlapkit.spec.shape import ModelShape
 
@@ -110,7 +111,7 @@ def test_the_split_search_walks_divisors_not_every_depth():
 
 def _bound(tmp_path, **kw):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
-    return submit.bind(PlanRequest(R8, run=runopts.RunOptions(**kw)), profile).run, profile
+    return submission.bind(PlanRequest(R8, run=runopts.RunOptions(**kw)), profile).run, profile
 
 
 def test_what_the_preemption_plugin_sets_is_what_the_plan_records(tmp_path):

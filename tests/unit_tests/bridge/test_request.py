@@ -12,13 +12,14 @@ from launch import entry
 from launch import plan as plan_cli
 from launch.args import request_of
 from overlapkit import paths
-from overlapkit.bridge import runopts
-from overlapkit.bridge.build import OVERRIDES, overrides_record, plan_for, write_run_dir
+from overlapkit.bridge import request, submission
+from overlapkit.bridge.build import overrides_record, plan_for, write_run_dir
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import BadInput
-from overlapkit.spec import request
+from overlapkit.spec import runopts
 from overlapkit.spec.request import PlanRequest
+from overlapkit.spec.runopts import OVERRIDES
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
@@ -60,7 +61,7 @@ def test_the_launch_entry_is_the_same_parse():
 def test_bind_fills_the_profile_in_once(tmp_path):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     req = request.parse(R8, "", "", {"run_name": "a", "segments": "2"})
-    bound = submit.bind(req, profile)
+    bound = submission.bind(req, profile)
     assert (bound.recipe, bound.nodes, bound.sets) == (req.recipe, req.nodes, req.sets)
     assert bound.run.job_dir == str(tmp_path / "jobs") and bound.run.time_limit_min == 30
     assert bound.run.checkpoint_dir == str(tmp_path / "jobs" / "checkpoints" / "a")
@@ -94,7 +95,7 @@ def test_make_plan_resolves_clusters_profile_in_its_entry_and_plan_for_binds_it(
 
 def test_the_job_rebuilds_the_request_that_was_planned(tmp_path):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
-    req = submit.bind(request.parse(R8, "", "train.train_iters=9", {"run_name": "a", "nsys": "3:5"}), profile)
+    req = submission.bind(request.parse(R8, "", "train.train_iters=9", {"run_name": "a", "nsys": "3:5"}), profile)
     plan = plan_for(req, profile=profile, caller_env={})
     assert plan.request is req and plan.run is req.run and plan.sets == list(req.sets)
     run_dir = write_run_dir(plan, tmp_path / "runs")

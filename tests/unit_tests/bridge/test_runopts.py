@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from overlapkit.bridge import runopts
+from overlapkit.bridge import submission
 from overlapkit.bridge.build import make_plan
-from overlapkit.cluster import submit
+from overlapkit.bridge.runopts import lines as run_lines
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.spec import runopts
 from overlapkit.spec.request import PlanRequest
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
@@ -19,7 +20,7 @@ R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
 def bound(tmp_path, profile=None, **kw):
     profile = profile or dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
-    return submit.bind(PlanRequest(R8, run=runopts.RunOptions(**kw)), profile).run, profile
+    return submission.bind(PlanRequest(R8, run=runopts.RunOptions(**kw)), profile).run, profile
 
 
 def test_run_name_puts_checkpoints_and_tensorboard_under_the_shared_job_dir(tmp_path):
@@ -32,7 +33,7 @@ def test_run_name_puts_checkpoints_and_tensorboard_under_the_shared_job_dir(tmp_
     assert not ck.async_save and plan.report.ok  # synchronous save: no nvidia-resiliency-ext needed
     run = plan.to_dict()["run"]
     assert run["save_interval"] == 500 and run["signal"] == f"TERM@{runopts.PREEMPT_S}" and run["segments"] == 3
-    lines = runopts.lines(plan.to_dict())
+    lines = run_lines(plan.to_dict())
     assert any(
         line.startswith(f"checkpoints: {ck.save} every 500 iterations; a crash loses up to 500") for line in lines
     )
@@ -42,7 +43,7 @@ def test_without_run_name_a_run_is_a_benchmark_with_no_checkpoints():
     plan = make_plan(R8)
     assert plan.cfg.checkpoint.save is None and plan.cfg.checkpoint.load is None
     assert "nemo_experiments" not in json.dumps(plan.to_dict()["run"])
-    assert runopts.lines(plan.to_dict())[-1].startswith("checkpoints: off (benchmark)")
+    assert run_lines(plan.to_dict())[-1].startswith("checkpoints: off (benchmark)")
 
 
 def test_crash_loss_uses_the_plans_predicted_step_time(tmp_path):
@@ -50,7 +51,7 @@ def test_crash_loss_uses_the_plans_predicted_step_time(tmp_path):
     plan = make_plan("llama3_8b_pretrain_8gpu_h100_fp8cs", run=opts, profile=profile)
     run, step = plan.to_dict()["run"], plan.throughput.step_s  # sizing/throughput.py's prediction
     assert run["expected_step_s"] == round(step, 2) and run["crash_loss_min"] == round(step * 500 / 60, 1)
-    assert "at the predicted step time" in runopts.lines(plan.to_dict())[-3]
+    assert "at the predicted step time" in run_lines(plan.to_dict())[-3]
 
 
 @pytest.mark.parametrize(
@@ -114,7 +115,7 @@ def test_bad_run_options_are_one_line(args, message):
 def test_a_time_limit_too_short_for_the_save_window_is_refused(tmp_path):
     profile = dataclasses.replace(load_profile("local"), time_limit="00:15:00", job_dir=str(tmp_path))
     with pytest.raises(ValueError, match="SEGMENTS needs a time limit above 20 minutes"):
-        submit.bind(PlanRequest(R8, run=runopts.RunOptions(run_name="x", segments=2)), profile)
+        submission.bind(PlanRequest(R8, run=runopts.RunOptions(run_name="x", segments=2)), profile)
 
 
 def test_the_nsys_window_is_checked_against_the_run_it_profiles():

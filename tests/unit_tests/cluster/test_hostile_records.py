@@ -16,9 +16,9 @@ from ckpt_fixtures import save_iteration
 from slurm_fixtures import held_job
 
 from overlapkit import jsonio, paths
-from overlapkit.bridge import runopts
 from overlapkit.cluster import chain, resume, runlock, slurm
 from overlapkit.errors import BadInput
+from overlapkit.spec import runopts
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from overlapkit.cluster import preflight
+from overlapkit.spec import runopts
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
@@ -67,6 +68,6 @@ def test_the_preflight_names_a_profiled_rank_without_nsys_on_its_path():
     }
     rec = preflight.rank_checks(plan, {}, environ=_job(rank=8, world=16, nodes=2, PATH="/nonexistent"))
     assert rec["notes"] == [
-        f"NSYS profiles rank 8 but nsys is not on the PATH: {preflight.NSYS_FIX} (CPU node: dry run, not fatal)"
+        f"NSYS profiles rank 8 but nsys is not on the PATH: {runopts.NSYS_FIX} (CPU node: dry run, not fatal)"
     ]
     assert preflight.rank_checks(plan, {}, environ=_job(rank=1, world=16, nodes=2, PATH="/nonexistent"))["notes"] == []

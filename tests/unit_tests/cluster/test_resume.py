@@ -11,9 +11,10 @@ import pytest
 from ckpt_fixtures import save_iteration
 
 from launch import entry
-from overlapkit.bridge import runopts
+from overlapkit.bridge import submission
 from overlapkit.cluster import resume, submit
 from overlapkit.cluster.profiles import load_profile
+from overlapkit.spec import runopts
 from overlapkit.spec.request import PlanRequest
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
@@ -97,7 +98,7 @@ def test_a_changed_layout_is_refused_unless_only_the_weights_are_loaded(tmp_path
 
 def test_make_submit_refuses_a_changed_layout_before_anything_is_queued(tmp_path, capsys):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
-    req = submit.bind(PlanRequest(R8, nodes=2, run=runopts.RunOptions(run_name="grow")), profile)
+    req = submission.bind(PlanRequest(R8, nodes=2, run=runopts.RunOptions(run_name="grow")), profile)
     from overlapkit.bridge.build import plan_for
 
     plan = plan_for(req, profile=profile)

@@ -20,10 +20,11 @@ import pytest
 
 from launch import commands
 from overlapkit import paths
-from overlapkit.bridge import runopts, stack
+from overlapkit.bridge import submission
 from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import AuditFailed
+from overlapkit.spec import runopts
 
 GOLDEN = paths.REPO_ROOT / "tests" / "golden"
 CASES = [
@@ -52,7 +53,7 @@ def prepared(tmp_path):
 
     def make(recipe, cluster):
         profile = dataclasses.replace(load_profile(cluster), job_dir=str(tmp_path / "jobs"))
-        return submit.prepare(recipe, profile, preflight_only=True, caller_env={"WANDB_API_KEY": "s3cr3t-value"})
+        return submission.prepare(recipe, profile, preflight_only=True, caller_env={"WANDB_API_KEY": "s3cr3t-value"})
 
     return make
 
@@ -95,7 +96,7 @@ def test_8b_fp8_gets_32_connections_and_8b_bf16_with_cp2_gets_1(prepared, recipe
 def test_audit_errors_submit_nothing(tmp_path):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     with pytest.raises(AuditFailed, match="nothing submitted: TP overlap requested but Bridge drops it"):
-        submit.prepare("llama3_70b_pretrain_64gpu_h100_bf16", profile, sets="model.sequence_parallel=false")
+        submission.prepare("llama3_70b_pretrain_64gpu_h100_bf16", profile, sets="model.sequence_parallel=false")
     assert not (tmp_path / "jobs").exists()
 
 
@@ -109,7 +110,7 @@ def test_uncommitted_changes_are_reported_because_only_head_ships(tmp_path, monk
     (repo / "recipe.py").write_text("a = 1\n")
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "x"], check=True)
-    monkeypatch.setattr(stack, "REPO_ROOT", repo)
+    monkeypatch.setattr(paths, "REPO_ROOT", repo)
     sha, dirty = submit.shipped_commit()
     assert re.fullmatch(r"[0-9a-f]{40}", sha) and dirty == []
     (repo / "recipe.py").write_text("a = 2\n")
@@ -214,7 +215,7 @@ def test_pretraining_chain_sbatch_matches_golden(tmp_path):
     profiled ones under nsys itself (profile/profiled.py), the same on both paths, and the plain script says so."""
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     opts = runopts.RunOptions(run_name="golden", segments=2, nsys=(10, 12), nsys_ranks=(0, 4))
-    sub = submit.prepare("llama3_8b_pretrain_8gpu_h100_bf16", profile, preflight_only=True, caller_env={}, run=opts)
+    sub = submission.prepare("llama3_8b_pretrain_8gpu_h100_bf16", profile, preflight_only=True, caller_env={}, run=opts)
     text = normalise(submit.dryrun(sub), sub)
     assert text.count("#SBATCH --signal=TERM@300") == 2 and "--segment 2 --segments 2" in text
     assert "nsys" not in text and "profiling." not in text  # the window travels in overrides.json

@@ -19,6 +19,7 @@ from nightly_fixtures import bridge_log, curve
 
 from overlapkit import paths
 from overlapkit.bridge import stack
+from overlapkit.bridge.submission import replanned
 from overlapkit.errors import BadInput
 from overlapkit.nightly import calibrate
 from overlapkit.sizing import calibration
@@ -59,7 +60,7 @@ def runs_root(tmp_path_factory):
 
 
 def test_the_fit_recovers_the_constants_the_runs_ran_at(runs_root):
-    runs, skipped = calibrate.find_runs([runs_root], "local")
+    runs, skipped = calibrate.find_runs([runs_root], "local", replanned)
     assert len(runs) == len(RUNS) and len(skipped) == 1 and "no-log-run" in skipped[0]
     result = calibrate.calibrate(runs, "local", dt.date(2026, 12, 3))
     got = result.calibration.constants
@@ -76,7 +77,7 @@ def test_the_fit_recovers_the_constants_the_runs_ran_at(runs_root):
 
 
 def test_too_few_runs_keep_the_published_constants_and_name_them(runs_root):
-    runs, _ = calibrate.find_runs([runs_root], "local")
+    runs, _ = calibrate.find_runs([runs_root], "local", replanned)
     assert calibrate.calibrate(runs[: calibrate.MIN_RUNS - 1], "local", dt.date(2026, 12, 3)) is None
     text = calibrate.report(None, runs[:2], [], "nowhere", None)
     assert "nothing fitted" in text and all(n in text for n in calibration.NAMES) and "published" in text
@@ -90,12 +91,12 @@ def test_a_run_of_another_cluster_does_not_count(runs_root, tmp_path):
     for f in ("plan.json", "overrides.json", "train.log"):
         (other / f).write_bytes((runs_root / "llama3_8b_pretrain_8gpu_h100_bf16-run0" / f).read_bytes())
     (other / "plan.json").write_text(json.dumps(plan | {"cluster": "example-eos"}))
-    assert calibrate.read_run(other, "local") == "planned for cluster example-eos"
+    assert calibrate.read_run(other, "local", replanned) == "planned for cluster example-eos"
     record = json.loads((other / "overrides.json").read_text())
     (other / "overrides.json").write_text(json.dumps(record | {"recipe": "gone_pretrain_8gpu_h100_bf16"}))
     gone = plan | {"cluster": "example-eos", "recipe": "gone_pretrain_8gpu_h100_bf16"}
     (other / "plan.json").write_text(json.dumps(gone))
-    assert calibrate.read_run(other, "example-eos").startswith("its plan no longer builds: ")
+    assert calibrate.read_run(other, "example-eos", replanned).startswith("its plan no longer builds: ")
 
 
 def test_a_plain_sbatch_run_counts_by_the_log_its_job_recorded(runs_root, tmp_path):
@@ -108,9 +109,9 @@ def test_a_plain_sbatch_run_counts_by_the_log_its_job_recorded(runs_root, tmp_pa
     (plain / "slurm-7.out").write_bytes((run0 / "train.log").read_bytes())
     record = {"state": "submitted", "job_id": "7", "job_ids": ["7"], "log": str(plain / "slurm-7.out")}
     (plain / "submission.json").write_text(json.dumps(record))
-    run = calibrate.read_run(plain, "local")
+    run = calibrate.read_run(plain, "local", replanned)
     assert isinstance(run, calibrate.Run), run
-    assert run.measured_s == calibrate.read_run(run0, "local").measured_s
+    assert run.measured_s == calibrate.read_run(run0, "local", replanned).measured_s
 
 
 def make(target: str, *args: str, env: dict) -> subprocess.CompletedProcess:
@@ -253,10 +254,10 @@ HOSTILE = {  # sweep case (and variants): how the run directory is spoiled, what
 def test_a_bad_run_directory_is_skipped_with_its_reason(runs_root, tmp_path, case, within):
     spoil, says = HOSTILE[case]
     bad = copy_run(runs_root, tmp_path)
-    assert isinstance(calibrate.read_run(bad, "local"), calibrate.Run)  # good until spoiled
+    assert isinstance(calibrate.read_run(bad, "local", replanned), calibrate.Run)  # good until spoiled
     spoil(bad)
     with within(10):
-        why = calibrate.read_run(bad, "local")
+        why = calibrate.read_run(bad, "local", replanned)
     assert isinstance(why, str) and says in why and "\n" not in why, why
     assert "Traceback" not in why
 
@@ -267,7 +268,7 @@ def test_bad_run_directories_never_abort_the_others(runs_root, tmp_path, within)
     for i, (spoil, _) in enumerate(HOSTILE.values()):
         spoil(copy_run(runs_root, bad, f"r{i:02}"))
     with within(60):
-        runs, skipped = calibrate.find_runs([runs_root, bad], "local")
+        runs, skipped = calibrate.find_runs([runs_root, bad], "local", replanned)
     assert len(runs) == len(RUNS)
     for i, (_, says) in enumerate(HOSTILE.values()):
         mine = [s for s in skipped if s.startswith(f"{bad / f'r{i:02}'}: ")]
@@ -279,9 +280,9 @@ def test_an_iteration_number_past_int64_is_no_iteration_and_the_run_counts(runs_
     run = copy_run(runs_root, tmp_path)
     log_append(run, f" iteration {'9' * 5000}/      20 | elapsed time per iteration (ms): 1.0 |")
     log_append(run, f" iteration        21/{'9' * 5000} | elapsed time per iteration (ms): 1.0 |")
-    got = calibrate.read_run(run, "local")
+    got = calibrate.read_run(run, "local", replanned)
     assert isinstance(got, calibrate.Run), got
-    assert got.measured_s == calibrate.read_run(runs_root / RUN0, "local").measured_s
+    assert got.measured_s == calibrate.read_run(runs_root / RUN0, "local", replanned).measured_s
 
 
 def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, tmp_path, within):
@@ -298,7 +299,7 @@ def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, 
     shutil.copytree(fixture, root / ".hidden" / "x")
     (root / "link").symlink_to(runs_root)
     with within(30):
-        runs, skipped = calibrate.find_runs([root], "local")
+        runs, skipped = calibrate.find_runs([root], "local", replanned)
     assert [r.run_dir.name for r in runs] == ["real"] and skipped == []
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from nightly_fixtures import bridge_log, curve
 
-from overlapkit.bridge import runopts
 from overlapkit.nightly import exposed, logparse, night_report, nightly
 from overlapkit.nightly import rules as regress
+from overlapkit.spec import runopts
 
 N = 60
 WINDOW = exposed.profile_window(N)

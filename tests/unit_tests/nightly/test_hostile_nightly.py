@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from overlapkit.bridge import submission
 from overlapkit.cluster import slurm
 from overlapkit.nightly import calibrate, schedule
 from overlapkit.spec import planfile
@@ -122,7 +123,8 @@ def test_a_broken_plan_json_is_one_line_for_every_reader_of_a_run(
     code, out, err = make_here("bless", f"RUN={run_dir}")
     assert code == 2 and not out
     _named(err, run_dir, said)
-    skipped = calibrate.read_run(run_dir, "local")  # make calibrate: this run skipped with its line, the rest count
+    # make calibrate: this run skipped with its line, the rest count
+    skipped = calibrate.read_run(run_dir, "local", submission.replanned)
     _named(f"error: {skipped}\n", run_dir, said)
 
 

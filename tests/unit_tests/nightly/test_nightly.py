@@ -11,6 +11,7 @@ import pytest
 from nightly_fixtures import bridge_log, curve
 
 from launch.nightly import REPORT_COMMAND
+from overlapkit.bridge import submission
 from overlapkit.nightly import night_report, nightly
 
 N = 30
@@ -79,11 +80,13 @@ def test_a_night_on_a_torch_profiler_cluster_plans_each_run_with_the_pytorch_pro
     name = "llama3_8b_pretrain_8gpu_h100_bf16"
     profile = dataclasses.replace(load_profile("local"), profiler="torch", job_dir=str(tmp_path / "jobs"))
     said = []
-    req = nightly.NightRequest(profile=profile, recipes=[name], report_command=REPORT_COMMAND, max_nodes=8, dryrun=True)
+    req = nightly.NightRequest(
+        profile=profile, recipes=[name], report_command=REPORT_COMMAND, max_nodes=8, dryrun=True, bridge=submission
+    )
     assert nightly.submit_night(req, lambda text, err=False: said.append(text)) is None
     (line,) = [t for t in said if t.startswith(f"would submit {name}")]
     assert line.endswith(" TORCH_PROFILE=34:36 TORCH_PROFILE_RANKS=0")
-    shape = nightly.shape_for(name, nightly._layout(nightly.registry.get(name)), profiler="torch_profile")
+    shape = nightly.shape_for(name, submission.layout_of(name), profiler="torch_profile")
     plan = make_plan(name, nodes=shape.nodes, sets=shape.sets, run=nightly.run_options(shape.to_dict()))
     p = plan.cfg.profiling
     assert p.use_pytorch_profiler and not p.use_nsys_profiler and (p.profile_step_start, p.profile_step_end) == (34, 36)

@@ -11,6 +11,7 @@ import pytest
 from nightly_fixtures import bridge_log, curve
 
 from launch import commands
+from overlapkit.bridge import submission
 from overlapkit.errors import BadInput
 from overlapkit.nightly import logparse, night_report, nightly
 from overlapkit.nightly import rules as regress
@@ -316,10 +317,9 @@ def test_nightly_shape_keeps_model_parallelism_and_microbatches():
     ],
 )
 def test_nightly_shape_of_an_moe_recipe_keeps_ep_and_plans_clean(name, nodes, dp, ep):
-    from overlapkit.bridge import registry
     from overlapkit.bridge.build import make_plan
 
-    shape = nightly.shape_for(name, nightly._layout(registry.get(name)))
+    shape = nightly.shape_for(name, submission.layout_of(name))
     assert (shape.nodes, shape.dp) == (nodes, dp)
     plan = make_plan(name, nodes=shape.nodes, sets=shape.sets)
     assert plan.report.ok, [f.message for f in plan.report.errors]

@@ -15,11 +15,12 @@ import time
 import pytest
 from reference_traces import traces_dir
 
-from overlapkit.bridge import runopts
-from overlapkit.bridge.runopts import TORCH_DIR
+from overlapkit.bridge import submission
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.nightly import exposed
 from overlapkit.profile import overlap_report, profiled
+from overlapkit.spec import runopts
+from overlapkit.spec.runopts import TORCH_DIR
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 
@@ -46,7 +47,7 @@ def test_the_job_runs_bridges_pytorch_profiler_on_the_window(tmp_path):
 
     prof = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     opts = runopts.RunOptions(torch_profile=(3, 5), torch_profile_ranks=(0, 4))
-    sub = submit.prepare(R8, prof, preflight_only=True, caller_env={}, run=opts)
+    sub = submission.prepare(R8, prof, preflight_only=True, caller_env={}, run=opts)
     plan = json.loads((sub.run_dir / "plan.json").read_text())
     assert plan["run"]["torch_profile"] == {"steps": [3, 5], "ranks": [0, 4]} and plan["run"]["nsys"] is None
     cfg = entry.rebuild(entry._args(submit.entry_args(sub.plan, sub.run_dir, True, "full"))).cfg

@@ -18,6 +18,7 @@ import megatron
 import nemo_run as run
 import pytest
 
+from overlapkit.bridge import submission
 from overlapkit.bridge.build import make_plan
 from overlapkit.bridge.env import (
     LAYERS,
@@ -28,9 +29,10 @@ from overlapkit.bridge.env import (
     derived_env,
     secret_names,
 )
-from overlapkit.bridge.report import console, ledger_rows, render_ledger
-from overlapkit.cluster.plugin import EnvVarPlugin
+from overlapkit.bridge.plugin import EnvVarPlugin
+from overlapkit.bridge.report import ledger_rows, render_ledger
 from overlapkit.cluster.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
+from overlapkit.profile.overlap_render import console
 from recipes._base import EnvVar
 
 B8, F8, B70, F70 = (
@@ -531,12 +533,11 @@ def test_ep_overlap_value_8_is_an_error_where_tp_overlap_or_cp_needs_1_and_1_is_
 
 
 def _chain_sub(tmp_path, sets="", **run):
-    from overlapkit.bridge import runopts
-    from overlapkit.cluster import submit
+    from overlapkit.spec import runopts
 
     prof = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     opts = runopts.RunOptions(**{"run_name": "p", **run})
-    return submit.prepare(B8, prof, sets=sets, preflight_only=True, caller_env={}, run=opts)
+    return submission.prepare(B8, prof, sets=sets, preflight_only=True, caller_env={}, run=opts)
 
 
 def test_bridges_plugins_set_up_our_path_based_task_unchanged(tmp_path):
@@ -546,7 +547,7 @@ def test_bridges_plugins_set_up_our_path_based_task_unchanged(tmp_path):
     executor = submit.slurm_executor(sub)
     task = run.Script(path=submit.ENTRY, args=submit.entry_args(sub.plan, sub.run_dir, True, "full", 2),
                       entrypoint="python")  # fmt: skip
-    for plugin in submit.plugins_for(sub):
+    for plugin in sub.plugins():
         plugin.setup(task, executor)
     assert executor.signal == "TERM@300" and not executor.get_launcher().nsys_profile  # entry.py runs nsys itself
     assert task.args[task.args.index("--segment") + 1] == "2"

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from overlapkit.bridge import published
+from overlapkit.bridge import flops, published
 from overlapkit.bridge.build import make_plan, prediction_inputs
 from overlapkit.bridge.registry import get, names
 from overlapkit.sizing import calibration, memory, throughput
@@ -161,8 +161,8 @@ def test_moe_fields_bring_the_ep_all_to_all_hidden_only_when_its_overlap_is_on()
     target = Target(nodes=8)
     w, moe = memory.workload_of(cfg, target), throughput.Moe.of_model(cfg.model)
     assert (moe.experts, moe.topk, moe.ep, moe.layers) == (8, 2, 2, 80)
-    f = throughput.flops_of_config(cfg)
-    dense = throughput.flops_of_config(get(R70).build())
+    f = flops.flops_of_config(cfg)
+    dense = flops.flops_of_config(get(R70).build())
     assert f.linear > 1.5 * dense.linear  # Bridge counts the top-2 experts' MLPs
     on = throughput.predict(w, f, throughput.Overlaps(ep=True), moe=moe)
     off = throughput.predict(w, f, throughput.Overlaps(ep=False), moe=moe)

@@ -1,0 +1,133 @@
+"""A submission's Bridge side: the request bound and planned, the run directory written and the run plugins made, for
+cluster/submit.py to check, mark and queue (it reads the plan as a record and never imports Bridge).
+
+The one home of binding a request to where it runs: make plan (CLUSTER's profile), make submit/sbatch (the profile),
+make run-local (this node) and the nightly bind here; the job rebuilds the bound request from overrides.json
+(bridge/request.py from_record) and never binds again.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from overlapkit import names
+from overlapkit.bridge import registry, stack
+from overlapkit.bridge.build import Plan, plan_for, prediction_inputs, write_run_dir
+from overlapkit.bridge.request import from_record, loose
+from overlapkit.cluster import submit
+from overlapkit.cluster.profiles import ClusterProfile, load_profile
+from overlapkit.spec import request, runopts
+from overlapkit.spec.request import PlanRequest
+
+
+def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
+    """The request on this cluster: its job directory, the per-segment time limit (profile, else recipe), its W&B
+    project. The recipe's limit is looked up even when the profile has one: an unknown recipe is that error first."""
+    return request.bind(req, profile.resolved(), registry.get(req.recipe).time_limit)
+
+
+def prepare(
+    recipe: str,
+    cluster,
+    *,
+    nodes=None,
+    sets="",
+    preflight_only=False,
+    checks="full",
+    caller_env=None,
+    check_partition=False,
+    run: runopts.RunOptions | None = None,
+) -> submit.Submission:
+    """`submission` for a request made of loose values (the nightly, tests): `cluster` a profile name, path or
+    ClusterProfile; `run` the unbound run options (RUN_NAME, SEGMENTS, NSYS, DATA)."""
+    profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
+    req = bind(loose(recipe, nodes, sets, run), profile)
+    return submission(
+        req,
+        profile,
+        preflight_only=preflight_only,
+        checks=checks,
+        caller_env=caller_env,
+        check_partition=check_partition,
+    )
+
+
+def submission(
+    req: PlanRequest,
+    profile: ClusterProfile,
+    *,
+    preflight_only=False,
+    checks="full",
+    caller_env=None,
+    check_partition=False,
+    dry=False,
+) -> submit.Submission:
+    """Plan the request (bound to `profile` by `bind`) for `profile`, refuse what cluster/submit.py `accepted`
+    refuses, then write the run directory (`dry`: a dry run's, under the checkout's runs/)."""
+    plan = plan_for(req, profile=profile, caller_env=caller_env)
+    where = submit.accepted(
+        plan, profile, preflight_only=preflight_only, caller_env=caller_env, check_partition=check_partition, dry=dry
+    )
+    run_dir = write_run_dir(plan, names.inside(where.job_path, "runs"))
+    plugins = functools.partial(plugins_for, plan)  # made where a job is: nemo_run is imported only there
+    return submit.opened(plan, where, run_dir, preflight_only, checks, plugins)
+
+
+def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full", dryrun=False):
+    """make run-local: the run directory under runs/local, then one node through nemo_run; returns the directory."""
+    run_dir = write_run_dir(plan, submit.local_runs())
+    submit.run_local(plan, run_dir, plugins_for(plan), preflight_only=preflight_only, checks=checks, dryrun=dryrun)
+    return run_dir
+
+
+def plugins_for(plan: Plan) -> list:
+    """Our env-var plugin, and Bridge's PreemptionPlugin where the run saves checkpoints (it appends its overrides to
+    the path-based script's arguments and sets --signal). NSYS needs no plugin: the run options carry the window
+    into the config (runopts.apply) and launch/entry.py runs each profiled rank under nsys itself, so the reports
+    and their SQLite exports land in <run dir>/nsys/ on every launch path (overlapkit/profile/profiled.py)."""
+    from megatron.bridge.recipes.run_plugins import PreemptionPlugin
+
+    from overlapkit.bridge.plugin import EnvVarPlugin
+
+    out = [EnvVarPlugin.from_ledger(plan.ledger)]
+    if plan.run.run_name:
+        out.append(PreemptionPlugin(preempt_time=runopts.PREEMPT_S))
+    return out
+
+
+def recipe_names() -> list[str]:
+    """Every registered recipe: a night's default suite."""
+    return registry.names()
+
+
+def check_recipes(names: list[str]) -> None:
+    """Unknown recipe names fail before anything is submitted or scheduled (not at 02:00); needs the registry, so
+    Bridge."""
+    stack.import_bridge()
+    for name in names:
+        registry.get(name)
+
+
+def layout_of(name: str) -> dict:
+    """The recipe's layout as the nightly shapes it (nightly/nightly.py shape_for), from its built config."""
+    entry = registry.get(name)
+    with stack.silenced():
+        cfg = entry.build()
+    m = cfg.model
+    return {
+        "tp": m.tensor_model_parallel_size,
+        "pp": m.pipeline_model_parallel_size,
+        "cp": m.context_parallel_size or 1,
+        "mbs": cfg.train.micro_batch_size,
+        "gbs": cfg.train.global_batch_size,
+        "nodes": entry.nodes,
+        "ep": m.expert_model_parallel_size or 1,
+        "etp": m.expert_tensor_parallel_size or 1,
+    }
+
+
+def replanned(rec: dict):
+    """make calibrate: a run directory's overrides.json planned again (nightly/calibrate.py rebuilt checks it is the
+    plan that ran): its layout and its model inputs."""
+    plan = plan_for(from_record(rec, rec["recipe"], rec.get("nodes")))
+    return plan.layout, prediction_inputs(plan)
