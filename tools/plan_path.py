@@ -6,9 +6,9 @@ runs first, untraced (it is the same for every plan); the plan itself runs as `p
     .venv/bin/python tools/plan_path.py [RECIPE] [--depth=N] [--flags launch/plan.py takes, e.g. --run-name=x]
 
 Prints the entries (module entered, from which module, the function) up to call depth N below main (default 5:
-the command's parse, check and run, and the steps of plan.build.plan_for); the visits per module on that path (calls
-one after another into one module from one caller are one visit); every call from a stage of the library into a
-later one (a climb, at any depth); and how often control entered each module at any depth. Module bodies run by an
+the command's parse, check and run, and the stages of bridge.build.plan_for); the visits per module on that path
+(calls one after another into one module from one caller are one visit); every call from a stage of the library into
+a later one (a climb, at any depth); and how often control entered each module at any depth. Module bodies run by an
 import (`<module>`) are not entries: they are the same for every plan.
 """
 

@@ -73,6 +73,7 @@ COVERED_BY = {
     "spec/topology": "training/test_comm_overlap.py",
     "errors": "test_commands.py",  # the exit status each class gets, through the dispatcher
     "spec/shape": "recipes/test_recipes.py",
+    "spec/findings": "recipes/test_recipes.py",  # every plan's audit is made of them
     # the overlap report's parts, tested together on one set of Nsight SQLite fixtures
     "profile/nsys_sqlite": "profile/test_overlap_report.py",
     "profile/torch_trace": "profile/test_overlap_real_traces.py",  # read against the real traces of tests/data/

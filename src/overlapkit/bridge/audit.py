@@ -8,10 +8,11 @@ one line that names the fix. Rows and JSON keys are stable: the nightly and the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from overlapkit.bridge import moe, overrides, presets
 from overlapkit.bridge.overlap import OverlapIntent, Resolved
+from overlapkit.spec.findings import Finding
 from overlapkit.spec.shape import ModelShape, dtype_of
 from overlapkit.spec.topology import Target
 
@@ -28,14 +29,6 @@ class Row:
     name: str
     state: str
     detail: str
-
-
-@dataclass
-class Finding:
-    level: str  # "error" | "warning"
-    code: str
-    message: str
-    fix: str | None = None  # a SET= that clears it, where one exists (tests apply each and re-audit)
 
 
 @dataclass
@@ -70,8 +63,8 @@ class AuditReport:
         return {
             "ok": self.ok,
             "rows": {r.name: {"state": r.state, "detail": r.detail} for r in self.rows},
-            "errors": [asdict(f) for f in self.errors],
-            "warnings": [asdict(f) for f in self.warnings],
+            "errors": [f._asdict() for f in self.errors],
+            "warnings": [f._asdict() for f in self.warnings],
         }
 
 

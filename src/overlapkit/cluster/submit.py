@@ -178,7 +178,7 @@ def submission(
     for a real submission) on a placeholder left in the profile, a request the partition can never run, a secret
     not exported or in-job software that cannot start, then write the run directory (`dry`: a dry run's, under the
     checkout's runs/: dry_home)."""
-    plan = plan_for(req, profile=profile, caller_env=caller_env)
+    plan = plan_for(dataclasses.replace(req, cluster=profile.resolved(laid_out=True)), caller_env=caller_env)
     if not plan.report.ok:
         first = plan.report.errors[0]
         raise AuditFailed(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
