@@ -29,8 +29,7 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def list_recipes(con, gpu: str, cluster=None) -> int:
-    """One row per recipe planned for `gpu`, predicted with `cluster`'s calibration (spec/request.py's Cluster)."""
+def list_recipes(con, gpu: str, cluster=None) -> int:  # cluster: spec/request.py's Cluster, whose calibration predicts
     from overlapkit.bridge import registry
     from overlapkit.bridge.build import make_plan
     from overlapkit.bridge.report import overlap_summary, recipes_table
@@ -82,9 +81,8 @@ def check(args) -> bool:
     from overlapkit.cluster.profiles import load_profile
 
     req = request_of(args, listing=args.list)  # parsed once: the value run() plans
-    # CLUSTER's profile (a typo refused): its calibration predicts; make plan's RUN_NAME checkpoints go under its
-    # job_dir, its limit sets the guards. Resolved here, so bridge/ only reads it; bound by plan_for (with the
-    # recipe's time limit), not laid out for it
+    # CLUSTER's profile (a typo refused): its calibration predicts, RUN_NAME's checkpoints go under its job_dir, its
+    # limit sets the guards. Resolved here, so bridge/ only reads it; bound by plan_for, not laid out for it
     args.request = dataclasses.replace(req, cluster=load_profile(args.cluster).resolved())
     return True
 

@@ -51,11 +51,6 @@ class AuditReport:
     def row(self, name: str) -> Row:
         return next(r for r in self.rows if r.name == name)
 
-    def extend(self, other: AuditReport) -> AuditReport:
-        self.rows += other.rows
-        self.findings += other.findings
-        return self
-
     def codes(self, level: str | None = None) -> set[str]:
         return {f.code for f in self.findings if level is None or f.level == level}
 

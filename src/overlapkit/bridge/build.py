@@ -81,11 +81,6 @@ class Plan(Sized):
         return self.request.run
 
     @property
-    def sets(self) -> list:
-        """The SET pairs as typed: (key, raw text)."""
-        return list(self.request.sets)
-
-    @property
     def layout(self) -> dict:
         m, t = self.cfg.model, self.cfg.train
         shape = ModelShape.of(self.cfg)
@@ -159,7 +154,6 @@ def make_plan(
     *,
     nodes: int | None = None,
     sets=None,
-    te_available: bool = True,
     caller_env=None,
     run: runopts.RunOptions | None = None,
     gpu: str = hardware.DEFAULT_GPU,
@@ -169,16 +163,16 @@ def make_plan(
     (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default), `gpu`, the
     `cluster` it carries."""
     req = dataclasses.replace(loose(name, nodes, sets, run, gpu=gpu), cluster=cluster)
-    return plan_for(req, te_available=te_available, caller_env=caller_env)
+    return plan_for(req, caller_env=caller_env)
 
 
-def plan_for(req: PlanRequest, *, te_available: bool = True, caller_env=None) -> Plan:
+def plan_for(req: PlanRequest, *, caller_env=None) -> Plan:
     """The request planned, stage by stage: the recipe built and resolved (`built`), its environment laid out and
     its stack audited (`audited`), its memory and step sized (`sized`), then the plan record (`planned`)."""
-    return planned(sized(audited(built(req, te_available), caller_env)))
+    return planned(sized(audited(built(req), caller_env)))
 
 
-def built(req: PlanRequest, te_available: bool = True) -> Built:
+def built(req: PlanRequest) -> Built:
     """Build the requested recipe, bind the request to its cluster (where the recipe's time limit, the profile's
     default, is known) and the config to its run options (checkpoints, data, segments, Nsight), apply its SET pairs
     and resolve for its nodes."""
@@ -199,7 +193,7 @@ def built(req: PlanRequest, te_available: bool = True) -> Built:
     changes += overrides.apply(cfg, pairs)
     if bad := inputs.config_problems(cfg, facts, [k for k, _ in pairs]):  # before anything divides by them
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
-    target = Target(nodes=req.nodes or entry.nodes, gpu=req.gpu, te_available=te_available)
+    target = Target(nodes=req.nodes or entry.nodes, gpu=req.gpu)
     return Built(entry, req, cfg, intent, target, resolve(cfg, target), changes)
 
 
@@ -208,10 +202,11 @@ def audited(b: Built, caller_env=None) -> Audited:
     stack: the overlaps, the replaced overrides, the env rules, and what the stack says at start (each row it drops
     there switched off)."""
     ledger = build_ledger(b, b.site, caller_env)
-    report = audit(b.cfg, b.target, b.resolved, b.intent).extend(replaced_overrides(b.cfg, b.resolved, b.changes))
-    report.extend(audit_rows(b, ledger))
-    rows, said = startup.findings(startup.check(b.cfg, b.target, b.resolved), b.cfg, report.rows)
-    return _then(Audited, b, ledger=ledger, report=AuditReport(rows, report.findings + said))
+    parts = audit(b.cfg, b.target, b.resolved, b.intent), replaced_overrides(b.cfg, b.resolved, b.changes)
+    parts += (audit_rows(b, ledger),)
+    rows = [r for p in parts for r in p.rows]
+    rows, said = startup.findings(startup.check(b.cfg, b.target, b.resolved), b.cfg, rows)
+    return _then(Audited, b, ledger=ledger, report=AuditReport(rows, [f for p in parts for f in p.findings] + said))
 
 
 def sized(a: Audited) -> Sized:
