@@ -29,7 +29,7 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
+def list_recipes(con, gpu: str, cluster=None) -> int:  # cluster: spec/request.py's Cluster, whose calibration predicts
     from overlapkit.bridge import registry
     from overlapkit.bridge.build import make_plan
     from overlapkit.bridge.report import legend, overlap_summary, recipes_table
@@ -62,7 +62,7 @@ def list_recipes(con, gpu: str, cluster: str | None = None) -> int:
     con.print(legend())
     con.print(
         f"TFLOP/s* = predicted model TFLOP/s per GPU on {HARDWARE[gpu].name} (Bridge's FLOPs count; "
-        f"docs/throughput.md; constants: {calibration.for_cluster(cluster).label})"
+        f"docs/throughput.md; constants: {calibration.for_cluster(cluster.name if cluster else None).label})"
         + ("" if gpu == DEFAULT_GPU else f"; memory and audit for GPU={gpu}")
     )
     errors = broken + registry.load_errors()  # recipes that failed to plan, then modules that failed to import
@@ -77,11 +77,9 @@ def check(args) -> bool:
     from overlapkit.cluster.profiles import load_profile
 
     req = request_of(args, listing=args.list)  # parsed once: the value run() plans
-    profile = load_profile(args.cluster)  # make recipes too: CLUSTER= names whose calibration predicts; a typo refused
-    if not args.list:  # CLUSTER's profile: its job_dir holds RUN_NAME's checkpoints, its limit sets the guards
-        # resolved here, so plan/ only reads it; bound by plan_for (with the recipe's time limit), not laid out for it
-        req = dataclasses.replace(req, cluster=profile.resolved())
-    args.request = req
+    # CLUSTER's profile (a typo refused): its calibration predicts, RUN_NAME's checkpoints go under its job_dir, its
+    # limit sets the guards. Resolved here, so bridge/ only reads it; bound by plan_for, not laid out for it
+    args.request = dataclasses.replace(req, cluster=load_profile(args.cluster).resolved())
     return True
 
 
@@ -91,9 +89,8 @@ def run(args) -> int:
     out = console()
     stack.import_bridge()
     if args.list:
-        return list_recipes(
-            console(width=max(out.width, 172)), args.request.gpu, args.cluster
-        )  # one row per recipe, never wrapped
+        con = console(width=max(out.width, 172))  # one row per recipe, never wrapped
+        return list_recipes(con, args.request.gpu, args.request.cluster)
     from overlapkit.bridge import registry
     from overlapkit.bridge.build import plan_for, write_run_dir
     from overlapkit.bridge.report import render_plan
@@ -101,7 +98,7 @@ def run(args) -> int:
     plan = plan_for(args.request)
     run_dir = write_run_dir(plan, Path(args.runs) if args.runs else paths.runs_root())
     if args.format == "json":
-        print(json.dumps(plan.to_dict(), indent=2))
+        print(json.dumps(plan.to_dict(run_dir), indent=2))
     else:
         render_plan(plan, out)
         out.print(f"run directory: {run_dir}", markup=False)

@@ -5,11 +5,11 @@ runs first, untraced (it is the same for every plan); the plan itself runs as `p
 
     .venv/bin/python tools/plan_path.py [RECIPE] [--depth=N] [--flags launch/plan.py takes, e.g. --run-name=x]
 
-Prints the entries (module entered, from which module, the function) up to call depth N below main (default 5:
-the command's parse, check and run, and the steps of plan.build.plan_for); the visits per module on that path (calls
-one after another into one module from one caller are one visit); every call from a stage of the library into a
-later one (a climb, at any depth); and how often control entered each module at any depth. Module bodies run by an
-import (`<module>`) are not entries: they are the same for every plan.
+Prints the entries (module entered, from which module, the function) up to call depth N below main (default 6:
+the command's parse, check and run, and what each stage of bridge.build.plan_for calls); the visits per module on
+that path (calls one after another into one module from one caller are one visit); every call from a stage of the
+library into a later one (a climb, at any depth); and how often control entered each module at any depth. Module
+bodies run by an import (`<module>`) are not entries: they are the same for every plan.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     from launch import commands
 
     recipe = next((a for a in argv if not a.startswith("-")), "llama3_70b_pretrain_64gpu_h100_bf16")
-    depth = int(next((a.split("=", 1)[1] for a in argv if a.startswith("--depth=")), "5"))
+    depth = int(next((a.split("=", 1)[1] for a in argv if a.startswith("--depth=")), "6"))
     flags = [a for a in argv if a.startswith("-") and not a.startswith("--depth=")]
     entries, stack_of = [], []
 

@@ -60,6 +60,7 @@ COVERED_BY = {
     **dict.fromkeys(
         ("spec/model", "spec/profile", "spec/dataspec", "spec/submission", "spec/schedule"), "spec/test_records.py"
     ),
+    "spec/findings": "recipes/test_recipes.py",  # every plan's audit is made of them
     # the overlap report's parts, tested together on one set of Nsight SQLite fixtures
     "profile/nsys_sqlite": "profile/test_overlap_report.py",
     "profile/torch_trace": "profile/test_overlap_real_traces.py",  # read against the real traces of tests/data/

@@ -8,10 +8,11 @@ one line that names the fix. Rows and JSON keys are stable: the nightly and the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from overlapkit.bridge import moe, overrides, presets
 from overlapkit.bridge.overlap import Resolved
+from overlapkit.spec.findings import Finding
 from overlapkit.spec.overlap import NA, OFF, ON, Overlap, OverlapIntent
 from overlapkit.spec.shape import ModelShape, dtype_of
 from overlapkit.spec.topology import Target
@@ -28,14 +29,6 @@ class Row:
     name: str
     state: str
     detail: str
-
-
-@dataclass
-class Finding:
-    level: str  # "error" | "warning"
-    code: str
-    message: str
-    fix: str | None = None  # a SET= that clears it, where one exists (tests apply each and re-audit)
 
 
 @dataclass
@@ -58,11 +51,6 @@ class AuditReport:
     def row(self, name: str) -> Row:
         return next(r for r in self.rows if r.name == name)
 
-    def extend(self, other: AuditReport) -> AuditReport:
-        self.rows += other.rows
-        self.findings += other.findings
-        return self
-
     def codes(self, level: str | None = None) -> set[str]:
         return {f.code for f in self.findings if level is None or f.level == level}
 
@@ -70,8 +58,8 @@ class AuditReport:
         return {
             "ok": self.ok,
             "rows": {r.name: {"state": r.state, "detail": r.detail} for r in self.rows},
-            "errors": [asdict(f) for f in self.errors],
-            "warnings": [asdict(f) for f in self.warnings],
+            "errors": [f._asdict() for f in self.errors],
+            "warnings": [f._asdict() for f in self.warnings],
         }
 
 

@@ -1,4 +1,5 @@
-"""The plan: recipe + overrides + target → resolved, audited, and written to a run directory."""
+"""The plan, made in stages from a request (spec/request.py), each a pure function returning a frozen record of what
+the stage before held and what it adds: built → audited → sized → the Plan; then written to a run directory."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from overlapkit import jsonio
 from overlapkit.bridge import data, flops, inputs, overrides, presets, registry, runopts, stack, startup
-from overlapkit.bridge.audit import AuditReport, Finding, audit, replaced_overrides
+from overlapkit.bridge.audit import AuditReport, audit, replaced_overrides
 from overlapkit.bridge.env import Ledger, audit_rows, build_ledger
 from overlapkit.bridge.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
 from overlapkit.bridge.request import loose
@@ -19,7 +20,8 @@ from overlapkit.errors import BadInput
 from overlapkit.names import inside
 from overlapkit.sizing import calibration, hardware, knobs, memory, throughput, worth
 from overlapkit.spec import request
-from overlapkit.spec.request import PlanRequest
+from overlapkit.spec.findings import Finding
+from overlapkit.spec.request import Cluster, PlanRequest
 from overlapkit.spec.runopts import OVERRIDES, RunOptions
 from overlapkit.spec.shape import ModelShape, dtype_of
 from overlapkit.spec.topology import Target, expert_data_parallel_size
@@ -29,25 +31,46 @@ class PlanError(BadInput):
     """One-line, user-facing."""
 
 
-@dataclass
-class Plan:
-    """A recipe planned for a target: built, overridden, resolved by Bridge, audited, sized, its environment laid."""
+@dataclass(frozen=True)
+class Built:
+    """The requested recipe built, its run options and SET pairs applied, resolved by Bridge for the target."""
 
     recipe: registry.Recipe
-    cfg: object  # the recipe's ConfigContainer with overrides applied
+    request: PlanRequest  # what was asked for, its run options bound to its cluster (spec/request.py)
+    cfg: object  # the recipe's ConfigContainer with the run options and overrides applied
     intent: OverlapIntent  # the recipe's, with any overlap.* overrides
     target: Target
     resolved: Resolved
-    report: AuditReport
     changes: list  # (key, old, new) per override
-    ledger: Ledger  # the launch-time environment with provenance
+
+    @property
+    def site(self) -> Cluster | None:
+        """The request's cluster where the job's environment is laid out on it (make submit), else None."""
+        return self.request.cluster if self.request.cluster and self.request.cluster.laid_out else None
+
+
+@dataclass(frozen=True)
+class Audited(Built):
+    """+ the launch-time environment and the audit of the whole stack (its rows final: the stack's start included)."""
+
+    ledger: Ledger  # with provenance
+    report: AuditReport
+
+
+@dataclass(frozen=True)
+class Sized(Audited):
+    """+ the memory per GPU and the predicted step."""
+
     memory: memory.MemoryEstimate  # first pipeline stage, per GPU
-    profile: object = None  # cluster.profiles.ClusterProfile, when planned for a cluster
-    run_dir: Path | None = None
-    throughput: throughput.Prediction | None = None  # step time, tokens/s, TFLOP/s on the target GPU
-    request: PlanRequest | None = None  # what was asked for, its run options bound (spec/request.py)
-    worth: dict = dataclasses.field(default_factory=dict)  # sizing/worth.py: each on overlap's step time when off
-    run_summary: dict | None = None  # plan.json's `run` key (runopts.summary), made once the step time is known
+    throughput: throughput.Prediction  # step time, tokens/s, TFLOP/s on the target GPU
+    worth: dict  # sizing/worth.py: each on overlap's step time when off
+
+
+@dataclass(frozen=True)
+class Plan(Sized):
+    """The plan record: + the run options' and the memory's findings in the report, and plan.json's `run` key."""
+
+    run_summary: dict  # runopts.summary: it quotes the predicted step time
 
     @property
     def gpu_note(self) -> str | None:
@@ -58,11 +81,6 @@ class Plan:
     def run(self) -> RunOptions:
         """RUN_NAME, SEGMENTS, NSYS, DATA, bound to where the run goes (spec/runopts.py)."""
         return self.request.run
-
-    @property
-    def sets(self) -> list:
-        """The SET pairs as typed: (key, raw text)."""
-        return list(self.request.sets)
 
     @property
     def layout(self) -> dict:
@@ -100,7 +118,8 @@ class Plan:
         """What the plan sets that moves its step and the throughput model does not price (sizing/knobs.py)."""
         return knobs.not_modelled(self.resolved.model, self.cfg.train)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, run_dir: Path | None = None) -> dict:
+        """plan.json; `run_dir`: the run directory it is written in (write_run_dir)."""
         est = self.memory
         rows = [{"component": c, "gb": round(gb, 2), "note": n} for c, gb, n in est.rows()]
         return {
@@ -114,12 +133,10 @@ class Plan:
             "gpu": self.target.gpu,
             "gpu_note": self.gpu_note,
             "throughput": self.throughput.to_dict()
-            | {"overlap_worth": worth.to_dict(self.worth), "not_modelled": [k.to_dict() for k in self.not_modelled]}
-            if self.throughput
-            else None,
-            "cluster": self.profile.name if self.profile else None,
-            "env": self.ledger.to_dict() if self.ledger else None,
-            "run_dir": str(self.run_dir) if self.run_dir else None,
+            | {"overlap_worth": worth.to_dict(self.worth), "not_modelled": [k.to_dict() for k in self.not_modelled]},
+            "cluster": self.site.name if self.site else None,
+            "env": self.ledger.to_dict(),
+            "run_dir": str(run_dir) if run_dir else None,
             "data": data.consumption(self.cfg, runopts.data_spec(self.run)),
             "run": self.run_summary,
         }
@@ -129,34 +146,40 @@ def _jsonable(v):
     return v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
 
 
+def _then(stage: type, before, **adds):
+    """The next stage's record: `before`'s fields, with what the stage adds (or replaces)."""
+    return stage(**{f.name: getattr(before, f.name) for f in dataclasses.fields(before)} | adds)
+
+
 def make_plan(
     name: str,
     *,
     nodes: int | None = None,
     sets=None,
-    te_available: bool = True,
-    profile=None,
     caller_env=None,
     run: RunOptions | None = None,
     gpu: str = hardware.DEFAULT_GPU,
-    cluster: str | None = None,
+    cluster: Cluster | None = None,
 ) -> Plan:
     """`plan_for` a request made of loose values (tests, listings, forks, published runs): recipe `name`, `nodes`
-    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default), `gpu`."""
-    req = loose(name, nodes, sets, run, gpu=gpu)
-    return plan_for(req, te_available=te_available, profile=profile, caller_env=caller_env, cluster=cluster)
+    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default), `gpu`, the
+    `cluster` it carries."""
+    req = dataclasses.replace(loose(name, nodes, sets, run, gpu=gpu), cluster=cluster)
+    return plan_for(req, caller_env=caller_env)
 
 
-def plan_for(
-    req: PlanRequest, *, te_available: bool = True, profile=None, caller_env=None, cluster: str | None = None
-) -> Plan:
-    """Build the requested recipe, bind it to the request's run options (checkpoints, data, segments, Nsight), apply
-    its SET pairs, resolve for its nodes, lay out the launch environment (with `profile`'s layer when given) and
-    audit the whole stack, env rules included. The throughput is predicted with the calibration of the request's
-    cluster (else `cluster`, a profile's name, for callers that plan without one: listings, forks; else `profile`'s)
-    where make calibrate wrote one, else the published constants."""
+def plan_for(req: PlanRequest, *, caller_env=None) -> Plan:
+    """The request planned, stage by stage: the recipe built and resolved (`built`), its environment laid out and
+    its stack audited (`audited`), its memory and step sized (`sized`), then the plan record (`planned`)."""
+    return planned(sized(audited(built(req), caller_env)))
+
+
+def built(req: PlanRequest) -> Built:
+    """Build the requested recipe, bind the request to its cluster (where the recipe's time limit, the profile's
+    default, is known) and the config to its run options (checkpoints, data, segments, Nsight), apply its SET pairs
+    and resolve for its nodes."""
     entry = registry.get(req.recipe)
-    if req.cluster is not None:  # bound here, where the recipe's time limit (the profile's default) is known
+    if req.cluster is not None:
         req = request.bind(req, req.cluster, entry.time_limit)
     if req.nodes is not None and req.nodes < 1:
         raise PlanError(f"NODES={req.nodes}: must be a positive number of 8-GPU nodes")
@@ -164,8 +187,7 @@ def plan_for(
         cfg = entry.build()
     runopts.apply(cfg, req.run)  # before SET: an explicit override still wins, and is audited
     facts = inputs.recipe_facts(cfg)
-    typed = list(req.sets)
-    intent_changes, pairs = overrides.split_intent(typed)
+    intent_changes, pairs = overrides.split_intent(list(req.sets))
     intent = dataclasses.replace(entry.intent, **intent_changes)
     if intent_changes:  # re-apply the stack with the new intent first, so later config keys still win
         apply_overlap_stack(cfg, intent)
@@ -173,25 +195,38 @@ def plan_for(
     changes += overrides.apply(cfg, pairs)
     if bad := inputs.config_problems(cfg, facts, [k for k, _ in pairs]):  # before anything divides by them
         raise PlanError(bad[0] + (f" (and {len(bad) - 1} more size error(s))" if len(bad) > 1 else ""))
-    target = Target(nodes=req.nodes or entry.nodes, gpu=req.gpu, te_available=te_available)
-    res = resolve(cfg, target)
-    partial = Plan(entry, cfg, intent, target, res, AuditReport(), changes, Ledger(), None, profile, request=req)
-    ledger = build_ledger(partial, profile, caller_env)
-    report = audit(cfg, target, res, intent).extend(replaced_overrides(cfg, res, changes))
-    report.extend(audit_rows(partial, ledger))
-    report.extend(startup.findings(startup.check(cfg, target, res), cfg, report))
-    est = memory.estimate(cfg, target)
-    plan = dataclasses.replace(partial, report=report, ledger=ledger, memory=est)
-    cal = calibration.for_cluster(req.cluster.name if req.cluster else cluster or (profile.name if profile else None))
-    model_in = prediction_inputs(plan, cal)  # gathered once: the prediction and each overlap's worth read the same
-    plan.throughput = model_in.predict()
-    plan.worth = worth.overlap_worth(model_in, base=plan.throughput)
-    # The run options last, once the step time is predicted: their findings (a profiler window the run cannot honour
-    # stops the plan here), the memory's, and the plan's `run` key, which quotes the predicted step time.
-    report.findings += [Finding(*f) for f in runopts.findings(cfg, req.run, profile, target.world_size)]
-    report.findings += memory_findings(est)
-    plan.run_summary = runopts.summary(plan, req.run)
-    return plan
+    target = Target(nodes=req.nodes or entry.nodes, gpu=req.gpu)
+    return Built(entry, req, cfg, intent, target, resolve(cfg, target), changes)
+
+
+def audited(b: Built, caller_env=None) -> Audited:
+    """Lay out the launch environment (with the cluster's layer where the request's is laid out) and audit the whole
+    stack: the overlaps, the replaced overrides, the env rules, and what the stack says at start (each row it drops
+    there switched off)."""
+    ledger = build_ledger(b, b.site, caller_env)
+    parts = audit(b.cfg, b.target, b.resolved, b.intent), replaced_overrides(b.cfg, b.resolved, b.changes)
+    parts += (audit_rows(b, ledger),)
+    rows = [r for p in parts for r in p.rows]
+    rows, said = startup.findings(startup.check(b.cfg, b.target, b.resolved), b.cfg, rows)
+    return _then(Audited, b, ledger=ledger, report=AuditReport(rows, [f for p in parts for f in p.findings] + said))
+
+
+def sized(a: Audited) -> Sized:
+    """The memory per GPU; the step predicted with the calibration of the request's cluster where make calibrate
+    wrote one (else the published constants), and what each overlap is worth."""
+    est = memory.estimate(a.cfg, a.target)
+    cal = calibration.for_cluster(a.request.cluster.name if a.request.cluster else None)
+    model_in = prediction_inputs(a, cal)  # gathered once: the prediction and each overlap's worth read the same
+    pred = model_in.predict()
+    return _then(Sized, a, memory=est, throughput=pred, worth=worth.overlap_worth(model_in, base=pred))
+
+
+def planned(s: Sized) -> Plan:
+    """The plan record: the run options' findings (a profiler window the run cannot honour stops the plan here) and
+    the memory's after the audit's, and plan.json's `run` key, which quotes the predicted step time."""
+    run = runopts.findings(s.cfg, s.request.run, s.request.cluster, s.target.world_size)
+    found = s.report.findings + [Finding(*f) for f in run] + memory_findings(s.memory)
+    return _then(Plan, s, report=AuditReport(s.report.rows, found), run_summary=runopts.summary(s, s.request.run))
 
 
 MEMORY_FIX = "more NODES, larger TP/PP/CP, a smaller train.micro_batch_size or model.seq_length, or recompute"
@@ -207,7 +242,7 @@ def memory_findings(est: memory.MemoryEstimate) -> list[Finding]:
     return [Finding("warning", "memory_tight", f"{est.summary()}: one allocator spike from an OOM; {MEMORY_FIX}")]
 
 
-def prediction_inputs(plan: Plan, cal: calibration.Calibration = calibration.PUBLISHED) -> throughput.Inputs:
+def prediction_inputs(plan: Audited, cal: calibration.Calibration = calibration.PUBLISHED) -> throughput.Inputs:
     """What the throughput model reads of the plan (model_inputs), with the calibration `cal`."""
     return model_inputs(plan.cfg, plan.resolved, plan.report.rows, plan.target, cal)
 
@@ -240,11 +275,10 @@ def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
     run_dir = None
     try:
         root.mkdir(parents=True, exist_ok=True)
-        run_dir = plan.run_dir = _new_dir(inside(root, f"{plan.recipe.name}-{stamp}"))  # plan.json names it
+        run_dir = _new_dir(inside(root, f"{plan.recipe.name}-{stamp}"))
         _write_run_files(plan, run_dir)
     except OSError as exc:
         if run_dir is not None:
-            plan.run_dir = None
             shutil.rmtree(run_dir, ignore_errors=True)
         where = exc.filename or root
         raise BadInput(
@@ -275,7 +309,7 @@ def _write_run_files(plan: Plan, run_dir: Path) -> None:
     # the path itself, through a link planted there, and a crash mid-write would leave half a file
     with safe_yaml_representers():
         jsonio.write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), default_flow_style=False))
-    jsonio.write_json(run_dir / "plan.json", plan.to_dict())
+    jsonio.write_json(run_dir / "plan.json", plan.to_dict(run_dir))
     # What the in-job preflight compares each rank's environment with (secrets by name only).
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}
     jsonio.write_json(run_dir / "ledger.json", ledger)

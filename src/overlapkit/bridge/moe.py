@@ -16,6 +16,7 @@ import importlib.util
 from packaging.version import Version
 
 from overlapkit.bridge.overlap import is_moe
+from overlapkit.spec.findings import Finding
 from overlapkit.spec.overlap import NA, OFF, ON, Overlap
 from overlapkit.spec.topology import expert_data_parallel_size
 
@@ -172,8 +173,8 @@ def gpu_node() -> bool:
     return torch.cuda.is_available()
 
 
-def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple]]:
-    """(name, state, why) rows and (level, code, message, fix) findings for an MoE model; ([], []) for a dense one.
+def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[Finding]]:
+    """(name, state, why) rows and findings for an MoE model; ([], []) for a dense one.
     The findings first: each assert Bridge's MoE overlap validation would trip (on the config as written, and
     Bridge's resolved model/ddp for the bf16 flags), then the expert split's divisibility rules."""
     m, rm, comm_user, findings = cfg.model, res.model, cfg.comm_overlap, []
@@ -184,22 +185,22 @@ def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple
         for ok, code, why, fix in _ep_overlap_asserts(m, rm):
             if not ok:
                 msg = f"EP all-to-all overlap {why} (Bridge asserts at setup); set {fix}"
-                findings.append(("error", code, msg, fix))
+                findings.append(Finding("error", code, msg, fix))
     if comm_user is not None and comm_user.delay_wgrad_compute:  # delay_wgrad_compute's own asserts
         fix, te = f"{DELAY_WGRAD}=false", target.te_version
         if not (m.overlap_moe_expert_parallel_comm or comm_user.overlap_moe_expert_parallel_comm):
             msg = f"delay_wgrad_compute needs EP all-to-all overlap (Bridge asserts at setup); set {fix} or "
             msg += f"{EP_OVERLAP}=true"
-            findings.append(("error", "delay_wgrad_needs_ep_overlap", msg, fix))
+            findings.append(Finding("error", "delay_wgrad_needs_ep_overlap", msg, fix))
         needs_te = res.ddp.overlap_grad_reduce or comm_user.overlap_grad_reduce or m.gradient_accumulation_fusion
         if needs_te and te is not None and Version(te) < Version(TE_FOR_DELAY_WGRAD):
             msg = (
                 f"delay_wgrad_compute with grad-reduce overlap or gradient accumulation fusion needs TE >= "
                 f"{TE_FOR_DELAY_WGRAD}, the target has {te}; use a newer container or set {fix}"
             )
-            findings.append(("error", "delay_wgrad_te_version", msg, fix))
+            findings.append(Finding("error", "delay_wgrad_te_version", msg, fix))
     if res.bridge_asserts and not findings:  # an assert this module does not know yet: never silent
-        findings += [("error", "bridge_assert", f"Bridge's setup asserts: {msg}", None) for msg in res.bridge_asserts]
+        findings += [Finding("error", "bridge_assert", f"Bridge's setup asserts: {msg}") for msg in res.bridge_asserts]
     expert_split = expert_split_violations(
         experts=m.num_moe_experts,
         ep=m.expert_model_parallel_size or 1,
@@ -208,7 +209,7 @@ def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[tuple
         world=target.world_size,
         ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
     )
-    findings += [("error", c, msg, None) for c, msg in expert_split]
+    findings += [Finding("error", c, msg) for c, msg in expert_split]
     return _rows(m, res, intent, findings, requested, target.world_size), findings
 
 
@@ -227,7 +228,7 @@ def _rows(m, res, intent, findings, requested: bool, world: int) -> list[tuple]:
         rows.append((Overlap.EP, OFF, f"EP={ep}: requested, but a prerequisite fails (see the errors)"))
     else:
         msg = f"EP={ep} without EP all-to-all overlap: set {EP_OVERLAP}=true"
-        findings.append(("error", "ep_overlap_off", msg, f"{EP_OVERLAP}=true"))
+        findings.append(Finding("error", "ep_overlap_off", msg, f"{EP_OVERLAP}=true"))
         rows.append((Overlap.EP, OFF, f"EP={ep} but {EP_OVERLAP} is off"))
     if not rm.overlap_moe_expert_parallel_comm:
         rows.append(("delay_wgrad_compute", NA, "needs EP all-to-all overlap"))
@@ -256,7 +257,7 @@ def _rows(m, res, intent, findings, requested: bool, world: int) -> list[tuple]:
         if level == "note":
             detail += f"; {msg}"
         else:
-            findings.append((level, "dispatcher_backend_missing", msg, None))
+            findings.append(Finding(level, "dispatcher_backend_missing", msg))
     rows.append(("moe_dispatcher", ON, detail))
     edp, rddp = expert_data_parallel_size(m, world), res.ddp
     if edp == 1:

@@ -60,30 +60,26 @@ def render_plan(plan, con: Console) -> None:
     title = "Memory estimate per GPU (first pipeline stage, GB = GiB)"
     con.print(table(title, ("component", "GB", "how"), parts, right=("GB",)))
     con.print(escape(est.summary()))
-    if (
-        pred := plan.throughput
-    ) is not None:  # sizing.throughput's breakdown: term, seconds per step, share of the step, how
-        terms = [(name, f"{sec:.3f}", f"{sec / pred.step_s:.1%}", escape(how)) for name, sec, how in pred.terms]
-        title = "Predicted step time (overlapkit.sizing.throughput)"
-        con.print(table(title, ("term", "s/step", "share", "how"), terms, right=("s/step", "share")))
-        con.print(escape(pred.summary()))
-        if plan.worth:  # sizing.worth: per overlap that is on, the predicted step with that one overlap off
-            cols = ("overlap (on)", f"s/step with it off (vs {pred.step_s:.3f})", "+s/step", "+%")
-            worth = [
-                (w.to_dict()["row"], f"{w.off_step_s:.3f}", f"{w.delta_s:+.3f}", f"{w.delta_pct:+.1f}%")
-                for w in plan.worth.values()
-            ]
-            con.print(table("What each overlap is worth", cols, worth, right=cols[1:]))
-        for k in d["throughput"]["not_modelled"]:  # sizing/knobs.py: what moves the step beyond the prediction
-            con.print(escape(f"not modelled: {k['setting']}: {k['direction']} ({k['why']})"))
+    pred = plan.throughput  # sizing.throughput's breakdown: term, seconds per step, share of the step, how
+    terms = [(name, f"{sec:.3f}", f"{sec / pred.step_s:.1%}", escape(how)) for name, sec, how in pred.terms]
+    title = "Predicted step time (overlapkit.sizing.throughput)"
+    con.print(table(title, ("term", "s/step", "share", "how"), terms, right=("s/step", "share")))
+    con.print(escape(pred.summary()))
+    if plan.worth:  # sizing.worth: per overlap that is on, the predicted step with that one overlap off
+        cols = ("overlap (on)", f"s/step with it off (vs {pred.step_s:.3f})", "+s/step", "+%")
+        worth = [
+            (w.to_dict()["row"], f"{w.off_step_s:.3f}", f"{w.delta_s:+.3f}", f"{w.delta_pct:+.1f}%")
+            for w in plan.worth.values()
+        ]
+        con.print(table("What each overlap is worth", cols, worth, right=cols[1:]))
+    for k in d["throughput"]["not_modelled"]:  # sizing/knobs.py: what moves the step beyond the prediction
+        con.print(escape(f"not modelled: {k['setting']}: {k['direction']} ({k['why']})"))
     for line in run_lines(d):  # data, checkpoints, segments, Nsight (bridge/runopts.py)
         con.print(escape(line))
-    if plan.ledger is not None:
-        render_ledger(plan.ledger, con)
-    for f in plan.report.warnings:
-        con.print(f"[yellow]warning[/] {escape(f'[{f.code}]')} {escape(f.message)}")
-    for f in plan.report.errors:
-        con.print(f"[red]error[/] {escape(f'[{f.code}]')} {escape(f.message)}")
+    render_ledger(plan.ledger, con)
+    for f in [*plan.report.warnings, *plan.report.errors]:
+        style = "red" if f.level == "error" else "yellow"
+        con.print(f"[{style}]{f.level}[/] {escape(f'[{f.code}]')} {escape(f.message)}")
     verdict = "[green]audit: OK[/]" if plan.report.ok else f"[red]audit: {len(plan.report.errors)} error(s)[/]"
     con.print(verdict)
 

@@ -41,10 +41,11 @@ from functools import cache
 
 from overlapkit import paths
 from overlapkit.bridge import stack
-from overlapkit.bridge.audit import OFF, ON, AuditReport, Finding, Row
+from overlapkit.bridge.audit import OFF, ON, Row
 from overlapkit.bridge.overlap import Resolved, te_flag
 from overlapkit.errors import one_line
 from overlapkit.sizing import hardware
+from overlapkit.spec.findings import Finding
 from overlapkit.spec.topology import Target
 
 # The config field the stack's messages name for an audit row, where the row has another name.
@@ -257,28 +258,26 @@ def _where(exc: BaseException) -> str:
     return f"{_module_of(ours[-1].filename)}:{ours[-1].name}"
 
 
-def findings(said: Said, cfg, report: AuditReport) -> AuditReport:
+def findings(said: Said, cfg, rows: list[Row]) -> tuple[list[Row], list[Finding]]:
     """The audit's part of what the stack said: each exception an error (its message, where it came from, the
     nearest SET), each warning a warning, and each warning that loses an overlap row the audit shows on: that row
-    off with the stack's reason, and an error. Returns the new findings; `report`'s rows are switched in place."""
-    out = AuditReport()
+    off with the stack's reason, and an error. Returns `rows` with those switched off, and the new findings."""
+    rows, out = list(rows), []
     if said.raised:
         where, msg = said.raised
         text = one_line(f"the job would stop at start: {where} raises {msg}")
         fix = nearest_fix(msg, cfg)
-        out.findings.append(Finding("error", "stack_rejects", text + (f"; set {fix}" if fix else ""), fix))
+        out.append(Finding("error", "stack_rejects", text + (f"; set {fix}" if fix else ""), fix))
     for where, msg in said.warned:
-        lost = [r for r in report.rows if r.state == ON and _names(msg, STACK_NAME.get(r.name, r.name))]
+        lost = [r for r in rows if r.state == ON and _names(msg, STACK_NAME.get(r.name, r.name))]
         lost = lost if LOST.search(msg) else []
         for row in lost:
-            idx = report.rows.index(row)
-            report.rows[idx] = Row(row.name, OFF, one_line(f"lost at start: {where}: {msg}"))
-            fix = nearest_fix(msg, cfg)
+            rows[rows.index(row)] = Row(row.name, OFF, one_line(f"lost at start: {where}: {msg}"))
             text = one_line(f"{row.name} is claimed but the stack drops it at start: {where}: {msg}")
-            out.findings.append(Finding("error", "overlap_lost_at_start", text, fix))
+            out.append(Finding("error", "overlap_lost_at_start", text, nearest_fix(msg, cfg)))
         if not lost:
-            out.findings.append(Finding("warning", "stack_warns", one_line(f"at start, {where} warns: {msg}")))
-    return out
+            out.append(Finding("warning", "stack_warns", one_line(f"at start, {where} warns: {msg}")))
+    return rows, out
 
 
 def _names(msg: str, field: str) -> bool:

@@ -8,6 +8,7 @@ make run-local (this node) and the nightly bind here; the job rebuilds the bound
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from overlapkit import names
@@ -64,7 +65,7 @@ def submission(
 ) -> submit.Submission:
     """Plan the request (bound to `profile` by `bind`) for `profile`, refuse what cluster/submit.py `accepted`
     refuses, then write the run directory (`dry`: a dry run's, under the checkout's runs/)."""
-    plan = plan_for(req, profile=profile, caller_env=caller_env)
+    plan = plan_for(dataclasses.replace(req, cluster=profile.resolved(laid_out=True)), caller_env=caller_env)
     where = submit.accepted(
         plan, profile, preflight_only=preflight_only, caller_env=caller_env, check_partition=check_partition, dry=dry
     )

@@ -26,6 +26,7 @@ from overlapkit.errors import AuditFailed, BadInput
 from overlapkit.fork import layout_search
 from overlapkit.names import checked_name, inside
 from overlapkit.sizing import calibration, hardware, memory
+from overlapkit.spec.request import Cluster
 from overlapkit.spec.shape import ModelShape, head_dim_follows
 from overlapkit.spec.topology import GPUS_PER_NODE
 
@@ -337,7 +338,7 @@ def fork(req: ForkRequest) -> ForkResult:
         ) from None
     try:
         mod = registry.load_file(tmp, req.name)
-        plan = make_plan(req.name, gpu=req.gpu, cluster=req.cluster)
+        plan = make_plan(req.name, gpu=req.gpu, cluster=Cluster(req.cluster))  # named: its calibration
         if not plan.report.ok:
             first = plan.report.errors[0]
             more = f" (+{len(plan.report.errors) - 1} more)" if len(plan.report.errors) > 1 else ""

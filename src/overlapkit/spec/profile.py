@@ -142,13 +142,13 @@ class ClusterProfile:
     def source(self) -> str:
         return repo_relative(self.path) if self.path else f"profile {self.name} (in memory)"
 
-    def resolved(self):
-        """What a plan reads of this profile (spec/request.py's Cluster): its job directory made absolute."""
+    def resolved(self, laid_out: bool = False):
+        """What a plan reads of this profile (spec/request.py's Cluster): its job directory made absolute; `laid_out`:
+        the job's environment is laid out on it (make submit)."""
         from overlapkit.spec.request import Cluster
 
-        return Cluster(
-            self.name, self.source, str(self.job_path), self.time_limit, self.wandb_project, self.wandb_entity
-        )
+        where = (self.name, self.source, str(self.job_path), self.time_limit, self.wandb_project, self.wandb_entity)
+        return Cluster(*where, dict(self.env), tuple(self.secrets), laid_out)
 
     def to_dict(self) -> dict:
         return {

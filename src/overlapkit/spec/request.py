@@ -22,14 +22,18 @@ from overlapkit.spec.topology import DEFAULT_GPU
 @dataclass(frozen=True)
 class Cluster:
     """Where a request runs, as its caller resolved it from the cluster profile (cluster.profiles.ClusterProfile's
-    fields of the same names, its job directory made absolute): plan/ only reads these."""
+    fields of the same names, its job directory made absolute): plan/ only reads these. A cluster named only (its
+    calibration: make new-recipe) has no job directory."""
 
     name: str
-    source: str  # the profile's file, named in messages
-    job_path: str  # the shared job directory, absolute: checkpoints live under it
+    source: str = ""  # the profile's file, named in messages
+    job_path: str = ""  # the shared job directory, absolute: checkpoints live under it
     time_limit: str | None = None  # per segment; None: the recipe's
     wandb_project: str | None = None
     wandb_entity: str | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # network env (NCCL_IB_HCA, ...)
+    secrets: tuple[str, ...] = ()  # names only
+    laid_out: bool = False  # the job's env is laid out on it (make submit): env and secrets in the ledger
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,8 @@ class PlanRequest:
     sets: tuple[tuple[str, str], ...] = ()  # the SET pairs as typed: (key, raw text)
     run: runopts.RunOptions = runopts.RunOptions()  # bound: job_dir, time_limit_min, wandb filled in by the binder
     gpu: str = DEFAULT_GPU  # GPU=: the HARDWARE entry memory and throughput are sized for
-    # The cluster plan_for binds the run options to (its name picks the calibration); None where the caller bound
-    # them (make submit, the job's rebuild) or plans for no cluster (listings, forks)
+    # The cluster plan_for binds the run options to (its name picks the calibration); None for no cluster (the job's
+    # rebuild, whose run options were bound at submit; tests)
     cluster: Cluster | None = None
 
 

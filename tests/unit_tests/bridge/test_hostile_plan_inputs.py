@@ -116,11 +116,11 @@ def _bound(tmp_path, **kw):
 
 def test_what_the_preemption_plugin_sets_is_what_the_plan_records(tmp_path):
     opts, profile = _bound(tmp_path, run_name="x")
-    plan = make_plan(R8, run=opts, profile=profile)
+    plan = make_plan(R8, run=opts, cluster=profile.resolved(laid_out=True))
     assert plan.cfg.train.exit_signal_handler is True and plan.cfg.train.exit_signal_handler_for_dataloader is False
     assert plan.to_dict()["run"]["exit_signal_handler"] is True and plan.report.ok
     for sets in ("train.exit_signal_handler=false", "train.exit_signal_handler_for_dataloader=true"):
-        plan = make_plan(R8, run=opts, profile=profile, sets=sets)
+        plan = make_plan(R8, run=opts, cluster=profile.resolved(laid_out=True), sets=sets)
         [err] = [e for e in plan.report.errors if e.code == "set_overridden_by_preemption"]
         field = sets.split("=")[0]
         assert f"{field}=" in err.message and f"drop {field} from SET, or leave RUN_NAME empty" in err.message
@@ -136,7 +136,7 @@ def test_a_checkpoint_path_that_is_no_directory_is_an_audit_error(tmp_path, kind
         ck.write_text("")
     else:
         ck.symlink_to(ck)
-    plan = make_plan(R8, run=opts, profile=profile)
+    plan = make_plan(R8, run=opts, cluster=profile.resolved(laid_out=True))
     [err] = [e for e in plan.report.errors if e.code == "checkpoint_not_a_directory"]
     assert str(ck) in err.message and "use another RUN_NAME" in err.message
 

@@ -96,8 +96,9 @@ def test_make_plan_resolves_clusters_profile_in_its_entry_and_plan_for_binds_it(
 def test_the_job_rebuilds_the_request_that_was_planned(tmp_path):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     req = submission.bind(request.parse(R8, "", "train.train_iters=9", {"run_name": "a", "nsys": "3:5"}), profile)
-    plan = plan_for(req, profile=profile, caller_env={})
-    assert plan.request is req and plan.run is req.run and plan.sets == list(req.sets)
+    laid = dataclasses.replace(req, cluster=profile.resolved(laid_out=True))
+    plan = plan_for(laid, caller_env={})
+    assert plan.request == laid and plan.run == req.run  # bound again: the same
     run_dir = write_run_dir(plan, tmp_path / "runs")
     rec = json.loads((run_dir / OVERRIDES).read_text())
     assert rec["set"] == overrides_record(plan)["set"] == [["train.train_iters", "9"]]

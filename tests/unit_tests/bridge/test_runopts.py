@@ -25,7 +25,7 @@ def bound(tmp_path, profile=None, **kw):
 
 def test_run_name_puts_checkpoints_and_tensorboard_under_the_shared_job_dir(tmp_path):
     opts, profile = bound(tmp_path, run_name="llama-a", segments=3)
-    plan = make_plan(R8, run=opts, profile=profile)
+    plan = make_plan(R8, run=opts, cluster=profile.resolved(laid_out=True))
     ck, jobs = plan.cfg.checkpoint, tmp_path / "jobs"
     assert ck.save == ck.load == str(jobs / "checkpoints" / "llama-a")
     assert plan.cfg.logger.tensorboard_dir == str(jobs / "tensorboard" / "llama-a")
@@ -48,7 +48,7 @@ def test_without_run_name_a_run_is_a_benchmark_with_no_checkpoints():
 
 def test_crash_loss_uses_the_plans_predicted_step_time(tmp_path):
     opts, profile = bound(tmp_path, run_name="x")
-    plan = make_plan("llama3_8b_pretrain_8gpu_h100_fp8cs", run=opts, profile=profile)
+    plan = make_plan("llama3_8b_pretrain_8gpu_h100_fp8cs", run=opts, cluster=profile.resolved(laid_out=True))
     run, step = plan.to_dict()["run"], plan.throughput.step_s  # sizing/throughput.py's prediction
     assert run["expected_step_s"] == round(step, 2) and run["crash_loss_min"] == round(step * 500 / 60, 1)
     assert "at the predicted step time" in run_lines(plan.to_dict())[-3]
@@ -65,18 +65,21 @@ def test_crash_loss_uses_the_plans_predicted_step_time(tmp_path):
 )
 def test_the_audit_names_checkpoint_settings_that_lose_work(tmp_path, sets, code, level):
     opts, profile = bound(tmp_path, run_name="x", segments=2)
-    plan = make_plan(R8, run=opts, profile=profile, sets=sets)
+    plan = make_plan(R8, run=opts, cluster=profile.resolved(laid_out=True), sets=sets)
     assert code in plan.report.codes(level)
 
 
 def test_wandb_comes_from_the_profile_and_its_key_must_be_a_secret_by_name(tmp_path):
     base = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path), wandb_project="pretrain")
     opts, _ = bound(tmp_path, base, run_name="r1")
-    plan = make_plan(R8, run=opts, profile=base)
+    plan = make_plan(R8, run=opts, cluster=base.resolved(laid_out=True))
     assert (plan.cfg.logger.wandb_project, plan.cfg.logger.wandb_exp_name) == ("pretrain", "r1")
     assert "wandb_key_not_secret" in plan.report.codes("error")
     keyed = dataclasses.replace(base, secrets=("WANDB_API_KEY",))
-    assert "wandb_key_not_secret" not in make_plan(R8, run=opts, profile=keyed, caller_env={}).report.codes()
+    assert (
+        "wandb_key_not_secret"
+        not in make_plan(R8, run=opts, cluster=keyed.resolved(laid_out=True), caller_env={}).report.codes()
+    )
 
 
 def test_nsys_sets_bridges_profiling_window_and_ranks():

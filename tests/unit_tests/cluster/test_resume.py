@@ -99,13 +99,14 @@ def test_a_changed_layout_is_refused_unless_only_the_weights_are_loaded(tmp_path
 def test_make_submit_refuses_a_changed_layout_before_anything_is_queued(tmp_path, capsys):
     profile = dataclasses.replace(load_profile("local"), job_dir=str(tmp_path / "jobs"))
     req = submission.bind(PlanRequest(R8, nodes=2, run=runopts.RunOptions(run_name="grow")), profile)
+    req = dataclasses.replace(req, cluster=profile.resolved(laid_out=True))
     from overlapkit.bridge.build import plan_for
 
-    plan = plan_for(req, profile=profile)
+    plan = plan_for(req)
     ck = tmp_path / "jobs" / "checkpoints" / "grow"
     resume.record_layout(str(ck), {**plan.layout, "nodes": 1, "gpus": 8, "dp": plan.layout["dp"] // 2}, None, "7")
     save_iteration(ck, 500)
     with pytest.raises(submit.SubmitError, match=r"RUN_NAME=grow: iteration 500 in .*\(nodes 1→2.*nothing submitted"):
         submit.resume_lines(plan)
-    ok = plan_for(dataclasses.replace(req, sets=(("checkpoint.load_optim", "false"),)), profile=profile)
+    ok = plan_for(dataclasses.replace(req, sets=(("checkpoint.load_optim", "false"),)))
     assert submit.resume_lines(ok) == [f"RUN_NAME=grow: resuming from iteration 500 in {ck}"]

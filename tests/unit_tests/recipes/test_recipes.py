@@ -7,6 +7,7 @@ diff like code.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import json
 import os
@@ -17,9 +18,10 @@ from rich.console import Console
 
 from launch import commands
 from overlapkit import paths
-from overlapkit.bridge import registry
+from overlapkit.bridge import build, registry
 from overlapkit.bridge.build import make_plan, write_run_dir
 from overlapkit.bridge.report import render_plan
+from overlapkit.spec.findings import Finding
 from overlapkit.spec.overlap import Overlap
 from overlapkit.spec.shape import ModelShape
 
@@ -237,6 +239,20 @@ def test_json_plan_and_run_directory(capsys, tmp_path):
     assert json.loads((run_dir / "plan.json").read_text())["recipe"] == R70
     yaml_text = (run_dir / "config.yaml").read_text()
     assert "tp_comm_overlap: true" in yaml_text and "overlap_p2p_comm: true" in yaml_text
+
+
+def test_a_plan_is_a_frozen_record_of_its_stages_with_one_type_of_finding(tmp_path):
+    p = make_plan(R70, sets="model.sequence_parallel=false", caller_env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.report = None
+    a = build.audited(build.built(p.request), caller_env={})  # each stage: the record before it, and what it adds
+    assert isinstance(a, build.Built) and not isinstance(a, build.Sized) and a.report.rows == p.report.rows
+    assert p.report.findings[: len(a.report.findings)] == a.report.findings  # the run's and memory's come after
+    assert all(type(f) is Finding for f in p.report.findings) and p.report.errors[0].code == "tp_overlap_dropped"
+    first = p.to_dict()["audit"]["errors"][0]
+    assert first == p.report.errors[0]._asdict() and list(first) == ["level", "code", "message", "fix"]
+    run_dir = write_run_dir(p, tmp_path)  # named in its plan.json; the plan itself names none
+    assert json.loads((run_dir / "plan.json").read_text())["run_dir"] == str(run_dir) and not p.to_dict()["run_dir"]
 
 
 def test_run_directories_never_overwrite(tmp_path):
