@@ -1,5 +1,6 @@
 """Regenerate docs/throughput.md's tables from NVIDIA's published H100 runs (src/overlapkit/bridge/published.py): the
-refitted constants, the validation table and the leave-one-out bands, then the verdict against issue #25's bar.
+refitted constants, the validation tables (the runs, then the MLPerf scaling series) and the leave-one-out bands,
+then the verdict against issue #25's bar.
 `make docs` writes the same tables into docs/throughput.md (tools/docs.py); tests/unit_tests/sizing/test_throughput.py
 and tests/unit_tests/test_docs.py fail until they match.
 
@@ -24,6 +25,8 @@ def main() -> int:
     rows = published.rows(points, inputs)
     print(published.table(rows))
     print(published.bands_table(published.bands(rows)), end="")
+    for key, why in published.UNSTEADY.items():
+        print(f"shown, not fitted or judged: {key}: {why}")
     for line in published.verdict(rows):
         print(f"out of bar: {line}")
     return 1 if published.verdict(rows) else 0

@@ -117,9 +117,15 @@ class Moe:
             return 1.0
         n = tokens * self.ep * self.topk  # token-expert pairs in the EP group, each on a rank with p = 1/EP
         mean, sd = n / self.ep, math.sqrt(n * (1 / self.ep) * (1 - 1 / self.ep))
-        z = NormalDist().inv_cdf((self.ep - 0.375) / (self.ep + 0.25))
-        factor = 1 + z * sd / mean
+        factor = 1 + expected_max(self.ep) * sd / mean
         return min(factor, self.capacity) if self.capacity else factor
+
+
+def expected_max(n: int) -> float:
+    """Expected maximum of `n` independent standard normal draws, by Blom's approximation Φ⁻¹((n − 0.375)/(n + 0.25))
+    (0 for one draw; ≈ √(2 ln n) for large n): the busiest EP rank here, the slowest rank of a synchronising
+    collective in throughput.py."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
 def graph_modules(m) -> set[str]:

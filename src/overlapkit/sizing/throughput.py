@@ -24,9 +24,12 @@ The model (docs/throughput.md has the derivation, the sources and the validation
 - PP: the interleaved schedule's bubble (PP−1)/(VPP·m), m = GBS/(DP·MBS), of the per-microbatch time; p2p sends
   of the [s·b/(CP·TP), h] activation, exposed in the fill and drain with overlap_p2p_comm on, all of them off.
 - DP: grad reduce-scatter and param all-gather of each GPU's parameters over its DP×CP group (the routed experts'
-  over their expert-DP group), over the network when the group leaves a node; with overlap on, the part that cannot
-  hide (one bucket each, or what does not fit under the last microbatch's backward (RS) / first microbatch's
-  forward (AG)), else all of it.
+  over their expert-DP group), over the network when the group leaves a node, each bucket paying NCCL's ring latency
+  (it grows with the nodes the group spans); with overlap on, the part that cannot hide (one bucket each, or what
+  does not fit under the last microbatch's backward (RS) / first microbatch's forward (AG) of a chunk, and on an
+  interleaved schedule under the other chunks' cooldown / warm-up), else all of it.
+- the slowest of N ranks: every rank waits at the step's synchronising collectives for the slowest of the
+  independent ranks, the expected maximum of N normal draws of the fitted step spread `jitter` (grows ~ √(2 ln N)).
 - optimizer: Adam's memory traffic over the GPU's optimizer shard at HBM bandwidth.
 
 Hardware numbers are datasheet figures (sizing/hardware.py, cited); the fitted constants, each with the published
@@ -51,6 +54,10 @@ __all__ = ["HARDWARE", "Constants", "Flops", "Hardware", "Inputs", "Moe", "Overl
 # Adam step per parameter of the local shard (fused multi-tensor Adam): fp32 master, exp_avg, exp_avg_sq read and
 # written (24 B), the gradient read (2 B) and the BF16 parameter written back (2 B).
 ADAM_BYTES_PER_PARAM = 28
+# NCCL's own cost model of a ring collective (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, Simple protocol):
+# a base latency, then one hop per step, (ranks − 1) steps for a reduce-scatter or an all-gather, of which
+# (nodes − 1) cross the network: base 8.4 µs, 3.4 µs per NVLink hop, 9.6 µs per network hop, per collective call.
+RING_BASE_S, RING_NVLINK_S, RING_NET_S = 8.4e-6, 3.4e-6, 9.6e-6
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,7 @@ class Prediction:
     terms: list = field(default_factory=list)  # (name, seconds, how)
     calibration: str = "published"  # which constants: "published", or "<cluster> fitted on N runs on <date>"
     band: calibration.Band | None = None  # leave-one-out spread of comparable runs: measured/predicted step − 1
+    world: str = ""  # what of the step grows with the world size (world_line); empty on one GPU
 
     def to_dict(self) -> dict:
         return {
@@ -117,6 +125,7 @@ class Prediction:
             "calibrated_on": sorted({k for rows in calibration.FITTED_ON.values() for k in rows}),
             "calibration": self.calibration,
             "band": self.band.to_dict() if self.band else None,
+            "world": self.world,
         }
 
     def summary(self) -> str:
@@ -131,7 +140,7 @@ class Prediction:
         return (
             f"predicted on {hardware(self.gpu).name}: {self.step_s:.2f} s/step · {self.tokens_per_gpu_s:,.0f} "
             f"tokens/s/GPU · {self.tflops_per_gpu:.0f} TFLOP/s/GPU · MFU {self.mfu:.1%} (docs/throughput.md)\n"
-            f"{band}; constants: {self.calibration}"
+            f"{band}; constants: {self.calibration}" + (f"\n{self.world}" if self.world else "")
         )
 
     def share(self, name: str) -> float:
@@ -288,6 +297,13 @@ def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
     ]
 
 
+def ring_latency(ranks: int, span: int) -> float:
+    """Seconds of latency of one ring reduce-scatter or all-gather over `ranks` ranks laid over `span` GPUs (NCCL's
+    model: RING_*): it grows with the nodes the group spans, whatever the bytes."""
+    nodes = -(-span // GPUS_PER_NODE) if _crosses_node(span) else 1
+    return RING_BASE_S + (ranks - nodes) * RING_NVLINK_S + (nodes - 1) * RING_NET_S
+
+
 def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list:
     """The grad reduce-scatter and param all-gather of each GPU's parameters over their DP groups (the dense ones
     over DP×CP, an MoE model's routed experts over expert-DP), what overlap leaves exposed; then Adam's step over the
@@ -302,19 +318,33 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
     if experts:
         groups.append((experts, w.expert_dp, moe.etp * moe.ep * w.expert_dp, min(bucket or chunk, chunk), "expert-DP"))
     reduced = [g for g in groups if g[1] > 1]
+    # What the tail hides under: one microbatch's backward (RS) or forward (AG) of the last (first) chunk; on an
+    # interleaved schedule the other VPP − 1 chunks finish their backward (start their forward) one after another,
+    # PP chunk-passes apart, in the cooldown (warm-up), so their collectives run under it.
+    vpp = w.vpp or 1
+    chunks = (1 + (vpp - 1) * w.pp) / vpp
     out = []
     for name, nbytes, on, window in (
-        ("DP grad reduce-scatter", 4 if w.grad_fp32 else 2, ov.grad_reduce, 2 / 3 * per_mb_s),
-        ("DP param all-gather", 1 if w.fp8_param_gather and w.dtype == "fp8" else 2, ov.param_gather, per_mb_s / 3),
+        ("DP grad reduce-scatter", 4 if w.grad_fp32 else 2, ov.grad_reduce, 2 / 3 * per_mb_s * chunks),
+        (
+            "DP param all-gather",
+            1 if w.fp8_param_gather and w.dtype == "fp8" else 2,
+            ov.param_gather,
+            per_mb_s / 3 * chunks,
+        ),
     ):
         full = one = 0.0
         parts = []
         for params, n, span, bucket_params, group in reduced:
-            bw = c.link(span)
-            full += params * nbytes * (n - 1) / n / bw
-            one = max(one, bucket_params * nbytes * (n - 1) / n / bw)
+            bw, lat = c.link(span), ring_latency(n, span)
+            calls = -(-params // bucket_params)  # one collective per bucket, each paying the ring's latency
+            full += params * nbytes * (n - 1) / n / bw + calls * lat
+            one = max(one, bucket_params * nbytes * (n - 1) / n / bw + lat)
             net = "network" if _crosses_node(span) else "NVLink"
-            parts.append(f"{params * nbytes / 1e9:.2f} GB over {net} in {group}={n}")
+            parts.append(
+                f"{params * nbytes / 1e9:.2f} GB over {net} in {group}={n} ({calls:.0f} × {lat * 1e3:.2f} ms ring "
+                "latency)"
+            )
         if not parts:
             continue
         exposed = max(one, full - window) if on else full
@@ -330,6 +360,44 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
         ("optimizer step", adam, f"Adam over {shard / 1e6:.0f}M params × {ADAM_BYTES_PER_PARAM} B at HBM bandwidth")
     )
     return out
+
+
+def straggler_terms(c: _Ctx, per_mb_s: float) -> list:
+    """The wait for the slowest rank at the step's synchronising collectives (the DP gradient sync and the optimizer's
+    norm): each rank's step varies by `jitter` of a microbatch, independently per microbatch (σ·√m over the step),
+    and the step ends when the slowest of the independent ranks (TP and CP ranks move in lockstep) arrives: the
+    expected maximum of N normal draws (moe_time.expected_max, ≈ √(2 ln N)), so it grows with the world."""
+    w = c.w
+    ranks = c.gpus // (w.tp * w.cp)
+    z = moe_time.expected_max(ranks)
+    if not z:
+        return []
+    how = f"{ranks} independent ranks, step spread σ = {c.k.jitter * 1e3:.0f} ms: the slowest arrives {z:.2f}σ late"
+    return [("slowest of N ranks", z * c.k.jitter, how)]
+
+
+# The terms that grow with the world at a fixed per-GPU shape: the wait for the slowest rank (more ranks), the DP
+# tail (its ring latency grows with the nodes; at a fixed GBS fewer microbatches hide it), the bubble (fewer
+# microbatches per rank).
+GROWING = ("slowest of N ranks", "DP grad reduce-scatter", "DP param all-gather", "pipeline bubble")
+
+
+def world_line(c: _Ctx, terms: list, step_s: float) -> str:
+    """One line: the world (GPUs, DP ranks and the nodes they span, microbatches per DP rank) and the terms that grow
+    with it, largest first, with their share of the step; empty on one GPU."""
+    w = c.w
+    if c.gpus == 1:
+        return ""
+    grown = sorted(((t, n) for n, t, _ in terms if n in GROWING and t >= 5e-4), reverse=True)  # shown in ms
+    span = w.tp * w.cp * w.dp
+    nodes = -(-span // c.gpus_per_node)
+    parts = ", ".join(f"{n} {t * 1e3:.0f} ms" for t, n in grown)
+    share = sum(t for t, _ in grown) / step_s
+    return (
+        f"world: {c.gpus} GPUs, DP×CP {w.dp * w.cp} over {nodes} node(s) ({ring_latency(w.dp * w.cp, span) * 1e3:.2f} "
+        f"ms ring latency per collective), {w.microbatches} microbatches per DP rank; grows with it: {parts or 'none'} "
+        f"= {share:.1%} of the step"
+    )
 
 
 @dataclass(frozen=True)
@@ -383,6 +451,9 @@ def predict(
     per_mb = sum(t for _, t, _ in terms) / w.microbatches
     terms += pipeline_terms(c, overlaps.p2p, per_mb)
     terms += dp_terms(c, overlaps, per_mb, bucket)
+    terms += straggler_terms(c, per_mb)
     step = sum(t for _, t, _ in terms)
     tflops = flops.total * w.gbs / c.gpus / step / 1e12
-    return Prediction(step, w.gbs * w.seq / c.gpus / step, tflops, tflops / c.hw.peak_tflops["bf16"], gpu, terms)
+    tokens = w.gbs * w.seq / c.gpus / step
+    world = world_line(c, terms, step)
+    return Prediction(step, tokens, tflops, tflops / c.hw.peak_tflops["bf16"], gpu, terms, world=world)

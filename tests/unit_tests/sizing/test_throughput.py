@@ -31,17 +31,31 @@ def runs():
 
 def test_every_published_run_is_predicted_within_the_bar(runs):
     points, plans, _, rows = runs
-    # The reference's 9 dense FP8, 2 dense BF16 and 3 MoE runs, and DeepSeek-V3's blockwise variant; each planned
-    # from our recipe of that model and precision at the run's layout.
-    assert len(points) == 15 and len({p.key for p in points}) == 15
+    # The reference's 9 dense FP8, 2 dense BF16 and 3 MoE runs, DeepSeek-V3's blockwise variant and the 18 runs of
+    # its MLPerf GPT-3 175B scaling series (256 to 10,752 GPUs); each planned from our recipe of that model and
+    # precision at the run's layout.
+    assert len(points) == 33 and len({p.key for p in points}) == 33
     assert sum(p.dtype == "bf16" for p in points) == 2 and sum(p.moe for p in points) == 4
+    scaling = [p for p in points if p.series]
+    assert (
+        len(scaling) == 18
+        and max(p.gpus for p in scaling) == 10752
+        and set(published.UNSTEADY) <= {p.key for p in scaling}
+    )
+    assert all(plans[p.key].layout["dp"] * p.layout.mbs * p.ga == p.layout.gbs for p in scaling)
     for p in points:
         lay, pub = plans[p.key].layout, p.layout
         got = (lay["gpus"], lay["tp"], lay["pp"], lay["cp"], lay["gbs"], lay["mbs"], lay.get("ep", 1), lay["dtype"])
         assert got == (p.gpus, pub.tp, pub.pp, pub.cp, pub.gbs, pub.mbs, pub.ep, p.dtype), p.key
     assert published.verdict(rows) == []
-    assert max(abs(r["error"]) for r in rows) <= published.FIT_TOL
-    assert max(abs(r["loo_error"]) for r in rows) <= published.LOO_TOL
+    judged = [r for r in rows if r["point"].key not in published.UNSTEADY]
+    assert max(abs(r["error"]) for r in judged) <= published.FIT_TOL
+    assert max(abs(r["loo_error"]) for r in judged if r["loo_error"] is not None) <= published.LOO_TOL
+    # v4.0's only run sets its round's level alone: no leave-one-out; the unsteady run is shown out of the bar
+    assert [r["point"].key for r in judged if r["loo_error"] is None] == [
+        "MLPerf v4.0 Sustainable Metal Cloud, 64 nodes"
+    ]
+    assert all(abs(r["error"]) > published.FIT_TOL for r in rows if r["point"].key in published.UNSTEADY)
     blockwise = plans["DeepSeek-V3 / Megatron-Bridge 25.09 / blockwise"].cfg.mixed_precision
     assert blockwise.fp8_recipe == "blockwise" and not blockwise.fp8_param_gather
 
@@ -64,12 +78,12 @@ def test_every_constant_is_fitted_on_exactly_the_runs_it_moves(runs):
     name, fails here: FITTED_ON is what the fit and the leave-one-out check rely on."""
     points, _, inputs, _ = runs
     assert set(calibration.FITTED_ON) == set(calibration.NAMES) == set(calibration.BOUNDS)
-    base = {k: i.predict().tokens_per_gpu_s for k, i in inputs.items()}
+    base = {k: i.predict().tokens_per_gpu_s for k, i in inputs.items() if k not in published.UNSTEADY}
     for name in calibration.NAMES:
         assert calibration.FITTED_ON[name], f"{name} has no run to fit it on"
         assert set(calibration.FITTED_ON[name]) <= set(base), name
         k = calibration.FITTED.replace(**{name: getattr(calibration.FITTED, name) * 1.05})
-        moved = {key for key, i in inputs.items() if abs(i.predict(k).tokens_per_gpu_s / base[key] - 1) > 1e-6}
+        moved = {key for key in base if abs(inputs[key].predict(k).tokens_per_gpu_s / base[key] - 1) > 1e-6}
         assert moved == set(calibration.FITTED_ON[name]), name
 
 
@@ -130,7 +144,8 @@ def test_parse_reads_the_reference_rows():
     assert (e.precision, e.tokens, e.fp8_recipe) == ("FP8 blockwise", round(1297 * 330 / 338), "blockwise")
     assert e.key == "DeepSeek-V3 / Megatron-Bridge 25.09 / blockwise"
     # docs/throughput.md's copy of the table reads back as the same runs
-    assert [p.key for p in published.parse(published.DOC.read_text())] == [p.key for p in published.load()]
+    doc = published.DOC.read_text()
+    assert [p.key for p in published.parse(doc) + published.parse_scaling(doc)] == [p.key for p in published.load()]
 
 
 @pytest.mark.parametrize(
@@ -191,3 +206,27 @@ def test_plan_json_and_text_carry_the_prediction():
     assert re.search(r"predicted on H100 SXM: [\d.]+ s/step · [\d,]+ tokens/s/GPU · \d+ TFLOP/s/GPU", buf.getvalue())
     h200 = prediction_inputs(plan.__class__(**{**plan.__dict__, "target": Target(nodes=8, gpu="h200")})).predict()
     assert h200.step_s < plan.throughput.step_s  # faster HBM: a shorter optimizer step, nothing slower
+
+
+def test_ring_latency_is_nccls_model():
+    """NCCL's ring: a base latency and one hop per step, (nodes − 1) of the ranks − 1 steps over the network."""
+    us = 1e-6
+    assert throughput.ring_latency(8, 8) == pytest.approx((8.4 + 7 * 3.4) * us)
+    assert throughput.ring_latency(2, 16) == pytest.approx((8.4 + 9.6) * us)
+    # MLPerf's largest run: DP 336 at TP4, 2 ranks on each of 168 nodes
+    assert throughput.ring_latency(336, 4 * 336) == pytest.approx((8.4 + 168 * 3.4 + 167 * 9.6) * us)
+
+
+def test_the_terms_that_grow_with_the_world_grow_and_the_plan_names_them():
+    """The 70B recipe at 1×, 4× and 16× its nodes with its per-GPU shape kept (GBS with DP): the same microbatches per
+    rank, so what grows is the wait for the slowest rank and the DP ring's latency; tokens/s/GPU falls, and the
+    prediction's world line says so."""
+    got = []
+    for scale in (1, 4, 16):
+        plan = make_plan(R70, nodes=8 * scale, sets=f"train.global_batch_size={128 * scale}", caller_env={})
+        got.append(plan.throughput)
+    waits = [p.terms[[n for n, *_ in p.terms].index("slowest of N ranks")][1] for p in got]
+    assert waits[0] < waits[1] < waits[2]
+    assert got[0].tokens_per_gpu_s > got[1].tokens_per_gpu_s > got[2].tokens_per_gpu_s
+    assert all("grows with it:" in p.summary() and "slowest of N ranks" in p.world for p in got)
+    assert "world: 1024 GPUs, DP×CP 64 over 32 node(s)" in got[2].summary()  # TP4 CP2 DP32: 256 GPUs a group
