@@ -34,6 +34,9 @@ MODULES = sorted(p for p in SRC.rglob("*.py") if p.name != "__init__.py")
 # Modules whose tests live in the files users know from Bridge's guide, or beside the module they serve.
 COVERED_BY = {
     "bridge/te_stub": "test_stack.py",
+    "bridge/stack": "test_stack.py",
+    "paths": "test_stack.py",  # the runs root beside the pinned stack
+    "spec/request": "bridge/test_request.py",  # parsed by bridge/request.py, bound here
     "bridge/gpucut": "nightly/test_gpucut.py",  # the 1-GPU cut, parsed as the nightly parses a log
     "bridge/overlap": "training/test_comm_overlap.py",
     "bridge/audit": "training/test_comm_overlap.py",
