@@ -43,11 +43,11 @@ def _build(dtype: str):
     return cfg
 
 
-@register(model="DeepSeek-V3", nodes=128, time_limit="06:00:00", env=ENV, intent=INTENT, perf=SRC)
+@register(model="DeepSeek-V3", time_limit="06:00:00", env=ENV, intent=INTENT, perf=SRC)
 def deepseek_v3_pretrain_1024gpu_h100_bf16():
     return _build("bf16")
 
 
-@register(model="DeepSeek-V3", nodes=128, time_limit="06:00:00", env=ENV, intent=INTENT, perf=SRC)
+@register(model="DeepSeek-V3", time_limit="06:00:00", env=ENV, intent=INTENT, perf=SRC)
 def deepseek_v3_pretrain_1024gpu_h100_fp8cs():
     return _build("fp8cs")

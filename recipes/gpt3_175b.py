@@ -17,11 +17,11 @@ SRC = "NeMo 24.07 performance_summary.md (H100, 128 GPUs)"
 LAYOUT = Layout(tp=4, pp=8, cp=1, vpp=6, mbs=1, gbs=256, seq=2048)
 
 
-@register(model="GPT3 175B", nodes=16, time_limit="06:00:00", source=SRC)
+@register(model="GPT3 175B", time_limit="06:00:00", source=SRC)
 def gpt3_175b_pretrain_128gpu_h100_bf16():
     return h100_pretrain(base, "bf16", LAYOUT)
 
 
-@register(model="GPT3 175B", nodes=16, time_limit="06:00:00", source=SRC)
+@register(model="GPT3 175B", time_limit="06:00:00", source=SRC)
 def gpt3_175b_pretrain_128gpu_h100_fp8cs():
     return h100_pretrain(base, "fp8cs", LAYOUT)

@@ -23,11 +23,11 @@ INTENT = OverlapIntent(
 )
 
 
-@register(model="GPT-OSS 120B", nodes=8, intent=INTENT, perf=SRC)
+@register(model="GPT-OSS 120B", intent=INTENT, perf=SRC)
 def gpt_oss_120b_pretrain_64gpu_h100_bf16():
     return moe_pretrain(base, "bf16", LAYOUT, KNOBS)
 
 
-@register(model="GPT-OSS 120B", nodes=8, intent=INTENT, perf=SRC)
+@register(model="GPT-OSS 120B", intent=INTENT, perf=SRC)
 def gpt_oss_120b_pretrain_64gpu_h100_fp8cs():
     return moe_pretrain(base, "fp8cs", LAYOUT, KNOBS)

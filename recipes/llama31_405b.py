@@ -15,28 +15,27 @@ LAYOUT = Layout(tp=8, pp=8, cp=2, vpp=8, mbs=1, gbs=1536, seq=8192)  # the base 
 HALF_GBS = 768  # the 512-GPU variants keep DP's per-rank batch: 1536 × 512/1024
 
 
-def _registered(nodes: int):
-    return register(model="Llama3.1 405B", nodes=nodes, time_limit="06:00:00", perf=SRC)
+REGISTER = register(model="Llama3.1 405B", time_limit="06:00:00", perf=SRC)  # the four variants' one registration
 
 
-@_registered(128)
+@REGISTER
 def llama31_405b_pretrain_1024gpu_h100_bf16():
     return h100_pretrain(base, "bf16", LAYOUT)
 
 
-@_registered(128)
+@REGISTER
 def llama31_405b_pretrain_1024gpu_h100_fp8cs():
     return h100_pretrain(base, "fp8cs", LAYOUT)
 
 
-@_registered(64)
+@REGISTER
 def llama31_405b_pretrain_512gpu_h100_bf16():
     cfg = llama31_405b_pretrain_1024gpu_h100_bf16()
     cfg.train.global_batch_size = HALF_GBS
     return cfg
 
 
-@_registered(64)
+@REGISTER
 def llama31_405b_pretrain_512gpu_h100_fp8cs():
     cfg = llama31_405b_pretrain_1024gpu_h100_fp8cs()
     cfg.train.global_batch_size = HALF_GBS

@@ -12,11 +12,11 @@ from recipes._base import Layout, h100_pretrain, register
 SRC = "megatron.bridge.perf_recipes.llama.h100.llama3"
 
 
-@register(model="Llama3 70B", nodes=8, perf=SRC)
+@register(model="Llama3 70B", perf=SRC)
 def llama3_70b_pretrain_64gpu_h100_bf16():
     return h100_pretrain(base, "bf16", Layout(tp=4, pp=4, cp=2, vpp=5, mbs=1, gbs=256, seq=8192))
 
 
-@register(model="Llama3 70B", nodes=8, perf=SRC)
+@register(model="Llama3 70B", perf=SRC)
 def llama3_70b_pretrain_64gpu_h100_fp8cs():
     return h100_pretrain(base, "fp8cs", Layout(tp=4, pp=8, cp=1, vpp=5, mbs=1, gbs=256, seq=8192))

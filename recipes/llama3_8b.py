@@ -19,12 +19,12 @@ FP8_ENV = {
 }
 
 
-@register(model="Llama3 8B", nodes=1, perf=SRC)
+@register(model="Llama3 8B", perf=SRC)
 def llama3_8b_pretrain_8gpu_h100_bf16():
     return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=2, vpp=None, mbs=1, gbs=128, seq=8192))
 
 
-@register(model="Llama3 8B", nodes=1, perf=SRC, env=FP8_ENV)
+@register(model="Llama3 8B", perf=SRC, env=FP8_ENV)
 def llama3_8b_pretrain_8gpu_h100_fp8cs():
     cfg = h100_pretrain(base, "fp8cs", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=128, seq=8192))
     cfg.model.recompute_granularity, cfg.model.recompute_method, cfg.model.recompute_num_layers = "full", "block", 5

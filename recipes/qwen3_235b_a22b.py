@@ -24,11 +24,11 @@ _MARGIN = f"16 SMs kept from LayerNorm for the overlapped all-to-all, NVIDIA's m
 ENV = {"NVTE_FWD_LAYERNORM_SM_MARGIN": EnvVar(16, _MARGIN), "NVTE_BWD_LAYERNORM_SM_MARGIN": EnvVar(16, _MARGIN)}
 
 
-@register(model="Qwen3 235B-A22B", nodes=32, perf=SRC, env=ENV, intent=INTENT)
+@register(model="Qwen3 235B-A22B", perf=SRC, env=ENV, intent=INTENT)
 def qwen3_235b_a22b_pretrain_256gpu_h100_bf16():
     return moe_pretrain(base, "bf16", LAYOUT, KNOBS)
 
 
-@register(model="Qwen3 235B-A22B", nodes=32, perf=SRC, env=ENV, intent=INTENT)
+@register(model="Qwen3 235B-A22B", perf=SRC, env=ENV, intent=INTENT)
 def qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs():
     return moe_pretrain(base, "fp8cs", LAYOUT, KNOBS)

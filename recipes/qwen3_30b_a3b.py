@@ -19,14 +19,13 @@ base = bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config  # what `make new-re
 FP8_NO_EP_OVERLAP = f"NVIDIA's measured FP8 baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"
 
 
-@register(model="Qwen3 30B-A3B", nodes=2, perf=SRC, env=HYBRIDEP_ENV)
+@register(model="Qwen3 30B-A3B", perf=SRC, env=HYBRIDEP_ENV)
 def qwen3_30b_a3b_pretrain_16gpu_h100_bf16():
     return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config, "bf16", LAYOUT, KNOBS)
 
 
 @register(
     model="Qwen3 30B-A3B",
-    nodes=2,
     perf=SRC,
     env=HYBRIDEP_ENV,
     intent=OverlapIntent(off=((Overlap.EP, FP8_NO_EP_OVERLAP),)),

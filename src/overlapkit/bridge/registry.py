@@ -5,14 +5,14 @@ imports every module of the `recipes` package, so a fork written by `make new-re
 planned by the next command without being listed anywhere. A module that fails to import is one line naming the
 file (`load_errors()`), its partial registrations are dropped, and every other recipe still lists.
 
-The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), given in
-`register(intent=...)`; the recipe hands the same value to the shared builder step that applies the overlap stack
-(recipes._base.h100_pretrain's `intent` argument), so its own edits after that step stand (the stack never silently
-undoes them). tests/unit_tests/bridge/test_registry.py checks that every recipe applies the intent it registers.
+The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), given once in
+`register(intent=...)`; recipes._base's builders apply that registered intent while the recipe builds, so its own
+edits after the overlap step stand (the stack never silently undoes them).
 
 Before the import the registry knows names as data, never by reading code: the shipped modules' table
 (`recipes.RECIPES`, checked against what they register by the same test) and each file named for its recipe
-(`<name>.py`, as make new-recipe writes a fork); a recipe's nodes are its name's GPU count / 8 (register checks it).
+(`<name>.py`, as make new-recipe writes a fork); a recipe's nodes are its name's GPU count / 8, so a recipe states
+its size once, in its name (a name without one, a user's own, gives `nodes=`).
 """
 
 from __future__ import annotations
@@ -80,18 +80,23 @@ _ERRORS: dict[str, str] = {}  # module name → one-line import error naming its
 _DISCOVERED = False
 
 
-def register(*, model: str, nodes: int, source: str, time_limit: str = "04:00:00", env=None, intent=None):
-    """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder whose overlap stack follows `intent` (an
-    OverlapIntent, which the builder passes to h100_pretrain too; default: every overlap on, presets by shape)."""
+def register(*, model: str, source: str, nodes: int | None = None, time_limit: str = "04:00:00", env=None, intent=None):
+    """Decorator: add a `<model>_pretrain_<N>gpu_h100_<dtype>` builder, its nodes N / 8 (`nodes`: only for a name
+    without N, which must then say), whose overlap stack follows `intent` (an OverlapIntent; default: every overlap
+    on, presets by shape)."""
 
     def wrap(build: Callable):
         name = checked_name(build.__name__, "recipe", "a recipe's name names its run directories and goldens")
         if name in REGISTRY:
             raise ValueError(f"recipe {name} is registered twice ({REGISTRY[name].build.__module__})")
-        if (said := NAME_RE.fullmatch(name)) and int(said["gpus"]) != nodes * GPUS_PER_NODE:
+        said = NAME_RE.fullmatch(name)
+        count = nodes if said is None else int(said["gpus"]) // GPUS_PER_NODE
+        if said and (nodes not in (None, count) or int(said["gpus"]) % GPUS_PER_NODE):
             raise ValueError(f"recipe {name} names {said['gpus']} GPUs but registers nodes={nodes}: make them agree")
+        if count is None:
+            raise ValueError(f"recipe {name} names no GPU count (<model>_pretrain_<N>gpu_h100_<dtype>): give nodes=")
         REGISTRY[name] = Recipe(
-            name, build, model, nodes, time_limit, dict(env or {}), source, intent or OverlapIntent()
+            name, build, model, count, time_limit, dict(env or {}), source, intent or OverlapIntent()
         )
         return build
 

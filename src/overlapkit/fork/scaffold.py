@@ -223,7 +223,7 @@ INTENT = {intent}
 base = with_shape(_from_base, SHAPE)
 
 
-@register(model="{model}", nodes={nodes}, source="forked from {from_name}", intent=INTENT)
+@register(model="{model}", source="forked from {from_name}", intent=INTENT)
 def {name}():
     """{dtype_word}, {layout}, seq {s.seq}."""
     return h100_pretrain(base, "{dtype}", LAYOUT, INTENT)
@@ -243,7 +243,7 @@ INTENT = {intent}
 base = with_shape(_from_base, SHAPE)
 
 
-@register(model="{model}", nodes={nodes}, source="forked from {from_name}", intent=INTENT)
+@register(model="{model}", source="forked from {from_name}", intent=INTENT)
 def {name}():
     """{dtype_word}, {layout}, seq {s.seq}, top-{s.topk} of {s.experts} experts."""
     return moe_pretrain(base, "{dtype}", LAYOUT, KNOBS, INTENT)
@@ -278,7 +278,6 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
     common = dict(
         doc=doc,
         model=model,
-        nodes=nodes,
         from_name=req.from_name,
         s=s,
         layout_line=_layout_text(c.layout, s.is_moe),
