@@ -96,6 +96,8 @@ def call(name: str, argv=()) -> int:
         module, args, _ = prepare(name, list(argv))
     except BadInput as exc:
         return say(exc, 2)
+    except ClusterFailure as exc:  # a check that asks the cluster (nightly-schedule's AT, by sbatch --test-only)
+        return say(exc, 3)
     return execute(module, args)
 
 
@@ -114,6 +116,8 @@ def main(argv=None) -> int:
                 return code
     except BadInput as exc:
         return say(exc, 2)
+    except ClusterFailure as exc:  # a check that asks the cluster (nightly-schedule's AT, by sbatch --test-only)
+        return say(exc, 3)
     (getattr(module, "handlers", None) or makewatch.on_signals)()
     code = execute(module, args)
     if code > 128:  # stopped by a signal, its work undone: no interpreter teardown of torch (seconds, an orphan)

@@ -183,16 +183,19 @@ def sbatch_wrap(
 
 def begin_time(at: str, *, account: str, partition: str, time_limit: str) -> str:
     """When a job held with `--begin=<at>` would start, as sbatch itself reads `at` (`sbatch --test-only`: nothing is
-    queued; sbatch(1), --begin, takes Slurm's whole time grammar): ISO time, as squeue prints it. BadInput with
-    sbatch's own words when it refuses `at`; ClusterFailure when sbatch does not answer."""
+    queued; sbatch(1), --begin, takes Slurm's whole time grammar): ISO time, as squeue prints it; the begin itself
+    where the partition is free, later where it is busy (the scheduler's estimate). BadInput with sbatch's own words
+    when it refuses `at`; ClusterFailure when it refuses the job or does not answer."""
     argv = ["sbatch", "--test-only", f"--begin={at}", f"--account={account}", f"--partition={partition}"]
     out = _run([*argv, "--nodes=1", "--ntasks=1", f"--time={time_limit}", "--wrap", "true"])
     if out is None:
         raise ClusterFailure("sbatch did not answer, so AT cannot be read (is Slurm up? sinfo)")
     lines = [line.strip().removeprefix("sbatch: ").removeprefix("error: ") for line in out.stderr.splitlines()]
     said = "; ".join(line for line in lines if line)  # --test-only answers on stderr
-    if out.returncode != 0:
-        raise BadInput(said or f"sbatch exited {out.returncode}")
+    if out.returncode != 0 and "--begin" in out.stderr:  # "Invalid --begin specification": AT itself
+        raise BadInput(said)
+    if out.returncode != 0:  # the partition, account or QOS refused: the cluster's words, as sbatch prints them
+        raise ClusterFailure(f"sbatch --test-only refused the scheduler job: {' '.join(out.stderr.split())}")
     if m := re.search(r"to start at (\S+)", said):
         return m[1]
     raise ClusterFailure(f"sbatch --test-only said no start time: {said[:200]}")

@@ -38,16 +38,22 @@ def _next(now: T, hour: int, minute: int = 0) -> T:
         ("2:30PM", lambda now: _next(now, 14, 30)),
         ("midnight", lambda now: _next(now, 0)),
         ("teatime", lambda now: _next(now, 16)),  # Slurm's own name for 16:00 (sbatch(1), --begin)
-        ("now+90", lambda now: now + dt.timedelta(seconds=90)),  # seconds by default
+        ("now+900", lambda now: now + dt.timedelta(seconds=900)),  # seconds by default
         ("now+2hours", lambda now: now + dt.timedelta(hours=2)),
         ("now+366days", lambda now: now + dt.timedelta(days=366)),  # the bound itself is kept
     ],
 )
-def test_at_is_read_by_slurm_itself(text, expected):
-    """AT goes to `sbatch --test-only --begin` on the profile's partition: the begin is Slurm's reading of it."""
+def test_at_is_read_by_slurm_itself(chain, text, expected):
+    """AT goes to sbatch as given: the begin the chain records is Slurm's own (squeue's EligibleTime), and the
+    estimate `sbatch --test-only` gives the check and DRYRUN is never before it (later only while the partition is
+    busy)."""
+    profile, path, _ = chain
     now = schedule.local_now()
-    begin = schedule.first_begin(load_profile("local"), text, now)
+    estimate = schedule.first_begin(profile, text, now)
+    schedule.schedule(_request(profile, text))
+    begin = schedule.parse_iso(json.loads(path.read_text())["begin"])
     assert abs((begin - expected(now)).total_seconds()) <= 5, (text, begin)
+    assert estimate >= begin - dt.timedelta(seconds=5), (text, estimate, begin)
 
 
 @pytest.mark.slurm
