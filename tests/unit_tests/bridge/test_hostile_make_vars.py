@@ -5,6 +5,7 @@ entry's main with the Makefile's own arguments), except the fork that must die w
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -77,9 +78,17 @@ def test_a_profile_whose_job_dir_is_a_file(tmp_path):
 
 
 def test_a_make_pid_that_is_not_a_number_is_not_watched(monkeypatch):
-    for pid in ("²", "abc", "-1", "9" * 40):
+    """No watcher on a pid that is none, nor on a number that is no ancestor; this process's parent, a real
+    ancestor, is watched (so the first half can fail: a watch_make that watched anything would start one)."""
+    monkeypatch.setattr(makewatch, "_WATCHING", [])
+    for pid in ("²", "abc", "-1", "9" * 40, "", "0x1f", "999999999"):  # the last: a number, no ancestor
         monkeypatch.setenv(makewatch.MAKE_PID, pid)
-        makewatch.watch_make()  # no traceback, and no watcher on a pid that is none
+        makewatch.watch_make()  # no traceback
+        assert makewatch._WATCHING == [], pid
+    monkeypatch.setattr(makewatch, "_watch_parent", lambda pid, poll=0: None)  # the thread, not its SIGTERM
+    monkeypatch.setenv(makewatch.MAKE_PID, str(os.getppid()))
+    makewatch.watch_make()
+    assert len(makewatch._WATCHING) == 1
 
 
 def test_forked_workers_die_with_their_owner_however_it_ends():
