@@ -42,11 +42,11 @@ from pathlib import Path
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(_ROOT / "src"), str(_ROOT)) if p not in sys.path]
 
-from overlapkit.cluster import chain, preflight, resume  # noqa: E402  (standard library only)
+from overlapkit.cluster import chain, preflight, resume  # noqa: E402  (pydantic, no torch or Bridge)
 from overlapkit.errors import BadInput, one_line  # noqa: E402  (standard library only)
 from overlapkit.jsonio import write_json  # noqa: E402  (standard library only: safe before the environment check)
 from overlapkit.profile import profiled  # noqa: E402  (standard library only at import)
-from overlapkit.spec import planfile, runopts  # noqa: E402  (standard library only at import)
+from overlapkit.spec import planfile, runopts  # noqa: E402  (pydantic, no torch or Bridge)
 from overlapkit.spec.topology import env_int  # noqa: E402  (standard library only at import)
 
 
