@@ -1,8 +1,5 @@
-"""The one place that prepares the process for Megatron Bridge and imports it (once).
-
-The import costs about 30 s and 1.3 GB (docs/architecture.md, measured facts), so every entry point (CLI, tests,
-bench) goes through `import_bridge()` exactly once per process.
-"""
+"""The one place that prepares the process for Megatron Bridge and imports it: once per process, since the import
+costs about 30 s and 1.3 GB (docs/architecture.md, measured facts)."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ import importlib.metadata
 import logging
 import os
 import warnings
+from functools import cache
 
 from overlapkit import paths
 from overlapkit.bridge import te_stub
@@ -18,8 +16,6 @@ from overlapkit.bridge import te_stub
 # Exact pins; a drifted install fails tests/unit_tests/test_stack.py and is a warning line under `make plan`'s header
 # (bridge/report.py render_plan: the plan stands, its numbers may not).
 PINNED = {"megatron-bridge": "0.6.2", "megatron-core": "0.19.2", "nemo-run": "0.11.1"}
-
-_BRIDGE = None
 
 
 def offline_env(environ: dict | None = None) -> dict:
@@ -37,10 +33,8 @@ def quiet_logs() -> None:
     noisy = ("megatron.bridge.utils.import_utils", "megatron.bridge.utils.fusions")  # TE/Apex-absent notices
     for name in ("megatron", "megatron.core", "megatron.bridge", "transformers", "nemo_run", "torch", *noisy):
         logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", category=SyntaxWarning)
+    for category in (UserWarning, FutureWarning, DeprecationWarning, SyntaxWarning):
+        warnings.filterwarnings("ignore", category=category)
 
 
 @contextlib.contextmanager
@@ -54,23 +48,21 @@ def silenced():
         logging.disable(logging.NOTSET)
 
 
+@cache
 def import_bridge():
     """Import `megatron.bridge` once, offline, with the Transformer Engine shim (a no-op where TE exists). Everything it
     imports is imported: deferring wandb, the one package no command uses, saved 1.8 s of a 30 s cold start (measured
     2026-12-03) for a 153-line import hook; the plan server keeps the import warm instead (docs/plan.md)."""
-    global _BRIDGE
-    if _BRIDGE is None:
-        offline_env()
-        quiet_logs()
-        # Stays installed: Bridge imports gpt_full_te_layer_autocast_spec lazily too. It only ever serves the two
-        # named importers, so it is invisible to megatron-core and everything else.
-        te_stub.install()
-        with silenced():
-            import megatron.bridge as bridge
+    offline_env()
+    quiet_logs()
+    # Stays installed: Bridge imports gpt_full_te_layer_autocast_spec lazily too. It only ever serves the two named
+    # importers, so it is invisible to megatron-core and everything else.
+    te_stub.install()
+    with silenced():
+        import megatron.bridge as bridge
 
-        quiet_logs()  # some imports reset levels
-        _BRIDGE = bridge
-    return _BRIDGE
+    quiet_logs()  # some imports reset levels
+    return bridge
 
 
 # What a run's record names: the pins plus the packages that decide its numbers (absent ones are left out).

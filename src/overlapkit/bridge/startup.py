@@ -1,24 +1,18 @@
 """The stack's own start-up checks, run on CPU before the queue (issue 42).
 
-When a job starts, Bridge's `pretrain()` runs `runtime_config_update(cfg)`
-(megatron/bridge/training/config.py): mixed-precision and comm-overlap setup, then `ConfigContainer.validate()`,
-which finalizes every sub-config: the dataset, Megatron Core's DDP and optimizer configs (`OptimizerConfig`'s
-post-init), the model provider (`TransformerConfig.__post_init__`, Core's model checks), train, scheduler,
-checkpoint, logger, profiling. The plan runs that same function on a copy of its config, for the planned world
-size, and then the NCCL EP dispatcher manager's config-only preconditions (`_NCCLEPManager.__init__`, Core's
-moe/token_dispatcher.py) where the recipe uses that backend. Nothing here restates a rule: what the stack raises is
-an error finding, what it warns (Python `warnings` or logging) a warning finding, and a warning that says a claimed
-overlap is lost, serialized or disabled turns that overlap's row off (an error: the recipe claims it).
+When a job starts, Bridge's `pretrain()` runs `runtime_config_update(cfg)` (megatron/bridge/training/config.py):
+mixed-precision and comm-overlap setup, then `ConfigContainer.validate()`, which finalizes every sub-config (Core's
+DDP, optimizer and TransformerConfig post-inits among them). The plan runs that function on a copy of its config for
+the planned world size, then the NCCL EP dispatcher manager's config-only preconditions where the recipe uses that
+backend. Nothing here restates a rule: what the stack raises is an error finding, what it warns (`warnings` or
+logging) a warning, and a warning that says a claimed overlap is lost turns that overlap's row off (an error).
 
-Mocked, because they cannot exist on a CPU machine, for the duration of the check only (restored after):
-- the target's Transformer Engine: its version (Core's `megatron.core.utils.get_te_version`, which every
-  `is_te_min_version` gate reads: the target's container's, else the version uv.lock pins for the `gpu` extra), and
-  the TE symbols Core's config checks import to see that TE is there: `FusedAdam` (checked for the
-  precision-aware optimizer's arguments), the fused RoPE kernels, TE's NCCL EP entry points;
-- the GPU: `torch.cuda.get_device_capability` and `get_device_properties` answer the target GPU's (sm90 for
-  H100/H200: Bridge's flex-dispatcher backend check, Core's ncclep static-shape check);
-- the process: WORLD_SIZE (Bridge's `get_world_size_safe`); os.environ is restored after, since the config's
-  env_vars are applied with setdefault.
+Mocked for the duration of the check only, because a CPU machine has none of them:
+- the target's Transformer Engine: its version (Core's `get_te_version`, which every `is_te_min_version` gate reads:
+  the target's container's, else uv.lock's), and the TE symbols Core's config checks look up (`FusedAdam`'s
+  arguments, the fused RoPE and permutation kernels, TE's NCCL EP entry points);
+- the GPU: `torch.cuda.get_device_capability`/`get_device_properties` answer the target's (sm90 for H100/H200);
+- the process: WORLD_SIZE (Bridge's `get_world_size_safe`); os.environ is restored after (env_vars use setdefault).
 What cannot run on CPU: the process-group set-up, the dispatcher's buffers, TE's kernels (docs/plan.md).
 """
 
@@ -28,19 +22,17 @@ import contextlib
 import copy
 import dataclasses
 import importlib
-import importlib.util
 import logging
+import logging.handlers
 import os
 import re
 import sys
-import tomllib
 import traceback
 import types
 import warnings
 from functools import cache
 
-from overlapkit import paths
-from overlapkit.bridge import stack
+from overlapkit.bridge import stack, stackenv, te_stub
 from overlapkit.bridge.audit import OFF, ON, Row
 from overlapkit.bridge.overlap import Resolved, te_flag
 from overlapkit.errors import one_line
@@ -73,10 +65,9 @@ class Said:
 
 
 def check(cfg, target: Target, res: Resolved) -> Said:
-    """Run Bridge's start-up (`runtime_config_update`) and the NCCL EP manager's preconditions on a copy of `cfg`
-    for `target`, under the mocks the module docstring lists. Where Bridge's comm-overlap setup already asserted on
-    an EP-overlap prerequisite (the audit reports it with its fix), the copy starts without the EP overlap, as the
-    resolve does, so the rest of the config is still checked."""
+    """Run Bridge's start-up and the NCCL EP manager's preconditions on a copy of `cfg` for `target`, under the mocks.
+    Where Bridge's setup already asserted on an EP-overlap prerequisite (the audit reports it), the copy starts
+    without the EP overlap, as the resolve does, so the rest of the config is still checked."""
     from megatron.bridge.training.config import runtime_config_update
 
     cfg = copy.deepcopy(cfg)
@@ -85,7 +76,8 @@ def check(cfg, target: Target, res: Resolved) -> Said:
     if res.bridge_asserts and cfg.comm_overlap is not None:
         cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
         cfg.comm_overlap.delay_wgrad_compute = False
-    raised, warned, capture = None, [], _Capture()
+    raised, warned, capture = None, [], logging.handlers.BufferingHandler(capacity=sys.maxsize)
+    capture.setLevel(logging.WARNING)
     root, saved_env = logging.getLogger(), dict(os.environ)
     saved_handlers, saved_level = root.handlers[:], root.level
     root.handlers, root.level = [capture], logging.WARNING
@@ -104,18 +96,14 @@ def check(cfg, target: Target, res: Resolved) -> Said:
         os.environ.clear()
         os.environ.update(saved_env)
     warned += [(_module_of(w.filename), str(w.message)) for w in caught]
-    warned += capture.messages
+    warned += [(record.name, record.getMessage()) for record in capture.buffer]
     return Said(raised, tuple(dict.fromkeys(warned)))
 
 
 def _probed(model) -> list[dataclasses.Field]:
-    """The model fields whose default Bridge probes on the machine that builds the config (utils/fusions.py:
-    can_enable_gradient_accumulation_fusion asks whether TE is importable)."""
-    return [
-        f
-        for f in dataclasses.fields(model)
-        if getattr(f.default_factory, "__module__", None) == "megatron.bridge.utils.fusions"
-    ]
+    """The model fields whose default Bridge probes on the building machine (utils/fusions.py: is TE importable?)."""
+    probes = "megatron.bridge.utils.fusions"
+    return [f for f in dataclasses.fields(model) if getattr(f.default_factory, "__module__", None) == probes]
 
 
 def _reprobe(model, here: dict) -> None:
@@ -128,8 +116,7 @@ def _reprobe(model, here: dict) -> None:
 
 
 def _dispatcher_preconditions(model, target: Target) -> None:
-    """The NCCL EP manager's constructor checks its config before touching a process group or a buffer: construct
-    it with no group (Core's token_dispatcher.py, _NCCLEPManager.__init__)."""
+    """Core's _NCCLEPManager checks its config before touching a process group or a buffer: construct it with none."""
     if not (model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend == "ncclep"):
         return
     from megatron.core.transformer.moe import token_dispatcher
@@ -146,13 +133,12 @@ def _dispatcher_preconditions(model, target: Target) -> None:
 
 @contextlib.contextmanager
 def _target_stack(target: Target):
-    """The target's TE and GPU, as the module docstring lists; every module first imported inside is dropped after,
-    so nothing that probed the stand-ins keeps them."""
+    """The target's TE and GPU; every module first imported inside is dropped after (none keeps the stand-ins)."""
     import torch
     from megatron.core import utils as core_utils
     from packaging.version import Version
 
-    te = target.te_version or locked_version("transformer-engine")
+    te = target.te_version or locked_te()
     hw = hardware.HARDWARE[target.gpu]
     major, minor = GPU_CAPABILITY[target.gpu]
     gpu = types.SimpleNamespace(name=f"NVIDIA {hw.name}", major=major, minor=minor, total_memory=int(hw.hbm_gb * 2**30))
@@ -169,14 +155,15 @@ def _target_stack(target: Target):
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     for obj, name, value in patches:
         setattr(obj, name, value)
-    served = _serve_te_optimizers() if target.te_available else []
+    if target.te_available and "transformer_engine" not in sys.modules and not te_stub.real_te_available():
+        _serve_te_optimizers()
     try:
         with te_flag(target.te_available, target.te_version):
             yield
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
-        for name in served + [m for m in set(sys.modules) - before if m not in served]:
+        for name in set(sys.modules) - before:  # the served TE optimizers among them
             sys.modules.pop(name, None)
 
 
@@ -212,37 +199,17 @@ class _FusedAdam:
         raise RuntimeError("TE's FusedAdam stand-in: the start-up check builds no optimizer")
 
 
-def _serve_te_optimizers() -> list[str]:
-    """Put `transformer_engine.pytorch.optimizers` (FusedAdam only) into sys.modules where real TE is absent; the
-    names served, for removal."""
-    if "transformer_engine" in sys.modules or _importable("transformer_engine"):
-        return []
-    names = ["transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.optimizers"]
-    for name in names:
+def _serve_te_optimizers() -> None:
+    """Put `transformer_engine.pytorch.optimizers` (FusedAdam only) into sys.modules (_target_stack drops it after)."""
+    for name in ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.optimizers"):
         sys.modules[name] = types.ModuleType(name)
-    sys.modules[names[-1]].FusedAdam = _FusedAdam
-    return names
-
-
-def _importable(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
+    sys.modules["transformer_engine.pytorch.optimizers"].FusedAdam = _FusedAdam
 
 
 @cache
-def locked_version(package: str) -> str:
-    """The version uv.lock pins for `package` (the `gpu` extra's Transformer Engine: what the NeMo container brings
-    is the target's, when a cluster profile names it)."""
-    lock = tomllib.loads((paths.REPO_ROOT / "uv.lock").read_text())
-    return next(p["version"] for p in lock["package"] if p["name"] == package)
-
-
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[tuple[str, str]] = []
-
-    def emit(self, record):
-        self.messages.append((record.name, record.getMessage()))
+def locked_te() -> str:
+    """The Transformer Engine uv.lock pins for the `gpu` extra (a profile naming its container's TE overrides it)."""
+    return stackenv.locked()["transformer-engine"]
 
 
 def _module_of(filename: str) -> str:
@@ -259,9 +226,8 @@ def _where(exc: BaseException) -> str:
 
 
 def findings(said: Said, cfg, rows: list[Row]) -> tuple[list[Row], list[Finding]]:
-    """The audit's part of what the stack said: each exception an error (its message, where it came from, the
-    nearest SET), each warning a warning, and each warning that loses an overlap row the audit shows on: that row
-    off with the stack's reason, and an error. Returns `rows` with those switched off, and the new findings."""
+    """The audit's part of what the stack said: an exception an error (with the nearest SET), a warning a warning,
+    and a warning that loses an overlap the row shows on: that row off with the stack's reason, and an error."""
     rows, out = list(rows), []
     if said.raised:
         where, msg = said.raised
@@ -269,8 +235,8 @@ def findings(said: Said, cfg, rows: list[Row]) -> tuple[list[Row], list[Finding]
         fix = nearest_fix(msg, cfg)
         out.append(Finding("error", "stack_rejects", text + (f"; set {fix}" if fix else ""), fix))
     for where, msg in said.warned:
-        lost = [r for r in rows if r.state == ON and _names(msg, STACK_NAME.get(r.name, r.name))]
-        lost = lost if LOST.search(msg) else []
+        lost = [r for r in rows if r.state == ON and LOST.search(msg)]
+        lost = [r for r in lost if re.search(rf"\b{re.escape(STACK_NAME.get(r.name, r.name))}\b", msg)]
         for row in lost:
             rows[rows.index(row)] = Row(row.name, OFF, one_line(f"lost at start: {where}: {msg}"))
             text = one_line(f"{row.name} is claimed but the stack drops it at start: {where}: {msg}")
@@ -278,10 +244,6 @@ def findings(said: Said, cfg, rows: list[Row]) -> tuple[list[Row], list[Finding]
         if not lost:
             out.append(Finding("warning", "stack_warns", one_line(f"at start, {where} warns: {msg}")))
     return rows, out
-
-
-def _names(msg: str, field: str) -> bool:
-    return re.search(rf"\b{re.escape(field)}\b", msg) is not None
 
 
 def nearest_fix(msg: str, cfg) -> str | None:

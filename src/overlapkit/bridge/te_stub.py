@@ -1,15 +1,12 @@
 """Let `import megatron.bridge` succeed on a machine without Transformer Engine, without lying to megatron-core.
 
-Why: Bridge 0.6.2 imports `transformer_engine.pytorch` unguarded in exactly two modules
-(`megatron/bridge/peft/lora_layers.py`, `megatron/bridge/models/gpt_full_te_layer_autocast_spec.py`), both reached
-from `megatron.bridge.__init__`. A global fake `transformer_engine` package would make megatron-core believe TE is
-installed (its `HAVE_TE` probes are plain `import transformer_engine`), so TE-only code paths would be taken.
+Why: Bridge 0.6.2 imports `transformer_engine.pytorch` unguarded in exactly two modules (ALLOWED_IMPORTERS), both
+reached from `megatron.bridge.__init__`. A global fake package would make megatron-core's `HAVE_TE` probes (plain
+`import transformer_engine`) take TE-only code paths.
 
-How: a meta-path finder that serves a placeholder package *only* when the module executing the import statement is
-one of those two importers. The placeholder leaves `sys.modules` before any other module is imported (the finder
-purges it on its next call) and at the latest when the importer's module body ends, so every other importer gets
-`ModuleNotFoundError` and megatron-core keeps `HAVE_TE=False`. When real TE is importable this is a no-op.
-Any use of a placeholder class (instantiation) raises an ImportError naming the fix.
+How: a meta-path finder serves a placeholder package *only* to those two importers. It leaves `sys.modules` before
+any other module is imported and at the latest when the importer's body ends, so megatron-core keeps `HAVE_TE=False`.
+A no-op where real TE is importable; instantiating a placeholder raises an ImportError naming the fix.
 """
 
 from __future__ import annotations
@@ -20,33 +17,29 @@ import importlib.util
 import sys
 import types
 
-ALLOWED_IMPORTERS = frozenset(
-    {
-        "megatron.bridge.peft.lora_layers",
-        "megatron.bridge.models.gpt_full_te_layer_autocast_spec",
-    }
-)
+ALLOWED_IMPORTERS = {"megatron.bridge.peft.lora_layers", "megatron.bridge.models.gpt_full_te_layer_autocast_spec"}
 _SERVED: set[str] = set()  # names of placeholder modules currently in sys.modules
 _MSG = "Transformer Engine is not installed here; run on a node with the NeMo container (or `uv sync --extra gpu`)."
 
 
-class _Missing(type):
-    """Metaclass of placeholders: any attribute is another placeholder, any call raises."""
+def _placeholder(_owner, name: str):
+    """Any attribute of a placeholder module or class is another placeholder class (dunders stay absent)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Missing(name, (), {})
 
-    def __getattr__(cls, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Missing(name, (), {})
+
+class _Missing(type):
+    """Metaclass of placeholders: any call raises."""
+
+    __getattr__ = _placeholder
 
     def __call__(cls, *args, **kwargs):
         raise ImportError(_MSG)
 
 
 class _StubModule(types.ModuleType):
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Missing(name, (), {})
+    __getattr__ = _placeholder
 
 
 class _StubLoader(importlib.abc.Loader):
@@ -54,11 +47,8 @@ class _StubLoader(importlib.abc.Loader):
         _SERVED.add(spec.name)
         return _StubModule(spec.name)
 
-    def exec_module(self, module):
-        module.__path__ = []  # a package, so `transformer_engine.pytorch` resolves under it
-        parent, _, child = module.__name__.rpartition(".")
-        if parent and parent in sys.modules:
-            setattr(sys.modules[parent], child, module)
+    def exec_module(self, module):  # importlib gives it its __path__ (a package) and binds it to its parent
+        pass
 
 
 def _importer_name() -> str | None:
