@@ -1,10 +1,6 @@
-"""The data spec (`DATA=<data.toml>`, written by `make prep-data`; its model and the file's shape: spec/dataspec.py):
-Megatron indexed datasets, their weights or per-split blends, the split, the local Hugging Face tokenizer and the
-index cache, checked file by file before the Bridge import and applied with Bridge's own GPTDatasetConfig and
-TokenizerConfig.
-
-Every problem is one DataError line naming the fix. Nothing here writes a dataset file: prep-data uses modelopt's
-preprocessor (Megatron Core's IndexedDatasetBuilder); this module only reads the `.idx` header to check it.
+"""The data spec (`DATA=<data.toml>`, written by `make prep-data`; the file's model: spec/dataspec.py): the files it
+names checked one by one before the Bridge import, then applied with Bridge's own GPTDatasetConfig and TokenizerConfig.
+Every problem is one DataError line naming the fix. Nothing here writes a dataset file (prep-data: bridge/dataprep.py).
 """
 
 from __future__ import annotations
@@ -28,17 +24,8 @@ from overlapkit.spec.dataspec import MESSAGES, SPLITS, DataToml, Entry
 # lengths, int64 sequence pointers (the byte offset of each sequence in the .bin: _IndexWriter._sequence_pointers,
 # the running sum of length × itemsize from 0) and int64 document indices. Read, never written here.
 IDX_MAGIC = b"MMIDIDX\x00\x00"
-# DType codes of that file (indexed_dataset.DType) → (name, largest token id it can hold).
-DTYPES = {
-    1: ("uint8", 255),
-    2: ("int8", 127),
-    3: ("int16", 32767),
-    4: ("int32", 2**31 - 1),
-    5: ("int64", 2**63 - 1),
-    6: ("float64", 2**53),
-    7: ("float32", 2**24),
-    8: ("uint16", 65535),
-}
+# DType codes of that file (indexed_dataset.DType).
+DTYPES = dict(enumerate(("uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16"), start=1))
 
 
 class DataError(BadInput):
@@ -65,12 +52,8 @@ class DataSpec:
     per_split: dict = dataclasses.field(default_factory=dict)  # split → tuple[Prefix, ...]
 
     @property
-    def prefixes(self) -> tuple[Prefix, ...]:
-        return self.blend or tuple(p for s in SPLITS for p in self.per_split.get(s, ()))
-
-    @property
     def tokens(self) -> int:
-        return sum(p.tokens for p in self.prefixes)
+        return sum(p.tokens for p in self.blend or [p for ps in self.per_split.values() for p in ps])
 
     def to_dict(self) -> dict:
         return {
@@ -99,14 +82,15 @@ def read_idx(prefix: str, where: str) -> tuple[int, int, str, int]:
         head = fh.read(9 + 8 + 1 + 8 + 8)
     if len(head) < 34 or head[:9] != IDX_MAGIC:
         _fail(where, f"{idx} is not a Megatron index (bad header): rebuild it with make prep-data FORCE=1")
-    (version,), (code,) = struct.unpack("<Q", head[9:17]), struct.unpack("<B", head[17:18])
-    seqs, docs = struct.unpack("<Q", head[18:26])[0], struct.unpack("<Q", head[26:34])[0]
+    version, code, seqs, docs = struct.unpack("<QBQQ", head[9:34])
     if version != 1 or code not in DTYPES:
         _fail(where, f"{idx}: index version {version}, dtype code {code} unknown: rebuild it with make prep-data")
     if idx.stat().st_size < 34 + 4 * seqs + 8 * seqs + 8 * docs:
         _fail(where, f"{idx} is truncated (an interrupted write?): rebuild it with make prep-data FORCE=1")
     lengths = np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(seqs,)) if seqs else np.zeros(0, np.int32)
-    name, largest = DTYPES[code]
+    name = DTYPES[code]
+    # The largest token id the dtype holds exactly: an integer's max, a float's 2^(mantissa bits + 1).
+    largest = int(np.iinfo(name).max) if np.dtype(name).kind in "iu" else 2 ** (np.finfo(name).nmant + 1)
     tokens = int(lengths.sum(dtype=np.int64))
     if binf.stat().st_size != tokens * np.dtype(name).itemsize:
         _fail(where, f"{binf} holds {binf.stat().st_size} bytes, its index says {tokens} {name} tokens: rebuild it")

@@ -1,10 +1,9 @@
 """`make prep-data`: JSONL → Megatron indexed datasets (`.bin`/`.idx`) and the data spec `OUT/data.toml`.
 
-The tokenizing and the binary format are nvidia-modelopt's `megatron_preprocess_data` (which writes through Megatron
-Core's IndexedDatasetBuilder); this module checks the request, runs it in a hidden work directory inside OUT, checks
-each result with bridge/data.py's reader, and only then moves the files into OUT (each `.bin` before its `.idx`) and
-writes data.toml last, atomically. An interrupted run leaves no data.toml and no `.idx` without its `.bin`: nothing
-that looks complete. Existing outputs are kept unless FORCE=1.
+The tokenizing and the binary format are nvidia-modelopt's `megatron_preprocess_data` (Megatron Core's
+IndexedDatasetBuilder); this module checks the request, runs it in a hidden work directory inside OUT, checks each
+result with bridge/data.py's reader, then moves the files into OUT (each `.bin` before its `.idx`) and writes
+data.toml last, atomically: an interrupted run leaves nothing that looks complete. FORCE=1 overwrites outputs.
 """
 
 from __future__ import annotations
@@ -53,10 +52,9 @@ LINE_LIMIT = 4 << 20  # bytes
 
 
 def count_docs(f: Path, key: str) -> int:
-    """Documents in `f`, every line checked (file:line in the error) as modelopt's reader (text mode, universal
-    newlines) and encoder take it: UTF-8, at most LINE_LIMIT bytes (each read with that bound), a JSON object whose
-    `key` is a string. The preprocessor skips a malformed line with a warning and fails on a missing key deep in its
-    pool; here nothing is tokenized until the whole input is known good, so data.toml counts what the index holds."""
+    """Documents in `f`, every line checked (file:line in the error) as modelopt's reader and encoder take it: UTF-8,
+    at most LINE_LIMIT bytes, a JSON object whose `key` is a string. The preprocessor would skip a malformed line and
+    fail on a missing key deep in its pool; nothing is tokenized until the whole input is good."""
     opener, n = gzip.open if f.name.endswith(".gz") else open, 0
     try:
         with opener(f, "rb") as fh:
@@ -112,10 +110,9 @@ def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force:
         raise PrepError("TOKENIZER= is required: a local Hugging Face tokenizer directory (tokenizer.json)")
     tok, where = Path(tokenizer).expanduser(), f"TOKENIZER={tokenizer}"
     data.tokenizer_vocab(tok, where)
-    # The end-of-document token prep-data appends after every document (modelopt's append_eod uses the tokenizer's
-    # eos_token_id): named by tokenizer_config.json's eos_token, or special_tokens_map.json's as transformers also
-    # reads it, and in tokenizer.json's vocabulary (transformers would add an unknown one as a new id, past the
-    # vocabulary data.toml records).
+    # The end-of-document token modelopt's append_eod adds (the tokenizer's eos_token_id): named by
+    # tokenizer_config.json or special_tokens_map.json, as transformers reads it, and in tokenizer.json's vocabulary
+    # (transformers would add an unknown one as a new id, past the vocabulary data.toml records).
     eos = None
     for file in ("tokenizer_config.json", "special_tokens_map.json"):
         cfg = jsonio.read_json(
@@ -149,8 +146,7 @@ def check(in_path: str, tokenizer: str, out: str, key: str, workers: str, force:
 
 
 def worker_count(workers: str) -> int:
-    """WORKERS= as a number of tokenizing processes: 1 up to this machine's CPUs (each is one busy process: more only
-    queue for the same cores, and WORKERS=100000 would fork until the machine stops)."""
+    """WORKERS= as a number of tokenizing processes, 1 up to this machine's CPUs (more only queue for the cores)."""
     cap = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     text = (workers or "1").strip()
     if not re.fullmatch(r"[0-9]{1,6}", text) or not 1 <= int(text) <= cap:
@@ -164,8 +160,8 @@ def work_dir(out: Path) -> Path:
 
 
 def clear_stale(out: Path) -> list[Path]:
-    """Remove the work directories of earlier runs on this host that died (kill -9 leaves one): their pid is gone.
-    A live run's, or another host's (its pid means nothing here), is kept. Returns those removed."""
+    """Remove the work directories of dead earlier runs on this host (kill -9 leaves one), not another host's (its
+    pid means nothing here); returns those removed."""
     gone = []
     for d in out.glob(f"{WORK_PREFIX}*"):
         host, _, pid = d.name[len(WORK_PREFIX) :].rpartition("-")
