@@ -1,20 +1,14 @@
 """NVIDIA's published H100 runs, planned as our recipes, against the throughput model's prediction.
 
-The runs are the rows of the project's reference of published H100 throughput (dense FP8, dense BF16 and MoE FP8:
-model, release, GPUs, precision, batch, layout, tokens/s/GPU), as docs/throughput.md's validation table copies them.
-Each row is planned with `make_plan` as a user would: the shipped recipe of that model and precision (FP8 rows → the
-`_fp8cs` recipe), NODES = GPUs / 8, and SET for every batch or layout size the row states; recompute and everything
-else stay the recipe's (the reference does not state them). The model is compared on tokens/s/GPU, the measured
-quantity: TFLOP/s depends on how a release counts attention FLOPs (NeMo 24.07 counted them non-causal), tokens do
-not.
-
-The reference's scaling series (MLPerf Training GPT-3 175B, 256 to 10,752 GPUs) is planned the same way from our GPT3
-175B recipe; its software is not ours, so each round is compared at its own level (`leveled`): the ratios within a
-round, how the step changes with the size, are what it checks.
+The runs are the rows of the project's reference of published H100 throughput, as docs/throughput.md's validation
+table copies them. Each is planned with `make_plan` as a user would: the shipped recipe of that model and precision
+(FP8 → `_fp8cs`), NODES = GPUs / 8, and SET for every batch or layout size the row states; the rest stays the
+recipe's. The model is compared on tokens/s/GPU, the measured quantity (TFLOP/s depends on how a release counts
+attention FLOPs). The MLPerf GPT-3 175B scaling series runs software not ours, so each round is compared at its own
+level (`leveled`): only the ratios within a round are checked.
 
 `refit` fits sizing/calibration.py's constants on the runs (all, or all but one: the leave-one-out check); `rows`
-and `table` render the validation table of docs/throughput.md (tools/published_tables.py prints them). They run in
-the test that keeps that page and the constants honest.
+and `table` render docs/throughput.md's validation table, in the test that keeps that page and the constants honest.
 """
 
 from __future__ import annotations
@@ -28,23 +22,17 @@ from overlapkit import paths
 from overlapkit.sizing import calibration, throughput
 from overlapkit.spec.topology import Layout
 
-# The reference's rows, as this repo commits them (docs/throughput.md's validation table, with their sources): a
-# checkout reads nothing beside itself.
+# The reference's rows, as docs/throughput.md's validation table commits them: a checkout reads nothing beside itself.
 DOC = paths.REPO_ROOT / "docs" / "throughput.md"
 FIT_TOL, LOO_TOL = 0.10, 0.15  # issue #25's bar: every run within ±10%, each refitted without it within ±15%
-_MODELS = {"Llama3 8B": "llama3_8b", "Llama3 70B": "llama3_70b", "Llama3.1 405B": "llama31_405b"}
-_MODELS["GPT3 175B"] = "gpt3_175b"
-
-
-# The reference's three tables: dense FP8 (GBS/MBS/seq in one cell), dense BF16 and MoE (GBS/MBS, then seq; the MoE
-# table adds EP to the layout cell).
-_MODELS |= {"Llama3.1 8B": "llama3_8b", "Qwen3 30B-A3B": "qwen3_30b_a3b", "Qwen3 235B-A22B": "qwen3_235b_a22b"}
+# The reference's model names (of its three tables: dense FP8, dense BF16, MoE) → our recipes' prefixes.
+_MODELS = {"Llama3 8B": "llama3_8b", "Llama3.1 8B": "llama3_8b", "Llama3 70B": "llama3_70b", "GPT3 175B": "gpt3_175b"}
+_MODELS |= {"Llama3.1 405B": "llama31_405b", "Qwen3 30B-A3B": "qwen3_30b_a3b", "Qwen3 235B-A22B": "qwen3_235b_a22b"}
 _MODELS["DeepSeek-V3"] = "deepseek_v3"
-# A run published with a blockwise variant: the reference's "FP8 (blockwise: 330 TFLOP/s)" for DeepSeek-V3 (Megatron-
-# Bridge docs/performance-summary.md, 25.09 container, DGX-H100: 338 model TFLOP/s/GPU, "(330)" with 128x128 weight /
-# 1x128 activation quantisation, TE's Float8BlockScaling). Same FLOPs per token, so that run's tokens/s/GPU is the
-# row's scaled by 330/338: a row of its own (the blockwise GEMM rate is fitted on it), planned with the blockwise
-# recipe as the `_fp8sc` perf recipe sets it (megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py).
+# A run published with a blockwise variant: DeepSeek-V3's "FP8 (blockwise: 330 TFLOP/s)" (Megatron-Bridge
+# docs/performance-summary.md, 25.09, DGX-H100: 338 model TFLOP/s/GPU, 330 with TE's Float8BlockScaling). Same FLOPs
+# per token, so its tokens/s/GPU is the row's × 330/338: a row of its own (the blockwise GEMM rate is fitted on it),
+# planned with the blockwise recipe as the `_fp8sc` perf recipe sets it.
 _BLOCKWISE = re.compile(r"blockwise: (\d+) TFLOP/s")
 
 
@@ -64,8 +52,7 @@ class Point:
 
     @property
     def key(self) -> str:
-        """Short, unique: model / release (/ GPUs where a release has two runs of a model) (/ blockwise); a scaling
-        row: MLPerf <round · submitter · system>."""
+        """Unique: model / release (/ GPUs: GPT3) (/ blockwise); a scaling row: MLPerf <round · submitter · system>."""
         if self.series:
             return f"MLPerf {self.system}"
         release = re.sub(r"\s*\(.*\)", "", self.release).split(",")[0]
@@ -89,10 +76,9 @@ def _layout(batch: list[str], layout: str) -> Layout:
 
 
 def parse(text: str) -> list[Point]:
-    """Every table row of the form | model | release | GPUs | precision | GBS/MBS/seq | TP/PP/CP/VP | tokens/s/GPU |
-    (more cells may follow: docs/throughput.md's predictions), or | ... | GBS/MBS | seq | TP/PP/CP/VP[/EP] | tokens |
-    (the reference's BF16 and MoE tables); VP "–" or 1 is no interleaving. A run with a blockwise variant
-    (_BLOCKWISE) brings a second point; a precision cell "FP8 blockwise" (docs/throughput.md's copy) is that point."""
+    """Every row | model | release | GPUs | precision | GBS/MBS/seq | TP/PP/CP/VP | tokens/s/GPU | (more cells may
+    follow), or | ... | GBS/MBS | seq | TP/PP/CP/VP[/EP] | tokens | (the BF16 and MoE tables); VP "–" or 1: none. A
+    run with a blockwise variant (_BLOCKWISE) brings a second point, "FP8 blockwise" in docs/throughput.md's copy."""
     points = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -110,10 +96,8 @@ def parse(text: str) -> list[Point]:
         if variant:  # the published TFLOP/s is the row's last cell
             point = replace(point, precision=prec.split()[0])
             tokens = round(point.tokens * int(variant[1]) / float(cells[-1]))
-            points.append(
-                replace(point, precision=f"{point.precision} blockwise", tokens=tokens, fp8_recipe="blockwise")
-            )
-        points.insert(len(points) - bool(variant), point)
+            blockwise = replace(point, precision=f"{point.precision} blockwise", tokens=tokens, fp8_recipe="blockwise")
+        points += [point, blockwise] if variant else [point]
     return points
 
 
@@ -128,8 +112,7 @@ UNSTEADY = {
 
 
 def parse_scaling(text: str) -> list[Point]:
-    """The scaling series' rows: GPT-3 175B at seq 2048, FP8, TP/PP/VP as published; the series is the round (one
-    software release: its level is not ours, only the ratios within it are compared)."""
+    """The scaling series' rows: GPT-3 175B at seq 2048, FP8, TP/PP/VP as published; the series is the round."""
     points = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -145,7 +128,7 @@ def parse_scaling(text: str) -> list[Point]:
 
 
 def load() -> list[Point]:
-    """The reference's runs: docs/throughput.md's copy of them (the scaling series' after the others)."""
+    """docs/throughput.md's copy of the reference's runs (the scaling series' last)."""
     text = DOC.read_text()
     return parse(text) + parse_scaling(text)
 
@@ -222,10 +205,9 @@ def _predicted(points: list[Point], inputs: dict, k: calibration.Constants | Non
 
 
 def rows(points: list[Point], inputs: dict) -> list[dict]:
-    """Published vs predicted per run (the fitted constants), and predicted by the fit without that run; for an MoE
-    run, how it routed and how the plan (the recipe) routes: the reference's words (its MoE rows force-balance the
-    load; from 26.02 on, and where the release says so, they are token-dropless). A scaling series' run is predicted at
-    its series' level (`leveled`): without it, from the series' other runs (none: no leave-one-out)."""
+    """Published vs predicted per run (the fitted constants), and by the fit without that run (a scaling run: at the
+    level of its round's other runs; none, no leave-one-out); for an MoE run, how it routed (the reference's MoE rows
+    force-balance the load, token-dropless from 26.02 on or where the release says so) and how the recipe routes."""
     keys = {p.key for p in points} - set(UNSTEADY)
     fitted = _predicted(points, inputs, None, keys)
     out = []
@@ -234,9 +216,7 @@ def rows(points: list[Point], inputs: dict) -> list[dict]:
         routing = "–"
         if p.moe:
             release = re.search(r"(\d+)\.(\d+)", p.release)
-            dropless = "dropless" in p.release or (
-                release is not None and (int(release[1]), int(release[2])) >= (26, 2)
-            )
+            dropless = "dropless" in p.release or (bool(release) and (int(release[1]), int(release[2])) >= (26, 2))
             capacity = inputs[p.key].moe.capacity
             planned = "dropless" if capacity is None else f"capacity {capacity}"
             routing = f"forced balance, {'dropless' if dropless else 'capacity'} / learned router, {planned}"
@@ -246,7 +226,6 @@ def rows(points: list[Point], inputs: dict) -> list[dict]:
                 "point": p,
                 "predicted": pred,
                 "error": pred / p.tokens - 1,
-                "loo": held,
                 "loo_error": None if held is None else held / p.tokens - 1,
                 "recipe": recipe_of(p)[0],
                 "routing": routing,
@@ -277,8 +256,7 @@ def table(table_rows: list[dict]) -> str:
     ]
     runs = [r for r in table_rows if not r["point"].series]
     for r in runs:
-        p = r["point"]
-        lay = p.layout
+        p, lay = r["point"], r["point"].layout
         lines.append(
             f"| {p.model} | {p.release} | {p.gpus} | {p.precision} | {lay.gbs}/{lay.mbs}/{lay.seq} "
             f"| {lay.tp}/{lay.pp}/{lay.cp}/{lay.vpp or '–'}/{lay.ep} | {p.tokens:.0f} | {r['predicted']:.0f} "
@@ -348,17 +326,3 @@ def constants_table(k: calibration.Constants = calibration.FITTED) -> str:
         where = ", ".join(on) if len(on) <= 3 else f"{len(on)} runs: " + ", ".join(models)
         lines.append(f"| `{name}` | {getattr(k, name):.4g} | {where} |")
     return "\n".join(lines) + "\n"
-
-
-# The reference's same-layout FP8 ÷ BF16 speed-ups (NVIDIA's published pairs: 8B 1.33×, 70B 1.34×, GPT3 175B 1.50×,
-# 405B 1.52–1.60×), and the layout each is checked at: the BF16 run's where the reference lists one, else the FP8
-# run's (recipe prefix, nodes, SET, (low, high)).
-_LAYOUT = "model.tensor_model_parallel_size={} model.pipeline_model_parallel_size={} model.context_parallel_size={} "
-_LAYOUT += "model.virtual_pipeline_model_parallel_size={} train.global_batch_size={}"
-SPEEDUPS = (
-    ("llama3_8b", 1, _LAYOUT.format(1, 1, 2, "null", 128), (1.33, 1.33)),
-    ("llama3_70b", 8, _LAYOUT.format(4, 8, 1, 5, 128), (1.34, 1.34)),
-    ("gpt3_175b", 16, _LAYOUT.format(4, 8, 1, 6, 256), (1.50, 1.50)),
-    ("llama31_405b", 64, _LAYOUT.format(8, 8, 2, 8, 256), (1.52, 1.60)),
-)
-SPEEDUP_TOL = 0.10  # the model's ratio within ±10% of the published range (tests/unit_tests/sizing/test_throughput.py)
