@@ -11,20 +11,17 @@ Four layers, lowest to highest precedence; the highest layer that sets a variabl
               that no recipe can know, so the site has the last word.
 
 Every change of a lower layer's value is a `warning` conflict, except a recipe's measured value over our generic
-derived one (it is why the recipe layer exists; the ledger still shows what it replaced), and
-CUDA_DEVICE_MAX_CONNECTIONS: its value is the
-overlap's correctness (kernel order), which only the topology decides. This module is its one home: `connections`
-derives the value the layout needs, and `audit_rows` turns a final value that differs (whichever layer set it) into
-the audit's one `cuda_max_connections` error. Secrets (overlapkit/secrets.py: the one rule, by name and by value)
-never get a value here: a profile lists them by name, the ledger shows "<from caller env>" (sbatch passes the
-submitting shell's value by name), a literal one in a layer is an audit error with its value dropped, and a
-credential-shaped value in a shell variable the ledger would record is refused (one line).
+derived one (why the recipe layer exists; the ledger still shows what it replaced), and CUDA_DEVICE_MAX_CONNECTIONS,
+whose value is the overlap's correctness (kernel order): `connections` derives it from the layout, and `audit_rows`
+makes a final value that differs, whichever layer set it, the audit's one `cuda_max_connections` error. Secrets
+(overlapkit/secrets.py) never get a value here: a profile lists them by name, the ledger shows "<from caller env>",
+a literal one in a layer is an audit error with its value dropped, and a credential-shaped shell value the ledger
+would record is refused (one line).
 
-A shell's variables can reach the job unrecorded (REACH): nemo_run's local executor (make run-local) copies
-os.environ, and a Slurm job gets the user's login environment on the node (sbatch passes only PATH and the profile's
-secrets from the submitting shell, `--export=PATH,<secrets>`: cluster/slurm.py). For a name the plan sets, the plan's
-value wins (the script exports it), so the shell's value is silently ignored; a tuning name (NCCL_*, NVTE_*...) the
-plan does not set reaches the job unrecorded. Both are reported as `shell_overrides`.
+A shell's variables can reach the job unrecorded (REACH): make run-local's executor copies os.environ, and a Slurm
+job gets the user's login environment on the node (sbatch exports only PATH and the secrets: cluster/slurm.py). The
+plan's value wins for a name it sets, so the shell's is silently ignored; a tuning name (NCCL_*, NVTE_*...) it does
+not set reaches the job unrecorded. Both are reported as `shell_overrides`.
 """
 
 from __future__ import annotations
@@ -60,6 +57,7 @@ _COMMON = {
 class EnvEntry:
     value: str
     reason: str  # one line, with its source
+    error: str | None = None  # connections(): the audit error when no value can serve the layout
 
 
 @dataclass
@@ -89,22 +87,13 @@ class ShellOverride:
     message: str
 
 
-@dataclass(frozen=True)
-class Connections:
-    """What the layout needs of CUDA_DEVICE_MAX_CONNECTIONS: the value, why, and an error when no value can serve."""
-
-    value: str
-    reason: str
-    error: str | None = None
-
-
 QWEN_MOE = "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe"
 # Megatron Core's alltoall dispatcher orders the shared-expert GEMMs around the all-to-all so they overlap "when
 # CUDA_DEVICE_MAX_CONNECTIONS>1" (megatron/core/transformer/moe/token_dispatcher.py): more queues, more overlap.
 EP_QUEUES = "8"
 
 
-def connections(plan) -> Connections:
+def connections(plan) -> EnvEntry:
     """The one rule for CUDA_DEVICE_MAX_CONNECTIONS. TP/CP overlap needs 1: its compute and comm kernels must keep
     their issue order on one hardware queue. TP>1 without TP overlap but with the EP all-to-all overlap: 8, so the
     all-to-all streams run beside compute while TP collectives keep a short queue (NVIDIA's Qwen3 235B-A22B).
@@ -116,13 +105,13 @@ def connections(plan) -> Connections:
     ep_overlap = bool(getattr(rm, "overlap_moe_expert_parallel_comm", False))
     if tp > 1 and cp == 1 and not fsdp and ep_overlap and not rm.tp_comm_overlap:
         why = f"TP={tp} without TP comm overlap (no userbuffers kernel order to keep), EP all-to-all overlap on: its "
-        return Connections(EP_QUEUES, why + f"streams need queues beside compute; {QWEN_MOE} 235B-A22B sets 8")
+        return EnvEntry(EP_QUEUES, why + f"streams need queues beside compute; {QWEN_MOE} 235B-A22B sets 8")
     if (tp > 1 or cp > 1) and not fsdp:
         why = f"TP={tp}/CP={cp} comm overlap needs compute and comm kernels kept in issue order (one hardware queue); "
-        return Connections("1", why + f"{PERF} sets 1 for its TP4 and CP2 layouts")
+        return EnvEntry("1", why + f"{PERF} sets 1 for its TP4 and CP2 layouts")
     if tp > 1 or cp > 1:
         fix = "use TP=CP=1 or ddp.use_megatron_fsdp=false"
-        return Connections(
+        return EnvEntry(
             "32",
             f"{fsdp_note}, although TP={tp}/CP={cp} overlap wants 1 (an audit error)",
             f"{PINNED}: TP/CP overlap needs 1 but Megatron-FSDP refuses 1; {fix}",
@@ -130,7 +119,7 @@ def connections(plan) -> Connections:
     why = f"TP=CP=1: 1 would serialise DP grad-reduce/param-gather with compute; {PERF} 8B fp8cs uses 32"
     if getattr(m, "num_moe_experts", None):
         why += f", {QWEN_MOE} 30B-A3B and the GPT-OSS 120B recipe too"
-    return Connections("32", why + (f"; {fsdp_note}" if fsdp else ""))
+    return EnvEntry("32", why + (f"; {fsdp_note}" if fsdp else ""))
 
 
 def derived_env(plan) -> dict[str, EnvEntry]:
@@ -177,10 +166,6 @@ class Ledger:
     @property
     def secrets(self) -> list[str]:
         return [e.name for e in self.entries if e.secret]
-
-    @property
-    def errors(self) -> list[Conflict]:
-        return [c for c in self.conflicts if c.level == "error"]
 
     def to_dict(self) -> dict:
         """Stable keys: the run directory's plan.json and the nightly read them."""

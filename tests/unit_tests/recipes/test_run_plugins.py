@@ -299,19 +299,23 @@ def test_secrets_pass_by_name_and_their_values_are_never_recorded(tmp_path):
     assert "WANDB_API_KEY" not in executor.env_vars and executor.env_vars["NCCL_IB_HCA"].startswith("mlx5_0")
 
 
+def _errors(led):
+    return [c for c in led.conflicts if c.level == "error"]
+
+
 def test_a_literal_secret_in_a_layer_is_an_error_and_is_dropped():
     led = build_ledger(layered(B8, recipe={"HF_TOKEN": EnvVar("hf_literal_abc", "oops")}), caller_env={})
-    assert [(c.name, c.layers, c.values, c.level) for c in led.errors] == [
+    assert [(c.name, c.layers, c.values, c.level) for c in _errors(led)] == [
         ("HF_TOKEN", ("recipe",), ("<redacted>",), "error")
     ]
-    assert "put its name in secrets = [...]" in led.errors[0].message
+    assert "put its name in secrets = [...]" in _errors(led)[0].message
     assert "hf_literal_abc" not in json.dumps(led.to_dict()) + rendered(led)
 
 
 def test_a_credential_shaped_value_in_a_layer_is_an_error_and_is_dropped():
     led = build_ledger(layered(B8, recipe={"NCCL_HINT": EnvVar(SLACK, "pasted")}), caller_env={})
-    assert [(c.name, c.values, c.level) for c in led.errors] == [("NCCL_HINT", ("<redacted>",), "error")]
-    assert "looks like a Slack token" in led.errors[0].message and SLACK not in json.dumps(led.to_dict())
+    assert [(c.name, c.values, c.level) for c in _errors(led)] == [("NCCL_HINT", ("<redacted>",), "error")]
+    assert "looks like a Slack token" in _errors(led)[0].message and SLACK not in json.dumps(led.to_dict())
 
 
 @pytest.mark.parametrize("value", ["hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", JWT, SLACK])
@@ -507,7 +511,7 @@ def test_cuda_max_connections_has_one_home_that_every_reader_follows(monkeypatch
     env the plugin hands a real nemo_run executor all say 7. A second rule anywhere on that path keeps its own value."""
     from overlapkit.bridge import env
 
-    monkeypatch.setattr(env, "connections", lambda plan: env.Connections("7", "a probe of the one home"))
+    monkeypatch.setattr(env, "connections", lambda plan: env.EnvEntry("7", "a probe of the one home"))
     led = build_ledger(plan(B70), load_profile("example-eos"), caller_env={})
     assert (led.entry(PINNED).value, led.entry(PINNED).reason) == ("7", "a probe of the one home")
     rep = audit_rows(plan(B70), led)
