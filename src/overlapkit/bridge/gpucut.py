@@ -1,20 +1,19 @@
 """1-GPU cuts of the dense recipes, next to the same cut of Bridge's own H100 recipe (issue #6, item 5).
 
-A cut keeps what makes a recipe's GEMMs what they are — hidden size, FFN size, heads and query groups, vocabulary,
-dtype, and every knob of the recipe that is not a layout knob — and changes only what one GPU forces:
-a few layers, TP = PP = CP = 1 (so no overlap applies: nothing to overlap on one GPU), MBS 1, a short run on mock
-data with a fixed seed. Both sides get the identical cut, so the ratio isolates the recipe knobs.
+A cut keeps what makes a recipe's GEMMs what they are (hidden, FFN, heads, query groups, vocabulary, dtype, every
+knob that is not a layout knob) and changes only what one GPU forces: a few layers, TP = PP = CP = 1 (no overlap),
+MBS 1, a short run on mock data with a fixed seed. Both sides get the identical cut: the ratio isolates the knobs.
 
 Without Transformer Engine (the lent GPU machines cannot carry its wheel), the cut runs Megatron Core's local layer
-spec in BF16 with the TE-only fusions off: unfused core attention (it stores s² scores, hence the shorter cut
-sequence), native cross entropy, no rope fusion, no gradient-accumulation fusion. Its TFLOP/s are therefore a
-regression signal for this stack, labelled as such — never comparable to NVIDIA's published TE numbers.
+spec in BF16 with the TE-only fusions off (unfused attention stores s² scores, hence the shorter sequence): its
+TFLOP/s are a regression signal for this stack, labelled as such, never comparable to NVIDIA's published TE numbers.
 
 Pure: the builders read no files and no environment; bench/gpu_cut.py runs them.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 from dataclasses import dataclass
@@ -37,12 +36,15 @@ ONE_GPU = Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=4, seq=2048)
 class Cut:
     """One dense recipe's 1-GPU cut. `reference`: the dotted path of Bridge's own H100 recipe function."""
 
-    key: str
     recipe: str
     reference: str
     layers: int
     layout: Layout = ONE_GPU
     note: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.recipe.split("_pretrain_")[0]  # the model: llama3_8b
 
 
 _PERF = "megatron.bridge.perf_recipes.llama.h100"
@@ -53,27 +55,15 @@ _PERF = "megatron.bridge.perf_recipes.llama.h100"
 CUTS = {
     c.key: c
     for c in (
+        Cut("llama3_8b_pretrain_8gpu_h100_bf16", f"{_PERF}.llama3.llama3_8b_pretrain_8gpu_h100_bf16_config", 4),
+        Cut("llama3_70b_pretrain_64gpu_h100_bf16", f"{_PERF}.llama3.llama3_70b_pretrain_64gpu_h100_bf16_config", 2),
         Cut(
-            "llama3_8b",
-            "llama3_8b_pretrain_8gpu_h100_bf16",
-            f"{_PERF}.llama3.llama3_8b_pretrain_8gpu_h100_bf16_config",
-            layers=4,
-        ),
-        Cut(
-            "llama3_70b",
-            "llama3_70b_pretrain_64gpu_h100_bf16",
-            f"{_PERF}.llama3.llama3_70b_pretrain_64gpu_h100_bf16_config",
-            layers=2,
-        ),
-        Cut(
-            "gpt3_175b",
             "gpt3_175b_pretrain_128gpu_h100_bf16",
             "megatron.bridge.recipes.gpt.h100.gpt3_175b.gpt3_175b_pretrain_32gpu_h100_bf16_config",
             layers=2,
             note="Bridge ships no GPT3 perf recipe: the reference is Bridge's own H100 GPT3 recipe",
         ),
         Cut(
-            "llama31_405b",
             "llama31_405b_pretrain_512gpu_h100_bf16",
             f"{_PERF}.llama31.llama31_405b_pretrain_512gpu_h100_bf16_config",
             layers=1,
@@ -81,12 +71,6 @@ CUTS = {
         ),
     )
 }
-
-
-def resolve(dotted: str):
-    """`package.module.function` → the function (Bridge's recipe builders)."""
-    module, _, name = dotted.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def build(key: str, side: str, iters: int = ITERS):
@@ -101,7 +85,8 @@ def build(key: str, side: str, iters: int = ITERS):
     if side == "ours":
         cfg = registry.get(cut.recipe).build()
     elif side == "bridge":
-        cfg = resolve(cut.reference)()
+        module, _, function = cut.reference.rpartition(".")
+        cfg = getattr(importlib.import_module(module), function)()
     else:
         raise ValueError(f"unknown side {side!r}: use one of {', '.join(SIDES)}")
     m, lay = cfg.model, cut.layout
@@ -157,11 +142,8 @@ def _plain(v):
 
 def differences(a, b) -> list[tuple[str, object, object]]:
     """(section.field, a's value, b's value) for every config field where two cut configs differ at training time:
-    the knobs that can explain a ratio other than 1 (the layout is equal by construction). As in Bridge's
-    runtime_config_update, each side's mixed_precision is first applied to its model, optimizer and ddp configs, so
-    a value that precision would overwrite is not reported."""
-    import copy
-
+    the knobs that can explain a ratio other than 1. Each side's mixed_precision is applied first (as Bridge's
+    runtime_config_update does), so a value that precision would overwrite is not reported."""
     a, b = copy.deepcopy(a), copy.deepcopy(b)
     for c in (a, b):
         if dataclasses.is_dataclass(c.mixed_precision):

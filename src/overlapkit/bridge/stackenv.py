@@ -1,16 +1,15 @@
 """A candidate stack (`STACK="megatron-bridge==0.6.0 megatron-core==0.19.0"`) in its own environment, built by uv.
 
-The candidate is this project with the given pins in place of its own: a copy of pyproject.toml (its [tool.uv] CPU
-overrides included) whose pins are swapped, locked by `uv lock` starting from this checkout's uv.lock (uv keeps every
-locked version the new pins allow, so only what they force moves), then installed by `uv sync --frozen` into a
-virtual environment of its own. The checkout's .venv is never touched. The environment lives in the cache directory
-(OVERLAPKIT_STACKS, else ~/.cache/overlapkit/stacks) under a hash of the pins, uv.lock and pyproject.toml: built once,
-reused by every later run (uv's cache hard-links the wheels, torch included). A stack that does not install is one
-line from uv, never its log. The candidate python runs this checkout's src/ and recipes/ on its PYTHONPATH.
+The candidate is this project with the given pins swapped into a copy of pyproject.toml, locked by `uv lock` from
+this checkout's uv.lock (only what the new pins force moves), installed by `uv sync --frozen` into a virtual
+environment of its own (the checkout's .venv is never touched) in the cache directory (OVERLAPKIT_STACKS, else
+~/.cache/overlapkit/stacks) under a hash of the pins, uv.lock and pyproject.toml: built once, then reused. A stack
+that does not install is one line from uv. The candidate python runs this checkout's src/ and recipes/.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
@@ -61,8 +60,6 @@ def parse(text: str, lock: Path | None = None) -> Stack:
             raise BadInput(f"STACK: {tok!r} is not name==version (exact pins only, e.g. megatron-core==0.19.0)")
         name = _norm(m[1])
         if name not in known and name not in EXTRA:
-            import difflib
-
             near = difflib.get_close_matches(name, [*known, *EXTRA], n=1)
             hint = f" (did you mean {near[0]}?)" if near else ""
             raise BadInput(f"STACK: {m[1]} is not a package of this project's stack (uv.lock){hint}")
@@ -104,10 +101,6 @@ def swapped_pyproject(text: str, stack: Stack) -> str:
         added = "".join(f'    "{n}=={v}",\n' for n, v in missing.items())
         out = out.replace("dependencies = [\n", "dependencies = [\n" + added, 1)
     return out
-
-
-def _uv() -> list[str]:
-    return [str(paths.REPO_ROOT / "tools" / "uv.sh")]
 
 
 def uv_line(stderr: str) -> str:
@@ -160,10 +153,10 @@ def build(stack: Stack, offline: bool = False, root: Path | None = None, say=Non
     shutil.copyfile(src / "README.md", project / "README.md")  # pyproject names it
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
     env["UV_PROJECT_ENVIRONMENT"] = str(where / "venv")
-    flags = ["--offline"] if offline else []
+    uv, flags = str(src / "tools" / "uv.sh"), ["--offline"] if offline else []
     try:
-        _run([*_uv(), "lock", "--quiet", *flags], project, stack, env)
-        _run([*_uv(), "sync", "--frozen", "--quiet", "--no-install-project", "--no-dev", *flags], project, stack, env)
+        _run([uv, "lock", "--quiet", *flags], project, stack, env)
+        _run([uv, "sync", "--frozen", "--quiet", "--no-install-project", "--no-dev", *flags], project, stack, env)
     except BadInput:
         shutil.rmtree(where, ignore_errors=True)  # nothing half-built is left to take for a stack
         raise

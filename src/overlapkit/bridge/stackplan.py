@@ -1,13 +1,11 @@
 """Plan every recipe under one stack, in one process (Bridge imported once), and write each one's plan record.
 
 `python -m overlapkit.bridge.stackplan OUT.json [--recipes "a b"] [--set "k=v ..."]` is what `make stack-diff` runs
-under each stack's python (the checkout's .venv, and the candidate's environment from bridge/stackenv.py). A record
-is the one `make plan FORMAT=json` prints (Plan.to_dict), plus `config`: every resolved ConfigContainer field (the
-recipe's config with Bridge's resolved model/optimizer/ddp/comm_overlap, as config.yaml is written), flattened to
-dotted keys, and `not_fields`: attributes a recipe set that are no dataclass field of that stack (a fork writing a
-field the stack renamed sets a dead attribute, and nothing says so). A recipe that fails to plan is its first error
-in one line, whatever raised it: under a candidate stack our own code may be what breaks. The diff reads these
-records only (overlapkit/nightly/stackdiff.py).
+under each stack's python (the checkout's .venv, and the candidate's from bridge/stackenv.py). A record is `make plan
+FORMAT=json`'s, plus `config`: every resolved ConfigContainer field as dotted keys, and `not_fields`: attributes a
+recipe set that are no dataclass field of that stack (a fork writing a renamed field sets a dead attribute, silently).
+A recipe that fails to plan is its first error in one line, whatever raised it (under a candidate stack our own code
+may break). overlapkit/nightly/stackdiff.py diffs these records.
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # an object's address differs every
 
 
 def value_of(v):
-    """A field's value as JSON that is stable across processes: primitives as they are, containers element-wise,
-    enums and dtypes by name, functions and classes by their dotted name, anything else by its repr sans address."""
+    """A field's value as JSON that is stable across processes (enums by name, callables by dotted name, anything
+    else by its repr without its address)."""
     if isinstance(v, (bool, int, float, str, type(None))):
         return v
     if isinstance(v, enum.Enum):
@@ -62,9 +60,8 @@ def flatten(obj, prefix: str, out: dict, missing: dict, depth: int = 3) -> None:
 
 
 def bridge_fields(source: str) -> dict | None:
-    """The fields of the config Bridge's own recipe function returns (the recipe's `source`, when it names one), before
-    this repo's recipe tunes it: what a release changed in its recipe functions and defaults, even where the recipe
-    sets the field itself. {"error": ...} when the function raises; None for a recipe not built on one."""
+    """The fields of the config Bridge's own recipe function (`source`) returns, before our recipe tunes it: what a
+    release changed in its recipes even where ours sets the field. {"error": ...} when it raises; None: no function."""
     module, _, func = source.rpartition(".")
     if not module.startswith("megatron.bridge."):
         return None
@@ -75,21 +72,14 @@ def bridge_fields(source: str) -> dict | None:
             cfg = getattr(importlib.import_module(module), func)()
     except Exception as exc:  # the candidate's function fails: said, the plan's record stands or fails on its own
         return {"error": first_error(exc)}
-    fields = {}
-    for section in SECTIONS:
-        if dataclasses.is_dataclass(part := getattr(cfg, section, None)):
-            flatten(part, f"{section}.", fields, {})
-    return {"fields": fields}
+    return {"fields": config_fields(cfg)[0]}
 
 
-def config_fields(plan) -> tuple[dict, dict]:
-    """(fields, not_fields) of the plan's resolved config: the recipe's config with Bridge's resolved parts."""
-    cfg, r = copy.copy(plan.cfg), plan.resolved
-    cfg.model, cfg.optimizer, cfg.ddp, cfg.comm_overlap = r.model, r.optimizer, r.ddp, r.comm
+def config_fields(cfg) -> tuple[dict, dict]:
+    """(fields, not_fields) of a config's SECTIONS."""
     fields, missing = {}, {}
     for section in SECTIONS:
-        part = getattr(cfg, section, None)
-        if dataclasses.is_dataclass(part):
+        if dataclasses.is_dataclass(part := getattr(cfg, section, None)):
             flatten(part, f"{section}.", fields, missing)
     return fields, missing
 
@@ -113,7 +103,9 @@ def record(name: str, sets: str = "") -> dict:
     except Exception as exc:  # any failure under a candidate stack is the answer, in one line
         return {"recipe": name, "error": first_error(exc)}
     rec = plan.to_dict()
-    rec["config"], rec["not_fields"] = config_fields(plan)
+    cfg, r = copy.copy(plan.cfg), plan.resolved  # the recipe's config with Bridge's resolved parts
+    cfg.model, cfg.optimizer, cfg.ddp, cfg.comm_overlap = r.model, r.optimizer, r.ddp, r.comm
+    rec["config"], rec["not_fields"] = config_fields(cfg)
     rec["bridge_config"] = bridge_fields(plan.recipe.source)
     return rec
 
@@ -127,9 +119,9 @@ def plan_all(names: list[str], sets: str = "") -> dict:
     return {
         "versions": stack.versions(),
         "load_errors": registry.load_errors(),
-        "records": [record(n, sets) if n in known else {"recipe": n, "error": "not a recipe here"} for n in names]
-        if names
-        else [record(n, sets) for n in known],
+        "records": [
+            record(n, sets) if n in known else {"recipe": n, "error": "not a recipe here"} for n in names or known
+        ],
     }
 
 
