@@ -19,10 +19,9 @@ from overlapkit.errors import BadInput
 from overlapkit.spec import model
 from overlapkit.spec.dataspec import MESSAGES, SPLITS, DataToml, Entry
 
-# Megatron Core's .idx layout (megatron-core 0.19.2, megatron/core/datasets/indexed_dataset.py, _IndexWriter.write
-# and _IndexReader): magic, <Q version 1, <B dtype code, <Q sequence count, <Q document count, then int32 sequence
-# lengths, int64 sequence pointers (the byte offset of each sequence in the .bin: _IndexWriter._sequence_pointers,
-# the running sum of length × itemsize from 0) and int64 document indices. Read, never written here.
+# Megatron Core's .idx layout (megatron-core 0.19.2, datasets/indexed_dataset.py, _IndexWriter.write): magic, <Q
+# version 1, <B dtype code, <Q sequence count, <Q document count, then int32 sequence lengths, int64 sequence pointers
+# (each sequence's byte offset in the .bin: the running sum of length × itemsize from 0) and int64 document indices.
 IDX_MAGIC = b"MMIDIDX\x00\x00"
 # DType codes of that file (indexed_dataset.DType).
 DTYPES = dict(enumerate(("uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16"), start=1))
@@ -101,11 +100,8 @@ def read_idx(prefix: str, where: str) -> tuple[int, int, str, int]:
         starts = np.zeros(seqs, dtype=np.int64)
         np.cumsum(lengths[:-1], dtype=np.int64, out=starts[1:])
         if (lengths < 0).any() or not np.array_equal(pointers, starts * np.dtype(name).itemsize):
-            _fail(
-                where,
-                f"{idx}'s sequence pointers do not match its lengths (a corrupt index): rebuild it with make "
-                "prep-data FORCE=1",
-            )
+            bad = f"{idx}'s sequence pointers do not match its lengths (a corrupt index)"
+            _fail(where, f"{bad}: rebuild it with make prep-data FORCE=1")
     return tokens, max(docs - 1, 0), name, largest
 
 
@@ -129,11 +125,8 @@ def _prefixes(entries: list[Entry], base: Path, where: str, vocab: int) -> tuple
             _fail(where, f"{e.prefix} is listed twice in one blend: list each dataset once (its weight sets its share)")
         tokens, docs, dtype, largest = read_idx(prefix, where)
         if vocab - 1 > largest:
-            _fail(
-                where,
-                f"{prefix}.idx stores {dtype} tokens (ids ≤ {largest}) but the tokenizer has {vocab}: "
-                "re-run make prep-data with this tokenizer",
-            )
+            bad = f"{prefix}.idx stores {dtype} tokens (ids ≤ {largest}) but the tokenizer has {vocab}"
+            _fail(where, f"{bad}: re-run make prep-data with this tokenizer")
         out.append(Prefix(prefix, e.weight, tokens, docs, dtype))
     return tuple(out)
 
@@ -166,9 +159,7 @@ def load(path: str | Path) -> DataSpec:
     tok = resolved(base / spec.tokenizer, where)
     vocab = tokenizer_vocab(tok, where)
     cache = resolved(base / spec.cache, where)
-    probe = cache
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = next(p for p in (cache, *cache.parents) if p.exists())  # where Megatron would create it
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         _fail(where, f"index cache {cache} is not writable (Megatron writes its sample indices there): set cache")
     if spec.blend:

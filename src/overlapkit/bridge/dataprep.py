@@ -44,10 +44,9 @@ def inputs(path: str) -> list[Path]:
     return [p]
 
 
-# A document is one JSONL line, and the tokenizer holds the whole of it at once: transformers 5.12.1's fast tokenizer
-# took ~170 bytes per input byte here (byte-level BPE: a 4 MiB line 0.69 GB, 16 MiB 2.5 GB; a 50 MB line 9 GB), per
-# tokenizing worker. 4 MiB (~1.5M tokens, hundreds of 8K-token sequences) keeps a worker under ~0.7 GB and is far
-# beyond any real document; the check reads a line at most this long, so a newline-free file costs no more.
+# A document is one JSONL line, tokenized whole: transformers 5.12.1's fast tokenizer took ~170 bytes per input byte
+# here per worker (a 4 MiB line 0.69 GB, a 50 MB line 9 GB). 4 MiB (~1.5M tokens) keeps a worker under ~0.7 GB and is
+# far beyond any real document; the check reads a line at most this long, so a newline-free file costs no more.
 LINE_LIMIT = 4 << 20  # bytes
 
 

@@ -94,10 +94,9 @@ EP_QUEUES = "8"
 
 
 def connections(plan) -> EnvEntry:
-    """The one rule for CUDA_DEVICE_MAX_CONNECTIONS. TP/CP overlap needs 1: its compute and comm kernels must keep
-    their issue order on one hardware queue. TP>1 without TP overlap but with the EP all-to-all overlap: 8, so the
-    all-to-all streams run beside compute while TP collectives keep a short queue (NVIDIA's Qwen3 235B-A22B).
-    Otherwise 32, so DP grad-reduce/param-gather and EP all-to-all run beside compute."""
+    """The one rule for CUDA_DEVICE_MAX_CONNECTIONS: 1 for TP/CP overlap (its kernels keep their issue order on one
+    hardware queue); 8 for TP>1 without TP overlap but with the EP all-to-all overlap (its streams run beside compute,
+    TP collectives keep a short queue); otherwise 32, so DP and EP communication run beside compute."""
     m, rm = plan.cfg.model, plan.resolved.model
     tp, cp = m.tensor_model_parallel_size, m.context_parallel_size or 1
     fsdp = bool(plan.cfg.ddp.use_megatron_fsdp)
@@ -124,13 +123,12 @@ def connections(plan) -> EnvEntry:
 
 def derived_env(plan) -> dict[str, EnvEntry]:
     """What the layout needs, each with its reason and public source."""
-    m, res, gpu = plan.cfg.model, plan.resolved, plan.target.gpu
+    m, rm, rddp, gpu = plan.cfg.model, plan.resolved.model, plan.resolved.ddp, plan.target.gpu
     pp, cp = m.pipeline_model_parallel_size, m.context_parallel_size or 1
     if gpu not in HOPPER:
         raise ValueError(f"derived_env knows Hopper GPUs only ({', '.join(HOPPER)}), not {gpu!r}: add its rules")
     need = connections(plan)
     env = {PINNED: EnvEntry(need.value, need.reason)}
-    rm, rddp = res.model, res.ddp
     overlap = rm.tp_comm_overlap or rm.overlap_p2p_comm or rddp.overlap_grad_reduce or rddp.overlap_param_gather
     if overlap or cp > 1:
         margin = f"leave 20 SMs to the overlapped comm kernels during LayerNorm ({PERF}, all H100 layouts)"
@@ -181,10 +179,8 @@ class Ledger:
 
 
 def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
-    """Merge the four layers for `plan` (and `profile`, an overlapkit.cluster.profiles.ClusterProfile), recording
-    every value's layer, reason and what it replaced."""
+    """Merge the four layers for `plan` and `profile`, recording every value's layer, reason and what it replaced."""
     caller_env = dict(os.environ if caller_env is None else caller_env)
-    derived = derived_env(plan)
     cluster = profile.env if profile else {}
     bridge = {}
     if plan.cfg.env_vars:
@@ -194,7 +190,7 @@ def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
             why = f": common default ({COMMON})" if k in COMMON_RECIPE_ENV_VARS else f" ({plan.recipe.name})"
             bridge[k] = (str(v), "Bridge base recipe's cfg.env_vars" + why)
     layers = [
-        ("derived", {k: (e.value, e.reason) for k, e in derived.items()}),
+        ("derived", {k: (e.value, e.reason) for k, e in derived_env(plan).items()}),
         ("bridge", bridge),
         ("recipe", {k: (str(v.value), v.reason or "recipe env (no reason given)") for k, v in plan.recipe.env.items()}),
         ("cluster", {k: (v, f"site setting in {profile.source}") for k, v in cluster.items()}),
@@ -253,10 +249,8 @@ def _shell_overrides(led: Ledger, caller_env: dict, secrets: set[str]) -> list[S
 
 
 def audit_rows(plan, ledger: Ledger) -> AuditReport:
-    """The launch environment's part of the audit: the CUDA_DEVICE_MAX_CONNECTIONS row and its rule, then every
-    layer conflict (the literal secrets among them)."""
-    m = plan.cfg.model
-    tp, cp = m.tensor_model_parallel_size, m.context_parallel_size or 1
+    """The launch environment's audit: the CUDA_DEVICE_MAX_CONNECTIONS row and its rule, then every layer conflict."""
+    tp, cp = plan.cfg.model.tensor_model_parallel_size, plan.cfg.model.context_parallel_size or 1
     need, entry = connections(plan), next((e for e in ledger.entries if e.name == PINNED), None)
     value = entry.value if entry else None
     rep = AuditReport([Row(PINNED, ON if value is not None else OFF, f"{value} (TP={tp}, CP={cp})")])

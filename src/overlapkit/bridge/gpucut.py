@@ -48,10 +48,9 @@ class Cut:
 
 
 _PERF = "megatron.bridge.perf_recipes.llama.h100"
-# Sizes from memory.py's estimate with unfused attention (9 B per score and head): every cut runs sequence 2048, and
-# as many layers as fit an H100 80 GB, except 405B, which cannot: one layer (3.2B params) plus its untied 128K-vocab
-# embedding and output layer (4.2B) need 16 B/param for BF16 weights and grads plus fp32 Adam state, 110 GB before
-# any activation. It runs on an H200 (141 GB) and is skipped, with its estimate, on smaller cards.
+# Sizes from memory.py's estimate with unfused attention: as many layers as fit an H100 80 GB at sequence 2048, except
+# 405B: one layer (3.2B params) plus its untied 128K-vocab embedding and output layer (4.2B) at 16 B/param (BF16
+# weights and grads, fp32 Adam) is 110 GB before any activation, so it runs on an H200 and is skipped on smaller cards.
 CUTS = {
     c.key: c
     for c in (
@@ -155,9 +154,7 @@ def differences(a, b) -> list[tuple[str, object, object]]:
             if x != y:
                 out.append((section, x, y))
             continue
-        for f in dataclasses.fields(x):
-            if f.name.startswith("_"):
-                continue
+        for f in (f for f in dataclasses.fields(x) if not f.name.startswith("_")):
             va, vb = _plain(getattr(x, f.name, None)), _plain(getattr(y, f.name, None))
             if type(va) is not type(vb) or va != vb:
                 out.append((f"{section}.{f.name}", va, vb))

@@ -157,8 +157,7 @@ def recipe_of(p: Point) -> tuple[str, int, str]:
         sets["mixed_precision.fp8_recipe"] = "blockwise"
     if p.fp8_recipe == "blockwise" or (p.series and not p.fp8_params):  # no FP8 parameters, so no FP8 param gather
         sets |= {"mixed_precision.fp8_param_gather": "false", "mixed_precision.fp8_param": "false"}
-    text = " ".join(f"{k}={'null' if v is None else v}" for k, v in sets.items())
-    return name, p.gpus // 8, text
+    return name, p.gpus // 8, " ".join(f"{k}={'null' if v is None else v}" for k, v in sets.items())
 
 
 def plan_of(p: Point):
@@ -189,8 +188,8 @@ def leveled(points: list[Point], raw: dict[str, float], used: set[str]) -> dict[
 
 
 def refit(points: list[Point], inputs: dict, leave_out: str | None = None) -> calibration.Constants:
-    """The constants fitted on every run but `leave_out`, from calibration.NEUTRAL (so a left-out run's information
-    cannot reach its own prediction through the starting point); a scaling series' runs at their series' level."""
+    """The constants fitted on every run but `leave_out`, from calibration.NEUTRAL (so a left-out run cannot reach its
+    own prediction through the starting point)."""
     used = {p.key: p.tokens for p in points if p.key != leave_out and p.key not in UNSTEADY}
 
     def predict(k):
@@ -235,16 +234,11 @@ def rows(points: list[Point], inputs: dict) -> list[dict]:
 
 
 def verdict(table_rows: list[dict]) -> list[str]:
-    """What breaks issue #25's bar (empty: none): every run within ±10%, every leave-one-out prediction ±15%; the
-    UNSTEADY runs are shown, not judged."""
+    """What breaks issue #25's bar (FIT_TOL, LOO_TOL; empty: none); the UNSTEADY runs are shown, not judged."""
     judged = [r for r in table_rows if r["point"].key not in UNSTEADY]
     bad = [f"{r['point'].key}: {r['error']:+.1%}" for r in judged if abs(r["error"]) > FIT_TOL]
-    bad += [
-        f"{r['point'].key}: leave-one-out {r['loo_error']:+.1%}"
-        for r in judged
-        if r["loo_error"] is not None and abs(r["loo_error"]) > LOO_TOL
-    ]
-    return bad
+    held = [r for r in judged if r["loo_error"] is not None and abs(r["loo_error"]) > LOO_TOL]
+    return bad + [f"{r['point'].key}: leave-one-out {r['loo_error']:+.1%}" for r in held]
 
 
 def table(table_rows: list[dict]) -> str:
@@ -277,8 +271,7 @@ def _spread(table_rows: list[dict]) -> str:
 
 
 def scaling_table(table_rows: list[dict]) -> str:
-    """The scaling series' table: each run at its round's level (`leveled`); its leave-one-out at the level of the
-    round's other runs with the constants refitted without it ("–": the round's only run)."""
+    """The scaling series' table, each run at its round's level ("–": no leave-one-out, the round's only run)."""
     if not table_rows:
         return ""
     lines = [

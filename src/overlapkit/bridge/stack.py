@@ -39,8 +39,7 @@ def quiet_logs() -> None:
 
 @contextlib.contextmanager
 def silenced():
-    """Mute Bridge's import/build-time notices on CPU (TE/Apex absent, fusions disabled): expected here, not news.
-    Never used around `overlap.resolve`, whose Bridge warnings are the audit's evidence."""
+    """Mute Bridge's import/build-time notices on CPU; never around `overlap.resolve` (its warnings are evidence)."""
     logging.disable(logging.WARNING)
     try:
         yield
@@ -73,10 +72,8 @@ def versions(names=RECORDED) -> dict[str, str]:
     """Installed version of each package in `names`; one that is not installed is left out, never guessed."""
     out = {}
     for name in names:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     return out
 
 

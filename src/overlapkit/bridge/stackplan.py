@@ -45,8 +45,7 @@ def value_of(v):
 
 
 def flatten(obj, prefix: str, out: dict, missing: dict, depth: int = 3) -> None:
-    """`out[dotted key] = value` for every dataclass field under `obj`; `missing[dotted key]` for each public
-    attribute set on it that is not one of its class's fields."""
+    """`out[dotted key] = value` for every dataclass field under `obj`; `missing[...]` for each public non-field."""
     names = {f.name for f in dataclasses.fields(obj)}
     for name in sorted(names):
         v = getattr(obj, name, None)

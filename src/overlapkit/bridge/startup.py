@@ -54,6 +54,7 @@ ASSIGNMENT = re.compile(
     r"\b((?:[a-z_][a-z0-9_]*\.)?[a-z_][a-z0-9_]*)\s*=\s*('[^']*'|\"[^\"]*\"|True|False|None|-?\w[\w.]*)"
 )
 GPU_CAPABILITY = {"h100": (9, 0), "h200": (9, 0)}  # Hopper: sm90 (NVIDIA's CUDA compute-capability table)
+FUSIONS = "megatron.bridge.utils.fusions"  # the module of Bridge's build-time probes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +72,12 @@ def check(cfg, target: Target, res: Resolved) -> Said:
     from megatron.bridge.training.config import runtime_config_update
 
     cfg = copy.deepcopy(cfg)
-    with stack.silenced():  # this machine's answers to Bridge's build-time probes (TE absent: "Fusion disabled")
-        here = {f.name: f.default_factory() for f in _probed(cfg.model)}
+    # The fields whose default Bridge probes on the building machine (is TE importable?) that the recipe kept at this
+    # machine's answer: the job builds its config on the target, so they are probed again there (the GPT3 175B recipe
+    # defers the embedding wgrad, which Core allows only with the gradient-accumulation fusion TE provides).
+    probed = [f for f in dataclasses.fields(cfg.model) if getattr(f.default_factory, "__module__", None) == FUSIONS]
+    with stack.silenced():  # TE absent here: "Fusion disabled"
+        kept = [f for f in probed if getattr(cfg.model, f.name) == f.default_factory()]
     if res.bridge_asserts and cfg.comm_overlap is not None:
         cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
         cfg.comm_overlap.delay_wgrad_compute = False
@@ -86,7 +91,8 @@ def check(cfg, target: Target, res: Resolved) -> Said:
             warnings.simplefilter("always")
             os.environ.update(WORLD_SIZE=str(target.world_size), RANK="0", LOCAL_RANK="0")
             try:
-                _reprobe(cfg.model, here)
+                for f in kept:
+                    setattr(cfg.model, f.name, f.default_factory())
                 runtime_config_update(cfg)
                 _dispatcher_preconditions(cfg.model, target)
             except Exception as exc:  # noqa: BLE001 - whatever the stack raises at start is the finding
@@ -98,21 +104,6 @@ def check(cfg, target: Target, res: Resolved) -> Said:
     warned += [(_module_of(w.filename), str(w.message)) for w in caught]
     warned += [(record.name, record.getMessage()) for record in capture.buffer]
     return Said(raised, tuple(dict.fromkeys(warned)))
-
-
-def _probed(model) -> list[dataclasses.Field]:
-    """The model fields whose default Bridge probes on the building machine (utils/fusions.py: is TE importable?)."""
-    probes = "megatron.bridge.utils.fusions"
-    return [f for f in dataclasses.fields(model) if getattr(f.default_factory, "__module__", None) == probes]
-
-
-def _reprobe(model, here: dict) -> None:
-    """The job builds its config on the target: where the recipe kept this machine's probed default (`here`), ask the
-    probe again under the target's stack (the GPT3 175B recipe defers the embedding wgrad, which Core allows only with
-    the gradient-accumulation fusion that TE provides there)."""
-    for f in _probed(model):
-        if getattr(model, f.name) == here[f.name]:
-            setattr(model, f.name, f.default_factory())
 
 
 def _dispatcher_preconditions(model, target: Target) -> None:
@@ -247,9 +238,8 @@ def findings(said: Said, cfg, rows: list[Row]) -> tuple[list[Row], list[Finding]
 
 
 def nearest_fix(msg: str, cfg) -> str | None:
-    """The SET= a stack message asks for: its `field=value` (or `section.field=value`) pairs whose field is in the
-    config and whose value is not the config's (the others restate the problem), as `section.field=value`; None
-    where the message names none."""
+    """The SET= a stack message asks for: its `[section.]field=value` pairs whose field is in the config and whose
+    value is not the config's (the others restate the problem); None where the message names none."""
     sets = []
     for dotted, raw in ASSIGNMENT.findall(msg):
         section, _, name = dotted.rpartition(".")
