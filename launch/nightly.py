@@ -2,12 +2,10 @@
 regression suite on a cluster profile, and the schedule that runs it every night.
 
 Argument parsing and printing only; the work is overlapkit.nightly.nightly and overlapkit.nightly.schedule. submit:
-every recipe (or RECIPES=) in its nightly shape (two steady steps profiled on rank 0 of each node), then a summary
-job that runs `python -m launch nightly-report` after all of them. report: classify each run against its golden,
-write report.md, junit.xml + plots, append the history; resubmit an infrastructure failure once. bless: a reviewed
-run → nightly/goldens/<recipe>.json (with its exposed shares per overlap class). schedule: a scheduler job held
-until AT that runs `submit` and queues itself for the next day (schedule-run is what it runs); schedule-status: that
-chain and the last night; unschedule: cancel the chain.
+every recipe (or RECIPES=) in its nightly shape, then a summary job running `report` after all of them. report:
+judge each run against its golden, write report.md, junit.xml, plots and the history; resubmit an infrastructure
+failure once. bless: a reviewed run → nightly/goldens/<recipe>.json. schedule: a scheduler job held until AT that
+runs `submit` and queues itself for the next day (schedule-run is what it runs); schedule-status; unschedule.
 Exit status: 0 ok, 1 failures (a regressed night, a broken chain), 2 bad input.
 """
 
@@ -25,9 +23,8 @@ from overlapkit.errors import BadInput
 from overlapkit.nightly import chain_status, nightly, schedule
 from overlapkit.nightly import rules as regress
 
-# The commands of this module that Slurm jobs run, by their names in launch/commands.py's table; the library appends
-# only their options. The summary job runs under the cluster profile's python (a site may name its container's), the
-# scheduler job and the night it launches under this one, the python that scheduled the chain.
+# The commands Slurm jobs run (launch/commands.py's names; the library appends their options): the summary job under
+# the profile's python (a site may name its container's), the scheduler job and its night under this one.
 REPORT_COMMAND = ("-m", "launch", "nightly-report")
 SCHEDULER_COMMANDS = schedule.Commands(
     night=(sys.executable, "-m", "launch", "nightly"),
@@ -93,8 +90,7 @@ def check(args) -> bool:
     return False
 
 
-def handlers() -> None:
-    install_signal_handlers()  # a night's submissions end marked (failed or submitted), even if make is killed
+handlers = install_signal_handlers  # a night's submissions end marked (failed or submitted), even if make is killed
 
 
 def run(args) -> int:

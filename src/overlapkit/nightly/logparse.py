@@ -14,7 +14,6 @@ import marshal
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from overlapkit import jsonio
 
@@ -204,10 +203,6 @@ def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) ->
 def parse_text(text: str, warmup: int = WARMUP_ITERS, exclude=()) -> dict:
     lines = text.split("\n")  # "\n" only, as always: a "\r" stays part of its line here
     return _parse(((line, i < len(lines) - 1) for i, line in enumerate(lines)), warmup, exclude)  # last: no "\n"
-
-
-def parse_file(path: Path | str, warmup: int = WARMUP_ITERS, exclude=()) -> dict:
-    return parse_files([path], warmup, exclude)
 
 
 def parse_files(paths, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) -> dict:

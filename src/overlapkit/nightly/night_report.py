@@ -26,9 +26,8 @@ from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planne
 
 
 def append_history(path: Path, records: list[dict]) -> None:
-    """Append with O_APPEND and one write() + fsync, never rewriting earlier bytes: a crash can at worst leave a
-    torn last line (read_history skips it), never lose an earlier night. A full-file temp + os.replace would be
-    atomic too, but rewrites every past night each time and needs the directory fsync as well."""
+    """Append with O_APPEND and one write() + fsync, never rewriting earlier bytes (as a temp + os.replace would
+    every night): a crash can at worst leave a torn last line (read_history skips it), never lose an earlier night."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(json.dumps(logparse._clean(r), sort_keys=True) + "\n" for r in records).encode()
     fd = jsonio.open_lock(path, 0o644, append=True)  # never through a link planted at its name
@@ -42,9 +41,8 @@ def append_history(path: Path, records: list[dict]) -> None:
 
 
 def read_history(path: Path) -> list[dict]:
-    """Every whole line; a torn one is skipped. The last record per (night, recipe) wins (a report re-run). Read
-    through the guarded reader: a history that is not a regular file, or past the log ceiling, is no history (the
-    plots start again), never a hang."""
+    """Every whole line; a torn one is skipped. The last record per (night, recipe) wins (a report re-run). A history
+    that is not a regular file, or past the log ceiling, is no history (the plots start again), never a hang."""
     try:
         text = jsonio.read_bytes(path, jsonio.LOG_LIMIT).decode("utf-8", "replace")
     except (FileNotFoundError, jsonio.Unreadable):
@@ -255,8 +253,8 @@ def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: P
 
 
 def write_report(night_dir: Path, night: dict, results: list[dict], history_path: Path) -> Path:
-    """The history line(s) of the judged runs, then plots (from the whole history), results.json and report.md.
-    Returns the report path."""
+    """The history line(s) of the judged runs, then plots (from the whole history), results.json and report.md (its
+    path returned)."""
     from overlapkit.nightly import plots as nightly_plots
 
     recorded_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -85,13 +85,10 @@ def shape_for(
     seed: int = NIGHTLY_SEED,
     profiler: str = "nsys",
 ) -> NightlyRun:
-    """TP/PP/CP/VPP stay (same overlap paths), and so do EP and ETP: an MoE run keeps its expert all-to-all (and
-    its overlap) every night. DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes on which the expert
-    grid ETP·EP·PP divides too. GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline
-    schedule (warm-up, steady 1F1B, cool-down) and each rank's work per step stay those of the full-size run, so
-    step time is comparable.
-
-    `profiler` (runopts.PROFILERS) profiles the same steady iterations whichever it is (runopts.same_capture)."""
+    """TP/PP/CP/VPP/EP/ETP stay (same overlap paths, an MoE run keeps its expert all-to-all). DP shrinks to
+    min(recipe DP, min_dp), rounded up to whole nodes on which ETP·EP·PP divides too. GBS keeps the recipe's
+    micro-batches per DP rank: the pipeline schedule and each rank's work per step stay the full-size run's, so step
+    time is comparable. `profiler` (runopts.PROFILERS) profiles the same steady iterations whichever it is."""
     mp = layout["tp"] * layout["pp"] * layout["cp"]
     full_dp = layout["nodes"] * GPUS_PER_NODE // mp
     want = max(1, min(full_dp, min_dp))
@@ -134,10 +131,8 @@ class NightRequest:
     max_nodes: int | None = None  # default: the nodes in the profile's partition (sinfo)
     goldens: str = str(regress.GOLDENS_DIR)
     dryrun: bool = False
-    # The Bridge side that lays out, plans and submits each recipe (bridge/submission.py), handed down by
-    # launch/nightly.py with the stack's versions each run records
-    bridge: object = None
-    versions: dict = dataclasses.field(default_factory=dict)
+    bridge: object = None  # bridge/submission.py (lays out, plans, submits), from launch/nightly.py
+    versions: dict = dataclasses.field(default_factory=dict)  # the stack's, recorded in each run's nightly.json
 
 
 def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say) -> dict:
@@ -157,32 +152,31 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
         say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"{window}')
     else:
         try:
-            sub = req.bridge.prepare(
-                name,
-                req.profile,
-                nodes=run.nodes,
-                sets=run.sets,
-                preflight_only=req.preflight_only,
-                checks=req.checks,
-                check_partition=True,
-                run=run_options(row),
-            )
+            sub = _prepare(req.bridge, row, req.profile, req.preflight_only, req.checks, check_partition=True)
         except (submit.SubmitError, ValueError) as exc:
             row["skipped"] = f"not submitted: {exc}"
             say(f"skip {name}: {row['skipped']}", err=True)
             return row
-        meta = {
-            **row,
-            "preflight_only": req.preflight_only,
-            "container_image": req.profile.container_image,
-            "versions": req.versions,
-            "night": stamp,
-        }
-        jsonio.write_json(sub.run_dir / "nightly.json", meta)
+        meta = {**row, "preflight_only": req.preflight_only, "container_image": req.profile.container_image}
+        jsonio.write_json(sub.run_dir / "nightly.json", meta | {"versions": req.versions, "night": stamp})
         info = submit.submit(sub)
         row.update(job_id=info["job_id"], run_dir=str(sub.run_dir))
         say(f"submitted {name}: job {info['job_id']} nodes={run.nodes} dp={run.dp}")
     return row
+
+
+def _prepare(bridge, entry: dict, profile, preflight_only: bool, checks: str, **more):
+    """A night entry's run prepared through the Bridge side (bridge/submission.py prepare), as make submit would."""
+    return bridge.prepare(
+        entry["recipe"],
+        profile,
+        nodes=entry["nodes"],
+        sets=entry["sets"],
+        preflight_only=preflight_only,
+        checks=checks,
+        run=run_options(entry),
+        **more,
+    )
 
 
 def submit_night(req: NightRequest, say) -> Path | None:
@@ -305,15 +299,7 @@ def report_night(
         profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
         ids = []
         for e in again:
-            sub = side.prepare(
-                e["recipe"],
-                profile,
-                nodes=e["nodes"],
-                sets=e["sets"],
-                preflight_only=night["preflight_only"],
-                checks=night["checks"],
-                run=run_options(e),
-            )
+            sub = _prepare(side, e, profile, night["preflight_only"], night["checks"])
             info = submit.submit(sub)
             e.update(attempt=e.get("attempt", 0) + 1, job_id=info["job_id"], run_dir=str(sub.run_dir))
             ids.append(info["job_id"])

@@ -32,11 +32,9 @@ from overlapkit.spec import planfile
 GOLDENS_DIR = paths.REPO_ROOT / "nightly" / "goldens"
 PERF_TOL = 0.05  # ±5 %: H100 run-to-run step-time noise on a fixed shape is ~1-2 %; 5 % catches one lost overlap
 MEM_TOL = 0.05
-# Loss tolerance per iteration, relative to the golden loss: (up to iteration, tolerance). Looser early: in the first
-# iterations the loss falls steeply (≈ ln(vocab) ≈ 11.8 toward 7-8) while the LR warms up, so a tiny numeric
-# difference (non-deterministic NCCL/cuBLAS reduction order, FP8 amax history) moves a point on a steep slope a long
-# way; later the curve is flat and the same drift is small, so a sustained offset there is a real numerics change
-# (precision recipe, init, data order). Starting values: recalibrate from the spread of >= 3 blessed runs.
+# Loss tolerance relative to the golden loss: (up to iteration, tolerance). Looser early, where the loss falls steeply
+# (≈ ln(vocab) ≈ 11.8 toward 7-8) and a tiny numeric difference (reduction order, FP8 amax history) moves a point a
+# long way; on the later flat curve a sustained offset is a real numerics change. Recalibrate from >= 3 blessed runs.
 LOSS_TIERS = ((10, 0.03), (30, 0.015), (10**9, 0.0075))
 GOLDEN_LOSS_ITERS = 100
 HARD_EVENTS = ("illegal_memory_access", "nccl_watchdog_timeout", "cuda_oom")
@@ -45,14 +43,12 @@ INFRA_EVENTS = ("node_fail", "preempted")
 MAX_RETRIES = 1
 NO_GOLDEN = "no golden yet: bless a reviewed run"
 # An overlap's predicted worth (sizing/worth.py) names a slowdown only when the two agree within this factor either
-# way: a worth is the difference of two predictions, each up to 12% off on a run it was not fitted on (leave-one-out,
-# docs/throughput.md), and a real slowdown seldom has one cause, so only the magnitude is asked to match; beyond it
-# no overlap is named rather than a wrong one.
+# way: a worth is the difference of two predictions each up to 12% off (leave-one-out, docs/throughput.md), so only
+# the magnitude is asked to match; beyond it no overlap is named rather than a wrong one.
 WORTH_MATCH = 1.5
-# A run whose step time is beyond its plan's band (plan.json throughput.band: the leave-one-out spread of comparable
-# runs, sizing/calibration.py, the cluster's own once make calibrate has run) stands out, golden or not: slower is
-# "under prediction", faster means the calibration no longer describes the cluster. A plan.json from before the band:
-# 20% under the predicted throughput, the rule it replaces.
+# A run whose step time is beyond its plan's band (plan.json throughput.band, sizing/calibration.py) stands out,
+# golden or not: slower is "under prediction", faster means the calibration no longer describes the cluster. A
+# plan.json from before the band: 20% under the predicted throughput, the rule it replaces.
 UNDER_PREDICTION = 0.20
 
 
@@ -143,18 +139,8 @@ def compare(parsed: dict, golden: dict) -> list[dict]:
     if worst is not None:
         margin, it, rl, gl, d = worst
         verdict = "ok" if margin <= 1 else "drift"
-        checks.append(
-            {
-                "metric": "lm_loss",
-                "value": rl,
-                "golden": gl,
-                "delta": d,
-                "tol": loss_tolerance(it),
-                "iteration": it,
-                "verdict": verdict,
-                "missing_iterations": len(missing),
-            }
-        )
+        check = {"metric": "lm_loss", "value": rl, "golden": gl, "delta": d, "tol": loss_tolerance(it), "iteration": it}
+        checks.append(check | {"verdict": verdict, "missing_iterations": len(missing)})
     return checks
 
 
@@ -205,9 +191,8 @@ def classify(
     if worse:
         return Verdict("regression", reasons, checks=checks)
     if better:
-        return Verdict(
-            "unexpected_improvement", reasons + ["a knob likely changed: review, then re-bless"], checks=checks
-        )
+        reasons.append("a knob likely changed: review, then re-bless")
+        return Verdict("unexpected_improvement", reasons, checks=checks)
     return Verdict("pass", [], checks=checks)
 
 
@@ -351,11 +336,8 @@ def bless(
     scripts = sorted(Path(exp).glob("*/scripts/*.sh")) if exp else []
     meta["run_dir"] = str(run_dir)
     meta["job_id"] = (submission or {}).get("job_id")
-    meta["preflight_only"] = (
-        bool(meta.get("preflight_only"))
-        or bool((submission or {}).get("preflight_only"))
-        or any(b"--preflight-only" in _script(p) for p in scripts)
-    )
+    said = bool(meta.get("preflight_only") or (submission or {}).get("preflight_only"))
+    meta["preflight_only"] = said or any(b"--preflight-only" in _script(p) for p in scripts)
     problems = bless_checks(plan, parsed, state, meta)
     overlap, why = exposed.read(run_dir)
     if problem := exposed.bless_problem(run_dir, plan, overlap, why, meta["preflight_only"]):

@@ -108,7 +108,7 @@ def test_bless_refuses_bad_runs_and_writes_a_good_one(tmp_path):
     job = {"state": "COMPLETED", "submission": {"job_id": "7"}}
     good = bridge_log(curve(N), [2000.0] * N)
     d = _run_dir(tmp_path, "good", good)
-    out = regress.bless(d, logparse.parse_file(d / "train.log"), tmp_path / "goldens", **job)
+    out = regress.bless(d, logparse.parse_files([d / "train.log"]), tmp_path / "goldens", **job)
     g = json.loads(out.read_text())
     assert out.name == f"{PLAN['recipe']}.json" and len(g["loss"]) == N and g["step_time_ms"] == 2000.0
     nan = curve(N)
@@ -121,7 +121,7 @@ def test_bless_refuses_bad_runs_and_writes_a_good_one(tmp_path):
     with pytest.raises(regress.BlessError, match="preflight-only"):
         regress.bless(pre, logparse.parse_text(""), tmp_path / "goldens", **job)
     with pytest.raises(regress.BlessError, match="no submission.json"):  # no job, no Slurm verdict
-        regress.bless(d, logparse.parse_file(d / "train.log"), tmp_path / "goldens")
+        regress.bless(d, logparse.parse_files([d / "train.log"]), tmp_path / "goldens")
 
 
 # --- bless: plan, log and Slurm state must agree (rules.bless_checks) -------------------------------------------
