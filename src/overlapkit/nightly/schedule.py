@@ -245,23 +245,11 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
     p = req.profile
     if p.path is None:
         raise ScheduleError(f"profile {p.name} has no file: the scheduler job reloads it, give CLUSTER=<name|.toml>")
-    return Schedule(
-        cluster=req.cluster,
-        profile=str(p.path),
-        partition=p.partition,
-        account=p.account,
-        job_dir=p.job_dir,
-        job_dir_given=req.job_dir,
-        at=req.at,
-        recipes=req.recipes,
-        preflight=req.preflight,
-        iters=req.iters,
-        min_dp=req.min_dp,
-        secrets=list(p.secrets),  # names only: sbatch passes their values on from the shell (slurm.export_list)
-        active=True,
-        scheduled_at=iso(now),
-        history=(old or {}).get("history", []),
-    ).model_dump()
+    asked = {key: getattr(req, key) for key in ("cluster", "at", "recipes", "preflight", "iters", "min_dp")}
+    where = {"profile": str(p.path), "partition": p.partition, "account": p.account, "job_dir": p.job_dir}
+    # secrets: names only, sbatch passes their values on from the shell (slurm.export_list)
+    fresh = {"job_dir_given": req.job_dir, "secrets": list(p.secrets), "active": True, "scheduled_at": iso(now)}
+    return Schedule(**asked, **where, **fresh, history=(old or {}).get("history", [])).model_dump()
 
 
 def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
