@@ -2,9 +2,8 @@
 
 A night lives in `<profile job_dir>/nightly/<UTC stamp>/`: `night.json` (what was submitted), `report.md`,
 `results.json`, `plots/*.png`. Every night's numbers are appended to `<job_dir>/nightly/history.jsonl`. Each run's
-exposed communication per overlap class comes from its run directory's overlap report and timeline picture
-(spec/runopts.py: OVERLAP_JSON, OVERLAP_PNG), written in the job after the profiled steps (profile/profiled.py) as
-`make overlap-report RUN=` writes them; a run without them says why.
+exposed communication per overlap class comes from its overlap report and timeline (OVERLAP_JSON, OVERLAP_PNG),
+written in the job (profile/profiled.py) or by `make overlap-report RUN=`; a run without them says why.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The nightly suite: each recipe's nightly shape, its submission through the normal launch path, the summary job,
 the report (night_report) with one retry of infrastructure failures, and blessing a reviewed run into a golden.
-
-submit_night: every recipe (or a chosen few) in its nightly shape through overlapkit.cluster.submit (audit, env
-plugin, ledger, preflight), then one summary job that depends on all of them (afterany) and runs `make
-nightly-report`'s command (NightRequest.report_command, handed down by launch/nightly.py), so it runs last whatever
-their fate.
+The summary job depends on every run of the night (afterany), so it runs last whatever their fate.
 """
 
 from __future__ import annotations
@@ -311,9 +307,8 @@ def report_night(
 
 def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR, *, force: bool = False) -> Path:
     """A reviewed run → its golden, when plan, log and Slurm agree (rules.bless_checks); over an existing golden only
-    with `force` (FORCE=1). The log: the job's own logs (nemo_run's experiment directory) plus any *.log put next to
-    plan.json by hand, each read through the guarded reader (one that cannot be read is one line: a golden is never
-    blessed from part of a log); the state: Slurm's, for submission.json's job id."""
+    with `force` (FORCE=1). The log: the job's own logs plus any *.log beside plan.json, every one readable (a golden
+    is never blessed from part of a log)."""
     if not run_dir.is_dir():
         raise regress.BlessError(f"RUN={str(run_dir)!r}: give RUN=<run directory of a reviewed nightly run>")
     try:  # no submission.json: bless_checks refuses (no job); one without a job (a dry run...): said here

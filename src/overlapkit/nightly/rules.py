@@ -245,10 +245,9 @@ def make_golden(parsed: dict, plan: dict, meta: dict, overlap: dict | None = Non
 
 
 def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> list[str]:
-    """Why this run may not become a golden, one reason each naming its fix (empty: it may). The one home of the
-    agreement rule make bless applies: plan, log and Slurm must describe one training run. plan: plan.json;
-    parsed: logparse's dict of the run's logs; state: the job's Slurm state (None: no job known); meta: nightly.json
-    (if any) with job_id (from submission.json, None without one) and preflight_only."""
+    """Why this run may not become a golden, one reason each naming its fix (empty: it may): plan, log and Slurm must
+    describe one training run. state: the job's Slurm state (None: no job known); meta: nightly.json (if any) with
+    job_id (from submission.json) and preflight_only."""
     out = []
     if meta.get("preflight_only"):
         out.append("it is a preflight-only run (no training ran): bless a training run (PREFLIGHT unset)")
@@ -284,11 +283,9 @@ def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> lis
 
 
 def launch_disagreements(plan: dict, stated: dict, verb: str = "bless") -> list[str]:
-    """Where the log's launch facts (logparse's `launch`: what the log says of its launch) disagree with plan.json,
-    one reason each, its fix said with `verb` ("bless", "fit"): the one home of the rule that a log is the plan's own
-    run (make bless refuses such a run, make calibrate skips it). Bridge prints the global batch size on every
-    iteration line, so a log without it is not Bridge's; the world size and the recipe are checked wherever something
-    states them (module doc of logparse: where)."""
+    """Where the log's launch facts (logparse's `launch`) disagree with plan.json, one reason each, its fix said with
+    `verb` ("bless", "fit"): make bless refuses such a run, make calibrate skips it. Bridge prints the global batch
+    size on every iteration line, so a log without it is not Bridge's; the world size and recipe where stated."""
     lay = plan.get("layout") or {}
     out = _disagreement("global batch size", stated.get("global_batch_sizes"), lay.get("gbs"), verb, required=True)
     out += _disagreement("world size", stated.get("world_sizes"), lay.get("gpus"), verb)
@@ -320,8 +317,7 @@ def bless(
 ) -> Path:
     """Write nightly/goldens/<recipe>.json from a reviewed run when bless_checks has nothing against it; else a
     one-line BlessError with every reason. A file already there is replaced only with `force` (FORCE=1); without,
-    one line saying what the new golden would change (replace_problem). state: the job's Slurm state; submission:
-    its submission.json (nightly.bless_run reads both)."""
+    one line saying what the new golden would change (replace_problem)."""
     run_dir = Path(run_dir)
     plan = planfile.read_plan(run_dir)  # missing or broken: one line naming the file, the field and the fix
     role = "the run's nightly record that make nightly writes"

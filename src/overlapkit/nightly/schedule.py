@@ -312,12 +312,10 @@ def scheduler_log(sched: dict, job_id: str) -> str:
 
 
 def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime | None = None) -> int:
-    """What the scheduler job runs: queue the successor, launch the night, record both. Exit status: the night's
-    launch (non-zero also when no successor could be queued), so Slurm's state of the scheduler job tells.
-
-    The night runs as if from a login shell: srun reads SLURM_* as its options, so this 1-task job's SLURM_NTASKS=1
-    would reach every run's srun (SLURM_CONF stays: which cluster). It is a child process, so its failure cannot undo
-    the bookkeeping."""
+    """What the scheduler job runs: queue the successor, launch the night (a child process: its failure cannot undo
+    the bookkeeping), record both. Exit status: the night's launch (non-zero also without a successor). The night
+    runs as if from a login shell: srun reads SLURM_* as options, so this job's SLURM_NTASKS=1 would reach every run
+    (SLURM_CONF stays: which cluster)."""
     for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
         if name != "SLURM_CONF":
             del os.environ[name]

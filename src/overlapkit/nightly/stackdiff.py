@@ -1,10 +1,8 @@
 """What a candidate stack changes in every recipe: a diff of two sets of plan records (bridge/stackplan.py wrote them,
 one process per stack). Records only: nothing here imports Bridge, so the nightly and CI read a diff as data.
 
-Per recipe: the overlap rows whose state flips (each side's reason), the launch-environment variables added,
-removed or changed (with their layer), the resolved config fields whose value changed, the fields that no longer
-exist (with the nearest new name), the attributes a recipe sets that are no field under the candidate, the audit
-findings new or gone, the memory and the predicted step time (with the calibration's band), and one verdict:
+Per recipe: the overlap rows that flip, the launch variables and config fields that changed (a field gone with the
+nearest new name), the audit findings new or gone, the memory and the predicted step time, and one verdict:
 unchanged, changed, or fails to plan (with the first error).
 """
 
