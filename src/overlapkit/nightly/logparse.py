@@ -178,9 +178,7 @@ def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) ->
         elif m := _LAUNCH.search(line):  # the launch's world size or recipe
             g = m.groupdict()
             if g["preflight"] or g["megatron"] or g["tp"]:
-                sizes = (
-                    _ints(g["preflight"] or g["megatron"]) if not g["tp"] else _ints(g["tp"], g["pp"], g["cp"], g["dp"])
-                )
+                sizes = _ints(g["tp"], g["pp"], g["cp"], g["dp"]) if g["tp"] else _ints(g["preflight"] or g["megatron"])
                 fact = ("world_sizes", math.prod(sizes)) if None not in sizes else None
             elif not (g["recipe"] and "usage:" in line):
                 fact = "recipes", g["recipe"] or g["experiment"]

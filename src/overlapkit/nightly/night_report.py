@@ -70,7 +70,8 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan)) if logs else None
     error = joblog.first_error(logs)[0] if state.split()[0].rstrip("+") in joblog.FAILED else None
     comm = exposed_of(run_dir, plan, preflight_only)
-    worth = (plan.get("throughput") or {}).get("overlap_worth")  # sizing/worth.py; None in a plan.json before it
+    predicted = plan.get("throughput") or {}  # sizing/throughput.py; a plan.json from before it has none of its keys
+    worth, step_s = predicted.get("overlap_worth"), predicted.get("step_time_s")  # worth: sizing/worth.py
     golden = regress.load_golden(entry["recipe"], goldens_dir)
     verdict = regress.classify(
         parsed,
@@ -95,8 +96,8 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         "summary": parsed["summary"] if parsed else None,
         "losses": [(r["iteration"], r["lm_loss"]) for r in parsed["iterations"] if "lm_loss" in r] if parsed else [],
         "golden": golden,
-        "predicted_step_ms": _predicted_ms(plan),
-        "predicted_band": (plan.get("throughput") or {}).get("band"),
+        "predicted_step_ms": step_s * 1e3 if isinstance(step_s, int | float) else None,
+        "predicted_band": predicted.get("band"),
         "overlap_worth": worth,
         "overlaps_on": [k for k, v in rows.items() if v.get("state") == "on"],
         "overlaps_off": [k for k, v in rows.items() if v.get("state") == "off"],
@@ -136,12 +137,6 @@ def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
 
 # What each profiler leaves in its folder of the run directory (profile/profiled.py: exports).
 PROFILE_FILES = {"nsys": ("*.sqlite", "SQLite export"), "torch_profile": ("rank-*.json.gz", "PyTorch-profiler trace")}
-
-
-def _predicted_ms(plan: dict) -> float | None:
-    """The plan's predicted step time (overlapkit.sizing.throughput), in ms; None for a plan.json from before it."""
-    step = (plan.get("throughput") or {}).get("step_time_s")
-    return step * 1e3 if isinstance(step, int | float) else None
 
 
 def vs_prediction(res: dict) -> tuple[str, str | None]:
