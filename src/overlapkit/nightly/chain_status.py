@@ -59,18 +59,14 @@ def _last_fire(sched: dict, state: str, firing: set[str]) -> tuple[bool, list[st
     last = history[-1]
     current = last.get("fired_at", "") >= sched.get("scheduled_at", "")
     where = f"fired {last.get('fired_at')} by job {last['job_id']}"
+    log = schedule.scheduler_log(sched, last["job_id"])
     if "rc" not in last:
         if state == "running" or last["job_id"] in firing:
             return True, [f"last {where}: launching now"]
-        return not current, [
-            f"the night did not start: {where}, whose launch never reported back (see "
-            f"{schedule.scheduler_log(sched, last['job_id'])})"
-        ]
+        return not current, [f"the night did not start: {where}, whose launch never reported back (see {log})"]
     if last["rc"] != 0 or not last.get("night"):
-        return not current, [
-            f"the night did not start: {where}: `make nightly`'s command exited {last['rc']} "
-            f"(see {schedule.scheduler_log(sched, last['job_id'])})"
-        ]
+        exited = f"`make nightly`'s command exited {last['rc']}"
+        return not current, [f"the night did not start: {where}: {exited} (see {log})"]
     return True, [f"last {where}: night {paths.repo_relative(Path(last['night']))}"]
 
 

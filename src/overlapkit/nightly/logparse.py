@@ -1,10 +1,7 @@
 """A Megatron Bridge (or Megatron-LM) training log → per-iteration records, a summary, the events that decide a run's
-fate and what the log says of its launch (make bless compares that with plan.json). The lines read, and the rules for
-torn, cut, repeated and NaN lines, are in docs/nightly.md ("Log parser"). Memory: the log's bytes are read once
-(jsonio's guarded reader, at most LOG_LIMIT), parsed a line at a time, and only the iteration records are kept, each
-packed by `marshal` (~300 bytes, a third of a dict); `write_json` writes the JSON with `json.dump`, unpacking one
-record at a time (`make parse-log`: launch/parse_log.py). Iterations past 2**63 are none; `launch` keeps DISTINCT_CAP
-values.
+fate and what the log says of its launch (make bless compares that with plan.json); the rules for torn, cut,
+repeated and NaN lines are in docs/nightly.md ("Log parser"). Memory: the log is parsed a line at a time and only the
+iteration records are kept, each packed by `marshal` (a third of a dict); `write_json` unpacks one at a time.
 """
 
 from __future__ import annotations

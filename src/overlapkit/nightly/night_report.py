@@ -252,19 +252,12 @@ def write_report(night_dir: Path, night: dict, results: list[dict], history_path
     from overlapkit.nightly import plots as nightly_plots
 
     recorded_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    measured = ("step_time_ms", "tflops_per_gpu", "last_loss")  # of the summary; a history line's keys are sorted
     records = [
-        {
-            "night": night["stamp"],
-            "cluster": night["cluster"],
-            "recipe": r["recipe"],
-            "status": r["verdict"]["status"],
-            "step_time_ms": (r["summary"] or {}).get("step_time_ms"),
-            "predicted_step_ms": r.get("predicted_step_ms"),
-            "tflops_per_gpu": (r["summary"] or {}).get("tflops_per_gpu"),
-            "last_loss": (r["summary"] or {}).get("last_loss"),
-            "exposed_share": (r.get("exposed") or {}).get("shares"),
-            "recorded_at": recorded_at,
-        }
+        {"night": night["stamp"], "cluster": night["cluster"], "recipe": r["recipe"], "status": r["verdict"]["status"]}
+        | {key: (r["summary"] or {}).get(key) for key in measured}
+        | {"predicted_step_ms": r.get("predicted_step_ms"), "exposed_share": (r.get("exposed") or {}).get("shares")}
+        | {"recorded_at": recorded_at}
         for r in results
         if not r.get("skipped")
     ]

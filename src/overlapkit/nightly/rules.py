@@ -1,19 +1,17 @@
 """Nightly comparison rules: a parsed run (logparse) + Slurm's verdict + the recipe's golden → one status.
 
-Goldens live in `nightly/goldens/<recipe>.json` and come only from `make bless RUN=<reviewed run>`: no number here
-is invented, and bless_checks decides which runs may become one (plan, log and Slurm state must agree). Rules, in
-the order they are applied (the first that fires decides):
+Goldens (`nightly/goldens/<recipe>.json`) come only from `make bless RUN=<reviewed run>` (bless_checks: plan, log
+and Slurm state must agree). Rules, in the order they are applied (the first that fires decides):
 
 1. Hard failures, never retried (retrying hides them, and they reproduce): NaN/inf loss or grad norm, CUDA illegal
    memory access, NCCL watchdog timeout, CUDA OOM, a job that died before iteration 1.
 2. Infrastructure failures (Slurm state NODE_FAIL/PREEMPTED, or slurmstepd's banner in the log): one retry.
 3. Preflight-only runs (no training on a CPU machine): the preflight's result, no numbers.
 4. Any other non-COMPLETED state (FAILED, TIMEOUT, CANCELLED): failure.
-5. Against the golden, after warm-up and without the iterations an Nsight capture slowed (logparse:
-   profiled_iterations): step time and TFLOP/s/GPU within ±5 %, peak memory within ±5 %, loss within
-   the tiered tolerance below. Beyond tolerance in the *good* direction is a failure too ("unexpected improvement"):
-   on a fixed shape and seed a faster run almost always means a knob changed (an overlap, a fused kernel, the
-   batch shape), so the golden no longer describes the recipe until someone reviews and re-blesses.
+5. Against the golden, after warm-up and without the profiled iterations: step time, TFLOP/s/GPU and peak memory
+   within ±5 %, loss within the tiered tolerance below. Beyond tolerance in the *good* direction fails too
+   ("unexpected improvement"): on a fixed shape and seed a faster run almost always means a knob changed, so the
+   golden no longer describes the recipe until someone reviews and re-blesses.
 6. Exposed communication per overlap class against the golden's shares (nightly/exposed.py: its margin and why).
 """
 
@@ -234,10 +232,7 @@ def make_golden(parsed: dict, plan: dict, meta: dict, overlap: dict | None = Non
         "container_image": meta.get("container_image"),
         "layout": plan["layout"],
         "overrides": plan.get("overrides", []),
-        "warmup_skipped": s["warmup_skipped"],
-        "step_time_ms": s["step_time_ms"],
-        "tflops_per_gpu": s["tflops_per_gpu"],
-        "peak_mem_gb": s["peak_mem_gb"],
+        **{key: s[key] for key in ("warmup_skipped", "step_time_ms", "tflops_per_gpu", "peak_mem_gb")},
         "loss": dict(list(losses.items())[:GOLDEN_LOSS_ITERS]),
         "excluded_iterations": s.get("excluded_iterations", []),
         "exposed_share": exposed.shares(overlap),
