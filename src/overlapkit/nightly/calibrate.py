@@ -54,8 +54,7 @@ class Run:
 
 
 def read_run(run_dir: Path, cluster: str, replan) -> Run | str:
-    """The run, or why it does not count (one line). `replan(record)`: the run's plan made again, (layout, model
-    inputs): bridge/submission.py's replanned, handed down by launch/calibrate.py."""
+    """The run, or why it does not count (one line). `replan`: bridge/submission.py replanned (launch/calibrate.py)."""
     try:
         got = _read_run(Path(run_dir), cluster, replan)
     except BadInput as exc:  # jsonio's FileProblem/Unreadable, a broken record, submit's log lookup, the rebuild
@@ -175,8 +174,7 @@ def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
 
 
 def find_runs(roots: list[Path], cluster: str, replan) -> tuple[list[Run], list[str]]:
-    """(the usable runs under `roots`, 'run dir: why not' for the others, and one line for directories that could
-    not be searched)."""
+    """(the usable runs under `roots`, 'run dir: why not' for the others and the directories not searched)."""
     runs, skipped, dirs, unreadable = [], [], set(), []
     for root in roots:
         got, bad = run_dirs(root)

@@ -116,8 +116,7 @@ def summarize(iters, memory: list[dict], warmup: int = WARMUP_ITERS, exclude=())
 
 
 def profiled_iterations(plan: dict) -> range:
-    """The iterations plan.json's profiler window (NSYS or TORCH_PROFILE) slowed (runopts.perturbed_iterations; none
-    for an unprofiled run)."""
+    """The iterations plan.json's profiler window slowed (runopts.perturbed_iterations; none for an unprofiled run)."""
     from overlapkit.spec import runopts
 
     if (planned := runopts.planned_window(plan.get("run"))) is None or not planned[1].get("steps"):
@@ -146,8 +145,7 @@ def _ints(*texts: str) -> tuple[int | None, ...]:
 
 
 def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) -> dict:
-    """The parse of `lines`, (line without its newline, whether a newline followed it) pairs; `lazy`: its iterations
-    as _Records, else a list."""
+    """The parse of `lines`, (line, whether a newline followed it) pairs; `lazy`: its iterations as _Records."""
     packed: dict[int, bytes] = {}
     memory, events = [], {}
     facts: dict[str, set] = {"recipes": set(), "world_sizes": set(), "global_batch_sizes": set()}
@@ -232,8 +230,7 @@ def to_json(parsed: dict) -> str:
 
 
 def write_json(parsed: dict, out) -> None:
-    """`to_json(parsed)` written to `out` one record at a time (`parsed` from parse_files(..., lazy=True)), then a
-    newline: a large log's records are never all unpacked at once."""
+    """`to_json(parsed)` and a newline written to `out` one record at a time (`parsed`: parse_files(lazy=True))."""
     records = _Records(parsed["iterations"].packed, clean=True)
     json.dump({k: records if k == "iterations" else _clean(v) for k, v in parsed.items()}, out, indent=2)
     out.write("\n")

@@ -109,8 +109,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
 
 
 def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
-    """The run's exposed communication: its overlap report, shares per class and timeline picture, or why there is
-    none (never a silent blank)."""
+    """The run's exposed communication: its overlap report, shares per class and timeline, or why there is none."""
     report, why = exposed.read(run_dir)
     png = run_dir / OVERLAP_PNG
     planned = planned_window(plan.get("run"))
@@ -234,21 +233,17 @@ def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: P
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
-        if res.get("skipped"):
-            lines.append(f"| {res['recipe']} | — | skipped | — | — | — | — | — | — | — | {res['skipped']} |")
-            continue
-        lines.append(_row(res, night_dir))
+        skipped = f"| {res['recipe']} | — | skipped | — | — | — | — | — | — | — | {res.get('skipped')} |"
+        lines.append(skipped if res.get("skipped") else _row(res, night_dir))
     failed = [r["recipe"] for r in results if not r.get("skipped") and not r["verdict"]["ok"]]
     lines += ["", f"**{len(failed)} failing**: {', '.join(failed)}" if failed else "**No failures.**", ""]
     lines += stackdiff.night_section(night_dir, results)  # make nightly STACK=: the candidate's plan diff
-    for title, rel in plots.items():
-        lines.append(f"![{title}]({rel})")
+    lines += [f"![{title}]({rel})" for title, rel in plots.items()]
     return "\n".join(lines) + "\n"
 
 
 def write_report(night_dir: Path, night: dict, results: list[dict], history_path: Path) -> Path:
-    """The history line(s) of the judged runs, then plots (from the whole history), results.json and report.md (its
-    path returned)."""
+    """The judged runs' history lines, then plots (of the whole history), results.json and report.md (returned)."""
     from overlapkit.nightly import plots as nightly_plots
 
     recorded_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

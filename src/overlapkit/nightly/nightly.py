@@ -55,8 +55,7 @@ class NightlyRun:
     profiler: str = "nsys"  # its key in runopts.PROFILERS: "nsys", or "torch_profile" (the cluster profile's choice)
 
     def to_dict(self) -> dict:
-        """The night entry, the window under the run option's own names (nsys, nsys_ranks or torch_profile,
-        torch_profile_ranks): what run_options reads back."""
+        """The night entry, the window under the run options' own names (what run_options reads back)."""
         base = {"recipe": self.recipe, "nodes": self.nodes, "dp": self.dp, "gbs": self.gbs, "sets": self.sets}
         return base | {self.profiler: self.window, f"{self.profiler}_ranks": self.ranks}
 
@@ -176,8 +175,7 @@ def _prepare(bridge, entry: dict, profile, preflight_only: bool, checks: str, **
 
 
 def submit_night(req: NightRequest, say) -> Path | None:
-    """Submit the suite and its summary job; returns the night directory (None for a dry run). `say(text, err=)`
-    prints progress."""
+    """Submit the suite and its summary job; the night directory (None for a dry run). `say(text, err=)`: progress."""
     names = req.recipes or req.bridge.recipe_names()
     req.bridge.check_recipes(names)
     limit = req.max_nodes or slurm.partition_nodes(req.profile.partition)

@@ -55,8 +55,7 @@ def draw(out_dir: Path, results: list[dict], history: list[dict]) -> dict[str, s
 
 
 def _save(fig, path: Path) -> str:
-    """The PNG rendered in memory, then written atomically without following a link planted at `path`; the figure
-    closed."""
+    """The PNG rendered in memory and closed, then written atomically (never through a link planted at `path`)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()

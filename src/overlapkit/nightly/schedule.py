@@ -108,8 +108,7 @@ def schedule_path(profile) -> Path:
 
 
 def read(path: Path) -> dict | None:
-    """The schedule record (None: never scheduled), checked by its model (spec/schedule.py); a FileProblem (one line)
-    for one that is not an object or not the schedule."""
+    """The schedule record (None: never scheduled), checked by its model; a FileProblem (one line) for another file."""
     role, fix = "the nightly schedule that make nightly-schedule writes", "move it away and schedule again"
     sched = jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
     if sched:

@@ -149,8 +149,7 @@ def diff(pinned: dict, candidate: dict) -> dict:
 
 
 def exit_status(d: dict) -> int:
-    """0: every recipe plans under both stacks with a clean candidate audit; 1: some recipe fails to plan or its
-    candidate audit has errors."""
+    """0: every recipe plans under both stacks with a clean candidate audit, else 1."""
     return 0 if all(r["audit_ok"] for r in d["recipes"]) else 1
 
 
