@@ -2,10 +2,12 @@
 regression suite on a cluster profile, and the schedule that runs it every night.
 
 Argument parsing and printing only; the work is overlapkit.nightly.nightly and overlapkit.nightly.schedule. submit:
-every recipe (or RECIPES=) in its nightly shape, then a summary job running `report` after all of them. report:
-judge each run against its golden, write report.md, junit.xml, plots and the history; resubmit an infrastructure
-failure once. bless: a reviewed run → nightly/goldens/<recipe>.json. schedule: a scheduler job held until AT that
-runs `submit` and queues itself for the next day (schedule-run is what it runs); schedule-status; unschedule.
+every recipe (or RECIPES=) in its nightly shape (two steady steps profiled on rank 0 of each node), then a summary
+job that runs `python -m launch nightly-report` after all of them. report: classify each run against its golden,
+write report.md, junit.xml + plots, append the history; resubmit an infrastructure failure once. bless: a reviewed
+run → nightly/goldens/<recipe>.json (with its exposed shares per overlap class). schedule: a scheduler job held
+until AT that runs `submit` and queues itself for the next day (schedule-run is what it runs); schedule-status: that
+chain and the last night; unschedule: cancel the chain.
 Exit status: 0 ok, 1 failures (a regressed night, a broken chain), 2 bad input.
 """
 

@@ -38,9 +38,7 @@ from overlapkit.spec.schedule import MESSAGES, Schedule
 
 SCHEDULER_NAME = "nightly-scheduler"  # fixed, so `squeue -n nightly-scheduler` lists every chain's next night
 SCHEDULE_FILE = "schedule.json"
-# The scheduler plans and submits every recipe (a Bridge import plus one plan per recipe: minutes on a login-class
-# CPU); an hour is ample, and short enough for partitions with a low MaxTime.
-SCHEDULER_TIME = "01:00:00"
+SCHEDULER_TIME = "01:00:00"  # it plans and submits every recipe (minutes); short enough for a low MaxTime
 # Slurm starts a job whose begin time has come at its next scheduling pass (sbatch(1) --begin: ~60 s with
 # sched/builtin), later on a full partition. Still pending this long after it, the night is late (nightly-status).
 LATE_AFTER = dt.timedelta(minutes=15)
@@ -125,10 +123,8 @@ def _locked(path: Path):
     flock (Lustre mounted without -o flock) gives none; the job-id check in fire() still keeps one chain."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with os.fdopen(jsonio.open_lock(path.with_name(path.name + ".lock"), 0o644)) as f:
-        try:
+        with contextlib.suppress(OSError):
             fcntl.flock(f, fcntl.LOCK_EX)
-        except OSError:
-            pass
         yield
 
 
