@@ -104,9 +104,8 @@ def record(run_dir: Path, plan: dict) -> dict:
 
 
 def job_logs(run_dir: Path) -> list[Path]:
-    """The job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
-    when it started: cluster/submit.py claim), and any *.log beside plan.json. A submission record that is not the
-    project's, or names a directory that is not nemo_run's: BadInput (this run's line)."""
+    """The job's logs (submission.json names them: cluster/submit.py log_files) and any *.log beside plan.json; a
+    submission record that is not the project's, or names a directory that is not nemo_run's: BadInput."""
     from overlapkit.cluster import chain, submit
 
     info = jsonio.read_json(run_dir / chain.MARKER, role=chain.ROLE, fix=RECORD_FIX, missing_ok=True)

@@ -1,11 +1,8 @@
-"""The nightly's rule 6 (nightly/rules.py applies it after rule 5): each overlap class's exposed share of its
-communication, from the run's overlap report (spec/runopts.py: OVERLAP_JSON, written in the job by the first profiled
-rank, profile/profiled.py, or by `make overlap-report RUN=`), against the golden's, in absolute percentage points.
-
-Rising beyond EXPOSED_MARGIN is a regression (an overlap stopped hiding that class); falling beyond it is an
-unexpected improvement, as rule 5's. A golden with shares and a run without the report (or without a class the
-golden has) is a regression that says what is missing: the night can no longer show the overlaps work. The steps
-the nightly profiles for it (profile_window, profiled_ranks) are chosen here too.
+"""The nightly's rule 6 (after rules.py's rule 5): each overlap class's exposed share of its communication, from the
+run's overlap report (OVERLAP_JSON, written in the job or by `make overlap-report RUN=`), against the golden's, in
+absolute percentage points. Rising beyond EXPOSED_MARGIN is a regression (an overlap stopped hiding that class),
+falling beyond it an unexpected improvement; a golden with shares and a run without them is a regression that says
+what is missing. The steps the nightly profiles for it (profile_window, profiled_ranks) are chosen here too.
 """
 
 from __future__ import annotations
@@ -71,9 +68,8 @@ def shares(report: dict | None) -> dict[str, float] | None:
 
 
 def compare(report: dict | None, missing: str | None, golden: dict) -> list[dict]:
-    """One check per class the golden or the run has (a class the golden lacks had nothing exposed: 0); one `missing`
-    check when the run has no report (`missing`: read's reason). Each check carries its own `text` (rules._describe
-    prints it)."""
+    """One check per class the golden or the run has (a class the golden lacks had nothing exposed: 0), or one
+    `missing` check when the run has no report (`missing`: read's reason); each says itself in `text`."""
     gold = golden.get("exposed_share")
     if not gold:  # a golden blessed before the nightly profiled, or from a run without communication
         return []

@@ -199,9 +199,8 @@ def parse_text(text: str, warmup: int = WARMUP_ITERS, exclude=()) -> dict:
 
 
 def parse_files(paths, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) -> dict:
-    """Logs of one job (nemo_run writes one per task group) as one text: each file but the last ends in a newline.
-    Each is opened through jsonio's guarded reader: a FIFO, device or a file past the log ceiling is one Unreadable
-    (a BadInput naming it), never a hang."""
+    """Logs of one job (nemo_run writes one per task group) as one text, each file but the last ending in a newline;
+    a FIFO, device or a file past the log ceiling is one Unreadable (jsonio's guarded reader), never a hang."""
     paths = list(paths)
 
     def lines():

@@ -264,10 +264,9 @@ def report_night(
     say=print,
     bridge=None,
 ) -> bool:
-    """Judge each entry of the night (skipped as submitted, else from Slurm's state and the job's logs), write the
-    report, junit.xml (and history), and resubmit infrastructure failures once, with a new summary job after them
-    (`report_command`: NightRequest's; `bridge()`: its Bridge side, imported for a retry only). True when nothing
-    failed: `make nightly-report` exits 1 otherwise, so the summary job's Slurm state is FAILED on a bad night."""
+    """Judge each entry of the night, write the report, junit.xml and history, and resubmit infrastructure failures
+    once with a new summary job after them (`bridge()`: the Bridge side, imported for a retry only). True when
+    nothing failed: `make nightly-report` exits 1 otherwise, so the summary job's Slurm state is FAILED."""
     night = read_night(night_dir)
     goldens, results = Path(night.get("goldens") or goldens), []
     for e in night["entries"]:

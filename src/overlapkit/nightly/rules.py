@@ -195,9 +195,8 @@ def classify(
 
 
 def likely_overlap(worth: dict | None, slowdown_s: float) -> str | None:
-    """Which overlap a step `slowdown_s` seconds slower than expected looks like: among plan.json's overlap_worth
-    ({field: {row, delta_s, delta_pct, ...}}), the one whose predicted worth is nearest (by ratio) within WORTH_MATCH;
-    None when none is (or the plan has no worth, or the step is not slower)."""
+    """Which overlap a step `slowdown_s` seconds slower than expected looks like: among plan.json's overlap_worth,
+    the one whose predicted worth is nearest (by ratio) within WORTH_MATCH, else None."""
     if slowdown_s <= 0:
         return None
     fits = [(abs(math.log(slowdown_s / v["delta_s"])), v) for v in (worth or {}).values() if v.get("delta_s", 0) > 0]

@@ -89,9 +89,8 @@ def first_begin(profile, at: str, now: dt.datetime) -> dt.datetime:
 
 
 def next_begin(prev: dt.datetime, now: dt.datetime) -> dt.datetime:
-    """The successor's begin: the same wall-clock time the next day (so now+N repeats 24 h after the first night;
-    across a DST change the time of day is kept). A scheduler that started more than a day late skips the nights
-    already past rather than queueing them all at once."""
+    """The successor's begin: the same wall-clock time the next day (across a DST change too); a scheduler that
+    started more than a day late skips the nights already past rather than queueing them all at once."""
     begin = prev + dt.timedelta(days=1)
     while begin <= now:
         begin += dt.timedelta(days=1)
@@ -249,8 +248,7 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
 
 def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
     """Queue a scheduler held until AT, then cancel this chain's other queued ones (new first: if sbatch refuses,
-    the old chain stands), and record it; returns what `make nightly-schedule` prints. A dry run says what it would
-    queue, and queues and writes nothing."""
+    the old chain stands), and record it; what `make nightly-schedule` prints. A dry run queues and writes nothing."""
     path, now = schedule_path(req.profile), now or local_now()
     if req.dryrun:
         new_schedule(req, None, now)  # what it would refuse, it refuses now
@@ -275,9 +273,8 @@ def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
 
 
 def unschedule(profile, cluster: str, now: dt.datetime | None = None) -> list[str]:
-    """Cancel the chain's queued scheduler jobs and mark the chain off; returns what `make nightly-unschedule`
-    prints. A scheduler running now is named: one that has not reached the lock finds the chain off and does
-    nothing; one past it has queued its successor, cancelled here, and launches its night."""
+    """Cancel the chain's queued scheduler jobs and mark the chain off; what `make nightly-unschedule` prints. A
+    scheduler running now is named: before the lock it finds the chain off, past it it launches its night."""
     path = schedule_path(profile)
     with _locked(path):
         sched = read(path)
