@@ -125,13 +125,8 @@ def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
                 why += f" but {folder}/ has {len(files)} {what}(s): make overlap-report RUN={run_dir}"
             else:
                 why += f" and no {what} in {folder}/: the job log says why the profile was not kept"
-    return {
-        "report": report,
-        "shares": exposed.shares(report),
-        "missing": why,
-        "png": str(png) if png.is_file() else None,
-        "steps": planned[1].get("steps") if planned else None,
-    }
+    found = {"report": report, "shares": exposed.shares(report), "missing": why}
+    return found | {"png": str(png) if png.is_file() else None, "steps": planned[1].get("steps") if planned else None}
 
 
 # What each profiler leaves in its folder of the run directory (profile/profiled.py: exports).

@@ -124,21 +124,13 @@ def compare(parsed: dict, golden: dict) -> list[dict]:
         checks.append({"metric": name, "value": value, "golden": gold, "delta": d, "tol": tol, "verdict": verdict})
     gold_loss = {int(k): v for k, v in (golden.get("loss") or {}).items()}
     run_loss = {r["iteration"]: r.get("lm_loss") for r in parsed["iterations"]}
-    worst = None
-    for it, gl in sorted(gold_loss.items()):
-        if it not in run_loss:
-            continue
-        rl = run_loss[it]
-        d = _rel(rl, gl) if rl is not None and math.isfinite(rl) else math.inf
-        margin = abs(d) / loss_tolerance(it)
-        if worst is None or margin > worst[0]:
-            worst = (margin, it, rl, gl, d)
-    missing = [it for it in gold_loss if it not in run_loss]
-    if worst is not None:
-        margin, it, rl, gl, d = worst
-        verdict = "ok" if margin <= 1 else "drift"
+    both = [(it, gl, run_loss[it]) for it, gl in sorted(gold_loss.items()) if it in run_loss]
+    deltas = [(it, gl, rl, _rel(rl, gl) if rl is not None and math.isfinite(rl) else math.inf) for it, gl, rl in both]
+    if deltas:  # the iteration furthest beyond its tolerance (the first of equals)
+        it, gl, rl, d = max(deltas, key=lambda x: abs(x[3]) / loss_tolerance(x[0]))
+        verdict = "ok" if abs(d) / loss_tolerance(it) <= 1 else "drift"
         check = {"metric": "lm_loss", "value": rl, "golden": gl, "delta": d, "tol": loss_tolerance(it), "iteration": it}
-        checks.append(check | {"verdict": verdict, "missing_iterations": len(missing)})
+        checks.append(check | {"verdict": verdict, "missing_iterations": len(gold_loss) - len(deltas)})
     return checks
 
 

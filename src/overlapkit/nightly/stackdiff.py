@@ -69,9 +69,13 @@ def bridge_changes(a: dict, b: dict) -> list[dict]:
     whether the resolved plan still differs there (False: the recipe sets the field itself)."""
     ba, bb = (r.get("bridge_config") or {} for r in (a, b))
     if "error" in ba or "error" in bb:
-        return [
-            {"field": "(recipe function)", "pinned": ba.get("error"), "candidate": bb.get("error"), "reaches": None}
-        ]
+        failed = {
+            "field": "(recipe function)",
+            "pinned": ba.get("error"),
+            "candidate": bb.get("error"),
+            "reaches": None,
+        }
+        return [failed]
     fa, fb = ba.get("fields", {}), bb.get("fields", {})
     ca, cb = a.get("config", {}), b.get("config", {})
     return [
