@@ -302,7 +302,7 @@ def bless(run_dir: Path, goldens: Path = GOLDENS) -> int:
             if res["status"] != "ok":
                 print(f"not blessed: {key} {side}: {res['status']}")
                 continue
-            parsed = logparse.parse_file(run_dir / res["log"], warmup=warmup_of(doc["iters"]))
+            parsed = logparse.parse_files([run_dir / res["log"]], warmup=warmup_of(doc["iters"]))
             c = gpucut.CUTS[key]
             cut = {
                 "layers": c.layers,

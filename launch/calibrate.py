@@ -33,11 +33,8 @@ def check(args) -> bool:
     whole = args.runs.strip()  # one directory whose path has spaces, else a space-separated list of them
     given = [Path(whole)] if whole and Path(whole).is_dir() else [Path(r) for r in whole.split()]
     if missing := [repr(str(r)) for r in given if not r.is_dir()]:
-        raise BadInput(
-            f"RUNS: no directory {', '.join(missing)}"
-            + (" (RUNS is split at spaces)" if len(given) > 1 else "")
-            + ": give directories that hold run directories"
-        )
+        split = " (RUNS is split at spaces)" if len(given) > 1 else ""
+        raise BadInput(f"RUNS: no directory {', '.join(missing)}{split}: give directories that hold run directories")
     args.roots = given or [r for r in (paths.runs_root(), args.profile.job_path) if r.is_dir()]
     return True
 

@@ -25,14 +25,14 @@ from overlapkit.errors import BadInput
 from overlapkit.nightly import chain_status, nightly, schedule
 from overlapkit.nightly import rules as regress
 
-# The commands of this module that Slurm jobs run, by their names in launch/commands.py's table; the library appends
-# only their options. The summary job runs under the cluster profile's python (a site may name its container's), the
-# scheduler job and the night it launches under this one, the python that scheduled the chain.
+# The commands Slurm jobs run (launch/commands.py's names; the library appends their options): the summary job under
+# the profile's python (a site may name its container's), the scheduler job and its night under this one.
 REPORT_COMMAND = ("-m", "launch", "nightly-report")
 SCHEDULER_COMMANDS = schedule.Commands(
     night=(sys.executable, "-m", "launch", "nightly"),
     fire=(sys.executable, "-m", "launch", "nightly-schedule-run"),
 )
+SCHEDULE_OPTIONS = ("at", "cluster", "job_dir", "preflight", "iters", "min_dp")  # ScheduleRequest's, as given
 ACTIONS = ("submit", "report", "bless", "schedule", "schedule-run", "schedule-status", "unschedule")
 
 
@@ -93,8 +93,7 @@ def check(args) -> bool:
     return False
 
 
-def handlers() -> None:
-    install_signal_handlers()  # a night's submissions end marked (failed or submitted), even if make is killed
+handlers = install_signal_handlers  # a night's submissions end marked (failed or submitted), even if make is killed
 
 
 def run(args) -> int:
@@ -109,12 +108,9 @@ def run(args) -> int:
                     profile=profile_of(args),
                     recipes=names,
                     report_command=REPORT_COMMAND,
-                    iters=args.iters,
-                    min_dp=args.min_dp,
+                    **{key: getattr(args, key) for key in ("iters", "min_dp", "max_nodes", "goldens")},
                     preflight_only=preflight_only,
                     checks=checks,
-                    max_nodes=args.max_nodes,
-                    goldens=args.goldens,
                     dryrun=bool(args.dryrun),
                     bridge=side,
                     versions=side.stack.versions(),
@@ -128,12 +124,7 @@ def run(args) -> int:
                 if night_dir is None:
                     raise BadInput(f"no nights under {root}: run make nightly first, or give NIGHT=<dir>")
                 ok = nightly.report_night(
-                    night_dir,
-                    REPORT_COMMAND,
-                    goldens=Path(args.goldens),
-                    retry=not args.no_retry,
-                    say=print,
-                    bridge=bridge,
+                    night_dir, REPORT_COMMAND, goldens=Path(args.goldens), retry=not args.no_retry, bridge=bridge
                 )
                 lines, code = [], 0 if ok else 1
             case "bless":
@@ -144,17 +135,9 @@ def run(args) -> int:
             case "schedule":
                 if names:  # the names need the registry (Bridge), so they are checked after everything else
                     bridge().check_recipes(names)
+                opts = {key: getattr(args, key) for key in SCHEDULE_OPTIONS} | {"dryrun": bool(args.dryrun)}
                 req = schedule.ScheduleRequest(
-                    profile=profile_of(args),
-                    at=args.at,
-                    cluster=args.cluster,
-                    commands=SCHEDULER_COMMANDS,
-                    job_dir=args.job_dir,
-                    recipes=" ".join(names),
-                    preflight=args.preflight,
-                    iters=args.iters,
-                    min_dp=args.min_dp,
-                    dryrun=bool(args.dryrun),
+                    profile_of(args), commands=SCHEDULER_COMMANDS, recipes=" ".join(names), **opts
                 )
                 lines = schedule.schedule(req)
             case "schedule-run":
@@ -165,7 +148,7 @@ def run(args) -> int:
                 # The night it fires plans in its own process, as every job does: a plan server started from this
                 # job (which fire() strips of SLURM_*) would idle on the node for 15 minutes after the job ended.
                 os.environ[plan_server.SWITCH] = "0"
-                return schedule.fire(profile_of(args), job_id, SCHEDULER_COMMANDS, say=print)
+                return schedule.fire(profile_of(args), job_id, SCHEDULER_COMMANDS)
             case "schedule-status":
                 st = chain_status.status(profile_of(args), args.cluster)
                 lines, code = st.lines, 0 if st.ok else 1

@@ -38,7 +38,7 @@ def _torchrun(args: list[str], log: Path) -> subprocess.Popen:
 
 
 def _losses(log: Path) -> dict[int, float]:
-    parsed = logparse.parse_file(log)
+    parsed = logparse.parse_files([log])
     return {r["iteration"]: r["lm_loss"] for r in parsed["iterations"] if "lm_loss" in r}
 
 

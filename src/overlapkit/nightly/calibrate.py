@@ -1,21 +1,16 @@
 """`make calibrate`: the throughput model's constants fitted on a cluster's own finished runs and nights.
 
-Each run directory under the given roots (runs/ and the cluster's nightly directories) holds plan.json, which names
-the recipe, the cluster and the plan, and overrides.json, from which the plan is rebuilt exactly as the job built it
-(spec/request.py `from_record`). Its step time is what Bridge's own log says: the steady-state mean of
-`elapsed time per iteration (ms)` (nightly/logparse.py, warm-up and profiled iterations left out) of the job's logs
-(nemo_run's experiment directory from submission.json, and any *.log beside plan.json). Only run directories are
-searched (run_dirs: never nemo_run's experiment directories, whose packaged code holds test fixtures). A run counts
-only as the plan it ran (the log's launch facts are the plan's: rules.launch_disagreements; the recipe rebuilt today
-plans the same layout) with a step some physical constants can give it; every problem of one run's files is that
-run's skip line, never the others' (read_run).
+Each run directory under the given roots holds plan.json and overrides.json, from which the plan is rebuilt as the
+job built it (bridge/request.py `from_record`). Its step time is the steady-state mean of Bridge's `elapsed time per
+iteration (ms)` in the job's logs (nightly/logparse.py). A run counts only as the plan it ran (the log's launch facts
+are the plan's, the recipe rebuilt today plans the same layout) with a step some physical constants can give it;
+every problem of one run's files is that run's skip line, never the others' (read_run).
 
-Which constants those runs can move is read off the model, not assumed: the sensitivity of every run's log step time
-to a 5% change of each constant, in a pivoted QR (scipy.linalg.qr): constants are taken in pivot order while their
-pivot is at least MOVE and fewer than the runs (one run is left over, so leave-one-out has something to predict).
-They are fitted by calibration.fit_free (scipy's bounded least squares in log error, as the published fit), from
-the published values; the rest keep the published values and are named. With fewer than MIN_RUNS usable runs
-nothing is fitted; a fit that misses a run by more than calibration.MAX_ERROR is refused (refusal) and not written.
+Which constants the runs can move is read off the model: the sensitivity of every run's step time to a 5% change of
+each constant, in a pivoted QR; constants are taken in pivot order while their pivot is at least MOVE and fewer than
+the runs (leave-one-out keeps one to predict), fitted by calibration.fit_free from the published values; the rest
+keep the published values. Fewer than MIN_RUNS usable runs: nothing fitted; a fit that misses a run by more than
+calibration.MAX_ERROR is refused (refusal) and not written.
 """
 
 from __future__ import annotations
@@ -59,9 +54,7 @@ class Run:
 
 
 def read_run(run_dir: Path, cluster: str, replan) -> Run | str:
-    """The run, or why it does not count (one line): every problem of one run's files is that run's own, the other
-    runs still count. `replan(record)`: the run's plan made again, (layout, model inputs): bridge/submission.py's
-    replanned, handed down by launch/calibrate.py."""
+    """The run, or why it does not count (one line). `replan`: bridge/submission.py replanned (launch/calibrate.py)."""
     try:
         got = _read_run(Path(run_dir), cluster, replan)
     except BadInput as exc:  # jsonio's FileProblem/Unreadable, a broken record, submit's log lookup, the rebuild
@@ -111,9 +104,8 @@ def record(run_dir: Path, plan: dict) -> dict:
 
 
 def job_logs(run_dir: Path) -> list[Path]:
-    """The job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
-    when it started: cluster/submit.py claim), and any *.log beside plan.json. A submission record that is not the
-    project's, or names a directory that is not nemo_run's: BadInput (this run's line)."""
+    """The job's logs (submission.json names them: cluster/submit.py log_files) and any *.log beside plan.json; a
+    submission record that is not the project's, or names a directory that is not nemo_run's: BadInput."""
     from overlapkit.cluster import chain, submit
 
     info = jsonio.read_json(run_dir / chain.MARKER, role=chain.ROLE, fix=RECORD_FIX, missing_ok=True)
@@ -161,8 +153,7 @@ def rebuilt(run_dir: Path, rec: dict, plan: dict, replan) -> throughput.Inputs:
 def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
     """(the run directories at most MAX_DEPTH below `root`, or `root` itself; the directories that could not be
     read, with why). A run directory holds plan.json and is not searched further; links, hidden directories and
-    nemo_run's experiment directories (its logs and its copy of the packaged code, whose test fixtures hold
-    plan.json files too) are never entered."""
+    nemo_run's experiment directories (whose packaged code's test fixtures hold plan.json) are never entered."""
     found, unreadable, todo = [], [], [(Path(root), 0)]
     while todo:
         here, depth = todo.pop()
@@ -182,8 +173,7 @@ def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
 
 
 def find_runs(roots: list[Path], cluster: str, replan) -> tuple[list[Run], list[str]]:
-    """(the usable runs under `roots`, 'run dir: why not' for the others, and one line for directories that could
-    not be searched)."""
+    """(the usable runs under `roots`, 'run dir: why not' for the others and the directories not searched)."""
     runs, skipped, dirs, unreadable = [], [], set(), []
     for root in roots:
         got, bad = run_dirs(root)

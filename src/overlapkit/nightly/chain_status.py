@@ -10,18 +10,9 @@ from pathlib import Path
 
 from overlapkit import jsonio, paths
 from overlapkit.cluster import slurm
+from overlapkit.nightly import schedule
 from overlapkit.nightly.nightly import latest_night, read_night
-from overlapkit.nightly.schedule import (
-    LATE_AFTER,
-    chain_jobs,
-    iso,
-    local_now,
-    parse_iso,
-    read,
-    restart_command,
-    schedule_path,
-    scheduler_log,
-)
+from overlapkit.nightly.schedule import iso, parse_iso
 
 
 @dataclass
@@ -50,7 +41,7 @@ def _chain_state(sched: dict, job: dict | None, ended: str | None, now: dt.datet
     if job["state"] != "PENDING":
         return "running", [f"scheduler job {job['job_id']} is {job['state']}: launching tonight's night{note}"]
     begin = parse_iso(job["begin"]) or parse_iso(sched["begin"])
-    if begin and now - begin > LATE_AFTER:
+    if begin and now - begin > schedule.LATE_AFTER:
         return "late", [
             f"the night has not started: scheduler job {job['job_id']} is still pending {_span(now - begin)} after "
             f"its begin time {iso(begin)} (squeue reason: {job['reason']}){note}"
@@ -68,18 +59,14 @@ def _last_fire(sched: dict, state: str, firing: set[str]) -> tuple[bool, list[st
     last = history[-1]
     current = last.get("fired_at", "") >= sched.get("scheduled_at", "")
     where = f"fired {last.get('fired_at')} by job {last['job_id']}"
+    log = schedule.scheduler_log(sched, last["job_id"])
     if "rc" not in last:
         if state == "running" or last["job_id"] in firing:
             return True, [f"last {where}: launching now"]
-        return not current, [
-            f"the night did not start: {where}, whose launch never reported back (see "
-            f"{scheduler_log(sched, last['job_id'])})"
-        ]
+        return not current, [f"the night did not start: {where}, whose launch never reported back (see {log})"]
     if last["rc"] != 0 or not last.get("night"):
-        return not current, [
-            f"the night did not start: {where}: `make nightly`'s command exited {last['rc']} "
-            f"(see {scheduler_log(sched, last['job_id'])})"
-        ]
+        exited = f"`make nightly`'s command exited {last['rc']}"
+        return not current, [f"the night did not start: {where}: {exited} (see {log})"]
     return True, [f"last {where}: night {paths.repo_relative(Path(last['night']))}"]
 
 
@@ -89,32 +76,21 @@ def analyse(
     """The chain's health from the schedule file, this chain's jobs in squeue (None: squeue did not answer) and,
     when the job the file names is not queued, Slurm's last word on it (`ended`, from sacct)."""
     if not sched:
-        return ChainStatus(
-            "none",
-            True,
-            [f"no nightly schedule for {cluster}: start one with make nightly-schedule CLUSTER={cluster} AT=02:00"],
-        )
-    restart = restart_command(sched)
+        hint = f"no nightly schedule for {cluster}: start one with make nightly-schedule CLUSTER={cluster} AT=02:00"
+        return ChainStatus("none", True, [hint])
+    restart = schedule.restart_command(sched)
     if not sched.get("active"):
-        return ChainStatus(
-            "off",
-            True,
-            [f"unscheduled at {sched.get('unscheduled_at')}: no night is queued; start again with {restart}"],
-        )
+        off = f"unscheduled at {sched.get('unscheduled_at')}: no night is queued; start again with {restart}"
+        return ChainStatus("off", True, [off])
     head = (
         f"schedule: AT={sched['at']} every day, RECIPES={sched['recipes'] or '(all)'} "
         f"PREFLIGHT={sched['preflight'] or '(off)'} (scheduled {sched.get('scheduled_at')})"
     )
     if queued is None:
-        return ChainStatus(
-            "unknown",
-            False,
-            [
-                head,
-                f"squeue did not answer: cannot tell whether scheduler job "
-                f"{sched['job_id']} is queued (is Slurm up? sinfo)",
-            ],
+        unknown = (
+            f"squeue did not answer: cannot tell whether scheduler job {sched['job_id']} is queued (is Slurm up? sinfo)"
         )
+        return ChainStatus("unknown", False, [head, unknown])
     fired = {h.get("job_id") for h in sched.get("history") or []}
     firing = {j["job_id"] for j in queued if j["state"] != "PENDING" and j["job_id"] in fired}  # successor queued
     job = next((j for j in queued if j["job_id"] == sched["job_id"]), None)
@@ -178,13 +154,13 @@ def _last_night(root: Path) -> list[str]:
 
 def status(profile, cluster: str, now: dt.datetime | None = None) -> ChainStatus:
     """`make nightly-status`: the chain (analyse) and the last night."""
-    path = schedule_path(profile)
-    sched = read(path)
+    path = schedule.schedule_path(profile)
+    sched = schedule.read(path)
     active = bool(sched and sched.get("active"))
-    queued = chain_jobs(path) if active else []
+    queued = schedule.chain_jobs(path) if active else []
     ended = None
     if active and queued is not None and sched.get("job_id") not in {j["job_id"] for j in queued}:
         ended = slurm.job_state(sched["job_id"]) if sched.get("job_id") else None
-    st = analyse(sched, queued, ended, now or local_now(), cluster)
+    st = analyse(sched, queued, ended, now or schedule.local_now(), cluster)
     st.lines += _last_night(profile.job_path / "nightly")
     return st

@@ -1,11 +1,8 @@
-"""The nightly's rule 6 (nightly/rules.py applies it after rule 5): each overlap class's exposed share of its
-communication, from the run's overlap report (spec/runopts.py: OVERLAP_JSON, written in the job by the first profiled
-rank, profile/profiled.py, or by `make overlap-report RUN=`), against the golden's, in absolute percentage points.
-
-Rising beyond EXPOSED_MARGIN is a regression (an overlap stopped hiding that class); falling beyond it is an
-unexpected improvement, as rule 5's. A golden with shares and a run without the report (or without a class the
-golden has) is a regression that says what is missing: the night can no longer show the overlaps work. The steps
-the nightly profiles for it (profile_window, profiled_ranks) are chosen here too.
+"""The nightly's rule 6 (after rules.py's rule 5): each overlap class's exposed share of its communication, from the
+run's overlap report (OVERLAP_JSON, written in the job or by `make overlap-report RUN=`), against the golden's, in
+absolute percentage points. Rising beyond EXPOSED_MARGIN is a regression (an overlap stopped hiding that class),
+falling beyond it an unexpected improvement; a golden with shares and a run without them is a regression that says
+what is missing. The steps the nightly profiles for it (profile_window, profiled_ranks) are chosen here too.
 """
 
 from __future__ import annotations
@@ -18,13 +15,10 @@ from overlapkit.profile.overlap_classes import CLASSES as EXPOSED_CLASSES  # the
 from overlapkit.spec.runopts import OVERLAP_JSON, PROFILERS, planned_window
 from overlapkit.spec.topology import GPUS_PER_NODE
 
-# Two steady steps profiled with Nsight Systems on one rank per node (issue #24: the night's exposed communication per
-# overlap class, from the run's overlap report). After logparse's warm-up, in the middle of the steady iterations:
-# the first iterations' one-off costs (communicator and userbuffers set-up, allocator growth, the first param
-# all-gather) stay out of the window, so does the last iteration's exit work, and steady iterations remain on both
-# sides of it for the step-time mean, which leaves out the iterations the capture slows (runopts.perturbed_iterations).
-# Rank 0 of each node: its node's NVLink traffic and its share of every inter-node group, without the cost of a trace
-# per GPU.
+# Two steady steps profiled on rank 0 of each node (its node's NVLink traffic and its share of every inter-node group,
+# without a trace per GPU), in the middle of the steady iterations: the one-off costs of the first ones and the last
+# one's exit work stay out, and steady iterations remain on both sides for the step-time mean, which leaves out the
+# ones the capture slows (runopts.perturbed_iterations).
 PROFILED_STEPS = 2
 
 
@@ -43,10 +37,9 @@ def profiled_ranks(nodes: int) -> tuple[int, ...]:
     return tuple(range(0, nodes * GPUS_PER_NODE, GPUS_PER_NODE))
 
 
-# In absolute points, not relative: a hidden class sits near 0 % (a TP all-gather under its GEMM: a few %), where a
-# relative tolerance means nothing (2 % -> 3 % is +50 % and harmless), and a lost overlap moves its class toward
-# 100 %, tens of points. Two profiled steps of one rank per node see kernel-start jitter of a few points; 5 is above
-# it and far below a lost overlap. A starting value, as rules.LOSS_TIERS: recalibrate from >= 3 blessed runs.
+# In absolute points: a hidden class sits near 0 %, where a relative tolerance means nothing (2 % -> 3 % is +50 % and
+# harmless), and a lost overlap moves it tens of points. Kernel-start jitter is a few points; 5 is above it. A
+# starting value, as rules.LOSS_TIERS: recalibrate from >= 3 blessed runs.
 EXPOSED_MARGIN = 0.05
 
 
@@ -75,9 +68,8 @@ def shares(report: dict | None) -> dict[str, float] | None:
 
 
 def compare(report: dict | None, missing: str | None, golden: dict) -> list[dict]:
-    """One check per class the golden or the run has (a class the golden lacks had nothing exposed: 0); one `missing`
-    check when the run has no report (`missing`: read's reason). Each check carries its own `text` (rules._describe
-    prints it)."""
+    """One check per class the golden or the run has (a class the golden lacks had nothing exposed: 0), or one
+    `missing` check when the run has no report (`missing`: read's reason); each says itself in `text`."""
     gold = golden.get("exposed_share")
     if not gold:  # a golden blessed before the nightly profiled, or from a run without communication
         return []
@@ -103,17 +95,8 @@ def compare(report: dict | None, missing: str | None, golden: dict) -> list[dict
                 f"({d * 100:+.1f} points, margin ±{EXPOSED_MARGIN * 100:.0f})"
                 + (": an overlap stopped hiding it" if verdict == "worse" else "")
             )
-        checks.append(
-            {
-                "metric": f"exposed_share.{name}",
-                "value": value,
-                "golden": base,
-                "delta": d,
-                "tol": EXPOSED_MARGIN,
-                "verdict": verdict,
-                "text": text,
-            }
-        )
+        check = {"metric": f"exposed_share.{name}", "value": value, "golden": base, "delta": d, "tol": EXPOSED_MARGIN}
+        checks.append(check | {"verdict": verdict, "text": text})
     return checks
 
 

@@ -1,13 +1,10 @@
 """The night's verdicts as JUnit XML (`junit.xml` beside report.md), the file CI dashboards read: Jenkins' `junit`
 step, GitLab's `artifacts:reports:junit`.
 
-One <testcase> per recipe (classname `nightly.<cluster>`, name the recipe): passed (the verdict's notes in
-<system-out>), <failure> whose message is the rule that fired and whose type is the verdict (regression,
-hard_failure, ...), or <skipped> with the reason as its message. JUnit XML has no official schema; this follows the
-one pytest's junitxml follows, the Jenkins xUnit plugin's junit-10.xsd: <testsuites> (name, tests, failures, errors,
-time; no skipped there) around one <testsuite> (required: name, tests, failures, errors; also skipped, timestamp,
-hostname, time). A night records no per-run wall time, so `time` is 0 (sacct has it); `errors` is 0: every verdict
-that is not a pass, infrastructure failures included, is a failure of the night.
+One <testcase> per recipe (classname `nightly.<cluster>`): passed (the verdict's notes in <system-out>), <failure>
+(message: the rule that fired, type: the verdict) or <skipped>. JUnit XML has no official schema; this follows the
+Jenkins xUnit plugin's junit-10.xsd, as pytest's junitxml does. A night records no per-run wall time, so `time` is
+0; `errors` is 0: every verdict that is not a pass, infrastructure failures included, is a failure of the night.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A Megatron Bridge (or Megatron-LM) training log → per-iteration records, a summary, the events that decide a run's
-fate and what the log says of its launch (make bless compares that with plan.json). The lines read, and the rules for
-torn, cut, repeated and NaN lines, are in docs/nightly.md ("Log parser"). Memory: the log's bytes are read once
-(jsonio's guarded reader, at most LOG_LIMIT), parsed a line at a time, and only the iteration records are kept, each
-packed by `marshal` (~300 bytes, a third of a dict); `write_json` writes the JSON with `json.dump`, unpacking one
-record at a time (`make parse-log`: launch/parse_log.py). Iterations past 2**63 are none; `launch` keeps DISTINCT_CAP
-values.
+fate and what the log says of its launch (make bless compares that with plan.json); the rules for torn, cut,
+repeated and NaN lines are in docs/nightly.md ("Log parser"). Memory: the log is parsed a line at a time and only the
+iteration records are kept, each packed by `marshal` (a third of a dict); `write_json` unpacks one at a time.
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ import marshal
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from overlapkit import jsonio
 
@@ -120,8 +116,7 @@ def summarize(iters, memory: list[dict], warmup: int = WARMUP_ITERS, exclude=())
 
 
 def profiled_iterations(plan: dict) -> range:
-    """The iterations plan.json's profiler window (NSYS or TORCH_PROFILE) slowed (runopts.perturbed_iterations; none
-    for an unprofiled run)."""
+    """The iterations plan.json's profiler window slowed (runopts.perturbed_iterations; none for an unprofiled run)."""
     from overlapkit.spec import runopts
 
     if (planned := runopts.planned_window(plan.get("run"))) is None or not planned[1].get("steps"):
@@ -150,8 +145,7 @@ def _ints(*texts: str) -> tuple[int | None, ...]:
 
 
 def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) -> dict:
-    """The parse of `lines`, (line without its newline, whether a newline followed it) pairs; `lazy`: its iterations
-    as _Records, else a list."""
+    """The parse of `lines`, (line, whether a newline followed it) pairs; `lazy`: its iterations as _Records."""
     packed: dict[int, bytes] = {}
     memory, events = [], {}
     facts: dict[str, set] = {"recipes": set(), "world_sizes": set(), "global_batch_sizes": set()}
@@ -179,9 +173,7 @@ def _parse(lines, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) ->
         elif m := _LAUNCH.search(line):  # the launch's world size or recipe
             g = m.groupdict()
             if g["preflight"] or g["megatron"] or g["tp"]:
-                sizes = (
-                    _ints(g["preflight"] or g["megatron"]) if not g["tp"] else _ints(g["tp"], g["pp"], g["cp"], g["dp"])
-                )
+                sizes = _ints(g["tp"], g["pp"], g["cp"], g["dp"]) if g["tp"] else _ints(g["preflight"] or g["megatron"])
                 fact = ("world_sizes", math.prod(sizes)) if None not in sizes else None
             elif not (g["recipe"] and "usage:" in line):
                 fact = "recipes", g["recipe"] or g["experiment"]
@@ -206,14 +198,9 @@ def parse_text(text: str, warmup: int = WARMUP_ITERS, exclude=()) -> dict:
     return _parse(((line, i < len(lines) - 1) for i, line in enumerate(lines)), warmup, exclude)  # last: no "\n"
 
 
-def parse_file(path: Path | str, warmup: int = WARMUP_ITERS, exclude=()) -> dict:
-    return parse_files([path], warmup, exclude)
-
-
 def parse_files(paths, warmup: int = WARMUP_ITERS, exclude=(), lazy: bool = False) -> dict:
-    """Logs of one job (nemo_run writes one per task group) as one text: each file but the last ends in a newline.
-    Each is opened through jsonio's guarded reader: a FIFO, device or a file past the log ceiling is one Unreadable
-    (a BadInput naming it), never a hang."""
+    """Logs of one job (nemo_run writes one per task group) as one text, each file but the last ending in a newline;
+    a FIFO, device or a file past the log ceiling is one Unreadable (jsonio's guarded reader), never a hang."""
     paths = list(paths)
 
     def lines():
@@ -242,8 +229,7 @@ def to_json(parsed: dict) -> str:
 
 
 def write_json(parsed: dict, out) -> None:
-    """`to_json(parsed)` written to `out` one record at a time (`parsed` from parse_files(..., lazy=True)), then a
-    newline: a large log's records are never all unpacked at once."""
+    """`to_json(parsed)` and a newline written to `out` one record at a time (`parsed`: parse_files(lazy=True))."""
     records = _Records(parsed["iterations"].packed, clean=True)
     json.dump({k: records if k == "iterations" else _clean(v) for k, v in parsed.items()}, out, indent=2)
     out.write("\n")

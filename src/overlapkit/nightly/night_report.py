@@ -2,9 +2,8 @@
 
 A night lives in `<profile job_dir>/nightly/<UTC stamp>/`: `night.json` (what was submitted), `report.md`,
 `results.json`, `plots/*.png`. Every night's numbers are appended to `<job_dir>/nightly/history.jsonl`. Each run's
-exposed communication per overlap class comes from its run directory's overlap report and timeline picture
-(spec/runopts.py: OVERLAP_JSON, OVERLAP_PNG), written in the job after the profiled steps (profile/profiled.py) as
-`make overlap-report RUN=` writes them; a run without them says why.
+exposed communication per overlap class comes from its overlap report and timeline (OVERLAP_JSON, OVERLAP_PNG),
+written in the job (profile/profiled.py) or by `make overlap-report RUN=`; a run without them says why.
 """
 
 from __future__ import annotations
@@ -26,9 +25,8 @@ from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planne
 
 
 def append_history(path: Path, records: list[dict]) -> None:
-    """Append with O_APPEND and one write() + fsync, never rewriting earlier bytes: a crash can at worst leave a
-    torn last line (read_history skips it), never lose an earlier night. A full-file temp + os.replace would be
-    atomic too, but rewrites every past night each time and needs the directory fsync as well."""
+    """Append with O_APPEND and one write() + fsync, never rewriting earlier bytes (as a temp + os.replace would
+    every night): a crash can at worst leave a torn last line (read_history skips it), never lose an earlier night."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(json.dumps(logparse._clean(r), sort_keys=True) + "\n" for r in records).encode()
     fd = jsonio.open_lock(path, 0o644, append=True)  # never through a link planted at its name
@@ -42,9 +40,8 @@ def append_history(path: Path, records: list[dict]) -> None:
 
 
 def read_history(path: Path) -> list[dict]:
-    """Every whole line; a torn one is skipped. The last record per (night, recipe) wins (a report re-run). Read
-    through the guarded reader: a history that is not a regular file, or past the log ceiling, is no history (the
-    plots start again), never a hang."""
+    """Every whole line; a torn one is skipped. The last record per (night, recipe) wins (a report re-run). A history
+    that is not a regular file, or past the log ceiling, is no history (the plots start again), never a hang."""
     try:
         text = jsonio.read_bytes(path, jsonio.LOG_LIMIT).decode("utf-8", "replace")
     except (FileNotFoundError, jsonio.Unreadable):
@@ -73,7 +70,8 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan)) if logs else None
     error = joblog.first_error(logs)[0] if state.split()[0].rstrip("+") in joblog.FAILED else None
     comm = exposed_of(run_dir, plan, preflight_only)
-    worth = (plan.get("throughput") or {}).get("overlap_worth")  # sizing/worth.py; None in a plan.json before it
+    predicted = plan.get("throughput") or {}  # sizing/throughput.py; a plan.json from before it has none of its keys
+    worth, step_s = predicted.get("overlap_worth"), predicted.get("step_time_s")  # worth: sizing/worth.py
     golden = regress.load_golden(entry["recipe"], goldens_dir)
     verdict = regress.classify(
         parsed,
@@ -98,8 +96,8 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
         "summary": parsed["summary"] if parsed else None,
         "losses": [(r["iteration"], r["lm_loss"]) for r in parsed["iterations"] if "lm_loss" in r] if parsed else [],
         "golden": golden,
-        "predicted_step_ms": _predicted_ms(plan),
-        "predicted_band": (plan.get("throughput") or {}).get("band"),
+        "predicted_step_ms": step_s * 1e3 if isinstance(step_s, int | float) else None,
+        "predicted_band": predicted.get("band"),
         "overlap_worth": worth,
         "overlaps_on": [k for k, v in rows.items() if v.get("state") == "on"],
         "overlaps_off": [k for k, v in rows.items() if v.get("state") == "off"],
@@ -111,8 +109,7 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
 
 
 def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
-    """The run's exposed communication: its overlap report, shares per class and timeline picture, or why there is
-    none (never a silent blank)."""
+    """The run's exposed communication: its overlap report, shares per class and timeline, or why there is none."""
     report, why = exposed.read(run_dir)
     png = run_dir / OVERLAP_PNG
     planned = planned_window(plan.get("run"))
@@ -128,23 +125,12 @@ def exposed_of(run_dir: Path, plan: dict, preflight_only: bool) -> dict:
                 why += f" but {folder}/ has {len(files)} {what}(s): make overlap-report RUN={run_dir}"
             else:
                 why += f" and no {what} in {folder}/: the job log says why the profile was not kept"
-    return {
-        "report": report,
-        "shares": exposed.shares(report),
-        "missing": why,
-        "png": str(png) if png.is_file() else None,
-        "steps": planned[1].get("steps") if planned else None,
-    }
+    found = {"report": report, "shares": exposed.shares(report), "missing": why}
+    return found | {"png": str(png) if png.is_file() else None, "steps": planned[1].get("steps") if planned else None}
 
 
 # What each profiler leaves in its folder of the run directory (profile/profiled.py: exports).
 PROFILE_FILES = {"nsys": ("*.sqlite", "SQLite export"), "torch_profile": ("rank-*.json.gz", "PyTorch-profiler trace")}
-
-
-def _predicted_ms(plan: dict) -> float | None:
-    """The plan's predicted step time (overlapkit.sizing.throughput), in ms; None for a plan.json from before it."""
-    step = (plan.get("throughput") or {}).get("step_time_s")
-    return step * 1e3 if isinstance(step, int | float) else None
 
 
 def vs_prediction(res: dict) -> tuple[str, str | None]:
@@ -242,37 +228,26 @@ def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: P
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
-        if res.get("skipped"):
-            lines.append(f"| {res['recipe']} | — | skipped | — | — | — | — | — | — | — | {res['skipped']} |")
-            continue
-        lines.append(_row(res, night_dir))
+        skipped = f"| {res['recipe']} | — | skipped | — | — | — | — | — | — | — | {res.get('skipped')} |"
+        lines.append(skipped if res.get("skipped") else _row(res, night_dir))
     failed = [r["recipe"] for r in results if not r.get("skipped") and not r["verdict"]["ok"]]
     lines += ["", f"**{len(failed)} failing**: {', '.join(failed)}" if failed else "**No failures.**", ""]
     lines += stackdiff.night_section(night_dir, results)  # make nightly STACK=: the candidate's plan diff
-    for title, rel in plots.items():
-        lines.append(f"![{title}]({rel})")
+    lines += [f"![{title}]({rel})" for title, rel in plots.items()]
     return "\n".join(lines) + "\n"
 
 
 def write_report(night_dir: Path, night: dict, results: list[dict], history_path: Path) -> Path:
-    """The history line(s) of the judged runs, then plots (from the whole history), results.json and report.md.
-    Returns the report path."""
+    """The judged runs' history lines, then plots (of the whole history), results.json and report.md (returned)."""
     from overlapkit.nightly import plots as nightly_plots
 
     recorded_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    measured = ("step_time_ms", "tflops_per_gpu", "last_loss")  # of the summary; a history line's keys are sorted
     records = [
-        {
-            "night": night["stamp"],
-            "cluster": night["cluster"],
-            "recipe": r["recipe"],
-            "status": r["verdict"]["status"],
-            "step_time_ms": (r["summary"] or {}).get("step_time_ms"),
-            "predicted_step_ms": r.get("predicted_step_ms"),
-            "tflops_per_gpu": (r["summary"] or {}).get("tflops_per_gpu"),
-            "last_loss": (r["summary"] or {}).get("last_loss"),
-            "exposed_share": (r.get("exposed") or {}).get("shares"),
-            "recorded_at": recorded_at,
-        }
+        {"night": night["stamp"], "cluster": night["cluster"], "recipe": r["recipe"], "status": r["verdict"]["status"]}
+        | {key: (r["summary"] or {}).get(key) for key in measured}
+        | {"predicted_step_ms": r.get("predicted_step_ms"), "exposed_share": (r.get("exposed") or {}).get("shares")}
+        | {"recorded_at": recorded_at}
         for r in results
         if not r.get("skipped")
     ]

@@ -1,10 +1,6 @@
 """The nightly suite: each recipe's nightly shape, its submission through the normal launch path, the summary job,
 the report (night_report) with one retry of infrastructure failures, and blessing a reviewed run into a golden.
-
-submit_night: every recipe (or a chosen few) in its nightly shape through overlapkit.cluster.submit (audit, env
-plugin, ledger, preflight), then one summary job that depends on all of them (afterany) and runs `make
-nightly-report`'s command (NightRequest.report_command, handed down by launch/nightly.py), so it runs last whatever
-their fate.
+The summary job depends on every run of the night (afterany), so it runs last whatever their fate.
 """
 
 from __future__ import annotations
@@ -59,8 +55,7 @@ class NightlyRun:
     profiler: str = "nsys"  # its key in runopts.PROFILERS: "nsys", or "torch_profile" (the cluster profile's choice)
 
     def to_dict(self) -> dict:
-        """The night entry, the window under the run option's own names (nsys, nsys_ranks or torch_profile,
-        torch_profile_ranks): what run_options reads back."""
+        """The night entry, the window under the run options' own names (what run_options reads back)."""
         base = {"recipe": self.recipe, "nodes": self.nodes, "dp": self.dp, "gbs": self.gbs, "sets": self.sets}
         return base | {self.profiler: self.window, f"{self.profiler}_ranks": self.ranks}
 
@@ -85,13 +80,10 @@ def shape_for(
     seed: int = NIGHTLY_SEED,
     profiler: str = "nsys",
 ) -> NightlyRun:
-    """TP/PP/CP/VPP stay (same overlap paths), and so do EP and ETP: an MoE run keeps its expert all-to-all (and
-    its overlap) every night. DP shrinks to min(recipe DP, min_dp), rounded up to whole nodes on which the expert
-    grid ETP·EP·PP divides too. GBS keeps the recipe's micro-batches per DP rank, GBS/(DP·MBS): the pipeline
-    schedule (warm-up, steady 1F1B, cool-down) and each rank's work per step stay those of the full-size run, so
-    step time is comparable.
-
-    `profiler` (runopts.PROFILERS) profiles the same steady iterations whichever it is (runopts.same_capture)."""
+    """TP/PP/CP/VPP/EP/ETP stay (same overlap paths, an MoE run keeps its expert all-to-all). DP shrinks to
+    min(recipe DP, min_dp), rounded up to whole nodes on which ETP·EP·PP divides too. GBS keeps the recipe's
+    micro-batches per DP rank: the pipeline schedule and each rank's work per step stay the full-size run's, so step
+    time is comparable. `profiler` (runopts.PROFILERS) profiles the same steady iterations whichever it is."""
     mp = layout["tp"] * layout["pp"] * layout["cp"]
     full_dp = layout["nodes"] * GPUS_PER_NODE // mp
     want = max(1, min(full_dp, min_dp))
@@ -134,10 +126,8 @@ class NightRequest:
     max_nodes: int | None = None  # default: the nodes in the profile's partition (sinfo)
     goldens: str = str(regress.GOLDENS_DIR)
     dryrun: bool = False
-    # The Bridge side that lays out, plans and submits each recipe (bridge/submission.py), handed down by
-    # launch/nightly.py with the stack's versions each run records
-    bridge: object = None
-    versions: dict = dataclasses.field(default_factory=dict)
+    bridge: object = None  # bridge/submission.py (lays out, plans, submits), from launch/nightly.py
+    versions: dict = dataclasses.field(default_factory=dict)  # the stack's, recorded in each run's nightly.json
 
 
 def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say) -> dict:
@@ -157,37 +147,35 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
         say(f'would submit {name}: nodes={run.nodes} dp={run.dp} SET="{run.sets}"{window}')
     else:
         try:
-            sub = req.bridge.prepare(
-                name,
-                req.profile,
-                nodes=run.nodes,
-                sets=run.sets,
-                preflight_only=req.preflight_only,
-                checks=req.checks,
-                check_partition=True,
-                run=run_options(row),
-            )
+            sub = _prepare(req.bridge, row, req.profile, req.preflight_only, req.checks, check_partition=True)
         except (submit.SubmitError, ValueError) as exc:
             row["skipped"] = f"not submitted: {exc}"
             say(f"skip {name}: {row['skipped']}", err=True)
             return row
-        meta = {
-            **row,
-            "preflight_only": req.preflight_only,
-            "container_image": req.profile.container_image,
-            "versions": req.versions,
-            "night": stamp,
-        }
-        jsonio.write_json(sub.run_dir / "nightly.json", meta)
+        meta = {**row, "preflight_only": req.preflight_only, "container_image": req.profile.container_image}
+        jsonio.write_json(sub.run_dir / "nightly.json", meta | {"versions": req.versions, "night": stamp})
         info = submit.submit(sub)
         row.update(job_id=info["job_id"], run_dir=str(sub.run_dir))
         say(f"submitted {name}: job {info['job_id']} nodes={run.nodes} dp={run.dp}")
     return row
 
 
+def _prepare(bridge, entry: dict, profile, preflight_only: bool, checks: str, **more):
+    """A night entry's run prepared through the Bridge side (bridge/submission.py prepare), as make submit would."""
+    return bridge.prepare(
+        entry["recipe"],
+        profile,
+        nodes=entry["nodes"],
+        sets=entry["sets"],
+        preflight_only=preflight_only,
+        checks=checks,
+        run=run_options(entry),
+        **more,
+    )
+
+
 def submit_night(req: NightRequest, say) -> Path | None:
-    """Submit the suite and its summary job; returns the night directory (None for a dry run). `say(text, err=)`
-    prints progress."""
+    """Submit the suite and its summary job; the night directory (None for a dry run). `say(text, err=)`: progress."""
     names = req.recipes or req.bridge.recipe_names()
     req.bridge.check_recipes(names)
     limit = req.max_nodes or slurm.partition_nodes(req.profile.partition)
@@ -276,10 +264,9 @@ def report_night(
     say=print,
     bridge=None,
 ) -> bool:
-    """Judge each entry of the night (skipped as submitted, else from Slurm's state and the job's logs), write the
-    report, junit.xml (and history), and resubmit infrastructure failures once, with a new summary job after them
-    (`report_command`: NightRequest's; `bridge()`: its Bridge side, imported for a retry only). True when nothing
-    failed: `make nightly-report` exits 1 otherwise, so the summary job's Slurm state is FAILED on a bad night."""
+    """Judge each entry of the night, write the report, junit.xml and history, and resubmit infrastructure failures
+    once with a new summary job after them (`bridge()`: the Bridge side, imported for a retry only). True when
+    nothing failed: `make nightly-report` exits 1 otherwise, so the summary job's Slurm state is FAILED."""
     night = read_night(night_dir)
     goldens, results = Path(night.get("goldens") or goldens), []
     for e in night["entries"]:
@@ -305,15 +292,7 @@ def report_night(
         profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
         ids = []
         for e in again:
-            sub = side.prepare(
-                e["recipe"],
-                profile,
-                nodes=e["nodes"],
-                sets=e["sets"],
-                preflight_only=night["preflight_only"],
-                checks=night["checks"],
-                run=run_options(e),
-            )
+            sub = _prepare(side, e, profile, night["preflight_only"], night["checks"])
             info = submit.submit(sub)
             e.update(attempt=e.get("attempt", 0) + 1, job_id=info["job_id"], run_dir=str(sub.run_dir))
             ids.append(info["job_id"])
@@ -325,9 +304,8 @@ def report_night(
 
 def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR, *, force: bool = False) -> Path:
     """A reviewed run → its golden, when plan, log and Slurm agree (rules.bless_checks); over an existing golden only
-    with `force` (FORCE=1). The log: the job's own logs (nemo_run's experiment directory) plus any *.log put next to
-    plan.json by hand, each read through the guarded reader (one that cannot be read is one line: a golden is never
-    blessed from part of a log); the state: Slurm's, for submission.json's job id."""
+    with `force` (FORCE=1). The log: the job's own logs plus any *.log beside plan.json, every one readable (a golden
+    is never blessed from part of a log)."""
     if not run_dir.is_dir():
         raise regress.BlessError(f"RUN={str(run_dir)!r}: give RUN=<run directory of a reviewed nightly run>")
     try:  # no submission.json: bless_checks refuses (no job); one without a job (a dry run...): said here

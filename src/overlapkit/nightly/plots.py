@@ -36,11 +36,7 @@ def draw(out_dir: Path, results: list[dict], history: list[dict]) -> dict[str, s
         ax.set(title=f"{res['recipe']}: lm loss", xlabel="iteration", ylabel="lm loss")
         ax.legend()
         ax.grid(alpha=0.3)
-        path = out_dir / f"loss_{res['recipe']}.png"
-        fig.tight_layout()
-        _save(fig, path)
-        plt.close(fig)
-        plots[f"{res['recipe']} loss vs golden"] = str(path)
+        plots[f"{res['recipe']} loss vs golden"] = _save(fig, out_dir / f"loss_{res['recipe']}.png")
     series: dict[str, list] = {}
     for rec in history:
         if _finite(rec.get("step_time_ms")):
@@ -54,16 +50,17 @@ def draw(out_dir: Path, results: list[dict], history: list[dict]) -> dict[str, s
         ax.set(title="steady-state step time per night", ylabel="ms / iteration")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        path = out_dir / "step_time_history.png"
-        fig.tight_layout()
-        _save(fig, path)
-        plt.close(fig)
-        plots["step time history"] = str(path)
+        plots["step time history"] = _save(fig, out_dir / "step_time_history.png")
     return plots
 
 
-def _save(fig, path: Path) -> None:
-    """The PNG rendered in memory, then written atomically without following a link planted at `path`."""
+def _save(fig, path: Path) -> str:
+    """The PNG rendered in memory and closed, then written atomically (never through a link planted at `path`)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
+    plt.close(fig)
     jsonio.write_text(path, buf.getvalue())
+    return str(path)

@@ -1,19 +1,17 @@
 """Nightly comparison rules: a parsed run (logparse) + Slurm's verdict + the recipe's golden → one status.
 
-Goldens live in `nightly/goldens/<recipe>.json` and come only from `make bless RUN=<reviewed run>`: no number here
-is invented, and bless_checks decides which runs may become one (plan, log and Slurm state must agree). Rules, in
-the order they are applied (the first that fires decides):
+Goldens (`nightly/goldens/<recipe>.json`) come only from `make bless RUN=<reviewed run>` (bless_checks: plan, log
+and Slurm state must agree). Rules, in the order they are applied (the first that fires decides):
 
 1. Hard failures, never retried (retrying hides them, and they reproduce): NaN/inf loss or grad norm, CUDA illegal
    memory access, NCCL watchdog timeout, CUDA OOM, a job that died before iteration 1.
 2. Infrastructure failures (Slurm state NODE_FAIL/PREEMPTED, or slurmstepd's banner in the log): one retry.
 3. Preflight-only runs (no training on a CPU machine): the preflight's result, no numbers.
 4. Any other non-COMPLETED state (FAILED, TIMEOUT, CANCELLED): failure.
-5. Against the golden, after warm-up and without the iterations an Nsight capture slowed (logparse:
-   profiled_iterations): step time and TFLOP/s/GPU within ±5 %, peak memory within ±5 %, loss within
-   the tiered tolerance below. Beyond tolerance in the *good* direction is a failure too ("unexpected improvement"):
-   on a fixed shape and seed a faster run almost always means a knob changed (an overlap, a fused kernel, the
-   batch shape), so the golden no longer describes the recipe until someone reviews and re-blesses.
+5. Against the golden, after warm-up and without the profiled iterations: step time, TFLOP/s/GPU and peak memory
+   within ±5 %, loss within the tiered tolerance below. Beyond tolerance in the *good* direction fails too
+   ("unexpected improvement"): on a fixed shape and seed a faster run almost always means a knob changed, so the
+   golden no longer describes the recipe until someone reviews and re-blesses.
 6. Exposed communication per overlap class against the golden's shares (nightly/exposed.py: its margin and why).
 """
 
@@ -32,11 +30,9 @@ from overlapkit.spec import planfile
 GOLDENS_DIR = paths.REPO_ROOT / "nightly" / "goldens"
 PERF_TOL = 0.05  # ±5 %: H100 run-to-run step-time noise on a fixed shape is ~1-2 %; 5 % catches one lost overlap
 MEM_TOL = 0.05
-# Loss tolerance per iteration, relative to the golden loss: (up to iteration, tolerance). Looser early: in the first
-# iterations the loss falls steeply (≈ ln(vocab) ≈ 11.8 toward 7-8) while the LR warms up, so a tiny numeric
-# difference (non-deterministic NCCL/cuBLAS reduction order, FP8 amax history) moves a point on a steep slope a long
-# way; later the curve is flat and the same drift is small, so a sustained offset there is a real numerics change
-# (precision recipe, init, data order). Starting values: recalibrate from the spread of >= 3 blessed runs.
+# Loss tolerance relative to the golden loss: (up to iteration, tolerance). Looser early, where the loss falls steeply
+# (≈ ln(vocab) ≈ 11.8 toward 7-8) and a tiny numeric difference (reduction order, FP8 amax history) moves a point a
+# long way; on the later flat curve a sustained offset is a real numerics change. Recalibrate from >= 3 blessed runs.
 LOSS_TIERS = ((10, 0.03), (30, 0.015), (10**9, 0.0075))
 GOLDEN_LOSS_ITERS = 100
 HARD_EVENTS = ("illegal_memory_access", "nccl_watchdog_timeout", "cuda_oom")
@@ -45,14 +41,12 @@ INFRA_EVENTS = ("node_fail", "preempted")
 MAX_RETRIES = 1
 NO_GOLDEN = "no golden yet: bless a reviewed run"
 # An overlap's predicted worth (sizing/worth.py) names a slowdown only when the two agree within this factor either
-# way: a worth is the difference of two predictions, each up to 12% off on a run it was not fitted on (leave-one-out,
-# docs/throughput.md), and a real slowdown seldom has one cause, so only the magnitude is asked to match; beyond it
-# no overlap is named rather than a wrong one.
+# way: a worth is the difference of two predictions each up to 12% off (leave-one-out, docs/throughput.md), so only
+# the magnitude is asked to match; beyond it no overlap is named rather than a wrong one.
 WORTH_MATCH = 1.5
-# A run whose step time is beyond its plan's band (plan.json throughput.band: the leave-one-out spread of comparable
-# runs, sizing/calibration.py, the cluster's own once make calibrate has run) stands out, golden or not: slower is
-# "under prediction", faster means the calibration no longer describes the cluster. A plan.json from before the band:
-# 20% under the predicted throughput, the rule it replaces.
+# A run whose step time is beyond its plan's band (plan.json throughput.band, sizing/calibration.py) stands out,
+# golden or not: slower is "under prediction", faster means the calibration no longer describes the cluster. A
+# plan.json from before the band: 20% under the predicted throughput, the rule it replaces.
 UNDER_PREDICTION = 0.20
 
 
@@ -130,31 +124,13 @@ def compare(parsed: dict, golden: dict) -> list[dict]:
         checks.append({"metric": name, "value": value, "golden": gold, "delta": d, "tol": tol, "verdict": verdict})
     gold_loss = {int(k): v for k, v in (golden.get("loss") or {}).items()}
     run_loss = {r["iteration"]: r.get("lm_loss") for r in parsed["iterations"]}
-    worst = None
-    for it, gl in sorted(gold_loss.items()):
-        if it not in run_loss:
-            continue
-        rl = run_loss[it]
-        d = _rel(rl, gl) if rl is not None and math.isfinite(rl) else math.inf
-        margin = abs(d) / loss_tolerance(it)
-        if worst is None or margin > worst[0]:
-            worst = (margin, it, rl, gl, d)
-    missing = [it for it in gold_loss if it not in run_loss]
-    if worst is not None:
-        margin, it, rl, gl, d = worst
-        verdict = "ok" if margin <= 1 else "drift"
-        checks.append(
-            {
-                "metric": "lm_loss",
-                "value": rl,
-                "golden": gl,
-                "delta": d,
-                "tol": loss_tolerance(it),
-                "iteration": it,
-                "verdict": verdict,
-                "missing_iterations": len(missing),
-            }
-        )
+    both = [(it, gl, run_loss[it]) for it, gl in sorted(gold_loss.items()) if it in run_loss]
+    deltas = [(it, gl, rl, _rel(rl, gl) if rl is not None and math.isfinite(rl) else math.inf) for it, gl, rl in both]
+    if deltas:  # the iteration furthest beyond its tolerance (the first of equals)
+        it, gl, rl, d = max(deltas, key=lambda x: abs(x[3]) / loss_tolerance(x[0]))
+        verdict = "ok" if abs(d) / loss_tolerance(it) <= 1 else "drift"
+        check = {"metric": "lm_loss", "value": rl, "golden": gl, "delta": d, "tol": loss_tolerance(it), "iteration": it}
+        checks.append(check | {"verdict": verdict, "missing_iterations": len(gold_loss) - len(deltas)})
     return checks
 
 
@@ -205,16 +181,14 @@ def classify(
     if worse:
         return Verdict("regression", reasons, checks=checks)
     if better:
-        return Verdict(
-            "unexpected_improvement", reasons + ["a knob likely changed: review, then re-bless"], checks=checks
-        )
+        reasons.append("a knob likely changed: review, then re-bless")
+        return Verdict("unexpected_improvement", reasons, checks=checks)
     return Verdict("pass", [], checks=checks)
 
 
 def likely_overlap(worth: dict | None, slowdown_s: float) -> str | None:
-    """Which overlap a step `slowdown_s` seconds slower than expected looks like: among plan.json's overlap_worth
-    ({field: {row, delta_s, delta_pct, ...}}), the one whose predicted worth is nearest (by ratio) within WORTH_MATCH;
-    None when none is (or the plan has no worth, or the step is not slower)."""
+    """Which overlap a step `slowdown_s` seconds slower than expected looks like: among plan.json's overlap_worth,
+    the one whose predicted worth is nearest (by ratio) within WORTH_MATCH, else None."""
     if slowdown_s <= 0:
         return None
     fits = [(abs(math.log(slowdown_s / v["delta_s"])), v) for v in (worth or {}).values() if v.get("delta_s", 0) > 0]
@@ -249,10 +223,7 @@ def make_golden(parsed: dict, plan: dict, meta: dict, overlap: dict | None = Non
         "container_image": meta.get("container_image"),
         "layout": plan["layout"],
         "overrides": plan.get("overrides", []),
-        "warmup_skipped": s["warmup_skipped"],
-        "step_time_ms": s["step_time_ms"],
-        "tflops_per_gpu": s["tflops_per_gpu"],
-        "peak_mem_gb": s["peak_mem_gb"],
+        **{key: s[key] for key in ("warmup_skipped", "step_time_ms", "tflops_per_gpu", "peak_mem_gb")},
         "loss": dict(list(losses.items())[:GOLDEN_LOSS_ITERS]),
         "excluded_iterations": s.get("excluded_iterations", []),
         "exposed_share": exposed.shares(overlap),
@@ -260,10 +231,9 @@ def make_golden(parsed: dict, plan: dict, meta: dict, overlap: dict | None = Non
 
 
 def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> list[str]:
-    """Why this run may not become a golden, one reason each naming its fix (empty: it may). The one home of the
-    agreement rule make bless applies: plan, log and Slurm must describe one training run. plan: plan.json;
-    parsed: logparse's dict of the run's logs; state: the job's Slurm state (None: no job known); meta: nightly.json
-    (if any) with job_id (from submission.json, None without one) and preflight_only."""
+    """Why this run may not become a golden, one reason each naming its fix (empty: it may): plan, log and Slurm must
+    describe one training run. state: the job's Slurm state (None: no job known); meta: nightly.json (if any) with
+    job_id (from submission.json) and preflight_only."""
     out = []
     if meta.get("preflight_only"):
         out.append("it is a preflight-only run (no training ran): bless a training run (PREFLIGHT unset)")
@@ -299,11 +269,9 @@ def bless_checks(plan: dict, parsed: dict, state: str | None, meta: dict) -> lis
 
 
 def launch_disagreements(plan: dict, stated: dict, verb: str = "bless") -> list[str]:
-    """Where the log's launch facts (logparse's `launch`: what the log says of its launch) disagree with plan.json,
-    one reason each, its fix said with `verb` ("bless", "fit"): the one home of the rule that a log is the plan's own
-    run (make bless refuses such a run, make calibrate skips it). Bridge prints the global batch size on every
-    iteration line, so a log without it is not Bridge's; the world size and the recipe are checked wherever something
-    states them (module doc of logparse: where)."""
+    """Where the log's launch facts (logparse's `launch`) disagree with plan.json, one reason each, its fix said with
+    `verb` ("bless", "fit"): make bless refuses such a run, make calibrate skips it. Bridge prints the global batch
+    size on every iteration line, so a log without it is not Bridge's; the world size and recipe where stated."""
     lay = plan.get("layout") or {}
     out = _disagreement("global batch size", stated.get("global_batch_sizes"), lay.get("gbs"), verb, required=True)
     out += _disagreement("world size", stated.get("world_sizes"), lay.get("gpus"), verb)
@@ -335,8 +303,7 @@ def bless(
 ) -> Path:
     """Write nightly/goldens/<recipe>.json from a reviewed run when bless_checks has nothing against it; else a
     one-line BlessError with every reason. A file already there is replaced only with `force` (FORCE=1); without,
-    one line saying what the new golden would change (replace_problem). state: the job's Slurm state; submission:
-    its submission.json (nightly.bless_run reads both)."""
+    one line saying what the new golden would change (replace_problem)."""
     run_dir = Path(run_dir)
     plan = planfile.read_plan(run_dir)  # missing or broken: one line naming the file, the field and the fix
     role = "the run's nightly record that make nightly writes"
@@ -351,11 +318,8 @@ def bless(
     scripts = sorted(Path(exp).glob("*/scripts/*.sh")) if exp else []
     meta["run_dir"] = str(run_dir)
     meta["job_id"] = (submission or {}).get("job_id")
-    meta["preflight_only"] = (
-        bool(meta.get("preflight_only"))
-        or bool((submission or {}).get("preflight_only"))
-        or any(b"--preflight-only" in _script(p) for p in scripts)
-    )
+    said = bool(meta.get("preflight_only") or (submission or {}).get("preflight_only"))
+    meta["preflight_only"] = said or any(b"--preflight-only" in _script(p) for p in scripts)
     problems = bless_checks(plan, parsed, state, meta)
     overlap, why = exposed.read(run_dir)
     if problem := exposed.bless_problem(run_dir, plan, overlap, why, meta["preflight_only"]):

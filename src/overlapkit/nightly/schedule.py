@@ -1,21 +1,15 @@
 """The nightly runs itself: a chain of small `sbatch --begin` jobs, each launching one night and queueing the next.
 
-Login nodes often forbid cron, and a laptop's cron dies with the laptop. Slurm's own cron (`scrontab`) is not built
-on every site (Debian's Slurm 22.05 packages, the local dev Slurm included, ship none), but every Slurm honours
-`sbatch --begin`. So `make nightly-schedule CLUSTER=<profile> AT=<time>` submits one small CPU job, the scheduler,
-held until AT. When it runs it first queues its successor for the same time of day tomorrow, then launches the night
-exactly as `make nightly` does (audit, ledger, preflight, summary job). Successor first: a night that fails to
-launch, or a scheduler killed at its time limit, must not end the chain. What the scheduler job and the night run
-are the entry layer's commands (Commands, handed down by launch/nightly.py); this module only appends their options.
+Login nodes often forbid cron, and `scrontab` is not built on every site (Debian's Slurm 22.05, the local dev Slurm
+included), but every Slurm honours `sbatch --begin`. `make nightly-schedule CLUSTER=<profile> AT=<time>` submits one
+small CPU job held until AT; it first queues its successor for the same time tomorrow (so a failed night or a
+scheduler killed at its limit does not end the chain), then launches the night as `make nightly` does. The commands
+both run are the entry layer's (Commands, from launch/nightly.py); this module only appends their options.
 
-The chain's state is `<profile job_dir>/nightly/schedule.json`: the queued scheduler's job id and begin time, AT, the
-night's options and the history of fired runs. Every scheduler job is named `nightly-scheduler` and carries the
-schedule file's path as its Slurm comment, so squeue finds one chain's jobs and never another's (another profile's,
-or a test's temporary job_dir). Scheduling again queues the new scheduler, then cancels the chain's other queued
-ones, so there is never a second chain; the file is read, changed and written under a lock, and a scheduler that
-fires finds out there whether it is still the chain's.
-
-Times are the local wall clock of the machine that runs sbatch, as sbatch itself reads --begin and squeue prints it.
+The chain's state is `<profile job_dir>/nightly/schedule.json`, read, changed and written under a lock. Every
+scheduler job is named `nightly-scheduler` with the schedule file's path as its Slurm comment, so squeue finds one
+chain's jobs and never another's; scheduling again queues the new scheduler, then cancels the chain's other ones.
+Times are the local wall clock of the machine that runs sbatch, as sbatch reads --begin and squeue prints it.
 """
 
 from __future__ import annotations
@@ -44,18 +38,14 @@ from overlapkit.spec.schedule import MESSAGES, Schedule
 
 SCHEDULER_NAME = "nightly-scheduler"  # fixed, so `squeue -n nightly-scheduler` lists every chain's next night
 SCHEDULE_FILE = "schedule.json"
-# The scheduler plans and submits every recipe (a Bridge import plus one plan per recipe: minutes on a login-class
-# CPU); an hour is ample, and short enough for partitions with a low MaxTime.
-SCHEDULER_TIME = "01:00:00"
-# Slurm starts a job whose begin time has come at its next scheduling pass (sbatch(1), --begin: "the job will be
-# eligible to start on the next poll ... e.g., 60 seconds with the default sched/builtin"), later if the partition
-# is full. Still pending this long after its begin time, the night is late, and nightly-status says so.
+SCHEDULER_TIME = "01:00:00"  # it plans and submits every recipe (minutes); short enough for a low MaxTime
+# Slurm starts a job whose begin time has come at its next scheduling pass (sbatch(1) --begin: ~60 s with
+# sched/builtin), later on a full partition. Still pending this long after it, the night is late (nightly-status).
 LATE_AFTER = dt.timedelta(minutes=15)
 HISTORY_KEEP = 400  # fired runs kept in schedule.json: over a year of nights
 # AT is whatever `sbatch --begin` takes: Slurm reads it (slurm.begin_time), we keep no grammar of our own. For help:
 FORMS = "a time sbatch --begin takes: 02:00, 2:30PM, midnight, noon, now+90 (seconds), now+2hours, 2026-12-02T02:00"
-# Our bound, not Slurm's: a first night more than a year ahead is a typo. A year and a day, so "the same date next
-# year" is still accepted.
+# Our bound, not Slurm's: a first night more than a year ahead is a typo (a year and a day: the same date next year).
 MAX_AHEAD = dt.timedelta(days=366)  # _WITHIN says it
 _WITHIN = "the first night starts within 366 days (at most now+366days, or a date before then)"
 _ISO_FORMAT = "%Y-%m-%dT%H:%M:%S"  # what --begin takes and squeue's EligibleTime prints
@@ -99,9 +89,8 @@ def first_begin(profile, at: str, now: dt.datetime) -> dt.datetime:
 
 
 def next_begin(prev: dt.datetime, now: dt.datetime) -> dt.datetime:
-    """The successor's begin: the same wall-clock time the next day (so now+N repeats 24 h after the first night;
-    across a DST change the time of day is kept). A scheduler that started more than a day late skips the nights
-    already past rather than queueing them all at once."""
+    """The successor's begin: the same wall-clock time the next day (across a DST change too); a scheduler that
+    started more than a day late skips the nights already past rather than queueing them all at once."""
     begin = prev + dt.timedelta(days=1)
     while begin <= now:
         begin += dt.timedelta(days=1)
@@ -116,8 +105,7 @@ def schedule_path(profile) -> Path:
 
 
 def read(path: Path) -> dict | None:
-    """The schedule record (None: never scheduled), checked by its model (spec/schedule.py); a FileProblem (one line)
-    for one that is not an object or not the schedule."""
+    """The schedule record (None: never scheduled), checked by its model; a FileProblem (one line) for another file."""
     role, fix = "the nightly schedule that make nightly-schedule writes", "move it away and schedule again"
     sched = jsonio.read_json(path, role=role, fix=fix, missing_ok=True)
     if sched:
@@ -134,10 +122,8 @@ def _locked(path: Path):
     flock (Lustre mounted without -o flock) gives none; the job-id check in fire() still keeps one chain."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with os.fdopen(jsonio.open_lock(path.with_name(path.name + ".lock"), 0o644)) as f:
-        try:
+        with contextlib.suppress(OSError):
             fcntl.flock(f, fcntl.LOCK_EX)
-        except OSError:
-            pass
         yield
 
 
@@ -164,21 +150,9 @@ def _where(sched: dict) -> str:
 
 def night_argv(sched: dict, command: tuple[str, ...]) -> list[str]:
     """What the scheduler runs for the night: `make nightly`'s command (Commands.night), with the same options."""
-    return [
-        *command,
-        "--cluster",
-        sched["profile"],
-        "--job-dir",
-        sched["job_dir"],
-        "--preflight",
-        sched["preflight"],
-        "--recipes",
-        sched["recipes"],
-        "--iters",
-        str(sched["iters"]),
-        "--min-dp",
-        str(sched["min_dp"]),
-    ]
+    keys = ("profile", "job_dir", "preflight", "recipes", "iters", "min_dp")
+    flags = ("--cluster", "--job-dir", "--preflight", "--recipes", "--iters", "--min-dp")
+    return [*command, *(word for flag, key in zip(flags, keys, strict=True) for word in (flag, str(sched[key])))]
 
 
 def scrontab_lines(sched: dict, begin: dt.datetime, command: tuple[str, ...]) -> list[str]:
@@ -194,9 +168,8 @@ def scrontab_lines(sched: dict, begin: dt.datetime, command: tuple[str, ...]) ->
 
 @dataclass(frozen=True)
 class Commands:
-    """The entry layer's command lines the chain runs, each without its options (launch/nightly.py: the python that
-    scheduled the chain, and launch/commands.py's names): `night` what `make nightly` runs, `fire` what each
-    scheduler job runs. The scheduler job hands them on to its successor, so a chain keeps the python it began with."""
+    """The entry layer's command lines the chain runs, without options: `night` what `make nightly` runs, `fire` what
+    each scheduler job runs. Each job hands them to its successor, so a chain keeps the python it began with."""
 
     night: tuple[str, ...]
     fire: tuple[str, ...]
@@ -244,9 +217,8 @@ def _queued_or_fail(path: Path, doing: str) -> list[dict]:
 
 
 def submit_scheduler(sched: dict, path: Path, begin: str, command: tuple[str, ...]) -> str:
-    """One scheduler job held until `begin` (any sbatch --begin time); from the checkout it runs `command`
-    (Commands.fire), which reruns this module's fire() with the python that scheduled the chain (the one `make
-    nightly` uses: it plans with Bridge and submits with nemo_run)."""
+    """One scheduler job held until `begin` (any sbatch --begin time) that runs `command` (Commands.fire: this
+    module's fire(), under the python that scheduled the chain) from the checkout."""
     argv = [*command, "--cluster", sched["profile"], "--job-dir", sched["job_dir"]]
     cmd = f"cd {shlex.quote(str(paths.REPO_ROOT))} && PYTHONPATH=src:. {shlex.join(argv)}"
     return slurm.sbatch_wrap(
@@ -267,31 +239,16 @@ def new_schedule(req: ScheduleRequest, old: dict | None, now: dt.datetime) -> di
     p = req.profile
     if p.path is None:
         raise ScheduleError(f"profile {p.name} has no file: the scheduler job reloads it, give CLUSTER=<name|.toml>")
-    return {
-        "cluster": req.cluster,
-        "profile": str(p.path),
-        "partition": p.partition,
-        "account": p.account,
-        "job_dir": p.job_dir,
-        "job_dir_given": req.job_dir,
-        "at": req.at,
-        "recipes": req.recipes,
-        "preflight": req.preflight,
-        "iters": req.iters,
-        "min_dp": req.min_dp,
-        "secrets": list(p.secrets),  # names only: sbatch passes their values on from the shell (slurm.export_list)
-        "active": True,
-        "scheduled_at": iso(now),
-        "job_id": None,
-        "begin": None,
-        "history": (old or {}).get("history", []),
-    }
+    asked = {key: getattr(req, key) for key in ("cluster", "at", "recipes", "preflight", "iters", "min_dp")}
+    where = {"profile": str(p.path), "partition": p.partition, "account": p.account, "job_dir": p.job_dir}
+    # secrets: names only, sbatch passes their values on from the shell (slurm.export_list)
+    fresh = {"job_dir_given": req.job_dir, "secrets": list(p.secrets), "active": True, "scheduled_at": iso(now)}
+    return Schedule(**asked, **where, **fresh, history=(old or {}).get("history", [])).model_dump()
 
 
 def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
     """Queue a scheduler held until AT, then cancel this chain's other queued ones (new first: if sbatch refuses,
-    the old chain stands), and record it; returns what `make nightly-schedule` prints. A dry run says what it would
-    queue, and queues and writes nothing."""
+    the old chain stands), and record it; what `make nightly-schedule` prints. A dry run queues and writes nothing."""
     path, now = schedule_path(req.profile), now or local_now()
     if req.dryrun:
         new_schedule(req, None, now)  # what it would refuse, it refuses now
@@ -316,9 +273,8 @@ def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
 
 
 def unschedule(profile, cluster: str, now: dt.datetime | None = None) -> list[str]:
-    """Cancel the chain's queued scheduler jobs and mark the chain off; returns what `make nightly-unschedule`
-    prints. A scheduler running now is named: one that has not reached the lock finds the chain off and does
-    nothing; one past it has queued its successor, cancelled here, and launches its night."""
+    """Cancel the chain's queued scheduler jobs and mark the chain off; what `make nightly-unschedule` prints. A
+    scheduler running now is named: before the lock it finds the chain off, past it it launches its night."""
     path = schedule_path(profile)
     with _locked(path):
         sched = read(path)
@@ -348,13 +304,10 @@ def scheduler_log(sched: dict, job_id: str) -> str:
 
 
 def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime | None = None) -> int:
-    """What the scheduler job runs: queue the successor, launch the night, record both. Exit status: the night's
-    launch (non-zero also when no successor could be queued), so Slurm's state of the scheduler job tells.
-
-    The night runs as if from a login shell: a job's environment holds Slurm's SLURM_* (whatever sbatch's --export),
-    and srun reads them as its options (SLURM_NTASKS is -n), so a night launched from inside this 1-task job would
-    hand SLURM_NTASKS=1 and the rest to every run's srun. SLURM_CONF stays: it says which cluster to talk to. The
-    night is `make nightly`'s command in a child process, so its failure cannot undo the bookkeeping."""
+    """What the scheduler job runs: queue the successor, launch the night (a child process: its failure cannot undo
+    the bookkeeping), record both. Exit status: the night's launch (non-zero also without a successor). The night
+    runs as if from a login shell: srun reads SLURM_* as options, so this job's SLURM_NTASKS=1 would reach every run
+    (SLURM_CONF stays: which cluster)."""
     for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
         if name != "SLURM_CONF":
             del os.environ[name]

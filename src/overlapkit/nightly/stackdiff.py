@@ -1,10 +1,8 @@
 """What a candidate stack changes in every recipe: a diff of two sets of plan records (bridge/stackplan.py wrote them,
 one process per stack). Records only: nothing here imports Bridge, so the nightly and CI read a diff as data.
 
-Per recipe: the overlap rows whose state flips (each side's reason), the launch-environment variables added,
-removed or changed (with their layer), the resolved config fields whose value changed, the fields that no longer
-exist (with the nearest new name), the attributes a recipe sets that are no field under the candidate, the audit
-findings new or gone, the memory and the predicted step time (with the calibration's band), and one verdict:
+Per recipe: the overlap rows that flip, the launch variables and config fields that changed (a field gone with the
+nearest new name), the audit findings new or gone, the memory and the predicted step time, and one verdict:
 unchanged, changed, or fails to plan (with the first error).
 """
 
@@ -71,9 +69,13 @@ def bridge_changes(a: dict, b: dict) -> list[dict]:
     whether the resolved plan still differs there (False: the recipe sets the field itself)."""
     ba, bb = (r.get("bridge_config") or {} for r in (a, b))
     if "error" in ba or "error" in bb:
-        return [
-            {"field": "(recipe function)", "pinned": ba.get("error"), "candidate": bb.get("error"), "reaches": None}
-        ]
+        failed = {
+            "field": "(recipe function)",
+            "pinned": ba.get("error"),
+            "candidate": bb.get("error"),
+            "reaches": None,
+        }
+        return [failed]
     fa, fb = ba.get("fields", {}), bb.get("fields", {})
     ca, cb = a.get("config", {}), b.get("config", {})
     return [
@@ -151,8 +153,7 @@ def diff(pinned: dict, candidate: dict) -> dict:
 
 
 def exit_status(d: dict) -> int:
-    """0: every recipe plans under both stacks with a clean candidate audit; 1: some recipe fails to plan or its
-    candidate audit has errors."""
+    """0: every recipe plans under both stacks with a clean candidate audit, else 1."""
     return 0 if all(r["audit_ok"] for r in d["recipes"]) else 1
 
 

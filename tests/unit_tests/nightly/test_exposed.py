@@ -56,7 +56,7 @@ def _run_dir(tmp_path, name, overlap=None, png=False, plan=PLAN, step=2000.0):
 
 
 def _bless(d, goldens):
-    parsed = logparse.parse_file(d / "train.log", exclude=logparse.profiled_iterations(PLAN))
+    parsed = logparse.parse_files([d / "train.log"], exclude=logparse.profiled_iterations(PLAN))
     return json.loads(regress.bless(d, parsed, goldens, state="COMPLETED", submission={"job_id": "7"}).read_text())
 
 

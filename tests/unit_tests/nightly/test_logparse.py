@@ -136,7 +136,7 @@ def test_a_restarted_job_keeps_the_last_whole_line_per_iteration_and_streams_the
     torn = lines[k][: lines[k].index("grad norm")]  # a torn copy of 20 after its whole one: the whole one stays
     log = tmp_path / "restarted.log"
     log.write_text("\n".join(lines + again + [torn]))
-    p = logparse.parse_file(log)
+    p = logparse.parse_files([log])
     by_it = {r["iteration"]: r for r in p["iterations"]}
     assert len(by_it) == N and by_it[20]["complete"] and by_it[21]["lm_loss"] == 1.0 and by_it[19]["lm_loss"] != 1.0
     env = {**os.environ, "PYTHONPATH": str(paths.REPO_ROOT / "src")}
@@ -187,7 +187,7 @@ def test_make_parse_log_streams_a_large_log_in_bounded_memory(tmp_path, text):
     rc, maxrss_kb = map(int, run.stdout.split())
     assert rc == 0, run.stderr
     assert maxrss_kb / 1024 < 100, f"peak RSS {maxrss_kb / 1024:.0f} MB parsing {n} iterations"
-    parsed = logparse.parse_file(log)
+    parsed = logparse.parse_files([log])
     assert parsed["summary"]["iterations"] == n and parsed["summary"]["peak_mem_gb"] == 61.5
     assert out.read_text() == logparse.to_json(parsed) + "\n"
 

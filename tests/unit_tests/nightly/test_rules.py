@@ -108,7 +108,7 @@ def test_bless_refuses_bad_runs_and_writes_a_good_one(tmp_path):
     job = {"state": "COMPLETED", "submission": {"job_id": "7"}}
     good = bridge_log(curve(N), [2000.0] * N)
     d = _run_dir(tmp_path, "good", good)
-    out = regress.bless(d, logparse.parse_file(d / "train.log"), tmp_path / "goldens", **job)
+    out = regress.bless(d, logparse.parse_files([d / "train.log"]), tmp_path / "goldens", **job)
     g = json.loads(out.read_text())
     assert out.name == f"{PLAN['recipe']}.json" and len(g["loss"]) == N and g["step_time_ms"] == 2000.0
     nan = curve(N)
@@ -121,7 +121,7 @@ def test_bless_refuses_bad_runs_and_writes_a_good_one(tmp_path):
     with pytest.raises(regress.BlessError, match="preflight-only"):
         regress.bless(pre, logparse.parse_text(""), tmp_path / "goldens", **job)
     with pytest.raises(regress.BlessError, match="no submission.json"):  # no job, no Slurm verdict
-        regress.bless(d, logparse.parse_file(d / "train.log"), tmp_path / "goldens")
+        regress.bless(d, logparse.parse_files([d / "train.log"]), tmp_path / "goldens")
 
 
 # --- bless: plan, log and Slurm state must agree (rules.bless_checks) -------------------------------------------
@@ -403,9 +403,11 @@ def test_report_shows_predicted_vs_measured_and_flags_a_run_20_percent_under(tmp
         cell = f"{step:.0f} vs {predicted:.0f} ({predicted / step - 1:+.1%} throughput)"
         assert cell in report and "no golden yet" in report  # stands out before a golden exists
         assert ("25% under the predicted throughput" in report) is flagged and (f"**{cell}**" in report) is flagged
-    old = {**PLAN}  # a plan.json from before the prediction: a dash, never a crash
-    assert night_report.vs_prediction({"predicted_step_ms": night_report._predicted_ms(old), "summary": {}}) == (
-        "—", None)  # fmt: skip
+    old = _run_dir(tmp_path, "old", bridge_log(curve(N), [2000.0] * N))  # a plan.json from before the prediction
+    res = night_report.evaluate(
+        {**entry, "run_dir": str(old)}, "COMPLETED", [old / "train.log"], tmp_path / "none", False
+    )
+    assert res["predicted_step_ms"] is None and night_report.vs_prediction(res) == ("—", None)  # a dash, never a crash
 
 
 def test_with_a_band_the_report_flags_a_run_beyond_either_edge(tmp_path):
