@@ -1,8 +1,6 @@
 """Audit: one row per overlap (on / off / n/a, with the reason) and loud findings for anything that would degrade.
 
-One function per overlap group, as Bridge's comm_overlap.py decides one thing per method: TP userbuffers, the
-parallel split (divisibility), pipeline p2p, data-parallel overlap, the optimizer-step overlap, mixed precision.
-The launch-time environment's rules are the env module's (overlapkit.bridge.env.audit_rows). Every error message is
+One function per overlap group, as Bridge's comm_overlap.py decides one thing per method. Every error message is
 one line that names the fix. Rows and JSON keys are stable: the nightly and the launch path read them.
 """
 
@@ -146,9 +144,8 @@ def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None 
 def _moe(a: _Audit) -> None:
     """Expert parallelism (bridge/moe.py): EP a2a overlap, delayed wgrad, shared experts, dispatcher, expert-DP."""
     rows, findings = moe.rows_and_findings(a.cfg, a.target, a.res, a.intent)
-    for name, state, detail in rows:
-        a.row(name, state, detail)
-    a.rep.findings += [Finding(level, code, msg, fix) for level, code, msg, fix in findings]
+    a.rep.rows += [Row(str(name), state, detail) for name, state, detail in rows]
+    a.rep.findings += findings
 
 
 def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:

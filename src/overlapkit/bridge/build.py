@@ -14,13 +14,14 @@ from overlapkit import jsonio
 from overlapkit.bridge import data, flops, inputs, overrides, presets, registry, runopts, stack, startup
 from overlapkit.bridge.audit import AuditReport, audit, replaced_overrides
 from overlapkit.bridge.env import Ledger, audit_rows, build_ledger
-from overlapkit.bridge.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
+from overlapkit.bridge.overlap import Resolved, apply_overlap_stack, resolve
 from overlapkit.bridge.request import loose
 from overlapkit.errors import BadInput
 from overlapkit.names import inside
 from overlapkit.sizing import calibration, hardware, knobs, memory, throughput, worth
 from overlapkit.spec import request
 from overlapkit.spec.findings import Finding
+from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.request import Cluster, PlanRequest
 from overlapkit.spec.runopts import OVERRIDES, RunOptions
 from overlapkit.spec.shape import ModelShape, dtype_of
@@ -225,7 +226,7 @@ def planned(s: Sized) -> Plan:
     """The plan record: the run options' findings (a profiler window the run cannot honour stops the plan here) and
     the memory's after the audit's, and plan.json's `run` key, which quotes the predicted step time."""
     run = runopts.findings(s.cfg, s.request.run, s.request.cluster, s.target.world_size)
-    found = s.report.findings + [Finding(*f) for f in run] + memory_findings(s.memory)
+    found = s.report.findings + run + memory_findings(s.memory)
     return _then(Plan, s, report=AuditReport(s.report.rows, found), run_summary=runopts.summary(s, s.request.run))
 
 

@@ -254,7 +254,7 @@ def apply(cfg, pairs: list[tuple[str, str]]) -> list[tuple[str, object, object]]
 
 def split_intent(pairs: list[tuple[str, str]]) -> tuple[dict[str, object], list[tuple[str, str]]]:
     """Separate `overlap.*` intent keys from config keys."""
-    from overlapkit.bridge.overlap import OverlapIntent
+    from overlapkit.spec.overlap import OverlapIntent
 
     intent, rest = {}, []
     names = [f.name for f in dataclasses.fields(OverlapIntent)]

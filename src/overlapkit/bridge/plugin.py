@@ -1,4 +1,4 @@
-"""The env-var plugin: a plan's launch environment (its env.Ledger) exported through nemo_run's executor."""
+"""The env-var plugin: a plan's launch environment (its env.Ledger's values) exported through nemo_run's executor."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 import nemo_run as run
 
-from overlapkit.bridge.env import Ledger
 from overlapkit.errors import BadInput
 from overlapkit.secrets import FIX, secret_problem
 
@@ -28,10 +27,6 @@ class EnvVarPlugin(run.Plugin):
                 raise BadInput(f"{why}: {FIX}, not in env")
             if not isinstance(value, str):
                 raise TypeError(f"{name}={value!r}: env values must be strings (executor.env_vars are exported)")
-
-    @classmethod
-    def from_ledger(cls, ledger: Ledger) -> EnvVarPlugin:
-        return cls(env=ledger.values())
 
     def setup(self, task, executor) -> None:
         # A new dict: executors are cloned per task and may share their env_vars; the task (Script/Partial) is

@@ -78,18 +78,10 @@ def exported_presets() -> dict[str, Preset]:
     out = {}
     for name, value in vars(co).items():
         m = _NAME.match(name)
-        if m and isinstance(value, co.TransformerLayerTPOverlapCfg):
-            g = m.groupdict()
-            key = PresetKey(
-                g["gpu"],
-                g["dtype"],
-                int(g["hidden"]),
-                int(g["tp"]),
-                int(g["cp"]) if g["cp"] else None,
-                int(g["mbs"]),
-                int(g["seq"]),
-            )
-            out[name] = Preset(name, key, bool(g["lora"]))
+        if m and isinstance(value, co.TransformerLayerTPOverlapCfg):  # the name's groups are PresetKey's fields
+            g = {k: int(v) if v and v.isdigit() else v for k, v in m.groupdict().items()}
+            lora = bool(g.pop("lora"))
+            out[name] = Preset(name, PresetKey(**g), lora)
     return out
 
 

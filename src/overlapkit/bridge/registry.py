@@ -31,9 +31,9 @@ from pathlib import Path
 
 from overlapkit import paths
 from overlapkit.bridge import stack
-from overlapkit.bridge.overlap import OverlapIntent
 from overlapkit.errors import BadInput
 from overlapkit.names import checked_name
+from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.topology import GPUS_PER_NODE
 
 PACKAGE = "recipes"

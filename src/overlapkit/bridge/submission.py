@@ -90,7 +90,7 @@ def plugins_for(plan: Plan) -> list:
 
     from overlapkit.bridge.plugin import EnvVarPlugin
 
-    out = [EnvVarPlugin.from_ledger(plan.ledger)]
+    out = [EnvVarPlugin(env=plan.ledger.values())]
     if plan.run.run_name:
         out.append(PreemptionPlugin(preempt_time=runopts.PREEMPT_S))
     return out

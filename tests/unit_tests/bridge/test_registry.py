@@ -13,7 +13,7 @@ import pytest
 
 from overlapkit import paths
 from overlapkit.bridge import registry
-from overlapkit.bridge.overlap import OverlapIntent
+from overlapkit.spec.overlap import OverlapIntent
 
 GOOD = """
 from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
