@@ -335,10 +335,8 @@ def _dp_overlap(a: _Audit) -> None:
             a.row("bucket_size", ON, f"{bucket:,} params = {mb:,.0f} MB at {grad_dtype}")
             # The field that decides the bucket: Bridge's comm-overlap setup copies comm_overlap.bucket_size over
             # ddp.bucket_size whenever it is set (training/comm_overlap.py, CommOverlapConfig.setup).
-            comm = a.cfg.comm_overlap
-            field = (
-                "comm_overlap.bucket_size" if comm is not None and comm.bucket_size is not None else "ddp.bucket_size"
-            )
+            comm_bucket = getattr(a.cfg.comm_overlap, "bucket_size", None)
+            field = "comm_overlap.bucket_size" if comm_bucket is not None else "ddp.bucket_size"
             good = sane_bucket(bucket, chunk, width)
             if bucket >= BYTES_LIKE_BUCKET:
                 why = f"looks like bytes: it counts parameters ({mb:,.0f} MB of {grad_dtype} grads); use e.g."

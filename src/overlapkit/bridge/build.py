@@ -74,11 +74,6 @@ class Plan(Sized):
     run_summary: dict  # runopts.summary: it quotes the predicted step time
 
     @property
-    def gpu_note(self) -> str | None:
-        """One line when the plan is for another GPU than the recipe's name says (GPU=h200 on an h100 recipe)."""
-        return hardware.retarget_note(self.recipe.name, self.target.gpu)
-
-    @property
     def run(self) -> RunOptions:
         """RUN_NAME, SEGMENTS, NSYS, DATA, bound to where the run goes (spec/runopts.py)."""
         return self.request.run
@@ -132,7 +127,7 @@ class Plan(Sized):
             "audit": self.report.to_dict(),
             "memory": {"total_gb": round(est.total_gb, 2), "fits": est.fits, "budget_gb": est.budget_gb, "rows": rows},
             "gpu": self.target.gpu,
-            "gpu_note": self.gpu_note,
+            "gpu_note": hardware.retarget_note(self.recipe.name, self.target.gpu),  # GPU=h200 on an h100 recipe
             "throughput": self.throughput.to_dict()
             | {"overlap_worth": worth.to_dict(self.worth), "not_modelled": [k.to_dict() for k in self.not_modelled]},
             "cluster": self.site.name if self.site else None,

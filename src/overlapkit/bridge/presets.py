@@ -97,13 +97,8 @@ def name_of(obj) -> str | None:
     """The exported name of a preset object (identity, then equality), or None for a custom/None config."""
     if obj is None:
         return None
-    for name in exported_presets():
-        if preset_object(name) is obj:
-            return name
-    for name in exported_presets():
-        if preset_object(name) == obj:
-            return name
-    return None
+    same = next((name for name in exported_presets() if preset_object(name) is obj), None)
+    return same or next((name for name in exported_presets() if preset_object(name) == obj), None)
 
 
 def mismatches(preset: Preset, key: PresetKey) -> tuple[list[str], list[str]]:

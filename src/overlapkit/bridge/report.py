@@ -86,23 +86,12 @@ def render_plan(plan, con: Console) -> None:
 
 def recipes_table(rows: list[dict]) -> Table:
     t = Table(title="H100 recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = (
-        "recipe",
-        "model",
-        "GPUs",
-        "dtype",
-        "TP/PP/CP/VP/EP/DP",
-        "MBS/GBS",
-        "seq",
-        "overlaps on",
-        "TFLOP/s*",
-        "audit",
-    )
+    cols = {"recipe": "recipe", "model": "model", "GPUs": "gpus", "dtype": "dtype", "TP/PP/CP/VP/EP/DP": "layout"}
+    cols |= {"MBS/GBS": "batch", "seq": "seq", "overlaps on": "on", "TFLOP/s*": "tflops", "audit": "audit"}
     for col in cols:
         t.add_column(col, no_wrap=True, justify="right" if col == "TFLOP/s*" else "left")
-    keys = ("recipe", "model", "gpus", "dtype", "layout", "batch", "seq", "on", "tflops", "audit")
     for r in rows:
-        t.add_row(*(str(r[k]) for k in keys))
+        t.add_row(*(str(r[k]) for k in cols.values()))
     return t
 
 

@@ -27,30 +27,11 @@ def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
     return request.bind(req, profile.resolved(), registry.get(req.recipe).time_limit)
 
 
-def prepare(
-    recipe: str,
-    cluster,
-    *,
-    nodes=None,
-    sets="",
-    preflight_only=False,
-    checks="full",
-    caller_env=None,
-    check_partition=False,
-    run: runopts.RunOptions | None = None,
-) -> submit.Submission:
+def prepare(recipe: str, cluster, *, nodes=None, sets="", run=None, **kwargs) -> submit.Submission:
     """`submission` for a request made of loose values (the nightly, tests): `cluster` a profile name, path or
-    ClusterProfile; `run` the unbound run options (RUN_NAME, SEGMENTS, NSYS, DATA)."""
+    ClusterProfile; `run` the unbound run options (RUN_NAME, SEGMENTS, NSYS, DATA); the rest submission's keywords."""
     profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
-    req = bind(loose(recipe, nodes, sets, run), profile)
-    return submission(
-        req,
-        profile,
-        preflight_only=preflight_only,
-        checks=checks,
-        caller_env=caller_env,
-        check_partition=check_partition,
-    )
+    return submission(bind(loose(recipe, nodes, sets, run), profile), profile, **kwargs)
 
 
 def submission(
