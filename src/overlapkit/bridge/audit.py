@@ -6,7 +6,7 @@ one line that names the fix. Rows and JSON keys are stable: the nightly and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 from overlapkit.bridge import moe, overrides, presets
 from overlapkit.bridge.overlap import Resolved
@@ -164,7 +164,7 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         winner = None
         for name in ("comm_overlap", "mixed_precision"):
             src = getattr(cfg, name, None)
-            if name != section and src is not None and not isinstance(src, str) and leaf in overrides.fields_of(src):
+            if name != section and is_dataclass(src) and leaf in {f.name for f in fields(src)}:
                 winner = f"{name}.{leaf}"
                 break
         value = new

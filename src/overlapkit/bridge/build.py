@@ -157,9 +157,8 @@ def make_plan(
     gpu: str = hardware.DEFAULT_GPU,
     cluster: Cluster | None = None,
 ) -> Plan:
-    """`plan_for` a request made of loose values (tests, listings, forks, published runs): recipe `name`, `nodes`
-    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default), `gpu`, the
-    `cluster` it carries."""
+    """`plan_for` a request made of loose values (tests, listings, forks, published runs): `nodes` None for the
+    recipe's, `sets` SET text or KEY=VALUE tokens, `run` None for a benchmark."""
     req = dataclasses.replace(loose(name, nodes, sets, run, gpu=gpu), cluster=cluster)
     return plan_for(req, caller_env=caller_env)
 
@@ -171,9 +170,8 @@ def plan_for(req: PlanRequest, *, caller_env=None) -> Plan:
 
 
 def built(req: PlanRequest) -> Built:
-    """Build the requested recipe, bind the request to its cluster (where the recipe's time limit, the profile's
-    default, is known) and the config to its run options (checkpoints, data, segments, Nsight), apply its SET pairs
-    and resolve for its nodes."""
+    """Build the requested recipe, bind the request to its cluster (here, where the recipe's time limit is known)
+    and the config to its run options, apply its SET pairs and resolve for its nodes."""
     entry = registry.get(req.recipe)
     if req.cluster is not None:
         req = request.bind(req, req.cluster, entry.time_limit)
@@ -244,10 +242,8 @@ def prediction_inputs(plan: Audited, cal: calibration.Calibration = calibration.
 
 
 def model_inputs(cfg, res: Resolved, rows, target: Target, cal: calibration.Calibration) -> throughput.Inputs:
-    """What the throughput model reads of a recipe's config `cfg` resolved by Bridge (`res`) for `target`: its
-    workload, Bridge's FLOPs, the overlaps its audit `rows` say are on, its MoE settings, its DDP bucket and the
-    target GPU; with the calibration `cal`. The one derivation of a prediction's inputs: the plan's, and the layout
-    search's for each layout it ranks (fork/layout_search.py)."""
+    """What the throughput model reads of `cfg` resolved by Bridge (`res`) for `target`, the overlaps on as its audit
+    `rows` say: the one derivation of a prediction's inputs, the plan's and the layout search's for each layout."""
     states = {r.name: r.state for r in rows}
     overlaps = throughput.Overlaps.of_rows(
         states, ep_default=bool(getattr(res.model, "overlap_moe_expert_parallel_comm", False))

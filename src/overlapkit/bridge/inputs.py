@@ -184,11 +184,8 @@ def check_sets(text) -> list[tuple[str, str]]:
     _, config_pairs = overrides.split_intent(pairs)
     for key, raw in config_pairs:
         if kind := credential_kind(raw):
-            raise overrides.OverrideError(
-                f"{key}=<{kind}>: never put a credential in SET (it is written to "
-                "plan.json and the job script); export it and list its name in the "
-                "profile's secrets"
-            )
+            msg = f"{key}=<{kind}>: never put a credential in SET (it is written to plan.json and the job script)"
+            raise overrides.OverrideError(f"{msg}; export it and list its name in the profile's secrets")
         if msg := size_problem(key, overrides.convert_kinds(key, raw, _early_kinds(key))):
             raise overrides.OverrideError(msg)
     return pairs

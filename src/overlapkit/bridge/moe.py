@@ -113,8 +113,7 @@ def expert_split_violations(*, experts: int, ep: int, etp: int, pp: int, world: 
 
 
 def importable(module: str) -> bool:
-    """Can this process import `module`? (find_spec: found without running it; a dotted name whose parent package is
-    missing is not importable.)"""
+    """Can this process import `module`? (found without running it; a missing parent package: not importable)"""
     try:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
@@ -131,11 +130,8 @@ def backend_problem(model, gpu_node: bool, have=importable) -> tuple[str, str] |
         return None
     fix = "model.moe_token_dispatcher_type=alltoall model.moe_flex_dispatcher_backend=null"
     if gpu_node:
-        return (
-            "error",
-            f"flex dispatcher backend {backend} needs the {module} package, which is not importable on "
-            f"this GPU node: use the NeMo container or set {fix}",
-        )
+        msg = f"flex dispatcher backend {backend} needs the {module} package, which is not importable on this GPU node"
+        return "error", f"{msg}: use the NeMo container or set {fix}"
     return "note", f"{module} not importable on this CPU machine: the NeMo container on the GPU nodes provides it"
 
 

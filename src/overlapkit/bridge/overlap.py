@@ -92,8 +92,7 @@ def is_moe(model) -> bool:
 
 def _moe_overlap(cfg, intent: OverlapIntent) -> None:
     """EP all-to-all overlap (and delayed expert wgrad) wherever the layout allows it and the recipe does not keep it
-    off. Bridge asserts its prerequisites at setup on the GPUs (training/comm_overlap.py); the audit checks them here.
-    Shared-expert overlap cannot run beside it (Bridge asserts), so EP overlap switches it off."""
+    off; shared-expert overlap cannot run beside it (Bridge asserts), so EP overlap switches it off."""
     m, comm = cfg.model, cfg.comm_overlap
     if not is_moe(m):
         return

@@ -45,12 +45,6 @@ def parse(text: str | list[str] | None) -> list[tuple[str, str]]:
     return pairs
 
 
-def fields_of(obj) -> list[str]:
-    if dataclasses.is_dataclass(obj):
-        return [f.name for f in dataclasses.fields(obj)]
-    return [k for k in vars(obj) if not k.startswith("_")] if hasattr(obj, "__dict__") else []
-
-
 _READABLE = {
     "int": "an integer",
     "float": "a number",

@@ -12,11 +12,8 @@ from overlapkit.secrets import FIX, secret_problem
 
 @dataclass(kw_only=True)
 class EnvVarPlugin(run.Plugin):
-    """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars.
-
-    nemo_run writes executor.env_vars as `export NAME=value` lines into the sbatch script, so secrets are refused
-    here: they reach the job from the submitting shell by name (sbatch --export: cluster/slurm.py), never from a
-    file."""
+    """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars, which nemo_run
+    writes into the sbatch script, so secrets are refused here (they reach the job by name: cluster/slurm.py)."""
 
     env: dict[str, str] = field(default_factory=dict)
 

@@ -59,10 +59,6 @@ class Recipe:
     source: str
     intent: OverlapIntent = field(default_factory=OverlapIntent)
 
-    @property
-    def gpus(self) -> int:
-        return self.nodes * GPUS_PER_NODE
-
 
 class UnknownRecipe(BadInput, KeyError):
     def __str__(self) -> str:
@@ -89,9 +85,8 @@ def register(*, model: str, source: str, nodes: int | None = None, time_limit: s
             raise ValueError(f"recipe {name} names {said['gpus']} GPUs but registers nodes={nodes}: make them agree")
         if count is None:
             raise ValueError(f"recipe {name} names no GPU count (<model>_pretrain_<N>gpu_h100_<dtype>): give nodes=")
-        REGISTRY[name] = Recipe(
-            name, build, model, count, time_limit, dict(env or {}), source, intent or OverlapIntent()
-        )
+        env_vars = dict(env or {})
+        REGISTRY[name] = Recipe(name, build, model, count, time_limit, env_vars, source, intent or OverlapIntent())
         return build
 
     return wrap

@@ -116,9 +116,8 @@ def ledger_rows(ledger) -> list[tuple[str, str, str, str, str]]:
 
 def render_ledger(ledger, con: Console) -> None:
     t = Table(title=f"Launch environment (precedence: {' < '.join(LAYERS)})", title_justify="left")
-    t.add_column("variable", no_wrap=True)
-    t.add_column("value", no_wrap=True)
-    t.add_column("layer", no_wrap=True)
+    for col in ("variable", "value", "layer"):
+        t.add_column(col, no_wrap=True)
     t.add_column("why (and what it replaced)")
     for name, value, layer, lower, reason in ledger_rows(ledger):
         t.add_row(*(escape(c) for c in (name, value, layer, reason + (f" [over {lower}]" if lower else ""))))

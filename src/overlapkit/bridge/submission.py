@@ -64,9 +64,7 @@ def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full",
 
 def plugins_for(plan: Plan) -> list:
     """Our env-var plugin, and Bridge's PreemptionPlugin where the run saves checkpoints (it appends its overrides to
-    the path-based script's arguments and sets --signal). NSYS needs no plugin: the run options carry the window
-    into the config (runopts.apply) and launch/entry.py runs each profiled rank under nsys itself, so the reports
-    and their SQLite exports land in <run dir>/nsys/ on every launch path (overlapkit/profile/profiled.py)."""
+    the script's arguments and sets --signal). NSYS needs none: launch/entry.py runs each profiled rank under nsys."""
     from megatron.bridge.recipes.run_plugins import PreemptionPlugin
 
     from overlapkit.bridge.plugin import EnvVarPlugin
