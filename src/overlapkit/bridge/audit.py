@@ -1,14 +1,12 @@
 """Audit: one row per overlap (on / off / n/a, with the reason) and loud findings for anything that would degrade.
 
-One function per overlap group, as Bridge's comm_overlap.py decides one thing per method: TP userbuffers, the
-parallel split (divisibility), pipeline p2p, data-parallel overlap, the optimizer-step overlap, mixed precision.
-The launch-time environment's rules are the env module's (overlapkit.bridge.env.audit_rows). Every error message is
+One function per overlap group, as Bridge's comm_overlap.py decides one thing per method. Every error message is
 one line that names the fix. Rows and JSON keys are stable: the nightly and the launch path read them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 from overlapkit.bridge import moe, overrides, presets
 from overlapkit.bridge.overlap import Resolved
@@ -146,9 +144,8 @@ def audit(cfg, target: Target, resolved: Resolved, intent: OverlapIntent | None 
 def _moe(a: _Audit) -> None:
     """Expert parallelism (bridge/moe.py): EP a2a overlap, delayed wgrad, shared experts, dispatcher, expert-DP."""
     rows, findings = moe.rows_and_findings(a.cfg, a.target, a.res, a.intent)
-    for name, state, detail in rows:
-        a.row(name, state, detail)
-    a.rep.findings += [Finding(level, code, msg, fix) for level, code, msg, fix in findings]
+    a.rep.rows += [Row(str(name), state, detail) for name, state, detail in rows]
+    a.rep.findings += findings
 
 
 def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
@@ -167,7 +164,7 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         winner = None
         for name in ("comm_overlap", "mixed_precision"):
             src = getattr(cfg, name, None)
-            if name != section and src is not None and not isinstance(src, str) and leaf in overrides.fields_of(src):
+            if name != section and is_dataclass(src) and leaf in {f.name for f in fields(src)}:
                 winner = f"{name}.{leaf}"
                 break
         value = new
@@ -197,11 +194,8 @@ def _tp_overlap(a: _Audit) -> None:
     if tp < 2:
         a.row(Overlap.TP, NA, f"TP={tp} by design of this layout: no tensor-parallel collectives to overlap")
         if requested:
-            a.err(
-                "tp_overlap_dropped",
-                f"TP overlap requested but Bridge drops it: TP={tp} < 2; set "
-                f"model.tensor_model_parallel_size>=2 or {Overlap.TP.field}=false",
-            )
+            how = f"model.tensor_model_parallel_size>=2 or {Overlap.TP.field}=false"
+            a.err("tp_overlap_dropped", f"TP overlap requested but Bridge drops it: TP={tp} < 2; set {how}")
         return
     if not requested and (why := a.intent.why_off(Overlap.TP)):
         a.row(Overlap.TP, OFF, f"kept off: {why}")
@@ -229,11 +223,9 @@ def _tp_overlap(a: _Audit) -> None:
         if a.intent.tp_preset == presets.DEFAULT_TP_CONFIG:
             a.warn("tp_default_config", "TP overlap uses TE's default userbuffers config (explicit opt-in)")
         else:
-            a.err(
-                "tp_default_config",
-                "TP overlap has no userbuffers preset, so TE would silently use its default; "
-                f"use one of {', '.join(presets.nearest(key))} or opt in with tp_preset='default'",
-            )
+            msg = "TP overlap has no userbuffers preset, so TE would silently use its default"
+            how = f"use one of {', '.join(presets.nearest(key))} or opt in with tp_preset='default'"
+            a.err("tp_default_config", f"{msg}; {how}")
         return
     if name is None:
         a.row(Overlap.TP, ON, f"TP={tp}, SP on; custom userbuffers config")
@@ -242,17 +234,11 @@ def _tp_overlap(a: _Audit) -> None:
     a.row(Overlap.TP, ON, f"TP={tp}, SP on, TE on target; preset {name}")
     hard, soft = presets.mismatches(presets.exported_presets()[name], key)
     if hard:
-        a.err(
-            "preset_mismatch",
-            f"userbuffers preset {name} contradicts the model ({', '.join(hard)}); "
-            f"use {', '.join(presets.nearest(key, 1))}",
-        )
+        msg = f"userbuffers preset {name} contradicts the model ({', '.join(hard)})"
+        a.err("preset_mismatch", f"{msg}; use {', '.join(presets.nearest(key, 1))}")
     elif soft:
-        a.warn(
-            "preset_tuning_mismatch",
-            f"userbuffers preset {name} was tuned for another shape "
-            f"({', '.join(soft)}): buffers fit, SM counts may not; nearest: {presets.nearest(key, 1)[0]}",
-        )
+        msg = f"userbuffers preset {name} was tuned for another shape ({', '.join(soft)}): buffers fit"
+        a.warn("preset_tuning_mismatch", f"{msg}, SM counts may not; nearest: {presets.nearest(key, 1)[0]}")
 
 
 def _split(a: _Audit) -> None:
@@ -276,11 +262,8 @@ def _p2p_overlap(a: _Audit) -> None:
     if pp == 1:
         a.row(Overlap.P2P, NA, "PP=1: no pipeline p2p")
         if vpp and vpp > 1:
-            a.err(
-                "vpp_without_pp",
-                f"VPP={vpp} set with PP=1: set model.virtual_pipeline_model_parallel_size=null",
-                "model.virtual_pipeline_model_parallel_size=null",
-            )
+            fix = "model.virtual_pipeline_model_parallel_size=null"
+            a.err("vpp_without_pp", f"VPP={vpp} set with PP=1: set {fix}", fix)
     elif a.res.model.overlap_p2p_comm:
         a.row(Overlap.P2P, ON, f"PP={pp} × VPP={vpp}: interleaved schedule overlaps p2p")
     elif (not vpp or vpp == 1) and (kept := a.intent.why_off(Overlap.P2P)):
@@ -311,12 +294,9 @@ def _dp_overlap(a: _Audit) -> None:
         a.warn("dp1", "DP=1 on this layout: grad-reduce and param-gather overlap are n/a (add nodes for DP>1)")
     else:
         if not dist_opt:
-            a.err(
-                "no_distributed_optimizer",
-                f"DP={dp} without the distributed optimizer: Bridge skips its DP overlap "
-                "setup and param-gather overlap cannot run; set ddp.use_distributed_optimizer=true",
-                "ddp.use_distributed_optimizer=true",
-            )
+            fix, msg = "ddp.use_distributed_optimizer=true", f"DP={dp} without the distributed optimizer: Bridge skips"
+            msg += " its DP overlap setup and param-gather overlap cannot run"
+            a.err("no_distributed_optimizer", f"{msg}; set {fix}", fix)
         for o, what in ((Overlap.RS, "grad reduce-scatter"), (Overlap.AG, "param all-gather")):
             if getattr(rddp, o) and dist_opt:
                 a.row(o, ON, f"DP={dp}: {what} overlapped with backward/forward")
@@ -338,10 +318,8 @@ def _dp_overlap(a: _Audit) -> None:
             a.row("bucket_size", ON, f"{bucket:,} params = {mb:,.0f} MB at {grad_dtype}")
             # The field that decides the bucket: Bridge's comm-overlap setup copies comm_overlap.bucket_size over
             # ddp.bucket_size whenever it is set (training/comm_overlap.py, CommOverlapConfig.setup).
-            comm = a.cfg.comm_overlap
-            field = (
-                "comm_overlap.bucket_size" if comm is not None and comm.bucket_size is not None else "ddp.bucket_size"
-            )
+            comm_bucket = getattr(a.cfg.comm_overlap, "bucket_size", None)
+            field = "comm_overlap.bucket_size" if comm_bucket is not None else "ddp.bucket_size"
             good = sane_bucket(bucket, chunk, width)
             if bucket >= BYTES_LIKE_BUCKET:
                 why = f"looks like bytes: it counts parameters ({mb:,.0f} MB of {grad_dtype} grads); use e.g."
@@ -359,18 +337,12 @@ def _dp_overlap(a: _Audit) -> None:
     if on and is_full_iteration_cuda_graph(a.res.model):
         # Megatron-Bridge #5788: the gather is dispatched from the previous optimizer step, outside the captured
         # iteration; the captured forward's wait on it makes the capture fail. Bridge's own predicate decides.
-        a.err(
-            "opt_step_with_full_iteration_graph",
-            "overlap_param_gather_with_optimizer_step with a full-iteration CUDA graph: the capture fails on the "
-            "gather started outside it (Megatron-Bridge #5788); set overlap.param_gather_with_optimizer_step=false",
-            "overlap.param_gather_with_optimizer_step=false",
-        )
+        fix, msg = "overlap.param_gather_with_optimizer_step=false", "overlap_param_gather_with_optimizer_step with a"
+        msg += " full-iteration CUDA graph: the capture fails on the gather started outside it (Megatron-Bridge #5788)"
+        a.err("opt_step_with_full_iteration_graph", f"{msg}; set {fix}", fix)
     if on and ckpt.save and ckpt.save_interval:
-        a.warn(
-            "opt_step_with_checkpointing",
-            "overlap_param_gather_with_optimizer_step with checkpoint saving on "
-            f"(every {ckpt.save_interval} iters): Bridge disables it by default because of checkpointing",
-        )
+        msg = f"overlap_param_gather_with_optimizer_step with checkpoint saving on (every {ckpt.save_interval} iters)"
+        a.warn("opt_step_with_checkpointing", f"{msg}: Bridge disables it by default because of checkpointing")
 
 
 def sane_bucket(bucket: int, chunk: int, width: int) -> int:
@@ -389,28 +361,20 @@ def _precision(a: _Audit) -> None:
         f"gradients reduced in {_grad_dtype(rddp)[0]} (set via mixed_precision)",
     )
     if mp is not None and cfg.ddp.grad_reduce_in_fp32 != mp.grad_reduce_in_fp32:
-        a.err(
-            "grad_reduce_fp32_conflict",
-            f"ddp.grad_reduce_in_fp32={cfg.ddp.grad_reduce_in_fp32} contradicts "
-            f"mixed_precision.grad_reduce_in_fp32={mp.grad_reduce_in_fp32}, which overwrites it; "
-            "set it on mixed_precision",
-            f"mixed_precision.grad_reduce_in_fp32={str(cfg.ddp.grad_reduce_in_fp32).lower()}",
-        )
+        msg = f"ddp.grad_reduce_in_fp32={cfg.ddp.grad_reduce_in_fp32} contradicts mixed_precision.grad_reduce_in_fp32="
+        msg += f"{mp.grad_reduce_in_fp32}, which overwrites it; set it on mixed_precision"
+        fix = f"mixed_precision.grad_reduce_in_fp32={str(cfg.ddp.grad_reduce_in_fp32).lower()}"
+        a.err("grad_reduce_fp32_conflict", msg, fix)
     fp8_pg = bool(mp is not None and mp.fp8_param_gather)
     if dtype_of(cfg) == "bf16":
         a.row(Overlap.FP8_AG, NA if not fp8_pg else ON, "BF16 run")
         if fp8_pg:
-            a.err(
-                "fp8_param_gather_bf16",
-                f"fp8_param_gather on a BF16 run: set {Overlap.FP8_AG.field}=false",
-                f"{Overlap.FP8_AG.field}=false",
-            )
+            fix = f"{Overlap.FP8_AG.field}=false"
+            a.err("fp8_param_gather_bf16", f"fp8_param_gather on a BF16 run: set {fix}", fix)
         return
     a.row(Overlap.FP8_AG, ON if fp8_pg else OFF, "FP8 params all-gathered in FP8")
     dist_opt = bool(rddp.use_distributed_optimizer)
     if fp8_pg and (not dist_opt or (dp > 1 and not rddp.overlap_param_gather)):
-        a.err(
-            "fp8_param_gather_without_dp_overlap",
-            "fp8_param_gather needs the distributed optimizer with "
-            "param-gather overlap: set ddp.use_distributed_optimizer=true and comm_overlap.overlap_param_gather=true",
-        )
+        how = "ddp.use_distributed_optimizer=true and comm_overlap.overlap_param_gather=true"
+        msg = "fp8_param_gather needs the distributed optimizer with param-gather overlap"
+        a.err("fp8_param_gather_without_dp_overlap", f"{msg}: set {how}")

@@ -14,13 +14,14 @@ from overlapkit import jsonio
 from overlapkit.bridge import data, flops, inputs, overrides, presets, registry, runopts, stack, startup
 from overlapkit.bridge.audit import AuditReport, audit, replaced_overrides
 from overlapkit.bridge.env import Ledger, audit_rows, build_ledger
-from overlapkit.bridge.overlap import OverlapIntent, Resolved, apply_overlap_stack, resolve
+from overlapkit.bridge.overlap import Resolved, apply_overlap_stack, resolve
 from overlapkit.bridge.request import loose
 from overlapkit.errors import BadInput
 from overlapkit.names import inside
 from overlapkit.sizing import calibration, hardware, knobs, memory, throughput, worth
 from overlapkit.spec import request
 from overlapkit.spec.findings import Finding
+from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.request import Cluster, PlanRequest
 from overlapkit.spec.runopts import OVERRIDES, RunOptions
 from overlapkit.spec.shape import ModelShape, dtype_of
@@ -71,11 +72,6 @@ class Plan(Sized):
     """The plan record: + the run options' and the memory's findings in the report, and plan.json's `run` key."""
 
     run_summary: dict  # runopts.summary: it quotes the predicted step time
-
-    @property
-    def gpu_note(self) -> str | None:
-        """One line when the plan is for another GPU than the recipe's name says (GPU=h200 on an h100 recipe)."""
-        return hardware.retarget_note(self.recipe.name, self.target.gpu)
 
     @property
     def run(self) -> RunOptions:
@@ -131,7 +127,7 @@ class Plan(Sized):
             "audit": self.report.to_dict(),
             "memory": {"total_gb": round(est.total_gb, 2), "fits": est.fits, "budget_gb": est.budget_gb, "rows": rows},
             "gpu": self.target.gpu,
-            "gpu_note": self.gpu_note,
+            "gpu_note": hardware.retarget_note(self.recipe.name, self.target.gpu),  # GPU=h200 on an h100 recipe
             "throughput": self.throughput.to_dict()
             | {"overlap_worth": worth.to_dict(self.worth), "not_modelled": [k.to_dict() for k in self.not_modelled]},
             "cluster": self.site.name if self.site else None,
@@ -161,9 +157,8 @@ def make_plan(
     gpu: str = hardware.DEFAULT_GPU,
     cluster: Cluster | None = None,
 ) -> Plan:
-    """`plan_for` a request made of loose values (tests, listings, forks, published runs): recipe `name`, `nodes`
-    (default: the recipe's), `sets` (SET text or KEY=VALUE tokens), `run` (a benchmark by default), `gpu`, the
-    `cluster` it carries."""
+    """`plan_for` a request made of loose values (tests, listings, forks, published runs): `nodes` None for the
+    recipe's, `sets` SET text or KEY=VALUE tokens, `run` None for a benchmark."""
     req = dataclasses.replace(loose(name, nodes, sets, run, gpu=gpu), cluster=cluster)
     return plan_for(req, caller_env=caller_env)
 
@@ -175,9 +170,8 @@ def plan_for(req: PlanRequest, *, caller_env=None) -> Plan:
 
 
 def built(req: PlanRequest) -> Built:
-    """Build the requested recipe, bind the request to its cluster (where the recipe's time limit, the profile's
-    default, is known) and the config to its run options (checkpoints, data, segments, Nsight), apply its SET pairs
-    and resolve for its nodes."""
+    """Build the requested recipe, bind the request to its cluster (here, where the recipe's time limit is known)
+    and the config to its run options, apply its SET pairs and resolve for its nodes."""
     entry = registry.get(req.recipe)
     if req.cluster is not None:
         req = request.bind(req, req.cluster, entry.time_limit)
@@ -225,7 +219,7 @@ def planned(s: Sized) -> Plan:
     """The plan record: the run options' findings (a profiler window the run cannot honour stops the plan here) and
     the memory's after the audit's, and plan.json's `run` key, which quotes the predicted step time."""
     run = runopts.findings(s.cfg, s.request.run, s.request.cluster, s.target.world_size)
-    found = s.report.findings + [Finding(*f) for f in run] + memory_findings(s.memory)
+    found = s.report.findings + run + memory_findings(s.memory)
     return _then(Plan, s, report=AuditReport(s.report.rows, found), run_summary=runopts.summary(s, s.request.run))
 
 
@@ -248,10 +242,8 @@ def prediction_inputs(plan: Audited, cal: calibration.Calibration = calibration.
 
 
 def model_inputs(cfg, res: Resolved, rows, target: Target, cal: calibration.Calibration) -> throughput.Inputs:
-    """What the throughput model reads of a recipe's config `cfg` resolved by Bridge (`res`) for `target`: its
-    workload, Bridge's FLOPs, the overlaps its audit `rows` say are on, its MoE settings, its DDP bucket and the
-    target GPU; with the calibration `cal`. The one derivation of a prediction's inputs: the plan's, and the layout
-    search's for each layout it ranks (fork/layout_search.py)."""
+    """What the throughput model reads of `cfg` resolved by Bridge (`res`) for `target`, the overlaps on as its audit
+    `rows` say: the one derivation of a prediction's inputs, the plan's and the layout search's for each layout."""
     states = {r.name: r.state for r in rows}
     overlaps = throughput.Overlaps.of_rows(
         states, ep_default=bool(getattr(res.model, "overlap_moe_expert_parallel_comm", False))

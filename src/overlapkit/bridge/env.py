@@ -29,9 +29,11 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from overlapkit.bridge.audit import OFF, ON, AuditReport, Finding, Row
+from overlapkit.bridge.audit import AuditReport, Row
 from overlapkit.errors import BadInput
 from overlapkit.secrets import FIX, credential_kind, is_secret, secret_problem
+from overlapkit.spec.findings import Finding
+from overlapkit.spec.overlap import OFF, ON
 from overlapkit.spec.topology import PINNED
 
 LAYERS = ("derived", "bridge", "recipe", "cluster")

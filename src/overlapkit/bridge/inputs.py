@@ -97,18 +97,15 @@ def size_problem(key: str, value) -> str | None:
     return f"{key}={value!r}: must be {allowed}"
 
 
-def _fields(cfg, keys):
-    """(key, value) of each `section.field` the built config has (sections the recipe does not have are skipped)."""
-    for key in keys:
+def size_problems(cfg) -> list[str]:
+    """Every size and sign rule the built config breaks (on the sections and fields the recipe has)."""
+    out = []
+    for key in [*SIZES, *SIGNED]:
         section, leaf = key.split(".")
         obj = getattr(cfg, section, None)
-        if obj is not None and hasattr(obj, leaf):
-            yield key, getattr(obj, leaf)
-
-
-def size_problems(cfg) -> list[str]:
-    """Every size and sign rule the built config breaks."""
-    return [msg for key, value in _fields(cfg, [*SIZES, *SIGNED]) if (msg := size_problem(key, value))]
+        if obj is not None and hasattr(obj, leaf) and (msg := size_problem(key, getattr(obj, leaf))):
+            out.append(msg)
+    return out
 
 
 def recipe_facts(cfg) -> dict:
@@ -154,17 +151,11 @@ def config_problems(cfg, facts: dict, sets) -> list[str]:
     return out
 
 
-def _whole(text: str) -> int | None:
-    """`text` as a whole number ≥ 1, else None."""
-    n = runopts.whole(text)
-    return n if n is not None and n >= 1 else None
-
-
 def parse_nodes(text: str) -> int | None:
     """NODES= (empty: the recipe's)."""
     if not (text or "").strip():
         return None
-    if (n := _whole(text)) is None:
+    if (n := runopts.whole(text)) is None or n < 1:
         raise BadInput(f"NODES={text!r}: must be a whole number of 8-GPU nodes from 1 to {MAX_NODES}")
     if n > MAX_NODES:
         raise BadInput(f"NODES={text!r}: at most {MAX_NODES} 8-GPU nodes (NODES is a node count, not GPUs)")
@@ -193,11 +184,8 @@ def check_sets(text) -> list[tuple[str, str]]:
     _, config_pairs = overrides.split_intent(pairs)
     for key, raw in config_pairs:
         if kind := credential_kind(raw):
-            raise overrides.OverrideError(
-                f"{key}=<{kind}>: never put a credential in SET (it is written to "
-                "plan.json and the job script); export it and list its name in the "
-                "profile's secrets"
-            )
+            msg = f"{key}=<{kind}>: never put a credential in SET (it is written to plan.json and the job script)"
+            raise overrides.OverrideError(f"{msg}; export it and list its name in the profile's secrets")
         if msg := size_problem(key, overrides.convert_kinds(key, raw, _early_kinds(key))):
             raise overrides.OverrideError(msg)
     return pairs

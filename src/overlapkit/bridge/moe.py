@@ -1,12 +1,9 @@
 """The mixture-of-experts part of the audit: the EP overlap rows, Bridge's MoE overlap asserts as one-line findings
 with their fix, the expert-side divisibility rules, and the dispatcher backend the target must have.
 
-Bridge checks the EP all-to-all overlap's prerequisites only with bare `assert`s in
-`CommOverlapConfig._get_model_comm_overlap_cfgs` (megatron/bridge/training/comm_overlap.py), at setup on the GPUs.
-`rows_and_findings` states each of them once (`_ep_overlap_asserts`), on the config as written (and Bridge's
-resolved model for the dtype flags), so a plan names the fix before a job starts; the resolve records what Bridge
-itself asserted (`Resolved.bridge_asserts`) and tests/unit_tests/training/test_comm_overlap.py trips every one both
-ways with real Bridge objects. Dense models get no MoE rows.
+Bridge checks the EP overlap's prerequisites only with bare `assert`s at setup on the GPUs
+(megatron/bridge/training/comm_overlap.py, `CommOverlapConfig._get_model_comm_overlap_cfgs`): stated once here, so a
+plan names the fix before a job starts (tests/unit_tests/training/test_comm_overlap.py trips each both ways).
 """
 
 from __future__ import annotations
@@ -18,45 +15,32 @@ from packaging.version import Version
 from overlapkit.bridge.overlap import is_moe
 from overlapkit.spec.findings import Finding
 from overlapkit.spec.overlap import NA, OFF, ON, Overlap
+from overlapkit.spec.shape import ModelShape
 from overlapkit.spec.topology import expert_data_parallel_size
 
 EP_OVERLAP = Overlap.EP.field
 DELAY_WGRAD = "comm_overlap.delay_wgrad_compute"
-# Megatron Core imports the DeepEP and HybridEP kernels from the `deep_ep` package
-# (megatron/core/transformer/moe/fused_a2a.py: `from deep_ep import Buffer`, `from deep_ep import HybridEPBuffer`).
-# ncclep: TE's NCCL EP path (transformer_engine/pytorch/ep, built with NVTE_BUILD_WITH_NCCL_EP=1; Megatron Core's
-# moe/fused_a2a.py imports it as `transformer_engine.pytorch.ep`).
+# The packages Megatron Core's moe/fused_a2a.py imports each flex backend from (ncclep: TE's NCCL EP path).
 BACKEND_MODULE = {"deepep": "deep_ep", "hybridep": "deep_ep", "ncclep": "transformer_engine.pytorch.ep"}
 TE_FOR_DELAY_WGRAD = "2.7.0"  # Bridge asserts is_te_min_version("2.7.0") for delay_wgrad with grad-reduce overlap
 
 
-# Bridge's EP overlap asserts in its order; each check is (holds, code, why, SET fix).
-def _ep_overlap_asserts(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
-    """What the EP all-to-all overlap runs on (EP>1, several experts, a dispatcher that can overlap, 16-bit params, a
-    virtual pipeline when PP>1), the recompute settings it cannot run with (full recompute, a recompute method or
-    layer count, recomputing the 'moe' module), and the MoE features that cannot run beside it (shared-expert
-    overlap, more than one MTP layer)."""
+def _ep_overlap_asserts(cfg, rmodel) -> list[tuple[bool, str, str, str | None]]:
+    """Bridge's EP overlap asserts in its order, each (holds, code, why, SET fix): what the overlap runs on, the
+    recompute settings it cannot run with, and the MoE features that cannot run beside it."""
+    m, off = cfg.model, f"{EP_OVERLAP}=false"
     # The fix for "EP overlap with PP needs VPP": a virtual-pipeline size that splits the layers evenly.
-    units = m.num_layers + bool(m.account_for_embedding_in_pipeline_split) + bool(m.account_for_loss_in_pipeline_split)
+    units = ModelShape.of(cfg).pipeline_units
     vpp = next((v for v in range(2, 9) if units % (m.pipeline_model_parallel_size * v) == 0), None)
-    mods = [x for x in (m.recompute_modules or []) if x != "moe"]
+    mods = ",".join(x for x in (m.recompute_modules or []) if x != "moe")
+    kind = m.moe_token_dispatcher_type
     return [
+        ((m.expert_model_parallel_size or 1) > 1, "ep_overlap_needs_ep", "needs expert_model_parallel_size>1", off),
+        ((m.num_moe_experts or 0) > 1, "ep_overlap_needs_experts", "needs num_moe_experts>1", off),
         (
-            (m.expert_model_parallel_size or 1) > 1,
-            "ep_overlap_needs_ep",
-            "needs expert_model_parallel_size>1",
-            f"{EP_OVERLAP}=false",
-        ),
-        (
-            (m.num_moe_experts or 0) > 1,
-            "ep_overlap_needs_experts",
-            "needs num_moe_experts>1",
-            f"{EP_OVERLAP}=false",
-        ),
-        (
-            m.moe_token_dispatcher_type in ("alltoall", "flex"),
+            kind in ("alltoall", "flex"),
             "ep_overlap_dispatcher",
-            f"needs the alltoall or flex dispatcher, not {m.moe_token_dispatcher_type!r}",
+            f"needs the alltoall or flex dispatcher, not {kind!r}",
             "model.moe_token_dispatcher_type=alltoall",
         ),
         (
@@ -93,7 +77,7 @@ def _ep_overlap_asserts(m, rmodel) -> list[tuple[bool, str, str, str | None]]:
             "moe" not in (m.recompute_modules or []),
             "ep_overlap_recompute_moe",
             "cannot recompute the 'moe' module",
-            f"model.recompute_modules=[{','.join(mods)}]",
+            f"model.recompute_modules=[{mods}]",
         ),
         (
             not m.moe_shared_expert_overlap,
@@ -115,34 +99,21 @@ def expert_split_violations(*, experts: int, ep: int, etp: int, pp: int, world: 
     audit (on a built config) and layout_search (candidate splits, no configs)."""
     out = []
     if experts % ep:
-        out.append(
-            (
-                "experts_not_divisible_ep",
-                f"{experts} experts are not divisible by EP{ep}: each EP rank holds "
-                "whole experts; change model.expert_model_parallel_size",
-            )
-        )
+        why = "each EP rank holds whole experts; change model.expert_model_parallel_size"
+        out.append(("experts_not_divisible_ep", f"{experts} experts are not divisible by EP{ep}: {why}"))
     if world % (etp * ep * pp):
+        why = "the expert side of the grid is ETP·EP·PP·expert-DP; change EP or the node count"
         out.append(
-            (
-                "expert_world_not_divisible",
-                f"{world} GPUs are not divisible by ETP·EP·PP={etp}·{ep}·{pp}: "
-                "the expert side of the grid is ETP·EP·PP·expert-DP; change EP or the node count",
-            )
+            ("expert_world_not_divisible", f"{world} GPUs are not divisible by ETP·EP·PP={etp}·{ep}·{pp}: {why}")
         )
     if ffn % etp:
-        out.append(
-            (
-                "expert_ffn_not_divisible_etp",
-                f"expert FFN {ffn} is not divisible by ETP{etp}: change model.expert_tensor_parallel_size",
-            )
-        )
+        why = "change model.expert_tensor_parallel_size"
+        out.append(("expert_ffn_not_divisible_etp", f"expert FFN {ffn} is not divisible by ETP{etp}: {why}"))
     return out
 
 
 def importable(module: str) -> bool:
-    """Can this process import `module`? (find_spec: found without running it; a dotted name whose parent package is
-    missing is not importable.)"""
+    """Can this process import `module`? (found without running it; a missing parent package: not importable)"""
     try:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
@@ -159,30 +130,20 @@ def backend_problem(model, gpu_node: bool, have=importable) -> tuple[str, str] |
         return None
     fix = "model.moe_token_dispatcher_type=alltoall model.moe_flex_dispatcher_backend=null"
     if gpu_node:
-        return (
-            "error",
-            f"flex dispatcher backend {backend} needs the {module} package, which is not importable on "
-            f"this GPU node: use the NeMo container or set {fix}",
-        )
+        msg = f"flex dispatcher backend {backend} needs the {module} package, which is not importable on this GPU node"
+        return "error", f"{msg}: use the NeMo container or set {fix}"
     return "note", f"{module} not importable on this CPU machine: the NeMo container on the GPU nodes provides it"
 
 
-def gpu_node() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def rows_and_findings(cfg, target, res, intent) -> tuple[list[tuple], list[Finding]]:
-    """(name, state, why) rows and findings for an MoE model; ([], []) for a dense one.
-    The findings first: each assert Bridge's MoE overlap validation would trip (on the config as written, and
-    Bridge's resolved model/ddp for the bf16 flags), then the expert split's divisibility rules."""
+    """(name, state, why) rows and findings for an MoE model; ([], []) for a dense one. The findings first: each
+    assert Bridge's setup would trip (on the config as written), then the expert split's divisibility rules."""
     m, rm, comm_user, findings = cfg.model, res.model, cfg.comm_overlap, []
     if not is_moe(m):
         return [], []
     requested = bool(comm_user is not None and comm_user.overlap_moe_expert_parallel_comm)
     if requested:
-        for ok, code, why, fix in _ep_overlap_asserts(m, rm):
+        for ok, code, why, fix in _ep_overlap_asserts(cfg, rm):
             if not ok:
                 msg = f"EP all-to-all overlap {why} (Bridge asserts at setup); set {fix}"
                 findings.append(Finding("error", code, msg, fix))
@@ -252,7 +213,9 @@ def _rows(m, res, intent, findings, requested: bool, world: int) -> list[tuple]:
     detail = f"flex / {m.moe_flex_dispatcher_backend}" if kind == "flex" else kind
     if kind == "flex" and m.moe_flex_dispatcher_backend == "hybridep":
         detail += f" ({m.moe_hybridep_num_sms} SMs)"
-    if problem := backend_problem(m, gpu_node()):
+    import torch
+
+    if problem := backend_problem(m, torch.cuda.is_available()):
         level, msg = problem
         if level == "note":
             detail += f"; {msg}"

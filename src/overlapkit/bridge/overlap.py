@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import logging.handlers
+import sys
 from dataclasses import dataclass, field
 
 from overlapkit.bridge import presets
@@ -52,20 +54,15 @@ def _tp_overlap(cfg, intent: OverlapIntent, gpu: str):
     it off: the recipe's preset, the one presets.select picks for this shape and GPU, or TE's defaults (opt-in)."""
     from megatron.bridge.training.comm_overlap import CommOverlapConfig
 
-    m = cfg.model
-    tp = m.tensor_model_parallel_size
-    if tp > 1:
-        m.sequence_parallel = True  # TP overlap requires SP; Bridge drops TP overlap without it
-    if tp > 1 and intent.why_off(Overlap.TP):
+    if cfg.model.tensor_model_parallel_size < 2:
+        return CommOverlapConfig(tp_comm_overlap=False)  # no TP collectives to overlap
+    cfg.model.sequence_parallel = True  # TP overlap requires SP; Bridge drops TP overlap without it
+    if intent.why_off(Overlap.TP):
         return CommOverlapConfig(tp_comm_overlap=False)
-    if tp > 1:
-        if intent.tp_preset == presets.DEFAULT_TP_CONFIG:
-            tp_cfg = None
-        else:
-            name = intent.tp_preset or presets.select(presets.key_of(cfg, gpu))
-            tp_cfg = presets.preset_object(name)
-        return CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=tp_cfg)
-    return CommOverlapConfig(tp_comm_overlap=False)  # TP=1: no TP collectives to overlap
+    if intent.tp_preset == presets.DEFAULT_TP_CONFIG:
+        return CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=None)
+    name = intent.tp_preset or presets.select(presets.key_of(cfg, gpu))
+    return CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=presets.preset_object(name))
 
 
 def _dp_overlap(cfg, intent: OverlapIntent) -> None:
@@ -95,8 +92,7 @@ def is_moe(model) -> bool:
 
 def _moe_overlap(cfg, intent: OverlapIntent) -> None:
     """EP all-to-all overlap (and delayed expert wgrad) wherever the layout allows it and the recipe does not keep it
-    off. Bridge asserts its prerequisites at setup on the GPUs (training/comm_overlap.py); the audit checks them here.
-    Shared-expert overlap cannot run beside it (Bridge asserts), so EP overlap switches it off."""
+    off; shared-expert overlap cannot run beside it (Bridge asserts), so EP overlap switches it off."""
     m, comm = cfg.model, cfg.comm_overlap
     if not is_moe(m):
         return
@@ -130,21 +126,13 @@ def te_flag(available: bool, version: str | None = None):
         co.HAVE_TE, co.is_te_min_version = saved
 
 
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def resolve(cfg, target: Target) -> Resolved:
     """Effective overlap state for `target`, computed by Bridge's own setup code on copies of `cfg`."""
     dp = data_parallel_size(cfg, target.world_size)
     model, ddp, opt = copy.deepcopy(cfg.model), copy.deepcopy(cfg.ddp), copy.deepcopy(cfg.optimizer)
     comm = copy.deepcopy(cfg.comm_overlap)
-    cap, asserted = _Capture(), []
+    cap, asserted = logging.handlers.BufferingHandler(capacity=sys.maxsize), []
+    cap.setLevel(logging.WARNING)
     root = logging.getLogger()
     # Bridge reports drops with root-logger warnings. Route them to the audit only (not to stderr) for the resolve.
     saved_handlers, saved_level = root.handlers[:], root.level
@@ -173,4 +161,4 @@ def resolve(cfg, target: Target) -> Resolved:
                     comm.setup(model, opt, ddp)
     finally:
         root.handlers, root.level = saved_handlers, saved_level
-    return Resolved(model, ddp, opt, comm, dp, cap.messages, asserted)
+    return Resolved(model, ddp, opt, comm, dp, [r.getMessage() for r in cap.buffer], asserted)

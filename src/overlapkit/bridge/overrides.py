@@ -45,12 +45,6 @@ def parse(text: str | list[str] | None) -> list[tuple[str, str]]:
     return pairs
 
 
-def fields_of(obj) -> list[str]:
-    if dataclasses.is_dataclass(obj):
-        return [f.name for f in dataclasses.fields(obj)]
-    return [k for k in vars(obj) if not k.startswith("_")] if hasattr(obj, "__dict__") else []
-
-
 _READABLE = {
     "int": "an integer",
     "float": "a number",
@@ -174,24 +168,13 @@ _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", re.ASCII)
 def _as_kind(value, kinds: set[str]):
     if "any" in kinds:
         return value
-    if value is None:
-        return None if "none" in kinds else _REFUSED
-    if isinstance(value, bool):
-        return value if "bool" in kinds else _REFUSED
-    if isinstance(value, int) and "float" in kinds and "int" not in kinds:
+    kind = kind_of(value)
+    if kind == "int" and "float" in kinds and "int" not in kinds:
         try:
             return float(value)
         except OverflowError:  # an integer beyond any float: number_problem names it
             return math.inf
-    if isinstance(value, int):
-        return value if "int" in kinds else _REFUSED
-    if isinstance(value, float):
-        return value if "float" in kinds else _REFUSED
-    if isinstance(value, str):
-        return value if "str" in kinds else _REFUSED
-    if isinstance(value, (list, tuple)):
-        return value if "list" in kinds else _REFUSED
-    return value if isinstance(value, dict) and "dict" in kinds else _REFUSED
+    return value if kind != "object" and kind in kinds else _REFUSED  # no YAML value is a dataclass
 
 
 def convert(key: str, raw: str, holder, leaf: str):
@@ -254,7 +237,7 @@ def apply(cfg, pairs: list[tuple[str, str]]) -> list[tuple[str, object, object]]
 
 def split_intent(pairs: list[tuple[str, str]]) -> tuple[dict[str, object], list[tuple[str, str]]]:
     """Separate `overlap.*` intent keys from config keys."""
-    from overlapkit.bridge.overlap import OverlapIntent
+    from overlapkit.spec.overlap import OverlapIntent
 
     intent, rest = {}, []
     names = [f.name for f in dataclasses.fields(OverlapIntent)]

@@ -1,4 +1,4 @@
-"""The env-var plugin: a plan's launch environment (its env.Ledger) exported through nemo_run's executor."""
+"""The env-var plugin: a plan's launch environment (its env.Ledger's values) exported through nemo_run's executor."""
 
 from __future__ import annotations
 
@@ -6,18 +6,14 @@ from dataclasses import dataclass, field
 
 import nemo_run as run
 
-from overlapkit.bridge.env import Ledger
 from overlapkit.errors import BadInput
 from overlapkit.secrets import FIX, secret_problem
 
 
 @dataclass(kw_only=True)
 class EnvVarPlugin(run.Plugin):
-    """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars.
-
-    nemo_run writes executor.env_vars as `export NAME=value` lines into the sbatch script, so secrets are refused
-    here: they reach the job from the submitting shell by name (sbatch --export: cluster/slurm.py), never from a
-    file."""
+    """Exports a ledger's values through nemo_run: `setup` merges them into the executor's env_vars, which nemo_run
+    writes into the sbatch script, so secrets are refused here (they reach the job by name: cluster/slurm.py)."""
 
     env: dict[str, str] = field(default_factory=dict)
 
@@ -28,10 +24,6 @@ class EnvVarPlugin(run.Plugin):
                 raise BadInput(f"{why}: {FIX}, not in env")
             if not isinstance(value, str):
                 raise TypeError(f"{name}={value!r}: env values must be strings (executor.env_vars are exported)")
-
-    @classmethod
-    def from_ledger(cls, ledger: Ledger) -> EnvVarPlugin:
-        return cls(env=ledger.values())
 
     def setup(self, task, executor) -> None:
         # A new dict: executors are cloned per task and may share their env_vars; the task (Script/Partial) is

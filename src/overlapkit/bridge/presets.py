@@ -78,18 +78,10 @@ def exported_presets() -> dict[str, Preset]:
     out = {}
     for name, value in vars(co).items():
         m = _NAME.match(name)
-        if m and isinstance(value, co.TransformerLayerTPOverlapCfg):
-            g = m.groupdict()
-            key = PresetKey(
-                g["gpu"],
-                g["dtype"],
-                int(g["hidden"]),
-                int(g["tp"]),
-                int(g["cp"]) if g["cp"] else None,
-                int(g["mbs"]),
-                int(g["seq"]),
-            )
-            out[name] = Preset(name, key, bool(g["lora"]))
+        if m and isinstance(value, co.TransformerLayerTPOverlapCfg):  # the name's groups are PresetKey's fields
+            g = {k: int(v) if v and v.isdigit() else v for k, v in m.groupdict().items()}
+            lora = bool(g.pop("lora"))
+            out[name] = Preset(name, PresetKey(**g), lora)
     return out
 
 
@@ -105,13 +97,8 @@ def name_of(obj) -> str | None:
     """The exported name of a preset object (identity, then equality), or None for a custom/None config."""
     if obj is None:
         return None
-    for name in exported_presets():
-        if preset_object(name) is obj:
-            return name
-    for name in exported_presets():
-        if preset_object(name) == obj:
-            return name
-    return None
+    same = next((name for name in exported_presets() if preset_object(name) is obj), None)
+    return same or next((name for name in exported_presets() if preset_object(name) == obj), None)
 
 
 def mismatches(preset: Preset, key: PresetKey) -> tuple[list[str], list[str]]:

@@ -1,18 +1,12 @@
 """The recipe registry: every module in `recipes/` (and in the directories of RECIPES_PATH) registers its builders here.
 
-Recipes are found by name, as torchtitan's train-spec registry and Bridge's perf-recipe modules are: `discover()`
-imports every module of the `recipes` package, so a fork written by `make new-recipe`, or a user's own file, is
-planned by the next command without being listed anywhere. A module that fails to import is one line naming the
-file (`load_errors()`), its partial registrations are dropped, and every other recipe still lists.
-
-The recipe's `OverlapIntent` is a field of `Recipe` (the plan and the audit read it there), given once in
-`register(intent=...)`; recipes._base's builders apply that registered intent while the recipe builds, so its own
-edits after the overlap step stand (the stack never silently undoes them).
+`discover()` imports every module of the `recipes` package, so a fork written by `make new-recipe`, or a user's own
+file, is planned by the next command without being listed anywhere; a module that fails to import is one line naming
+the file (`load_errors()`) and every other recipe still lists. A recipe's `OverlapIntent` is given once, in
+`register(intent=...)`, and its nodes are its name's GPU count / 8: a recipe states its size once, in its name.
 
 Before the import the registry knows names as data, never by reading code: the shipped modules' table
-(`recipes.RECIPES`, checked against what they register by the same test) and each file named for its recipe
-(`<name>.py`, as make new-recipe writes a fork); a recipe's nodes are its name's GPU count / 8, so a recipe states
-its size once, in its name (a name without one, a user's own, gives `nodes=`).
+(`recipes.RECIPES`) and each file named for its recipe (`<name>.py`, as make new-recipe writes a fork).
 """
 
 from __future__ import annotations
@@ -31,9 +25,9 @@ from pathlib import Path
 
 from overlapkit import paths
 from overlapkit.bridge import stack
-from overlapkit.bridge.overlap import OverlapIntent
 from overlapkit.errors import BadInput
 from overlapkit.names import checked_name
+from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.topology import GPUS_PER_NODE
 
 PACKAGE = "recipes"
@@ -65,10 +59,6 @@ class Recipe:
     source: str
     intent: OverlapIntent = field(default_factory=OverlapIntent)
 
-    @property
-    def gpus(self) -> int:
-        return self.nodes * GPUS_PER_NODE
-
 
 class UnknownRecipe(BadInput, KeyError):
     def __str__(self) -> str:
@@ -95,9 +85,8 @@ def register(*, model: str, source: str, nodes: int | None = None, time_limit: s
             raise ValueError(f"recipe {name} names {said['gpus']} GPUs but registers nodes={nodes}: make them agree")
         if count is None:
             raise ValueError(f"recipe {name} names no GPU count (<model>_pretrain_<N>gpu_h100_<dtype>): give nodes=")
-        REGISTRY[name] = Recipe(
-            name, build, model, count, time_limit, dict(env or {}), source, intent or OverlapIntent()
-        )
+        env_vars = dict(env or {})
+        REGISTRY[name] = Recipe(name, build, model, count, time_limit, env_vars, source, intent or OverlapIntent())
         return build
 
     return wrap

@@ -86,23 +86,12 @@ def render_plan(plan, con: Console) -> None:
 
 def recipes_table(rows: list[dict]) -> Table:
     t = Table(title="H100 recipes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = (
-        "recipe",
-        "model",
-        "GPUs",
-        "dtype",
-        "TP/PP/CP/VP/EP/DP",
-        "MBS/GBS",
-        "seq",
-        "overlaps on",
-        "TFLOP/s*",
-        "audit",
-    )
+    cols = {"recipe": "recipe", "model": "model", "GPUs": "gpus", "dtype": "dtype", "TP/PP/CP/VP/EP/DP": "layout"}
+    cols |= {"MBS/GBS": "batch", "seq": "seq", "overlaps on": "on", "TFLOP/s*": "tflops", "audit": "audit"}
     for col in cols:
         t.add_column(col, no_wrap=True, justify="right" if col == "TFLOP/s*" else "left")
-    keys = ("recipe", "model", "gpus", "dtype", "layout", "batch", "seq", "on", "tflops", "audit")
     for r in rows:
-        t.add_row(*(str(r[k]) for k in keys))
+        t.add_row(*(str(r[k]) for k in cols.values()))
     return t
 
 
@@ -127,9 +116,8 @@ def ledger_rows(ledger) -> list[tuple[str, str, str, str, str]]:
 
 def render_ledger(ledger, con: Console) -> None:
     t = Table(title=f"Launch environment (precedence: {' < '.join(LAYERS)})", title_justify="left")
-    t.add_column("variable", no_wrap=True)
-    t.add_column("value", no_wrap=True)
-    t.add_column("layer", no_wrap=True)
+    for col in ("variable", "value", "layer"):
+        t.add_column(col, no_wrap=True)
     t.add_column("why (and what it replaced)")
     for name, value, layer, lower, reason in ledger_rows(ledger):
         t.add_row(*(escape(c) for c in (name, value, layer, reason + (f" [over {lower}]" if lower else ""))))

@@ -1,9 +1,6 @@
-"""The request parsed from what the user typed: every check that can be made before the Bridge import (NODES, the
-recipe's name, SET's syntax, keys, types and sizes, RUN_NAME, SEGMENTS, NSYS, DATA), one line per bad value, into
-spec/request.py's PlanRequest; and the request again from values a caller holds (`loose`) or from a run directory's
-overrides.json (`from_record`).
-
-Standard library only at import: the pre-import checks must answer in well under a second.
+"""The request parsed from what the user typed, every check that can be made before the Bridge import made (one line
+per bad value), into spec/request.py's PlanRequest; and the request again from values a caller holds (`loose`) or
+from a run directory's overrides.json (`from_record`). Standard library only at import: it answers in under a second.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""What makes a benchmark a pretraining run: RUN_NAME (checkpoints and logs that outlive the job), SEGMENTS (a run
-longer than the time limit, as chained jobs), NSYS (an Nsight Systems window), TORCH_PROFILE (a PyTorch-profiler
-window, for clusters without Nsight Systems) and DATA (bridge/data.py).
+"""The run options (RUN_NAME, SEGMENTS, NSYS, TORCH_PROFILE, DATA: typed and parsed before the Bridge import in
+spec/runopts.py) applied to the built config by `apply`, in the plan and again in the job (they travel in the run
+directory's overrides.json), and audited by `findings`.
 
-Typed and parsed before the Bridge import in spec/runopts.py; applied to the built config by `apply`, in the plan and
-again in the job (the options travel in the run directory's overrides.json), and audited by `findings`:
-
-- RUN_NAME=<name>: checkpoints save to and load from `<job_dir>/checkpoints/<name>`, TensorBoard in
-  `<job_dir>/tensorboard/<name>`, W&B project/entity from the profile with the run name (the key by name only, in the
-  profile's secrets). Without it the run is a benchmark: no checkpoints (Bridge's default,
-  `$CWD/nemo_experiments/default`, is inside a job's packaged code directory and lost with it).
-- SEGMENTS=<N>: each segment is sent SIGTERM before its time limit (Bridge's PreemptionPlugin: `--signal=TERM@<s>`)
-  with `train.exit_signal_handler` on, and `train.exit_duration_in_mins` as the second guard.
+Without RUN_NAME the run is a benchmark and saves no checkpoints: Bridge's default, `$CWD/nemo_experiments/default`,
+is inside a job's packaged code directory and lost with it. With SEGMENTS, each segment is sent SIGTERM before its
+time limit (Bridge's PreemptionPlugin), with `train.exit_duration_in_mins` as the second guard.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ import importlib.util
 from pathlib import Path
 
 from overlapkit.errors import BadInput
+from overlapkit.spec.findings import Finding
 from overlapkit.spec.runopts import GUARD_MIN, PREEMPT_S, RunOptions, directory_problem, nsys_problem
 
 # What Bridge's PreemptionPlugin appends to the job's arguments for a RUN_NAME run (megatron/bridge/recipes/
@@ -51,119 +46,77 @@ def apply(cfg, opts: RunOptions) -> None:
             setattr(cfg.train, field, value)
         if opts.time_limit_min:
             cfg.train.exit_duration_in_mins = opts.time_limit_min - GUARD_MIN
-    if opts.nsys:
+    if window := opts.window:  # TORCH_PROFILE: Bridge writes <tensorboard_dir>/../torch_profile/rank-<R>.json.gz
         from megatron.bridge.training.config import ProfilingConfig
 
+        knob, (start, end), ranks = window
         cfg.profiling = ProfilingConfig(
-            use_nsys_profiler=True,
-            profile_step_start=opts.nsys[0],
-            profile_step_end=opts.nsys[1],
-            profile_ranks=list(opts.nsys_ranks),
-        )
-    if opts.torch_profile:  # Bridge writes <tensorboard_dir>/../torch_profile/rank-<R>.json.gz (profiled.py copies it)
-        from megatron.bridge.training.config import ProfilingConfig
-
-        cfg.profiling = ProfilingConfig(
-            use_pytorch_profiler=True,
-            profile_step_start=opts.torch_profile[0],
-            profile_step_end=opts.torch_profile[1],
-            profile_ranks=list(opts.torch_profile_ranks),
+            use_nsys_profiler=knob == "NSYS",
+            use_pytorch_profiler=knob == "TORCH_PROFILE",
+            profile_step_start=start,
+            profile_step_end=end,
+            profile_ranks=list(ranks),
         )
     if spec := data_spec(opts):
         data.apply(cfg, spec)
 
 
-def findings(cfg, opts: RunOptions, profile, world: int) -> list[tuple[str, str, str]]:
+def findings(cfg, opts: RunOptions, profile, world: int) -> list[Finding]:
     """The run options against the built run of `world` ranks. A profiler window it cannot honour stops the plan
-    (BadInput); the rest is (level, code, message): the run's checkpoint settings, then its W&B logging (the key
-    must come from the profile's secrets), its data (epochs of the train split the run reads), and a SET that
-    PREEMPTION_TRAIN overrides in the job (refused, so what plan.json records is what runs)."""
+    (BadInput); the rest are findings: the run's checkpoint settings, then its W&B logging (the key must come from
+    the profile's secrets), its data (epochs of the train split the run reads), and a SET that PREEMPTION_TRAIN
+    overrides in the job (refused, so what plan.json records is what runs)."""
     from overlapkit.bridge import data
 
     if msg := nsys_problem(opts, cfg.train.train_iters, world):
         raise BadInput(msg)
     out = _checkpoint_findings(cfg.checkpoint, opts)
     if opts.wandb and "WANDB_API_KEY" not in getattr(profile, "secrets", ()):
-        out.append(
-            (
-                "error",
-                "wandb_key_not_secret",
-                f"W&B project {opts.wandb['project']} set in the profile but "
-                'WANDB_API_KEY is not in its secrets: add secrets = ["WANDB_API_KEY"]',
-            )
-        )
+        msg = f"W&B project {opts.wandb['project']} set in the profile but WANDB_API_KEY is not in its secrets"
+        out.append(Finding("error", "wandb_key_not_secret", f'{msg}: add secrets = ["WANDB_API_KEY"]'))
     if opts.data and (eps := data.consumption(cfg, data_spec(opts)).get("epochs")) and eps > 1:
-        out.append(
-            (
-                "warning",
-                "data_epochs",
-                f"the run reads {eps:.2f} epochs of the train split: more data, or "
-                "fewer train.train_iters, if repeating it is not intended",
-            )
-        )
-    if opts.checkpoint_dir:
-        out += [
-            (
-                "error",
-                "set_overridden_by_preemption",
+        msg = f"the run reads {eps:.2f} epochs of the train split: more data, or fewer train.train_iters"
+        out.append(Finding("warning", "data_epochs", f"{msg}, if repeating it is not intended"))
+    for field, value in PREEMPTION_TRAIN.items() if opts.checkpoint_dir else ():
+        if getattr(cfg.train, field) != value:
+            msg = (
                 f"train.{field}={getattr(cfg.train, field)} (SET): with RUN_NAME the job runs train.{field}={value} "
                 "(Bridge's PreemptionPlugin appends it after SET, to save a checkpoint on the time limit's SIGTERM); "
-                f"drop train.{field} from SET, or leave RUN_NAME empty",
+                f"drop train.{field} from SET, or leave RUN_NAME empty"
             )
-            for field, value in PREEMPTION_TRAIN.items()
-            if getattr(cfg.train, field) != value
-        ]
+            out.append(Finding("error", "set_overridden_by_preemption", msg))
     return out
 
 
-def _checkpoint_findings(ck, opts: RunOptions) -> list[tuple[str, str, str]]:
+def _checkpoint_findings(ck, opts: RunOptions) -> list[Finding]:
     """Where checkpoints go, whether segments can resume from them, how they are saved and how often."""
     if ck.save and (problem := directory_problem(ck.save)):
-        fix = "move it away, or use another RUN_NAME"
-        return [("error", "checkpoint_not_a_directory", f"checkpoint.save: {problem}: {fix}")]
+        msg = f"checkpoint.save: {problem}: move it away, or use another RUN_NAME"
+        return [Finding("error", "checkpoint_not_a_directory", msg)]
     out = []
     if opts.job_dir and ck.save and not Path(ck.save).resolve().is_relative_to(Path(opts.job_dir).resolve()):
+        msg = f"checkpoint.save={ck.save} is outside the profile's shared job_dir {opts.job_dir}"
         out.append(
-            (
-                "error",
-                "checkpoint_outside_job_dir",
-                f"checkpoint.save={ck.save} is outside the profile's "
-                f"shared job_dir {opts.job_dir}: it would be lost with the job; use RUN_NAME=<name>",
-            )
+            Finding("error", "checkpoint_outside_job_dir", f"{msg}: it would be lost with the job; use RUN_NAME=<name>")
         )
     if opts.segments > 1 and not (ck.save and ck.load == ck.save):
-        out.append(
-            (
-                "error",
-                "segments_without_checkpoints",
-                "SEGMENTS>1 needs checkpoint.save = checkpoint.load "
-                "(RUN_NAME sets both): a later segment would start from iteration 0",
-            )
-        )
+        msg = "SEGMENTS>1 needs checkpoint.save = checkpoint.load (RUN_NAME sets both): a later segment would start"
+        out.append(Finding("error", "segments_without_checkpoints", f"{msg} from iteration 0"))
     if (
         ck.save
         and ck.async_save
         and ck.async_strategy == "nvrx"
         and not importlib.util.find_spec("nvidia_resiliency_ext")
     ):
-        out.append(
-            (
-                "warning",
-                "async_save_needs_nvrx",
-                "checkpoint.async_save with async_strategy=nvrx needs "
-                "nvidia-resiliency-ext, not importable here (the NeMo container ships it; Bridge falls back to "
-                "mcore without it): SET checkpoint.async_strategy=mcore to be explicit",
-            )
+        msg = (
+            "checkpoint.async_save with async_strategy=nvrx needs nvidia-resiliency-ext, not importable here (the NeMo "
+            "container ships it; Bridge falls back to mcore without it): SET checkpoint.async_strategy=mcore to be "
+            "explicit"
         )
+        out.append(Finding("warning", "async_save_needs_nvrx", msg))
     if ck.save and not ck.save_interval:
-        out.append(
-            (
-                "warning",
-                "no_save_interval",
-                "checkpoint.save_interval is null: only the exit save; a crash "
-                "loses the whole segment (SET checkpoint.save_interval=<iterations>)",
-            )
-        )
+        msg = "checkpoint.save_interval is null: only the exit save; a crash loses the whole segment"
+        out.append(Finding("warning", "no_save_interval", f"{msg} (SET checkpoint.save_interval=<iterations>)"))
     return out
 
 

@@ -33,11 +33,12 @@ import warnings
 from functools import cache
 
 from overlapkit.bridge import stack, stackenv, te_stub
-from overlapkit.bridge.audit import OFF, ON, Row
+from overlapkit.bridge.audit import Row
 from overlapkit.bridge.overlap import Resolved, te_flag
 from overlapkit.errors import one_line
 from overlapkit.sizing import hardware
 from overlapkit.spec.findings import Finding
+from overlapkit.spec.overlap import OFF, ON
 from overlapkit.spec.topology import Target
 
 # The config field the stack's messages name for an audit row, where the row has another name.

@@ -27,30 +27,11 @@ def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
     return request.bind(req, profile.resolved(), registry.get(req.recipe).time_limit)
 
 
-def prepare(
-    recipe: str,
-    cluster,
-    *,
-    nodes=None,
-    sets="",
-    preflight_only=False,
-    checks="full",
-    caller_env=None,
-    check_partition=False,
-    run: runopts.RunOptions | None = None,
-) -> submit.Submission:
+def prepare(recipe: str, cluster, *, nodes=None, sets="", run=None, **kwargs) -> submit.Submission:
     """`submission` for a request made of loose values (the nightly, tests): `cluster` a profile name, path or
-    ClusterProfile; `run` the unbound run options (RUN_NAME, SEGMENTS, NSYS, DATA)."""
+    ClusterProfile; `run` the unbound run options (RUN_NAME, SEGMENTS, NSYS, DATA); the rest submission's keywords."""
     profile = cluster if isinstance(cluster, ClusterProfile) else load_profile(cluster)
-    req = bind(loose(recipe, nodes, sets, run), profile)
-    return submission(
-        req,
-        profile,
-        preflight_only=preflight_only,
-        checks=checks,
-        caller_env=caller_env,
-        check_partition=check_partition,
-    )
+    return submission(bind(loose(recipe, nodes, sets, run), profile), profile, **kwargs)
 
 
 def submission(
@@ -83,14 +64,12 @@ def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full",
 
 def plugins_for(plan: Plan) -> list:
     """Our env-var plugin, and Bridge's PreemptionPlugin where the run saves checkpoints (it appends its overrides to
-    the path-based script's arguments and sets --signal). NSYS needs no plugin: the run options carry the window
-    into the config (runopts.apply) and launch/entry.py runs each profiled rank under nsys itself, so the reports
-    and their SQLite exports land in <run dir>/nsys/ on every launch path (overlapkit/profile/profiled.py)."""
+    the script's arguments and sets --signal). NSYS needs none: launch/entry.py runs each profiled rank under nsys."""
     from megatron.bridge.recipes.run_plugins import PreemptionPlugin
 
     from overlapkit.bridge.plugin import EnvVarPlugin
 
-    out = [EnvVarPlugin.from_ledger(plan.ledger)]
+    out = [EnvVarPlugin(env=plan.ledger.values())]
     if plan.run.run_name:
         out.append(PreemptionPlugin(preempt_time=runopts.PREEMPT_S))
     return out

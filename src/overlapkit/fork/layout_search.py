@@ -31,10 +31,11 @@ from overlapkit.bridge import presets, stack
 from overlapkit.bridge.audit import audit, split_violations
 from overlapkit.bridge.build import model_inputs
 from overlapkit.bridge.moe import expert_split_violations
-from overlapkit.bridge.overlap import OverlapIntent, resolve
+from overlapkit.bridge.overlap import resolve
 from overlapkit.errors import BadInput
 from overlapkit.sizing import calibration, memory, throughput
 from overlapkit.sizing.memory import MemoryEstimate, Workload, first_stage_layers
+from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.shape import ModelShape, head_dim_problem
 from overlapkit.spec.topology import DEFAULT_GPU, GPUS_PER_NODE, Layout, Target
 

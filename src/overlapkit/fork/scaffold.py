@@ -21,11 +21,11 @@ from pathlib import Path
 from overlapkit import jsonio
 from overlapkit.bridge import inputs, presets, registry, stack
 from overlapkit.bridge.build import make_plan
-from overlapkit.bridge.overlap import OverlapIntent
 from overlapkit.errors import AuditFailed, BadInput
 from overlapkit.fork import layout_search
 from overlapkit.names import checked_name, inside
 from overlapkit.sizing import calibration, hardware, memory
+from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.request import Cluster
 from overlapkit.spec.shape import ModelShape, head_dim_follows
 from overlapkit.spec.topology import GPUS_PER_NODE

@@ -13,7 +13,7 @@ import pytest
 
 from overlapkit import paths
 from overlapkit.bridge import registry
-from overlapkit.bridge.overlap import OverlapIntent
+from overlapkit.spec.overlap import OverlapIntent
 
 GOOD = """
 from megatron.bridge.recipes.llama import llama3_8b_pretrain_config as base
@@ -35,7 +35,7 @@ def test_shipped_recipes_register_their_default_intent():
     names = registry.names()
     assert len(names) >= 10 and registry.load_errors() == []
     r = registry.get("llama3_70b_pretrain_64gpu_h100_bf16")
-    assert r.intent == OverlapIntent() and r.gpus == 64 and r.build.__module__ == "recipes.llama3_70b"
+    assert r.intent == OverlapIntent() and r.nodes * 8 == 64 and r.build.__module__ == "recipes.llama3_70b"
 
 
 def test_the_table_the_registry_reads_before_the_import_is_what_the_modules_register():

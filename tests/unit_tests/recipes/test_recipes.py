@@ -71,8 +71,8 @@ def test_the_eighteen_shipped_recipes_cover_the_eight_models_and_both_dtypes():
         # The name starts with the model label ("Llama3.1 405B" → llama31_405b), with the GPU count of its nodes.
         label = r.model.lower().replace(" ", "_").replace(".", "").replace("-", "_")
         assert n.startswith(label + "_pretrain_"), n
-        assert f"_{r.gpus}gpu_" in n, n
-        assert f"_{r.gpus}gpu_h100_" in n and r.source and r.time_limit.count(":") == 2
+        assert f"_{r.nodes * 8}gpu_" in n, n
+        assert f"_{r.nodes * 8}gpu_h100_" in n and r.source and r.time_limit.count(":") == 2
 
 
 # What the pinned stack itself warns when a shipped recipe starts (the plan shows each: bridge/startup.py), each with

@@ -290,7 +290,7 @@ def test_secrets_pass_by_name_and_their_values_are_never_recorded(tmp_path):
     assert led.secrets == ["WANDB_API_KEY", "HF_TOKEN"] and led.missing_secrets == ["HF_TOKEN"]
     assert "WANDB_API_KEY" not in led.values() and "HF_TOKEN" not in led.values()
     executor = run.SlurmExecutor(account="acct", tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
-    EnvVarPlugin.from_ledger(led).setup(run.Script(inline="echo hi"), executor)
+    EnvVarPlugin(env=led.values()).setup(run.Script(inline="echo hi"), executor)
     text = "\n".join(
         [json.dumps(led.to_dict()), json.dumps(led.values()), json.dumps(executor.env_vars), rendered(led)]
     )
@@ -345,7 +345,7 @@ def _noop(x: int = 1) -> int:
 
 def test_plugin_merges_into_slurm_executor_without_mutating_shared_dicts(tmp_path):
     led = build_ledger(plan(B70), caller_env={})
-    plugin = EnvVarPlugin.from_ledger(led)
+    plugin = EnvVarPlugin(env=led.values())
     before = dict(plugin.env)
     shared = {"FOO": "bar", PINNED: "8"}
     executor = run.SlurmExecutor(account="acct", env_vars=shared, tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
@@ -359,7 +359,7 @@ def test_plugin_merges_into_slurm_executor_without_mutating_shared_dicts(tmp_pat
 
 def test_plugin_merges_into_local_executor_with_a_partial_task():
     led = build_ledger(plan(F8), profile(env={"NCCL_SOCKET_IFNAME": "lo"}), caller_env={})
-    plugin = EnvVarPlugin.from_ledger(led)
+    plugin = EnvVarPlugin(env=led.values())
     executor = run.LocalExecutor(ntasks_per_node=8)
     task = run.Partial(_noop, x=2)
     plugin.setup(task, executor)
@@ -517,7 +517,7 @@ def test_cuda_max_connections_has_one_home_that_every_reader_follows(monkeypatch
     rep = audit_rows(plan(B70), led)
     assert rep.rows[0].detail == "7 (TP=4, CP=2)" and not [f for f in rep.findings if f.code == "cuda_max_connections"]
     executor = run.SlurmExecutor(account="acct", tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
-    EnvVarPlugin.from_ledger(led).setup(run.Script(inline="echo hi"), executor)
+    EnvVarPlugin(env=led.values()).setup(run.Script(inline="echo hi"), executor)
     assert executor.env_vars[PINNED] == "7"
 
 

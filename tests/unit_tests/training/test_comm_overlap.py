@@ -17,7 +17,8 @@ from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scali
 
 from overlapkit.bridge import presets
 from overlapkit.bridge.audit import audit
-from overlapkit.bridge.overlap import OverlapIntent, apply_overlap_stack, resolve, te_flag
+from overlapkit.bridge.overlap import apply_overlap_stack, resolve, te_flag
+from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.topology import LayoutError, Target
 
 BF16_70B = "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"
