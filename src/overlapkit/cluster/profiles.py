@@ -18,15 +18,7 @@ from overlapkit.errors import BadInput
 from overlapkit.names import checked_name
 from overlapkit.paths import REPO_ROOT, repo_relative
 from overlapkit.spec import model
-from overlapkit.spec.profile import (  # noqa: F401 (the profile's names, where its readers look for them)
-    DEFAULT_CONTAINER,
-    DEFAULT_JOB_DIR,
-    DEFAULT_SRUN_ARGS,
-    MESSAGES,
-    PROFILER_CHOICES,
-    ClusterProfile,
-    ProfileError,
-)
+from overlapkit.spec.profile import MESSAGES, ClusterProfile, ProfileError
 from overlapkit.spec.runopts import directory_problem
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"

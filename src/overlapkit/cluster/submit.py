@@ -30,9 +30,10 @@ from pathlib import Path
 from overlapkit import jsonio, makewatch, paths
 from overlapkit.cluster import chain, preflight, resume, runlock, slurm
 from overlapkit.cluster.chain import MARKER, checked_marker
-from overlapkit.cluster.profiles import ClusterProfile, placeholder_problem
+from overlapkit.cluster.profiles import placeholder_problem
 from overlapkit.errors import AuditFailed, BadInput, ClusterFailure
 from overlapkit.spec import runopts
+from overlapkit.spec.profile import ClusterProfile
 from overlapkit.spec.request import PlanRequest
 from overlapkit.spec.topology import GPUS_PER_NODE
 

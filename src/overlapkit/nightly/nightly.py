@@ -19,7 +19,6 @@ from pathlib import Path
 
 from overlapkit import jsonio, paths
 from overlapkit.cluster import joblog, slurm, submit
-from overlapkit.cluster.profiles import PROFILER_CHOICES
 from overlapkit.errors import BadInput
 from overlapkit.nightly import junit, logparse, night_report
 from overlapkit.nightly import rules as regress
@@ -27,6 +26,7 @@ from overlapkit.nightly.exposed import profile_window, profiled_ranks
 from overlapkit.nightly.rules import NIGHTLY_ITERS, NIGHTLY_SEED
 from overlapkit.sizing import hardware
 from overlapkit.spec import planfile, runopts
+from overlapkit.spec.profile import PROFILER_CHOICES
 from overlapkit.spec.topology import GPUS_PER_NODE
 
 # DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
