@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from launch.args import Parser, add_run_options, request_of, switch
-from overlapkit import jsonio, paths
+from overlapkit import jsonio, makewatch, paths
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile, placeholder_problem
 from overlapkit.errors import BadInput, one_line
@@ -96,15 +96,11 @@ def do_run_dir_action(args) -> int:
         print(jsonio.dumps(said), end="") if args.format == "json" else print(f"{run_dir.name}: {said['said']}")
         return 1 if info.get("state") in ("failed", "submitting") else 0
     info = submit.load_submission(run_dir)  # logs and cancel need a job: one line saying why there is none
-    if args.action == "status":
-        record = chain.status(run_dir, info)
-        if args.format == "json":
-            print(jsonio.dumps({**record, "state": info.get("state")}), end="")
-            return 0
-        print(f"{run_dir.name}:")  # one line per job (segment), then the checkpoints
-        print("\n".join(f"  {chain.job_line(job, len(record['jobs']))}" for job in record["jobs"]))
-        if record["checkpoints"]:
-            print(f"  {chain.checkpoint_line(record['checkpoints'])}")
+    if args.action == "status" and args.format == "json":
+        print(jsonio.dumps({**chain.status(run_dir, info), "state": info.get("state")}), end="")
+    elif args.action == "status":  # one line per job (segment), then the checkpoints
+        print(f"{run_dir.name}:")
+        print("\n".join(f"  {line}" for line in chain.status_lines(run_dir, info)))
     elif args.action == "logs":
         show_logs(info)
     elif len(chain.job_ids(info)) > 1:
@@ -119,7 +115,7 @@ def do_run_dir_action(args) -> int:
 def show_logs(info: dict) -> None:
     """Every log of the job, as written, each read through the guarded reader (a FIFO or a device among them never
     hangs it); one that cannot be read is said in its place, the others still shown, then one error line."""
-    logs, problems = submit.log_files(info), []
+    logs, problems = chain.log_files(info), []
     for f in logs:
         print(f"==> {f} <==", flush=True)
         try:
@@ -152,10 +148,8 @@ def checked(args):
         from overlapkit.bridge import registry
 
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
-        if bad := slurm.request_problems(profile, nodes, profile.time_limit):
-            raise BadInput(f"{bad[0]}; nothing submitted")
-        if missing := submit.secrets_problem(profile):
-            raise BadInput(f"{missing}; nothing submitted")
+        if why := submit.unready(profile, nodes, profile.time_limit):
+            raise BadInput(f"{why}; nothing submitted")
     if args.action == "sbatch" or (args.action == "submit" and not args.dryrun):
         # a live run on the checkpoint directory, before the import too (submit asks again under the lock); a
         # script for sbatch would start a second training on it just the same
@@ -200,6 +194,6 @@ def run(args) -> int:
             return 1
         submission.run_local(plan, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
         return 0
-    except submit.Interrupted as exc:
+    except makewatch.Interrupted as exc:
         print(f"error: {exc}; the run directory (if any) says what became of the submission", file=sys.stderr)
         return 128 + exc.signum

@@ -99,11 +99,6 @@ def partition_info(partition: str) -> dict | None:
     }
 
 
-def partition_nodes(partition: str) -> int | None:
-    """Nodes in `partition` (sinfo), or None when Slurm does not answer or has no such partition."""
-    return (partition_info(partition) or {}).get("nodes") or None
-
-
 def request_problems(profile, nodes: int, time_limit: str | None) -> list[str]:
     """Why the partition can never run this request (nodes, GPUs per node, time limit), one line each."""
     part, info = profile.partition, partition_info(profile.partition)
@@ -217,14 +212,6 @@ def queued(name: str) -> list[dict] | None:
     for line in out.stdout.splitlines():
         parts = line.split("|", len(_QUEUED_FIELDS) - 1)
         if len(parts) == len(_QUEUED_FIELDS):
-            job_id, state, begin, reason, comment = (p.strip() for p in parts)
-            jobs.append(
-                {
-                    "job_id": job_id,
-                    "state": state,
-                    "begin": begin,
-                    "reason": reason,
-                    "comment": comment.removesuffix("|").strip(),
-                }
-            )
+            job = dict(zip(("job_id", "state", "begin", "reason", "comment"), map(str.strip, parts), strict=True))
+            jobs.append(job | {"comment": job["comment"].removesuffix("|").strip()})
     return jobs

@@ -44,9 +44,6 @@ class SubmitError(BadInput):
     """One-line, user-facing: the request cannot be submitted as it stands (exit 2)."""
 
 
-Interrupted = makewatch.Interrupted  # what a signal (or make's death) raises here
-
-
 _SIGNALS = {"critical": False, "pending": None}
 
 
@@ -54,11 +51,11 @@ def _on_signal(signum, _frame):
     if _SIGNALS["critical"]:  # sbatch is in flight: finish recording its job id first
         _SIGNALS["pending"] = signum
         return
-    raise Interrupted(signum)
+    raise makewatch.Interrupted(signum)
 
 
 def install_signal_handlers(parent_var: str = makewatch.MAKE_PID) -> None:
-    """SIGINT/SIGTERM/SIGHUP raise Interrupted (never mid-sbatch); make's death, its pid in `parent_var`, is a
+    """SIGINT/SIGTERM/SIGHUP raise makewatch.Interrupted (never mid-sbatch); make's death, its pid in `parent_var`, is a
     SIGTERM (overlapkit.makewatch)."""
     makewatch.on_signals(_on_signal, parent_var=parent_var)
 
@@ -72,7 +69,7 @@ def _critical():
         _SIGNALS["critical"] = False
     if (sig := _SIGNALS["pending"]) is not None:
         _SIGNALS["pending"] = None
-        raise Interrupted(sig)
+        raise makewatch.Interrupted(sig)
 
 
 def mark(run_dir: Path, state: str, /, **info) -> dict:
@@ -170,15 +167,18 @@ def refuse_unready(plan, profile: ClusterProfile, caller_env=None, preflight_onl
     """What a real submission refuses before anything is queued (SubmitError, one line): a request the partition can
     never run, a secret not exported, software the job cannot start; and the notes of the resume guard on its
     checkpoint."""
-    limit = profile.time_limit or plan.recipe.time_limit
-    if bad := slurm.request_problems(profile, plan.target.nodes, limit):
-        raise SubmitError(f"{bad[0]}; nothing submitted")
-    if missing := secrets_problem(profile, caller_env):
-        raise SubmitError(f"{missing}; nothing submitted")
+    if why := unready(profile, plan.target.nodes, profile.time_limit or plan.recipe.time_limit, caller_env):
+        raise SubmitError(f"{why}; nothing submitted")
     if not preflight_only and (why := software_problem(profile)):
         raise SubmitError(f"{why}; nothing submitted")
     for line in resume_lines(plan):  # what the job's resume guard would stop on, said before anything is queued
         print(line, file=sys.stderr)
+
+
+def unready(profile: ClusterProfile, nodes: int, limit: str | None, caller_env=None) -> str | None:
+    """The first of: why the partition can never run the request, a secret this shell does not export."""
+    bad = slurm.request_problems(profile, nodes, limit)
+    return bad[0] if bad else secrets_problem(profile, caller_env)
 
 
 IMPORTS_TIMEOUT_S = 900  # a cold Bridge import in another Python: 30 s idle, minutes on a loaded login node
@@ -418,6 +418,11 @@ def shipped_commit() -> tuple[str, list[str]]:
     return sha, [line[3:] for line in dirty.stdout.splitlines()]
 
 
+def _job_ids(exp) -> list[str | None]:
+    """Each job's Slurm id, the digits ending its nemo_run handle (None: it has none)."""
+    return [m[1] if (m := re.search(r"(\d+)$", getattr(job, "handle", "") or "")) else None for job in exp.jobs]
+
+
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
     sole = _sole_live_run(sub.plan.run, sub.run_dir)
@@ -427,9 +432,7 @@ def submit(sub: Submission) -> dict:
             try:
                 exp.run(detach=True)
             except Exception as exc:  # a chain is all or nothing: half a chain would train without its continuation
-                queued = [
-                    m.group(1) for job in exp.jobs if (m := re.search(r"(\d+)$", getattr(job, "handle", "") or ""))
-                ]
+                queued = [job_id for job_id in _job_ids(exp) if job_id]
                 for job_id in queued:  # the segments already queued when sbatch refused a later one
                     with contextlib.suppress(RuntimeError):
                         slurm.cancel(job_id)
@@ -437,12 +440,10 @@ def submit(sub: Submission) -> dict:
                     f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already queued; "
                     f"nemo_run's output: {sub.run_dir / NEMO_RUN_LOG}"
                 ) from exc
-            exp_dir, ids = exp._exp_dir, []
-            for job in exp.jobs:  # one per segment, in order
-                m = re.search(r"(\d+)$", job.handle or "")
-                if not m:
-                    raise ClusterFailure(f"nemo_run returned no Slurm job id (handle {job.handle!r}); see {exp_dir}")
-                ids.append(m.group(1))
+            exp_dir, ids = exp._exp_dir, _job_ids(exp)  # one per segment, in order
+            if None in ids:
+                handle = exp.jobs[ids.index(None)].handle
+                raise ClusterFailure(f"nemo_run returned no Slurm job id (handle {handle!r}); see {exp_dir}")
             info = {
                 "job_id": ids[0],
                 "job_ids": ids,
@@ -531,7 +532,3 @@ def _mtime(path: Path) -> float:
         return path.lstat().st_mtime
     except FileNotFoundError:
         return 0.0
-
-
-# The job's logs: cluster/chain.py (status reads them too); here for the commands that read them from a submission.
-log_files = chain.log_files

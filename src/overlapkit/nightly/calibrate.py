@@ -114,11 +114,11 @@ def job_logs(run_dir: Path) -> list[Path]:
     """The job's logs: nemo_run's (submission.json names the experiment), a plain-sbatch job's (the log it recorded
     when it started: cluster/submit.py claim), and any *.log beside plan.json. A submission record that is not the
     project's, or names a directory that is not nemo_run's: BadInput (this run's line)."""
-    from overlapkit.cluster import chain, submit
+    from overlapkit.cluster import chain
 
     info = jsonio.read_json(run_dir / chain.MARKER, role=chain.ROLE, fix=RECORD_FIX, missing_ok=True)
     info = chain.checked_marker(run_dir, info) if info else {}  # each path field text, or its one line
-    logs = submit.log_files(info) if info.get("experiment_dir") or info.get("log") else []
+    logs = chain.log_files(info) if info.get("experiment_dir") or info.get("log") else []
     return logs + sorted(run_dir.glob("*.log"))
 
 
