@@ -40,8 +40,7 @@ def do_submit(args, out, req, profile) -> int:
     from overlapkit.bridge.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
-    real = args.action == "submit" and not args.dryrun
-    bound = submission.bind(req, profile)
+    real, bound = args.action == "submit" and not args.dryrun, submission.bind(req, profile)
     dry = args.action == "submit" and not real
     sub = submission.submission(
         bound, profile, preflight_only=preflight_only, checks=checks, check_partition=real, dry=dry
@@ -113,8 +112,8 @@ def do_run_dir_action(args) -> int:
 
 
 def show_logs(info: dict) -> None:
-    """Every log of the job, as written, each read through the guarded reader (a FIFO or a device among them never
-    hangs it); one that cannot be read is said in its place, the others still shown, then one error line."""
+    """Every log of the job, as written, through the guarded reader; one that cannot be read is said in its place,
+    the others still shown, then one error line."""
     logs, problems = chain.log_files(info), []
     for f in logs:
         print(f"==> {f} <==", flush=True)
@@ -134,9 +133,8 @@ def show_logs(info: dict) -> None:
 
 
 def checked(args):
-    """Everything about a submit/sbatch/run-local request that needs no Bridge (under a second, not a minute): NODES,
-    the recipe's name, SET, the run options, PREFLIGHT, the profile and what its partition can never run. Returns
-    (the request, not yet bound; the profile, None for run-local)."""
+    """Everything about a submit/sbatch/run-local request that needs no Bridge (a second, not a minute); returns (the
+    request, not yet bound; the profile, None for run-local)."""
     req = request_of(args, action=args.action)
     if args.action != "submit" and req.run.segments > 1:
         raise BadInput(f"SEGMENTS={req.run.segments} is for make submit (a chain of Slurm jobs)")
@@ -160,9 +158,8 @@ def checked(args):
 
 
 def check(args) -> bool:
-    """status/logs/cancel need no Bridge (answered at once, by run); submit, sbatch and run-local are checked here
-    (`checked`) and need it. run-local is never served: it starts torchrun on this node, which a server's worker
-    must not parent."""
+    """status/logs/cancel need no Bridge; submit, sbatch and run-local are checked here and need it. run-local is never
+    served: a server's worker must not parent its torchrun."""
     if args.action in ("status", "logs", "cancel"):
         return False
     args.request, args.profile = checked(args)

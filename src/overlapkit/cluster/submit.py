@@ -188,10 +188,8 @@ def software_problem(profile: ClusterProfile) -> str | None:
             file=sys.stderr,
         )
         return None
-    if Path(found).absolute().parent.parent == Path(sys.prefix).absolute():  # a venv's bin/python: this one
-        problem = preflight.training_import_problem()
-    else:
-        problem = _imports_in(found)
+    here = Path(found).absolute().parent.parent == Path(sys.prefix).absolute()  # a venv's bin/python: this one
+    problem = preflight.training_import_problem() if here else _imports_in(found)
     return f"the job's Python ({python}) cannot start training: {problem}: {SOFTWARE_FIX}" if problem else None
 
 
