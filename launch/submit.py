@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -50,10 +51,8 @@ def do_submit(args, out, req, profile) -> int:
         if args.action == "sbatch":
             path = sbatch.write(sub)
             # what make submit records at once, a job of this script adds when it starts (submit.claim)
-            where = {"cluster": sub.profile.name, "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only}
-            submit.mark(
-                sub.run_dir, "sbatch-script", script=str(path), checkpoint_dir=sub.plan.run.checkpoint_dir, **where
-            )
+            ck = sub.plan.run.checkpoint_dir
+            submit.mark(sub.run_dir, "sbatch-script", script=str(path), checkpoint_dir=ck, **sub.where())
             print(f"sbatch script: {path}")
             return 0
         if not real:
@@ -119,8 +118,7 @@ def show_logs(info: dict) -> None:
         print(f"==> {f} <==", flush=True)
         try:
             with jsonio.open_text(f) as text:
-                for piece in iter(lambda text=text: text.read(1 << 20), ""):
-                    sys.stdout.write(piece)
+                shutil.copyfileobj(text, sys.stdout, 1 << 20)
         except (jsonio.Unreadable, FileNotFoundError) as exc:
             problems.append(str(exc) if isinstance(exc, jsonio.Unreadable) else f"{f}: no longer there")
             print(f"(not shown: {one_line(problems[-1])})")

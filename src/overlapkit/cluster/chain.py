@@ -80,8 +80,6 @@ def status(run_dir: Path, info: dict) -> dict:
 def preflight_of(path: Path) -> dict | None:
     """A job's preflight.json as status shows it (ok, ranks, the first re-audit error); None before the job wrote
     it; {"ok": None, "problem": ...} for one that cannot be read."""
-    if not path.exists() and not path.is_symlink():
-        return None
     try:
         pre = jsonio.read_json(path, role="the job's preflight verdict that rank 0 writes", missing_ok=True)
     except jsonio.FileProblem as exc:

@@ -54,10 +54,6 @@ class State:
     missing: dict[int, tuple[str, ...]] = field(default_factory=dict)  # iteration → files it lacks (none: complete)
     problem: str | None = None  # why nothing here can be resumed (the directory, or its tracker, is not usable)
 
-    @property
-    def complete(self) -> list[int]:
-        return sorted(i for i, lack in self.missing.items() if not lack)
-
     def lacks(self, iteration: int) -> tuple[str, ...]:
         return self.missing.get(iteration, (f"iter_{iteration:07d}",))
 
@@ -65,7 +61,7 @@ class State:
         """`iteration` if complete, else the last complete one before it."""
         if not self.lacks(iteration):
             return iteration
-        return max((i for i in self.complete if i < iteration), default=None)
+        return max((i for i, lack in self.missing.items() if not lack and i < iteration), default=None)
 
 
 def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
@@ -180,15 +176,10 @@ def layouts(directory: str | None) -> list[dict]:
     return entries
 
 
-def layout_at(directory: str | None, iteration: int) -> dict | None:
-    """The layout iteration `iteration` was saved with: that of the last run recorded as starting before it."""
-    before = [e for e in layouts(directory) if e.get("from_iteration", 0) < iteration]
-    return before[-1].get("layout") if before else None
-
-
 def layout_problem(directory: str | None, iteration: int, layout: dict, run: dict) -> str | None:
     """Why resuming `iteration` under `layout` is refused (one line naming the fix), or None."""
-    saved = layout_at(directory, iteration)
+    before = [e for e in layouts(directory) if e.get("from_iteration", 0) < iteration]  # the runs started before it
+    saved = before[-1].get("layout") if before else None  # the last one's, which saved it
     # Opted in: the run loads only the checkpoint's weights, which Core's torch_dist reshards to any layout: no
     # optimizer or LR-scheduler state (checkpoint.load_optim=false: Bridge's checkpointing.py loads neither then), or
     # it starts over at iteration 0 from them (checkpoint.finetune=true: no optimizer, no RNG, iteration 0).

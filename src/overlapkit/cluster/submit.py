@@ -64,10 +64,9 @@ def _critical():
         raise makewatch.Interrupted(sig)
 
 
-def mark(run_dir: Path, state: str, /, **info) -> dict:
-    record = {"state": state, "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **info}
-    jsonio.write_json(run_dir / MARKER, record)
-    return record
+def mark(run_dir: Path, state: str, /, **info) -> None:
+    at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    jsonio.write_json(run_dir / MARKER, {"state": state, "at": at, **info})
 
 
 @contextlib.contextmanager
@@ -101,6 +100,10 @@ class Submission:
     preflight_only: bool = False  # recorded in submission.json: make bless refuses such a run
     checks: str = "full"
     plugins: object = list  # () -> nemo_run's run plugins of a task, made on the Bridge side (bridge/submission.py)
+
+    def where(self) -> dict:
+        """Where the run is, as its submission.json says (a job of it, or a script for sbatch)."""
+        return {"cluster": self.profile.name, "run_dir": str(self.run_dir), "preflight_only": self.preflight_only}
 
 
 def python_for(profile: ClusterProfile) -> str:
@@ -327,13 +330,13 @@ def _nemo_run_log(run_dir: Path):
     saved = [os.dup(1), os.dup(2)]
     try:
         with open(fd, "w", closefd=False, buffering=1) as log:
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
+            for out in (1, 2):
+                os.dup2(fd, out)
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 yield
     finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
+        for out, f in zip((1, 2), saved, strict=True):
+            os.dup2(f, out)
         for f in (*saved, fd):
             os.close(f)
 
@@ -404,15 +407,8 @@ def submit(sub: Submission) -> dict:
             if None in ids:
                 handle = exp.jobs[ids.index(None)].handle
                 raise ClusterFailure(f"nemo_run returned no Slurm job id (handle {handle!r}); see {exp_dir}")
-            info = {
-                "job_id": ids[0],
-                "job_ids": ids,
-                "experiment_dir": str(exp_dir),
-                "cluster": sub.profile.name,
-                "run_dir": str(sub.run_dir),
-                "preflight_only": sub.preflight_only,
-                "checkpoint_dir": sub.plan.run.checkpoint_dir,
-            }
+            info = {"job_id": ids[0], "job_ids": ids, "experiment_dir": str(exp_dir), **sub.where()}
+            info["checkpoint_dir"] = sub.plan.run.checkpoint_dir
             mark(sub.run_dir, "submitted", **info)
             record_jobs(ids)
     return info
