@@ -305,36 +305,26 @@ def slurm_executor(sub: Submission):
     )
 
 
-@contextlib.contextmanager
-def _no_stdin():
-    """nemo_run's LocalTunnel runs git/sbatch through invoke, which mirrors stdin; a submission never needs input."""
-    saved = sys.stdin
-    with open(os.devnull) as devnull:
-        sys.stdin = devnull
-        try:
-            yield
-        finally:
-            sys.stdin = saved
-
-
 NEMO_RUN_LOG = "nemo_run.log"  # nemo_run's banners, tables and its tools' output, kept in the run directory
 
 
 @contextlib.contextmanager
 def _nemo_run_log(run_dir: Path):
     """nemo_run's console, logging and tools (git, sbatch) write into <run dir>/nemo_run.log, at the file descriptors
-    too, so a nightly's hundreds of banner lines stay off the console."""
+    too, so a nightly's hundreds of banner lines stay off the console; and read no stdin (its LocalTunnel runs them
+    through invoke, which mirrors stdin, and a submission never needs input)."""
     fd = jsonio.open_lock(run_dir / NEMO_RUN_LOG, 0o644, append=True)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    saved = [os.dup(1), os.dup(2)]
+    saved, stdin = [os.dup(1), os.dup(2)], sys.stdin
     try:
-        with open(fd, "w", closefd=False, buffering=1) as log:
+        with open(fd, "w", closefd=False, buffering=1) as log, open(os.devnull) as sys.stdin:
             for out in (1, 2):
                 os.dup2(fd, out)
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 yield
     finally:
+        sys.stdin = stdin
         for out, f in zip((1, 2), saved, strict=True):
             os.dup2(f, out)
         for f in (*saved, fd):
@@ -347,7 +337,7 @@ def _experiment(sub: Submission):
     segment that hit its time limit or was preempted hands over to the next, which resumes from the checkpoint)."""
     import nemo_run as run
 
-    with _nemo_run_log(sub.run_dir), _no_stdin():
+    with _nemo_run_log(sub.run_dir):
         with run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR") as exp:
             prev, n = None, sub.plan.run.segments
             for seg in range(1, n + 1):
