@@ -143,11 +143,8 @@ def checkpoint_line(ck: dict) -> str:
 
 def cancel(info: dict) -> list[str]:
     """Cancel every job of the chain that has not ended; one line per job saying what became of it."""
-    out = []
-    for job in job_ids(info):
-        ended = slurm.cancel(job)
-        out.append(f"job {job}: already {ended}: nothing to cancel" if ended else f"job {job}: cancelled")
-    return out
+    ended = [(job, slurm.cancel(job)) for job in job_ids(info)]
+    return [f"job {job}: already {was}: nothing to cancel" if was else f"job {job}: cancelled" for job, was in ended]
 
 
 def cancel_after(run_dir: Path, segment: int) -> list[str]:

@@ -379,8 +379,7 @@ def _job_ids(exp) -> list[str | None]:
 
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
-    sole = _sole_live_run(sub.plan.run, sub.run_dir)
-    with transaction(sub), sole as record_jobs, _experiment(sub) as exp:
+    with transaction(sub), _sole_live_run(sub.plan.run, sub.run_dir) as record_jobs, _experiment(sub) as exp:
         with _critical():  # a signal now waits until the job id is on disk
             try:
                 exp.run(detach=True)
