@@ -136,9 +136,8 @@ def checkpoint_line(ck: dict) -> str:
         back = ck["fallback"]
         then = f"a resume falls back to {back}" if back is not None else "no complete iteration before it"
         last += f" (incomplete: missing {', '.join(ck['missing'])}; {then})"
-    return f"checkpoints: {ck['dir']}; last checkpointed {last}" + (
-        "" if ck["tracker"] or step is None else " (tracker missing)"
-    )
+    last += "" if ck["tracker"] or step is None else " (tracker missing)"
+    return f"checkpoints: {ck['dir']}; last checkpointed {last}"
 
 
 def cancel(info: dict) -> list[str]:

@@ -19,14 +19,12 @@ from overlapkit.spec.topology import env_int
 def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.environ) -> dict:
     """Cheap checks every rank runs; returns this rank's record (secrets: present or not, never their values)."""
     lay = plan["layout"]
-    failures, notes = [], []
-    seen = {name: environ.get(name) for name in ledger}
-    for name, want in ledger.items():
-        if environ.get(name) != want:
-            failures.append(f"{name}={environ.get(name)!r} but the ledger says {want!r}")
-    for name in secrets:
-        if not environ.get(name):
-            failures.append(f"secret {name} is not in the job environment: export it in the submitting shell")
+    notes, seen = [], {name: environ.get(name) for name in ledger}
+    failures = [
+        f"{name}={seen[name]!r} but the ledger says {want!r}" for name, want in ledger.items() if seen[name] != want
+    ]
+    unset = [name for name in secrets if not environ.get(name)]
+    failures += [f"secret {name} is not in the job environment: export it in the submitting shell" for name in unset]
     if "torch" in sys.modules:  # nothing imported torch before the env check: CUDA cannot have been initialised
         failures.append("torch was imported before the preflight: the ledger's launch-time variables may be too late")
     rank = env_int("SLURM_PROCID", "RANK", environ=environ)
