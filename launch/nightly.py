@@ -20,8 +20,9 @@ from pathlib import Path
 from launch import plan_server, stack_diff
 from launch.args import Parser, add_gpu_option, positive_int, switch
 from overlapkit.bridge import stackenv
-from overlapkit.cluster.submit import Interrupted, install_signal_handlers, preflight_mode
+from overlapkit.cluster.submit import install_signal_handlers, preflight_mode
 from overlapkit.errors import BadInput
+from overlapkit.makewatch import Interrupted
 from overlapkit.nightly import chain_status, nightly, schedule
 from overlapkit.nightly import rules as regress
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from launch.args import Parser, add_run_options, request_of, switch
-from overlapkit import jsonio, paths
+from overlapkit import jsonio, makewatch, paths
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile, placeholder_problem
 from overlapkit.errors import BadInput, one_line
@@ -40,8 +41,7 @@ def do_submit(args, out, req, profile) -> int:
     from overlapkit.bridge.report import render_plan
 
     preflight_only, checks = submit.preflight_mode(args.preflight)
-    real = args.action == "submit" and not args.dryrun
-    bound = submission.bind(req, profile)
+    real, bound = args.action == "submit" and not args.dryrun, submission.bind(req, profile)
     dry = args.action == "submit" and not real
     sub = submission.submission(
         bound, profile, preflight_only=preflight_only, checks=checks, check_partition=real, dry=dry
@@ -51,10 +51,8 @@ def do_submit(args, out, req, profile) -> int:
         if args.action == "sbatch":
             path = sbatch.write(sub)
             # what make submit records at once, a job of this script adds when it starts (submit.claim)
-            where = {"cluster": sub.profile.name, "run_dir": str(sub.run_dir), "preflight_only": sub.preflight_only}
-            submit.mark(
-                sub.run_dir, "sbatch-script", script=str(path), checkpoint_dir=sub.plan.run.checkpoint_dir, **where
-            )
+            ck = sub.plan.run.checkpoint_dir
+            submit.mark(sub.run_dir, "sbatch-script", script=str(path), checkpoint_dir=ck, **sub.where())
             print(f"sbatch script: {path}")
             return 0
         if not real:
@@ -96,15 +94,11 @@ def do_run_dir_action(args) -> int:
         print(jsonio.dumps(said), end="") if args.format == "json" else print(f"{run_dir.name}: {said['said']}")
         return 1 if info.get("state") in ("failed", "submitting") else 0
     info = submit.load_submission(run_dir)  # logs and cancel need a job: one line saying why there is none
-    if args.action == "status":
-        record = chain.status(run_dir, info)
-        if args.format == "json":
-            print(jsonio.dumps({**record, "state": info.get("state")}), end="")
-            return 0
-        print(f"{run_dir.name}:")  # one line per job (segment), then the checkpoints
-        print("\n".join(f"  {chain.job_line(job, len(record['jobs']))}" for job in record["jobs"]))
-        if record["checkpoints"]:
-            print(f"  {chain.checkpoint_line(record['checkpoints'])}")
+    if args.action == "status" and args.format == "json":
+        print(jsonio.dumps({**chain.status(run_dir, info), "state": info.get("state")}), end="")
+    elif args.action == "status":  # one line per job (segment), then the checkpoints
+        print(f"{run_dir.name}:")
+        print("\n".join(f"  {line}" for line in chain.status_lines(run_dir, info)))
     elif args.action == "logs":
         show_logs(info)
     elif len(chain.job_ids(info)) > 1:
@@ -117,15 +111,14 @@ def do_run_dir_action(args) -> int:
 
 
 def show_logs(info: dict) -> None:
-    """Every log of the job, as written, each read through the guarded reader (a FIFO or a device among them never
-    hangs it); one that cannot be read is said in its place, the others still shown, then one error line."""
-    logs, problems = submit.log_files(info), []
+    """Every log of the job, as written, through the guarded reader; one that cannot be read is said in its place,
+    the others still shown, then one error line."""
+    logs, problems = chain.log_files(info), []
     for f in logs:
         print(f"==> {f} <==", flush=True)
         try:
             with jsonio.open_text(f) as text:
-                for piece in iter(lambda text=text: text.read(1 << 20), ""):
-                    sys.stdout.write(piece)
+                shutil.copyfileobj(text, sys.stdout, 1 << 20)
         except (jsonio.Unreadable, FileNotFoundError) as exc:
             problems.append(str(exc) if isinstance(exc, jsonio.Unreadable) else f"{f}: no longer there")
             print(f"(not shown: {one_line(problems[-1])})")
@@ -138,9 +131,8 @@ def show_logs(info: dict) -> None:
 
 
 def checked(args):
-    """Everything about a submit/sbatch/run-local request that needs no Bridge (under a second, not a minute): NODES,
-    the recipe's name, SET, the run options, PREFLIGHT, the profile and what its partition can never run. Returns
-    (the request, not yet bound; the profile, None for run-local)."""
+    """Everything about a submit/sbatch/run-local request that needs no Bridge (a second, not a minute); returns (the
+    request, not yet bound; the profile, None for run-local)."""
     req = request_of(args, action=args.action)
     if args.action != "submit" and req.run.segments > 1:
         raise BadInput(f"SEGMENTS={req.run.segments} is for make submit (a chain of Slurm jobs)")
@@ -152,10 +144,8 @@ def checked(args):
         from overlapkit.bridge import registry
 
         nodes = req.nodes or (registry.declared_nodes() or {}).get(req.recipe) or 1  # the recipe's, from its file
-        if bad := slurm.request_problems(profile, nodes, profile.time_limit):
-            raise BadInput(f"{bad[0]}; nothing submitted")
-        if missing := submit.secrets_problem(profile):
-            raise BadInput(f"{missing}; nothing submitted")
+        if why := submit.unready(profile, nodes, profile.time_limit):
+            raise BadInput(f"{why}; nothing submitted")
     if args.action == "sbatch" or (args.action == "submit" and not args.dryrun):
         # a live run on the checkpoint directory, before the import too (submit asks again under the lock); a
         # script for sbatch would start a second training on it just the same
@@ -166,9 +156,8 @@ def checked(args):
 
 
 def check(args) -> bool:
-    """status/logs/cancel need no Bridge (answered at once, by run); submit, sbatch and run-local are checked here
-    (`checked`) and need it. run-local is never served: it starts torchrun on this node, which a server's worker
-    must not parent."""
+    """status/logs/cancel need no Bridge; submit, sbatch and run-local are checked here and need it. run-local is never
+    served: a server's worker must not parent its torchrun."""
     if args.action in ("status", "logs", "cancel"):
         return False
     args.request, args.profile = checked(args)
@@ -200,6 +189,6 @@ def run(args) -> int:
             return 1
         submission.run_local(plan, preflight_only=preflight_only, checks=checks, dryrun=bool(args.dryrun))
         return 0
-    except submit.Interrupted as exc:
+    except makewatch.Interrupted as exc:
         print(f"error: {exc}; the run directory (if any) says what became of the submission", file=sys.stderr)
         return 128 + exc.signum

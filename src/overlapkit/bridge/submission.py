@@ -16,8 +16,9 @@ from overlapkit.bridge import registry, stack
 from overlapkit.bridge.build import Plan, plan_for, prediction_inputs, write_run_dir
 from overlapkit.bridge.request import from_record, loose
 from overlapkit.cluster import submit
-from overlapkit.cluster.profiles import ClusterProfile, load_profile
+from overlapkit.cluster.profiles import load_profile
 from overlapkit.spec import request, runopts
+from overlapkit.spec.profile import ClusterProfile
 from overlapkit.spec.request import PlanRequest
 
 

@@ -1,7 +1,6 @@
-"""A submitted run's jobs, one per segment (SEGMENTS=N: afterany chain): their states, their logs and the first error
-line of one that failed, the last checkpointed iteration, and cancelling what has not ended. `make status|logs|cancel`
-read a run directory through here, and a segment that finds training over cancels the segments after it (they would
-only start to exit)."""
+"""A submitted run's jobs, one per segment (an afterany chain): their states, logs and first error line, the last
+checkpointed iteration, and cancelling what has not ended (make status|logs|cancel; a segment that finds training
+over cancels the segments after it)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ ROLE = "the run's submission record that make submit writes"
 
 
 def checked_marker(run_dir: Path, info: dict) -> dict:
-    """A run's submission record checked by its model (spec/submission.py), or one line naming the file, the field
-    and the fix."""
+    """A run's submission record checked by its model (spec/submission.py), or one line naming the field and the fix."""
     try:
         submission.Submission.model_validate(info)
     except ValidationError as exc:
@@ -31,14 +29,13 @@ def checked_marker(run_dir: Path, info: dict) -> dict:
 
 
 def job_ids(info: dict) -> list[str]:
-    """Every job of a submission, in segment order (a run submitted before chains has one), each a checked id."""
+    """Every job of a submission, in segment order, each a checked id."""
     return [slurm.checked_id(j, f"{MARKER}'s job id") for j in list(info.get("job_ids") or [info.get("job_id")])]
 
 
 def log_files(info: dict) -> list[Path]:
-    """The job's logs in nemo_run's experiment directory (its _CONFIG file marks one); a BadInput when the record
-    names none, or a directory that is gone or is not nemo_run's (the record was edited, or the directory deleted);
-    none yet (a pending job) is an empty list."""
+    """The job's logs in nemo_run's experiment directory; BadInput when the record names none, or one that is gone or
+    not nemo_run's (no _CONFIG); none yet (a pending job): []."""
     where = info.get("experiment_dir")
     fix = "the job's logs are in the experiment directory nemo_run made at submission; if it was removed they are gone"
     if not where and info.get("log"):  # a plain-sbatch job (claim): the script's --output
@@ -55,8 +52,7 @@ def log_files(info: dict) -> list[Path]:
 
 
 def why_failed(info: dict, job: str) -> tuple[str | None, list[str]]:
-    """(job `job`'s first error line with its file, or a line saying why there is none), and what could not be
-    read on the way, one line each."""
+    """(job `job`'s first error line with its file, or None), and one line for each thing not read (or why none)."""
     try:
         logs = joblog.of_job(log_files(info), job)
     except BadInput as exc:
@@ -68,8 +64,8 @@ def why_failed(info: dict, job: str) -> tuple[str | None, list[str]]:
 
 
 def status(run_dir: Path, info: dict) -> dict:
-    """The run's state: each job (segment, Slurm's state, its preflight, and for a job that failed its first error
-    line, or why there is none), then its checkpoints (checkpoints). `make status FORMAT=json` prints it."""
+    """The run's state (`make status FORMAT=json`): each job's segment, Slurm state, preflight and, for a job that
+    failed, its first error line; then its checkpoints."""
     ids, jobs = job_ids(info), []
     for i, job in enumerate(ids, 1):
         state = slurm.job_state(job)
@@ -83,9 +79,7 @@ def status(run_dir: Path, info: dict) -> dict:
 
 def preflight_of(path: Path) -> dict | None:
     """A job's preflight.json as status shows it (ok, ranks, the first re-audit error); None before the job wrote
-    it; {"ok": None, "problem": ...} for one that cannot be read (planted, half-written, edited)."""
-    if not path.exists() and not path.is_symlink():
-        return None
+    it; {"ok": None, "problem": ...} for one that cannot be read."""
     try:
         pre = jsonio.read_json(path, role="the job's preflight verdict that rank 0 writes", missing_ok=True)
     except jsonio.FileProblem as exc:
@@ -112,8 +106,7 @@ def checkpoints(run_dir: Path, info: dict) -> dict | None:
 
 
 def status_lines(run_dir: Path, info: dict) -> list[str]:
-    """One line per segment (job, Slurm state, preflight, first error), then the checkpoint: directory and last
-    saved iteration."""
+    """One line per segment (job_line), then the checkpoints' (checkpoint_line)."""
     record = status(run_dir, info)
     out = [job_line(job, len(record["jobs"])) for job in record["jobs"]]
     return out + ([checkpoint_line(record["checkpoints"])] if record["checkpoints"] else [])
@@ -143,18 +136,14 @@ def checkpoint_line(ck: dict) -> str:
         back = ck["fallback"]
         then = f"a resume falls back to {back}" if back is not None else "no complete iteration before it"
         last += f" (incomplete: missing {', '.join(ck['missing'])}; {then})"
-    return f"checkpoints: {ck['dir']}; last checkpointed {last}" + (
-        "" if ck["tracker"] or step is None else " (tracker missing)"
-    )
+    last += "" if ck["tracker"] or step is None else " (tracker missing)"
+    return f"checkpoints: {ck['dir']}; last checkpointed {last}"
 
 
 def cancel(info: dict) -> list[str]:
     """Cancel every job of the chain that has not ended; one line per job saying what became of it."""
-    out = []
-    for job in job_ids(info):
-        ended = slurm.cancel(job)
-        out.append(f"job {job}: already {ended}: nothing to cancel" if ended else f"job {job}: cancelled")
-    return out
+    ended = [(job, slurm.cancel(job)) for job in job_ids(info)]
+    return [f"job {job}: already {was}: nothing to cancel" if was else f"job {job}: cancelled" for job, was in ended]
 
 
 def cancel_after(run_dir: Path, segment: int) -> list[str]:

@@ -1,7 +1,6 @@
 """A job's own logs: which of a run's log files are one job's, and the first line in them that says why the job
-failed, for `make status` and the nightly report. The files are read through jsonio's guarded reader (a FIFO or a
-device planted among them is skipped with its reason, a file past the log ceiling too), a line at a time, and the
-line found comes back as one printable line (control characters escaped)."""
+failed (make status, the nightly report), read a line at a time through jsonio's guarded reader (a FIFO, a device
+or a file past the log ceiling is skipped with its reason) and shown as one printable line."""
 
 from __future__ import annotations
 
@@ -45,17 +44,14 @@ def readable(logs: list[Path]) -> tuple[list[Path], list[str]]:
         try:
             jsonio.open_regular(path, jsonio.LOG_LIMIT).close()
             ok.append(Path(path))
-        except jsonio.Unreadable as exc:
-            skipped.append(one_line(str(exc)))
-        except FileNotFoundError:
-            skipped.append(one_line(f"{path}: no longer there"))
+        except (jsonio.Unreadable, FileNotFoundError) as exc:
+            skipped.append(one_line(str(exc) if isinstance(exc, jsonio.Unreadable) else f"{path}: no longer there"))
     return ok, skipped
 
 
 def first_error(logs: list[Path]) -> tuple[str | None, list[str]]:
-    """(the first line of `logs`, in order, that says why the job failed, with the file it is in; or None), and one
-    line for each file that could not be read (what is wrong with it). Slurm's own error lines count only where no
-    file has a cause."""
+    """(the first line of `logs` that says why the job failed, with its file, else Slurm's first error line, else
+    None), and one line for each file that could not be read."""
     slurm_line, skipped = None, []
     for path in logs:
         try:

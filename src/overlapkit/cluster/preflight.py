@@ -1,7 +1,6 @@
-"""The in-job preflight of launch/entry.py: each rank's cheap checks of its environment against the ledger and the
-plan, rank 0's re-audit of the recipe rebuilt in the job, and the waits that gather every rank's record and hand all
-ranks rank 0's verdict. Standard library only: it runs before anything may import torch, since the launch-time variables
-(bridge/env.py's ledger) must be in the environment before CUDA initialises."""
+"""The in-job preflight of launch/entry.py: each rank's checks of its environment against the ledger and the plan,
+rank 0's re-audit of the recipe rebuilt in the job, and the waits that hand all ranks rank 0's verdict. Standard
+library only: it runs before torch, since the ledger's launch-time variables must be set before CUDA initialises."""
 
 from __future__ import annotations
 
@@ -20,20 +19,16 @@ from overlapkit.spec.topology import env_int
 def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.environ) -> dict:
     """Cheap checks every rank runs; returns this rank's record (secrets: present or not, never their values)."""
     lay = plan["layout"]
-    failures, notes = [], []
-    seen = {name: environ.get(name) for name in ledger}
-    for name, want in ledger.items():
-        if environ.get(name) != want:
-            failures.append(f"{name}={environ.get(name)!r} but the ledger says {want!r}")
-    for name in secrets:
-        if not environ.get(name):
-            failures.append(f"secret {name} is not in the job environment: export it in the submitting shell")
+    notes, seen = [], {name: environ.get(name) for name in ledger}
+    failures = [
+        f"{name}={seen[name]!r} but the ledger says {want!r}" for name, want in ledger.items() if seen[name] != want
+    ]
+    unset = [name for name in secrets if not environ.get(name)]
+    failures += [f"secret {name} is not in the job environment: export it in the submitting shell" for name in unset]
     if "torch" in sys.modules:  # nothing imported torch before the env check: CUDA cannot have been initialised
         failures.append("torch was imported before the preflight: the ledger's launch-time variables may be too late")
-    rank, world = (
-        env_int("SLURM_PROCID", "RANK", environ=environ),
-        env_int("SLURM_NTASKS", "WORLD_SIZE", environ=environ),
-    )
+    rank = env_int("SLURM_PROCID", "RANK", environ=environ)
+    world = env_int("SLURM_NTASKS", "WORLD_SIZE", environ=environ)
     local = env_int("SLURM_LOCALID", "LOCAL_RANK", environ=environ)
     nnodes = env_int("SLURM_NNODES", "NNODES", environ=environ)
     if world != lay["gpus"]:
@@ -128,8 +123,8 @@ def training_entry():
 
 
 def training_import_problem() -> str | None:
-    """Why this Python cannot import what a rank trains with (the first module it stops on, and the module missing),
-    else None. Imports them (Bridge must be imported first, as the job does: stack.import_bridge)."""
+    """Why this Python cannot import what a rank trains with (the module it stops on, and why), else None. Bridge must
+    be imported first, as in the job (stack.import_bridge)."""
     try:
         training_entry()
     except Exception as exc:  # a module missing, or one whose import fails (a mismatched version): either stops it

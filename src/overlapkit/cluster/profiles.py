@@ -1,7 +1,5 @@
-"""Cluster profiles: where a recipe runs, one TOML file per cluster in `slurm/profiles/<name>.toml`, loaded into a
-frozen `ClusterProfile` (spec/profile.py: the model, whose validation is the profile's). Every error is one line that
-names the fix.
-"""
+"""Cluster profiles: one TOML file per cluster in `slurm/profiles/<name>.toml`, loaded into a frozen ClusterProfile
+(spec/profile.py, whose validation is the profile's); every error is one line naming the fix."""
 
 from __future__ import annotations
 
@@ -18,15 +16,7 @@ from overlapkit.errors import BadInput
 from overlapkit.names import checked_name
 from overlapkit.paths import REPO_ROOT, repo_relative
 from overlapkit.spec import model
-from overlapkit.spec.profile import (  # noqa: F401 (the profile's names, where its readers look for them)
-    DEFAULT_CONTAINER,
-    DEFAULT_JOB_DIR,
-    DEFAULT_SRUN_ARGS,
-    MESSAGES,
-    PROFILER_CHOICES,
-    ClusterProfile,
-    ProfileError,
-)
+from overlapkit.spec.profile import MESSAGES, ClusterProfile, ProfileError
 from overlapkit.spec.runopts import directory_problem
 
 PROFILES_DIR = REPO_ROOT / "slurm" / "profiles"
@@ -78,8 +68,7 @@ def parse_profile(data: dict, *, name: str, path: Path | None = None) -> Cluster
 
 
 def with_job_dir(profile: ClusterProfile, job_dir: str | None, where: str = "JOB_DIR") -> ClusterProfile:
-    """`profile` with its job directory `job_dir` (None: its own), which must be a directory or not exist yet: runs,
-    checkpoints and logs all go under it."""
+    """`profile` with its job directory `job_dir` (None: its own), a directory or not yet made: runs go under it."""
     out = dataclasses.replace(profile, job_dir=job_dir) if job_dir else profile
     if problem := directory_problem(str(out.job_path)):
         raise ProfileError(f"{where}: job_dir: {problem}: give job_dir a directory on the shared filesystem")

@@ -1,14 +1,11 @@
 """What a run resumes from: the checkpoint directory's tracker, which iterations in it are complete, and the layout
-each was saved with. No torch (the standard library and pydantic): launch/entry.py asks before anything imports torch.
+each was saved with. No torch: launch/entry.py asks before anything imports it.
 
-- The tracker (Bridge's latest_train_state.pt; the Megatron-LM latest_checkpointed_iteration.txt it also writes,
-  which holds the iteration as text) names the iteration Bridge loads. One whose directory is incomplete (a partial
-  write after a kill, files lost) is never resumed silently: the run falls back to the last complete iteration
-  before it, said in one line and realised with `checkpoint.ckpt_step` (Bridge loads that iteration instead of the
-  tracker's: training/checkpointing.py, _resolve_checkpoint_iteration), or stops with the reason when there is none.
-- The layout (nodes, parallel sizes, global batch, sequence) each run trained with is recorded beside the
-  checkpoints when it starts (LAYOUTS, from the plan), with the iteration it started from. A resume under another
-  layout is refused unless the run says it loads only the weights (see `layout_problem`).
+- The tracker names the iteration Bridge loads. An incomplete one (a write cut short, files lost) is never resumed
+  silently: the run falls back to the last complete iteration before it, said in one line and realised with
+  `checkpoint.ckpt_step` (Bridge's checkpointing.py, _resolve_checkpoint_iteration), or stops when there is none.
+- The layout each run trained with is recorded beside the checkpoints when it starts (LAYOUTS), with the iteration
+  it started from; a resume under another layout is refused unless it loads only the weights (`layout_problem`).
 """
 
 from __future__ import annotations
@@ -57,10 +54,6 @@ class State:
     missing: dict[int, tuple[str, ...]] = field(default_factory=dict)  # iteration → files it lacks (none: complete)
     problem: str | None = None  # why nothing here can be resumed (the directory, or its tracker, is not usable)
 
-    @property
-    def complete(self) -> list[int]:
-        return sorted(i for i, lack in self.missing.items() if not lack)
-
     def lacks(self, iteration: int) -> tuple[str, ...]:
         return self.missing.get(iteration, (f"iter_{iteration:07d}",))
 
@@ -68,7 +61,7 @@ class State:
         """`iteration` if complete, else the last complete one before it."""
         if not self.lacks(iteration):
             return iteration
-        return max((i for i in self.complete if i < iteration), default=None)
+        return max((i for i, lack in self.missing.items() if not lack and i < iteration), default=None)
 
 
 def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
@@ -110,9 +103,8 @@ class Verdict:
 
 
 def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> Verdict:
-    """`run` is the plan's run summary (bridge/runopts.py: summary), `layout` the plan's layout. A later segment must
-    resume (no tracker: exit 1, never a silent start from iteration 0); a tracker naming an incomplete iteration
-    falls back or stops; a finished run exits 0; a changed layout stops unless opted in."""
+    """`run`: the plan's run summary, `layout` its layout. A later segment must resume (never a silent start from
+    iteration 0); an incomplete iteration falls back or stops; a finished run exits 0; a changed layout stops."""
     d, asked = run.get("checkpoint_dir"), run.get("ckpt_step")
     st = state(d, run.get("ckpt_format") or "torch_dist")
     want = asked if asked is not None else st.named
@@ -142,13 +134,9 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
         return Verdict(1, [(f"error: {where}: {stop}", True)])
     v = Verdict(ckpt_step=at if at != want else None, resume=at)
     if at != want:
-        v.lines.append(
-            (
-                f"warning: {where}: iteration {want} in {d} is incomplete (missing {', '.join(st.lacks(want))}): "
-                f"resuming from iteration {at}, the last complete one (checkpoint.ckpt_step={at})",
-                False,
-            )
-        )
+        why = f"iteration {want} in {d} is incomplete (missing {', '.join(st.lacks(want))})"
+        then = f"resuming from iteration {at}, the last complete one (checkpoint.ckpt_step={at})"
+        v.lines.append((f"warning: {where}: {why}: {then}", False))
     for it in sorted(i for i in st.missing if i > at and st.missing[i]):
         lack = ", ".join(st.missing[it])
         v.lines.append((f"note: {where}: iter_{it:07d} is a save cut short (missing {lack}): not resumed", False))
@@ -173,8 +161,7 @@ LAYOUTS_ROLE = "the layouts each run trained with, which the job records beside 
 
 
 def layouts(directory: str | None) -> list[dict]:
-    """The layout record beside the checkpoints (none yet: []); each entry {from_iteration: a whole number,
-    layout: an object}, or a FileProblem naming the file, the entry and the fix."""
+    """The layout record beside the checkpoints (none yet: []), each entry checked, or a FileProblem naming it."""
     if not directory:
         return []
     path = Path(directory) / LAYOUTS
@@ -189,15 +176,10 @@ def layouts(directory: str | None) -> list[dict]:
     return entries
 
 
-def layout_at(directory: str | None, iteration: int) -> dict | None:
-    """The layout iteration `iteration` was saved with: that of the last run recorded as starting before it."""
-    before = [e for e in layouts(directory) if e.get("from_iteration", 0) < iteration]
-    return before[-1].get("layout") if before else None
-
-
 def layout_problem(directory: str | None, iteration: int, layout: dict, run: dict) -> str | None:
     """Why resuming `iteration` under `layout` is refused (one line naming the fix), or None."""
-    saved = layout_at(directory, iteration)
+    before = [e for e in layouts(directory) if e.get("from_iteration", 0) < iteration]  # the runs started before it
+    saved = before[-1].get("layout") if before else None  # the last one's, which saved it
     # Opted in: the run loads only the checkpoint's weights, which Core's torch_dist reshards to any layout: no
     # optimizer or LR-scheduler state (checkpoint.load_optim=false: Bridge's checkpointing.py loads neither then), or
     # it starts over at iteration 0 from them (checkpoint.finetune=true: no optimizer, no RNG, iteration 0).

@@ -2,18 +2,14 @@
 never by a second run while the first is queued or running (two trainings saving into one directory overwrite
 each other's iterations and tracker, and the next segment resumes from whichever wrote last).
 
-A submission holds the directory's lock file across "is a run live? → sbatch → record the job ids", so two
-submitters typed at once are serialised: the second finds the first's jobs recorded and live, and is refused.
-"Live" is Slurm's word (squeue: any recorded job not in a terminal state), so nothing stale on disk decides it.
+A submission holds the directory's lock file across "is a run live? → sbatch → record the job ids", so of two
+submitters typed at once the second finds the first's jobs recorded and live (squeue's word), and is refused.
 
-The lock is a file created with O_CREAT|O_EXCL, holding its holder's host, pid and time, not flock/fcntl: the job
-directory is on the cluster's shared filesystem, where flock is emulated by fcntl byte-range locks on NFS (flock(2):
-"Since Linux 2.6.12, NFS clients support flock() locks by emulating them as fcntl(2) byte-range locks") and needs a
-working lockd, and on Lustre is coherent across clients only when mounted with `-o flock` (mount.lustre(8);
-`localflock` gives node-local locks, and neither is the default). O_EXCL creation is atomic on NFSv3 and later
-(open(2), "O_EXCL") and on Lustre (a metadata server operation). A lock whose holder died (kill -9, a lost node) is
-stale: its pid is gone (same host), or it is older than STALE_S (another host, where the pid cannot be asked); a
-stale lock is removed under a second O_EXCL lock, so two submitters that both find it stale cannot both take it.
+The lock is a file created with O_CREAT|O_EXCL (atomic on NFSv3+ and Lustre: open(2)), not flock/fcntl: on the
+shared filesystem flock is fcntl byte-range locks needing lockd on NFS (flock(2)), and is coherent across Lustre
+clients only when mounted `-o flock` (mount.lustre(8)). A lock whose holder died is stale: its pid is gone (same
+host), or it is older than STALE_S (another host); it is removed under a second O_EXCL lock, so two submitters that
+both find it stale cannot both take it.
 """
 
 from __future__ import annotations
@@ -68,8 +64,7 @@ def _age(path: Path) -> float:
 
 
 def stale(path: Path, holder: dict | None, stale_s: float = STALE_S) -> bool:
-    """Is the lock at `path` (its content `holder`; None while its creator is still writing it) left by a dead
-    submitter? Same host: its pid is gone. Another host, or no readable holder: older than `stale_s`."""
+    """Is the lock at `path` (its content `holder`; None while its creator writes it) left by a dead submitter?"""
     pid = holder.get("pid") if holder else None
     if holder and holder.get("host") == socket.gethostname() and isinstance(pid, int) and not isinstance(pid, bool):
         return not makewatch.alive(pid)  # a pid of another type ("abc", "²"): not ours to ask; age decides
@@ -78,8 +73,8 @@ def stale(path: Path, holder: dict | None, stale_s: float = STALE_S) -> bool:
 
 @contextlib.contextmanager
 def held(directory: Path, wait_s: float = WAIT_S, poll: float = 0.5):
-    """The checkpoint directory's lock, for the block (created with the directory); waits `wait_s` for a live
-    holder, takes over a stale one, and is released only if it is still ours."""
+    """The checkpoint directory's lock for the block: waits `wait_s` for a live holder, takes over a stale one, and is
+    released only if it is still ours."""
     directory.mkdir(parents=True, exist_ok=True)
     path, me = directory / LOCK, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}
     me["token"] = uuid.uuid4().hex
@@ -89,14 +84,12 @@ def held(directory: Path, wait_s: float = WAIT_S, poll: float = 0.5):
         holder = jsonio.read_json(path)
         if stale(path, holder):  # removed if it still holds `holder`, under the breaker's lock (the module docstring)
             if breaker.exists() and _age(breaker) > BREAK_STALE_S:
-                with contextlib.suppress(FileNotFoundError):
-                    breaker.unlink()
+                breaker.unlink(missing_ok=True)
             if not _create(breaker, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}):
                 continue
             try:
                 if jsonio.read_json(path) == holder:
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
+                    path.unlink(missing_ok=True)
             finally:
                 breaker.unlink()
             continue
@@ -129,9 +122,8 @@ def record(directory: Path, run_dir: Path, job_ids: list[str]) -> None:
 
 
 def live_problem(directory: Path, run_name: str, besides=()) -> str | None:
-    """Why a new run may not start on `directory` now (one line naming the fix), or None. Slurm decides what is
-    live; when it does not answer, nothing can be decided and that is the answer. `besides`: the asking job's own id
-    (a plain-sbatch job that Slurm requeued is recorded and live, and is not a second run)."""
+    """Why a new run may not start on `directory` now (one line naming the fix), or None; Slurm not answering is an
+    answer. `besides`: the asking job's own id (a requeued plain-sbatch job is recorded and live, not a second run)."""
     subs = [s for s in submissions(directory) if isinstance(s, dict) and isinstance(s.get("job_ids", []), list)]
     ids = [job for sub in subs for job in sub.get("job_ids", []) if job not in besides]
     try:

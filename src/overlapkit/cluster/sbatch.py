@@ -10,9 +10,10 @@ from string import Template
 
 from overlapkit import jsonio, paths
 from overlapkit.cluster import slurm
-from overlapkit.cluster.submit import TASKS_PER_NODE, Submission
+from overlapkit.cluster.submit import Submission
 from overlapkit.spec import runopts
 from overlapkit.spec.runopts import PREEMPT_S
+from overlapkit.spec.topology import GPUS_PER_NODE
 
 TEMPLATE = paths.REPO_ROOT / "slurm" / "templates" / "pretrain.sbatch"
 
@@ -43,7 +44,7 @@ def render(sub: Submission) -> str:
         account=p.account,
         partition=p.partition,
         nodes=plan.target.nodes,
-        tasks_per_node=TASKS_PER_NODE,
+        tasks_per_node=GPUS_PER_NODE,
         gpus_per_node=p.gpus_per_node,
         time=p.time_limit or plan.recipe.time_limit,
         exclusive="#SBATCH --exclusive" if p.exclusive else "# (shared nodes: exclusive = false in the profile)",

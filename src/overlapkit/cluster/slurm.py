@@ -17,18 +17,16 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPT
 
 
 def checked_id(value, where: str = "a job id") -> str:
-    """`value` as a job id to hand to Slurm's tools; BadInput (one line naming `where`) for anything else."""
+    """`value` as a job id to hand to Slurm's tools, else BadInput naming `where`."""
     if problem := job_id_problem(value, where):
         raise BadInput(f"{problem}: nothing is handed to Slurm; fix or remove the record")
     return value
 
 
-# What sbatch hands a job from the submitting shell (sbatch --export): PATH, so the script and its steps find the
-# cluster's tools as the submitter does, and the profile's secrets, by name; nothing else. With --export=ALL every
-# variable of the submitting shell, tokens included, was stored in slurmctld's job state. Without ALL the job gets
-# the named variables, SLURM_*, and the user's login environment on the node (sbatch sets SLURM_GET_USER_ENV; sbatch
-# (1), --export); and sbatch sets SLURM_EXPORT_ENV to the same list, which srun reads as its own --export, so a
-# script whose ranks need its own exports sets SLURM_EXPORT_ENV=ALL before srun (STEP_EXPORT).
+# What sbatch hands a job from the submitting shell (--export): PATH and the profile's secrets, by name; with ALL
+# every variable of the shell, tokens included, was stored in slurmctld's job state. The job also gets SLURM_* and
+# the user's login environment (sbatch(1), --export); sbatch sets SLURM_EXPORT_ENV to the same list, which srun reads
+# as its own --export, so a script whose ranks need its own exports sets SLURM_EXPORT_ENV=ALL (STEP_EXPORT).
 PASSED = ("PATH",)
 STEP_EXPORT = {"SLURM_EXPORT_ENV": "ALL"}
 
@@ -56,9 +54,8 @@ def job_state(job_id: str) -> str:
 
 
 def live_jobs(job_ids: list[str]) -> list[tuple[str, str]] | None:
-    """(job id, state) of each of `job_ids` Slurm has not ended, in the order of `job_ids`, or None
-    when squeue does not answer. A job squeue no longer knows has ended: squeue refuses a list made only of such
-    ids ("Invalid job id specified"), which is an answer too."""
+    """(job id, state) of each of `job_ids` Slurm has not ended, in their order; None when squeue does not answer. A
+    job squeue no longer knows has ended, and its "Invalid job id" for a list of only such ids is an answer too."""
     if not job_ids:
         return []
     out = _run(["squeue", "-h", "-j", ",".join(map(checked_id, job_ids)), "-o", "%i|%T"])
@@ -82,8 +79,8 @@ def wait_for(job_id: str, timeout: float = 900, poll: float = 2) -> str:
 
 
 def partition_info(partition: str) -> dict | None:
-    """{"nodes", "gpus_per_node", "time_limit_min"} of `partition` ({} when it does not exist), or None when Slurm
-    does not answer. A partition listed on several lines (node states) sums its nodes."""
+    """{"nodes", "gpus_per_node", "time_limit_min"} of `partition` ({}: none such; None: Slurm does not answer); the
+    nodes of all its lines (node states) summed."""
     out = _run(["sinfo", "-h", "-p", partition, "-o", "%D|%G|%l"], timeout=20)
     if out is None or out.returncode != 0:
         return None
@@ -97,11 +94,6 @@ def partition_info(partition: str) -> dict | None:
         "gpus_per_node": max(gpus, default=0),
         "time_limit_min": None if None in limits else max(limits),
     }
-
-
-def partition_nodes(partition: str) -> int | None:
-    """Nodes in `partition` (sinfo), or None when Slurm does not answer or has no such partition."""
-    return (partition_info(partition) or {}).get("nodes") or None
 
 
 def request_problems(profile, nodes: int, time_limit: str | None) -> list[str]:
@@ -152,40 +144,22 @@ def sbatch_wrap(
     comment: str | None = None,
     secrets=(),
 ) -> str:
-    """Submit `cmd` as a one-task CPU job (`sbatch --wrap`), after every job in `after` ends (afterany), held until
-    `begin` (any `sbatch --begin` time) when given; `comment` is shown by squeue (queued() reads it back). It gets
-    PATH and `secrets` from this environment (export_list): a job that submits others passes their secrets on."""
-    argv = [
-        "sbatch",
-        "--parsable",
-        f"--export={export_list(secrets)}",
-        f"--account={account}",
-        f"--partition={partition}",
-        "--nodes=1",
-        "--ntasks=1",
-        f"--time={time_limit}",
-        f"--job-name={name}",
-        f"--output={output}",
-        "--wrap",
-        cmd,
-    ]
-    if after:
-        argv.insert(2, f"--dependency=afterany:{':'.join(map(checked_id, after))}")
-    if begin:
-        argv.insert(2, f"--begin={begin}")
-    if comment:
-        argv.insert(2, f"--comment={comment}")
-    out = _run(argv)
+    """Submit `cmd` as a one-task CPU job (`sbatch --wrap`) after every job in `after` ends (afterany), held until
+    `begin` (any `sbatch --begin` time); `comment` is what queued() reads back. It gets PATH and `secrets` from this
+    environment: a job that submits others passes their secrets on."""
+    held = {"comment": comment, "begin": begin, "dependency": after and f"afterany:{':'.join(map(checked_id, after))}"}
+    argv = ["sbatch", "--parsable", *(f"--{k}={v}" for k, v in held.items() if v), f"--export={export_list(secrets)}"]
+    argv += [f"--account={account}", f"--partition={partition}", "--nodes=1", "--ntasks=1", f"--time={time_limit}"]
+    out = _run([*argv, f"--job-name={name}", f"--output={output}", "--wrap", cmd])
     if out is None or out.returncode != 0:
         raise ClusterFailure(f"sbatch for {name} failed: {out.stderr.strip() if out else 'sbatch did not answer'}")
     return out.stdout.strip().split(";")[0]
 
 
 def begin_time(at: str, *, account: str, partition: str, time_limit: str) -> str:
-    """When a job held with `--begin=<at>` would start, as sbatch itself reads `at` (`sbatch --test-only`: nothing is
-    queued; sbatch(1), --begin, takes Slurm's whole time grammar): ISO time, as squeue prints it; the begin itself
-    where the partition is free, later where it is busy (the scheduler's estimate). BadInput with sbatch's own words
-    when it refuses `at`; ClusterFailure when it refuses the job or does not answer."""
+    """When a job held with `--begin=<at>` would start, as sbatch itself reads `at` (`sbatch --test-only`, Slurm's
+    whole time grammar; nothing queued): ISO time, later than `at` where the partition is busy. BadInput with
+    sbatch's own words when it refuses `at`; ClusterFailure when it refuses the job or does not answer."""
     argv = ["sbatch", "--test-only", f"--begin={at}", f"--account={account}", f"--partition={partition}"]
     out = _run([*argv, "--nodes=1", "--ntasks=1", f"--time={time_limit}", "--wrap", "true"])
     if out is None:
@@ -217,14 +191,6 @@ def queued(name: str) -> list[dict] | None:
     for line in out.stdout.splitlines():
         parts = line.split("|", len(_QUEUED_FIELDS) - 1)
         if len(parts) == len(_QUEUED_FIELDS):
-            job_id, state, begin, reason, comment = (p.strip() for p in parts)
-            jobs.append(
-                {
-                    "job_id": job_id,
-                    "state": state,
-                    "begin": begin,
-                    "reason": reason,
-                    "comment": comment.removesuffix("|").strip(),
-                }
-            )
+            job = dict(zip(("job_id", "state", "begin", "reason", "comment"), map(str.strip, parts), strict=True))
+            jobs.append(job | {"comment": job["comment"].removesuffix("|").strip()})
     return jobs

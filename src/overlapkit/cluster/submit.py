@@ -1,15 +1,10 @@
-"""Submission: a planned, audited recipe → a run directory → nemo_run's SlurmExecutor (or the plain-sbatch path). The
-plan, its run directory and run plugins come from the Bridge side (bridge/submission.py); here they are records.
+"""Submission: a planned, audited recipe (a record from bridge/submission.py) → its run directory → nemo_run's
+SlurmExecutor, or the plain-sbatch path. nemo_run (10 s to import) is imported only where a job is built.
 
-nemo_run (about 10 s to import here) is imported only where a job is built, so `make status|logs|cancel` never pay
-for it.
-
-The run directory (`<profile job_dir>/runs/<recipe>-<time>/`) is on the cluster's shared filesystem and holds
-plan.json, config.yaml, ledger.json, then the job's preflight results. Its submission.json says what became of it,
-from the moment it exists: `submitting` (with the submitting pid and host) → `submitted` (job id, experiment) or
-`failed` (why), or `dryrun`. SIGINT/SIGTERM/SIGHUP during a submission mark it failed; while sbatch is in flight
-they wait for its job id, so a queued job is never left unrecorded. A `submitting` run whose process is gone is an
-orphan, and `make status` says so.
+A run directory's submission.json says what became of it from the moment it exists: `submitting` (pid, host) →
+`submitted` (job ids, experiment) or `failed` (why), or `dryrun`. A signal during a submission marks it failed, but
+waits while sbatch is in flight, so a queued job is never left unrecorded; a `submitting` run whose process is gone
+is an orphan, and `make status` says so.
 """
 
 from __future__ import annotations
@@ -30,20 +25,16 @@ from pathlib import Path
 from overlapkit import jsonio, makewatch, paths
 from overlapkit.cluster import chain, preflight, resume, runlock, slurm
 from overlapkit.cluster.chain import MARKER, checked_marker
-from overlapkit.cluster.profiles import ClusterProfile, placeholder_problem
+from overlapkit.cluster.profiles import placeholder_problem
 from overlapkit.errors import AuditFailed, BadInput, ClusterFailure
 from overlapkit.spec import runopts
+from overlapkit.spec.profile import ClusterProfile
 from overlapkit.spec.request import PlanRequest
 from overlapkit.spec.topology import GPUS_PER_NODE
-
-TASKS_PER_NODE = GPUS_PER_NODE  # one rank per H100
 
 
 class SubmitError(BadInput):
     """One-line, user-facing: the request cannot be submitted as it stands (exit 2)."""
-
-
-Interrupted = makewatch.Interrupted  # what a signal (or make's death) raises here
 
 
 _SIGNALS = {"critical": False, "pending": None}
@@ -53,12 +44,11 @@ def _on_signal(signum, _frame):
     if _SIGNALS["critical"]:  # sbatch is in flight: finish recording its job id first
         _SIGNALS["pending"] = signum
         return
-    raise Interrupted(signum)
+    raise makewatch.Interrupted(signum)
 
 
 def install_signal_handlers(parent_var: str = makewatch.MAKE_PID) -> None:
-    """SIGINT/SIGTERM/SIGHUP raise Interrupted (never mid-sbatch); make's death, its pid in `parent_var`, is a
-    SIGTERM (overlapkit.makewatch)."""
+    """SIGINT/SIGTERM/SIGHUP raise makewatch.Interrupted (never mid-sbatch); so does make's death (`parent_var`)."""
     makewatch.on_signals(_on_signal, parent_var=parent_var)
 
 
@@ -71,13 +61,12 @@ def _critical():
         _SIGNALS["critical"] = False
     if (sig := _SIGNALS["pending"]) is not None:
         _SIGNALS["pending"] = None
-        raise Interrupted(sig)
+        raise makewatch.Interrupted(sig)
 
 
-def mark(run_dir: Path, state: str, /, **info) -> dict:
-    record = {"state": state, "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **info}
-    jsonio.write_json(run_dir / MARKER, record)
-    return record
+def mark(run_dir: Path, state: str, /, **info) -> None:
+    at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    jsonio.write_json(run_dir / MARKER, {"state": state, "at": at, **info})
 
 
 @contextlib.contextmanager
@@ -95,8 +84,7 @@ def transaction(sub):
 
 
 def read_marker(run_dir: Path, strict: bool = False, keys=("state",)) -> dict:
-    """The run's submission.json; {} when there is none to read, or with `strict` (a RUN= the user gave) one line
-    saying what is wrong with it (`keys`: what it must hold; a record from before `state` holds a job id only)."""
+    """The run's submission.json ({} if unreadable); `strict`: checked, or one line saying what is wrong with it."""
     if not strict:
         return jsonio.read_json(run_dir / MARKER) or {}
     fix = "give RUN=<a run directory under <job_dir>/runs> (none: the latest run)"
@@ -113,6 +101,10 @@ class Submission:
     checks: str = "full"
     plugins: object = list  # () -> nemo_run's run plugins of a task, made on the Bridge side (bridge/submission.py)
 
+    def where(self) -> dict:
+        """Where the run is, as its submission.json says (a job of it, or a script for sbatch)."""
+        return {"cluster": self.profile.name, "run_dir": str(self.run_dir), "preflight_only": self.preflight_only}
+
 
 def python_for(profile: ClusterProfile) -> str:
     return profile.python.replace("{repo}", str(paths.REPO_ROOT))
@@ -122,8 +114,7 @@ ENTRY = "launch/entry.py"  # a path-based script: Bridge's run plugins append th
 
 
 def entry_args(plan, run_dir: Path, preflight_only: bool, checks: str, segment: int = 1) -> list[str]:
-    """launch/entry.py's arguments for one rank of `segment`; the overrides themselves are in the run directory's
-    overrides.json (bridge/build.py), so no value is split by a shell on the way."""
+    """launch/entry.py's arguments for one rank of `segment` (the overrides are in the run's overrides.json)."""
     args = ["--recipe", plan.recipe.name, "--run-dir", str(run_dir), "--nodes", str(plan.target.nodes)]
     args += ["--checks", checks, "--segment", str(segment), "--segments", str(plan.run.segments)]
     return args + (["--preflight-only"] if preflight_only else [])
@@ -139,45 +130,44 @@ def preflight_mode(text: str) -> tuple[bool, str]:
 
 
 def accepted(plan, profile: ClusterProfile, *, preflight_only, caller_env, check_partition, dry) -> ClusterProfile:
-    """The planned request refused on audit errors and (`check_partition`, for a real submission) on a placeholder
-    left in the profile, a request the partition can never run, a secret not exported or in-job software that cannot
-    start; returns the profile the run directory goes under (`dry`: a dry run's, under the checkout's runs/:
-    dry_home)."""
+    """The planned request refused on audit errors and, for a real submission (`check_partition`), on what it would
+    refuse before anything is queued; returns the profile the run directory goes under (`dry`: under runs/)."""
     if not plan.report.ok:
         first = plan.report.errors[0]
         raise AuditFailed(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
     if (check_partition or dry) and (placeholder := placeholder_problem(profile)):
         raise SubmitError(f"{placeholder}; nothing submitted")
     if check_partition:
-        refuse_unready(plan, profile, caller_env, preflight_only)
+        limit = profile.time_limit or plan.recipe.time_limit
+        why = unready(profile, plan.target.nodes, limit, caller_env) or (
+            not preflight_only and software_problem(profile)
+        )
+        if why:
+            raise SubmitError(f"{why}; nothing submitted")
+        for line in resume_lines(plan):  # what the job's resume guard would stop on, said before anything is queued
+            print(line, file=sys.stderr)
     if dry and not preflight_only and (why := software_problem(profile)):  # what a submit of it would refuse
         print(f"warning: make submit would refuse this: {why}", file=sys.stderr)
-    if dry:  # nemo_run's experiment folder and the run directory: nothing outside the checkout's runs/
-        profile = dataclasses.replace(profile, job_dir=str(dry_home(profile)))
+    if dry:  # nemo_run's experiment folder and the run directory: the profile's job directory where it is under
+        # runs/ (the local Slurm's), else runs/dryrun/<profile>: nothing on the cluster's filesystem
+        runs, job = paths.runs_root().resolve(), profile.job_path.resolve()
+        home = profile.job_path if job == runs or runs in job.parents else runs / "dryrun" / profile.name
+        profile = dataclasses.replace(profile, job_dir=str(home))
     return profile
 
 
 def opened(plan, profile: ClusterProfile, run_dir: Path, preflight_only, checks, plugins) -> Submission:
-    """The written run directory marked `submitting`, with what every rank of the plain-sbatch path runs."""
+    """The written run directory marked `submitting`, with what every rank of the plain-sbatch path runs (from the
+    checkout: entry.py puts src/ on its own path)."""
     mark(run_dir, "submitting", pid=os.getpid(), host=socket.gethostname())
-    # what every rank of the plain-sbatch path runs, from the checkout (entry.py puts src/ on its own path)
     command = f"exec {shlex.join([python_for(profile), ENTRY, *entry_args(plan, run_dir, preflight_only, checks)])}"
     return Submission(plan, profile, run_dir, command, preflight_only, checks, plugins)
 
 
-def refuse_unready(plan, profile: ClusterProfile, caller_env=None, preflight_only=False) -> None:
-    """What a real submission refuses before anything is queued (SubmitError, one line): a request the partition can
-    never run, a secret not exported, software the job cannot start; and the notes of the resume guard on its
-    checkpoint."""
-    limit = profile.time_limit or plan.recipe.time_limit
-    if bad := slurm.request_problems(profile, plan.target.nodes, limit):
-        raise SubmitError(f"{bad[0]}; nothing submitted")
-    if missing := secrets_problem(profile, caller_env):
-        raise SubmitError(f"{missing}; nothing submitted")
-    if not preflight_only and (why := software_problem(profile)):
-        raise SubmitError(f"{why}; nothing submitted")
-    for line in resume_lines(plan):  # what the job's resume guard would stop on, said before anything is queued
-        print(line, file=sys.stderr)
+def unready(profile: ClusterProfile, nodes: int, limit: str | None, caller_env=None) -> str | None:
+    """The first of: why the partition can never run the request, a secret this shell does not export."""
+    bad = slurm.request_problems(profile, nodes, limit)
+    return bad[0] if bad else secrets_problem(profile, caller_env)
 
 
 IMPORTS_TIMEOUT_S = 900  # a cold Bridge import in another Python: 30 s idle, minutes on a loaded login node
@@ -188,11 +178,9 @@ SOFTWARE_FIX = (
 
 
 def software_problem(profile: ClusterProfile) -> str | None:
-    """Why the job's software cannot start training, checked the way the job starts (its interpreter, launch/entry.py's
-    imports, nothing run), before anything is queued: in this process where the job's Python is this environment
-    (Bridge is imported already), else by `<python> launch/entry.py --imports-only`. A container's Python, or one
-    this host does not have, cannot be asked from here: a note says so on stderr, and the job itself stops at its
-    first import error."""
+    """Why the job's Python cannot import what it trains with (launch/entry.py's imports): asked in this process when
+    it is this environment, else by `<python> launch/entry.py --imports-only`; a container's, or one this host lacks,
+    cannot be asked (a note on stderr says so)."""
     python = python_for(profile)
     found = None if profile.container_image else shutil.which(python)
     if not found:
@@ -203,16 +191,13 @@ def software_problem(profile: ClusterProfile) -> str | None:
             file=sys.stderr,
         )
         return None
-    if Path(found).absolute().parent.parent == Path(sys.prefix).absolute():  # a venv's bin/python: this one
-        problem = preflight.training_import_problem()
-    else:
-        problem = _imports_in(found)
+    here = Path(found).absolute().parent.parent == Path(sys.prefix).absolute()  # a venv's bin/python: this one
+    problem = preflight.training_import_problem() if here else _imports_in(found)
     return f"the job's Python ({python}) cannot start training: {problem}: {SOFTWARE_FIX}" if problem else None
 
 
 def _imports_in(python: str) -> str | None:
-    """What `python launch/entry.py --imports-only` says is missing (None: nothing), as the job's ranks would run it
-    (the job's exports only: PATH). Not answering in time is a note, not a refusal."""
+    """What `python launch/entry.py --imports-only` says is missing, with the job's exports; a timeout is a note."""
     cmd = [python, str(paths.REPO_ROOT / ENTRY), "--imports-only"]
     env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}  # stack.import_bridge sets offline
     try:
@@ -232,19 +217,9 @@ def _imports_in(python: str) -> str | None:
     return f"{shlex.join(cmd)} fails: {' '.join(err.split())}"
 
 
-def dry_home(profile: ClusterProfile) -> Path:
-    """Where a dry run writes (its run directory, nemo_run's experiment folder): the profile's job directory where it
-    is inside the checkout's runs/ (the local Slurm's), else runs/dryrun/<profile name>: a dry run creates nothing
-    on the cluster's filesystem, a placeholder job directory included (runs/: paths.runs_root)."""
-    runs = paths.runs_root().resolve()
-    job = profile.job_path.resolve()
-    return profile.job_path if job == runs or runs in job.parents else runs / "dryrun" / profile.name
-
-
 def secrets_problem(profile: ClusterProfile, caller_env=None) -> str | None:
-    """A secret the profile lists that this shell does not export (or exports empty): the job's preflight would fail
-    on it after its wait in the queue, so a real submission stops before sbatch. One line naming the variable and
-    the profile, never a value."""
+    """A secret the profile lists that this shell does not export (or exports empty), which the job's preflight would
+    fail on after its wait in the queue: one line naming it, never a value."""
     env = os.environ if caller_env is None else caller_env
     if missing := [name for name in profile.secrets if not env.get(name)]:
         return (
@@ -256,8 +231,7 @@ def secrets_problem(profile: ClusterProfile, caller_env=None) -> str | None:
 
 
 def resume_lines(plan) -> list[str]:
-    """The resume guard on the checkpoint this plan would load (launch/entry.py runs it again in every segment):
-    its notes, or a SubmitError where the job would stop (an incomplete checkpoint, a changed layout)."""
+    """The resume guard's notes on the checkpoint this plan would load, or a SubmitError where the job would stop."""
     if not plan.run.checkpoint_dir:
         return []
     verdict = resume.guard(plan.run_summary, plan.layout, f"RUN_NAME={plan.run.run_name}")
@@ -269,7 +243,7 @@ def resume_lines(plan) -> list[str]:
 @contextlib.contextmanager
 def _sole_live_run(run: runopts.RunOptions, run_dir: Path, besides=(), refused: str = "nothing submitted"):
     """The checkpoint directory's lock across "is a run live on it → sbatch → record the job ids" (cluster/runlock.py);
-    yields the recorder of the job ids. A benchmark (no RUN_NAME) saves nothing and needs none."""
+    yields the recorder of the job ids. A benchmark (no RUN_NAME) needs none."""
     where = run.checkpoint_dir
     if not where:
         yield lambda ids: None
@@ -281,11 +255,9 @@ def _sole_live_run(run: runopts.RunOptions, run_dir: Path, besides=(), refused: 
 
 
 def claim(run_dir: Path, job_id: str, run: runopts.RunOptions) -> dict:
-    """The plain-sbatch path (make sbatch): a job from its script, submitted by hand, is known to us only once it
-    starts, so its first step (launch/entry.py --claim) records it where make submit records its jobs, under the same
-    lock: its id in the run directory's submission.json (make status/logs/cancel RUN=) and in the checkpoint
-    directory's overlapkit-runs.json (the live-run refusal of make submit/sbatch). Where another run is live on that
-    directory it stops instead (LiveRun): the script was submitted while one ran, or twice, and only one may train."""
+    """The plain-sbatch path: a job of the script is known only once it starts, so its first step (entry.py --claim)
+    records it as make submit does, under the same lock; where another run is live on the checkpoint directory (the
+    script submitted twice, or while one ran) it stops instead (LiveRun)."""
     job_id = slurm.checked_id(job_id, "SLURM_JOB_ID (this job's id)")
     with _sole_live_run(run, run_dir, (job_id,), f"job {job_id} stops before training") as record_jobs:
         info = {k: v for k, v in read_marker(run_dir).items() if k not in ("state", "at", "job_id", "job_ids")}
@@ -318,7 +290,7 @@ def slurm_executor(sub: Submission):
         account=p.account,
         partition=p.partition,
         nodes=sub.plan.target.nodes,
-        ntasks_per_node=TASKS_PER_NODE,
+        ntasks_per_node=GPUS_PER_NODE,
         gpus_per_node=p.gpus_per_node,
         time=p.time_limit or sub.plan.recipe.time_limit,
         exclusive=p.exclusive or None,
@@ -333,78 +305,61 @@ def slurm_executor(sub: Submission):
     )
 
 
-def experiment(sub: Submission):
-    import nemo_run as run
-
-    return run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR")
-
-
-def add_task(exp, sub: Submission) -> list[str]:
-    """One task per segment, each after the previous one ends however it ends (afterany: a segment that hit its time
-    limit or was preempted still hands over to the next, which resumes from the checkpoint)."""
-    import nemo_run as run
-
-    prev, ids, n = None, [], sub.plan.run.segments
-    for seg in range(1, n + 1):
-        executor = slurm_executor(sub)
-        executor.dependency_type = "afterany"
-        task = run.Script(
-            path=ENTRY,
-            args=entry_args(sub.plan, sub.run_dir, sub.preflight_only, sub.checks, seg),
-            entrypoint=python_for(sub.profile),
-        )
-        prev = exp.add(
-            task,
-            executor=executor,
-            name="train" if n == 1 else f"train-seg{seg}",
-            plugins=sub.plugins(),
-            dependencies=[prev] if prev else None,
-        )
-        ids.append(prev)
-    return ids
-
-
-@contextlib.contextmanager
-def _no_stdin():
-    """nemo_run's LocalTunnel runs git/sbatch through invoke, which mirrors stdin; a submission never needs input
-    (and under pytest or CI there is none to read)."""
-    saved = sys.stdin
-    with open(os.devnull) as devnull:
-        sys.stdin = devnull
-        try:
-            yield
-        finally:
-            sys.stdin = saved
-
-
 NEMO_RUN_LOG = "nemo_run.log"  # nemo_run's banners, tables and its tools' output, kept in the run directory
 
 
 @contextlib.contextmanager
 def _nemo_run_log(run_dir: Path):
-    """nemo_run's console (its rich CONSOLE prints to whatever sys.stdout is), its logging and the tools it runs
-    (git, sbatch: invoke mirrors their output) write into <run dir>/nemo_run.log, at the file descriptors too, so a
-    nightly's hundreds of banner lines stay off the console and our own lines stay visible."""
+    """nemo_run's console, logging and tools (git, sbatch) write into <run dir>/nemo_run.log, at the file descriptors
+    too, so a nightly's hundreds of banner lines stay off the console; and read no stdin (its LocalTunnel runs them
+    through invoke, which mirrors stdin, and a submission never needs input)."""
     fd = jsonio.open_lock(run_dir / NEMO_RUN_LOG, 0o644, append=True)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    saved = [os.dup(1), os.dup(2)]
+    saved, stdin = [os.dup(1), os.dup(2)], sys.stdin
     try:
-        with open(fd, "w", closefd=False, buffering=1) as log:
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
+        with open(fd, "w", closefd=False, buffering=1) as log, open(os.devnull) as sys.stdin:
+            for out in (1, 2):
+                os.dup2(fd, out)
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 yield
     finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
+        sys.stdin = stdin
+        for out, f in zip((1, 2), saved, strict=True):
+            os.dup2(f, out)
         for f in (*saved, fd):
             os.close(f)
 
 
+@contextlib.contextmanager
+def _experiment(sub: Submission):
+    """nemo_run's experiment, one task per segment, each after the previous one ends however it ends (afterany: a
+    segment that hit its time limit or was preempted hands over to the next, which resumes from the checkpoint)."""
+    import nemo_run as run
+
+    with _nemo_run_log(sub.run_dir):
+        with run.Experiment(sub.plan.recipe.name, executor=slurm_executor(sub), log_level="ERROR") as exp:
+            prev, n = None, sub.plan.run.segments
+            for seg in range(1, n + 1):
+                executor = slurm_executor(sub)
+                executor.dependency_type = "afterany"
+                task = run.Script(
+                    path=ENTRY,
+                    args=entry_args(sub.plan, sub.run_dir, sub.preflight_only, sub.checks, seg),
+                    entrypoint=python_for(sub.profile),
+                )
+                prev = exp.add(
+                    task,
+                    executor=executor,
+                    name="train" if n == 1 else f"train-seg{seg}",
+                    plugins=sub.plugins(),
+                    dependencies=[prev] if prev else None,
+                )
+            yield exp
+
+
 def dryrun(sub: Submission) -> str:
-    with _nemo_run_log(sub.run_dir), _no_stdin(), experiment(sub) as exp:
-        add_task(exp, sub)
+    with _experiment(sub) as exp:
         exp.dryrun(log=False)
         return "\n".join(job._dryrun_info.request.materialize() for job in exp.jobs)  # nemo_run's sbatch scripts
 
@@ -417,18 +372,19 @@ def shipped_commit() -> tuple[str, list[str]]:
     return sha, [line[3:] for line in dirty.stdout.splitlines()]
 
 
+def _job_ids(exp) -> list[str | None]:
+    """Each job's Slurm id, the digits ending its nemo_run handle (None: it has none)."""
+    return [m[1] if (m := re.search(r"(\d+)$", getattr(job, "handle", "") or "")) else None for job in exp.jobs]
+
+
 def submit(sub: Submission) -> dict:
     """sbatch through nemo_run; the run directory is marked submitted (job id) or failed (why), never left open."""
-    sole = _sole_live_run(sub.plan.run, sub.run_dir)
-    with transaction(sub), sole as record_jobs, _nemo_run_log(sub.run_dir), _no_stdin(), experiment(sub) as exp:
-        add_task(exp, sub)
+    with transaction(sub), _sole_live_run(sub.plan.run, sub.run_dir) as record_jobs, _experiment(sub) as exp:
         with _critical():  # a signal now waits until the job id is on disk
             try:
                 exp.run(detach=True)
             except Exception as exc:  # a chain is all or nothing: half a chain would train without its continuation
-                queued = [
-                    m.group(1) for job in exp.jobs if (m := re.search(r"(\d+)$", getattr(job, "handle", "") or ""))
-                ]
+                queued = [job_id for job_id in _job_ids(exp) if job_id]
                 for job_id in queued:  # the segments already queued when sbatch refused a later one
                     with contextlib.suppress(RuntimeError):
                         slurm.cancel(job_id)
@@ -436,21 +392,12 @@ def submit(sub: Submission) -> dict:
                     f"submitting {len(exp.jobs)} job(s) failed ({exc}); cancelled the {len(queued)} already queued; "
                     f"nemo_run's output: {sub.run_dir / NEMO_RUN_LOG}"
                 ) from exc
-            exp_dir, ids = exp._exp_dir, []
-            for job in exp.jobs:  # one per segment, in order
-                m = re.search(r"(\d+)$", job.handle or "")
-                if not m:
-                    raise ClusterFailure(f"nemo_run returned no Slurm job id (handle {job.handle!r}); see {exp_dir}")
-                ids.append(m.group(1))
-            info = {
-                "job_id": ids[0],
-                "job_ids": ids,
-                "experiment_dir": str(exp_dir),
-                "cluster": sub.profile.name,
-                "run_dir": str(sub.run_dir),
-                "preflight_only": sub.preflight_only,
-                "checkpoint_dir": sub.plan.run.checkpoint_dir,
-            }
+            exp_dir, ids = exp._exp_dir, _job_ids(exp)  # one per segment, in order
+            if None in ids:
+                handle = exp.jobs[ids.index(None)].handle
+                raise ClusterFailure(f"nemo_run returned no Slurm job id (handle {handle!r}); see {exp_dir}")
+            info = {"job_id": ids[0], "job_ids": ids, "experiment_dir": str(exp_dir), **sub.where()}
+            info["checkpoint_dir"] = sub.plan.run.checkpoint_dir
             mark(sub.run_dir, "submitted", **info)
             record_jobs(ids)
     return info
@@ -460,7 +407,7 @@ def run_local(plan, run_dir: Path, plugins, *, preflight_only: bool = False, che
     """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm), from its written run directory."""
     import nemo_run as run
 
-    executor = run.LocalExecutor(ntasks_per_node=TASKS_PER_NODE, launcher="torchrun")
+    executor = run.LocalExecutor(ntasks_per_node=GPUS_PER_NODE, launcher="torchrun")
     # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
     script = str(paths.REPO_ROOT / ENTRY)
     task = run.Script(path=script, args=entry_args(plan, run_dir, preflight_only, checks), entrypoint="python")
@@ -473,8 +420,7 @@ def run_local(plan, run_dir: Path, plugins, *, preflight_only: bool = False, che
 
 
 def load_submission(run_dir: Path) -> dict:
-    """The marker of a run that reached Slurm; any other state, or a record that cannot be read (planted, edited), is
-    one line saying what it is."""
+    """The marker of a run that reached Slurm; any other state, or an unreadable record, is one line saying what."""
     if not os.path.lexists(run_dir / MARKER):
         raise SubmitError(f"{run_dir} has no {MARKER}: not a submitted run (make submit writes it)")
     info = read_marker(run_dir, strict=True, keys=())
@@ -508,8 +454,7 @@ def describe(info: dict) -> str:
 
 def run_dir_of(profile: ClusterProfile, run: str = "", submitted: bool = True) -> tuple[Path, list[str]]:
     """RUN= as given, else the latest run under the profile's job directory (with a job, or in any state); and one
-    line for each later run passed over because its record cannot be read (planted, half-written or edited by
-    anyone who shares the job directory: it never stops the others' status)."""
+    line for each later run passed over because its record cannot be read (it never stops the others' status)."""
     if run:
         return Path(run), []
     root, skipped = profile.job_path / "runs", []
@@ -530,7 +475,3 @@ def _mtime(path: Path) -> float:
         return path.lstat().st_mtime
     except FileNotFoundError:
         return 0.0
-
-
-# The job's logs: cluster/chain.py (status reads them too); here for the commands that read them from a submission.
-log_files = chain.log_files

@@ -104,13 +104,13 @@ def record(run_dir: Path, plan: dict) -> dict:
 
 
 def job_logs(run_dir: Path) -> list[Path]:
-    """The job's logs (submission.json names them: cluster/submit.py log_files) and any *.log beside plan.json; a
+    """The job's logs (submission.json names them: cluster/chain.py log_files) and any *.log beside plan.json; a
     submission record that is not the project's, or names a directory that is not nemo_run's: BadInput."""
-    from overlapkit.cluster import chain, submit
+    from overlapkit.cluster import chain
 
     info = jsonio.read_json(run_dir / chain.MARKER, role=chain.ROLE, fix=RECORD_FIX, missing_ok=True)
     info = chain.checked_marker(run_dir, info) if info else {}  # each path field text, or its one line
-    logs = submit.log_files(info) if info.get("experiment_dir") or info.get("log") else []
+    logs = chain.log_files(info) if info.get("experiment_dir") or info.get("log") else []
     return logs + sorted(run_dir.glob("*.log"))
 
 

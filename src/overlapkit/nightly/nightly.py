@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapkit import jsonio, paths
-from overlapkit.cluster import joblog, slurm, submit
-from overlapkit.cluster.profiles import PROFILER_CHOICES
+from overlapkit.cluster import chain, joblog, slurm, submit
 from overlapkit.errors import BadInput
 from overlapkit.nightly import junit, logparse, night_report
 from overlapkit.nightly import rules as regress
@@ -23,6 +22,7 @@ from overlapkit.nightly.exposed import profile_window, profiled_ranks
 from overlapkit.nightly.rules import NIGHTLY_ITERS, NIGHTLY_SEED
 from overlapkit.sizing import hardware
 from overlapkit.spec import planfile, runopts
+from overlapkit.spec.profile import PROFILER_CHOICES
 from overlapkit.spec.topology import GPUS_PER_NODE
 
 # DP >= 2 keeps the data-parallel overlap paths (grad reduce-scatter, param all-gather) that DP=1 turns into "n/a":
@@ -178,7 +178,7 @@ def submit_night(req: NightRequest, say) -> Path | None:
     """Submit the suite and its summary job; the night directory (None for a dry run). `say(text, err=)`: progress."""
     names = req.recipes or req.bridge.recipe_names()
     req.bridge.check_recipes(names)
-    limit = req.max_nodes or slurm.partition_nodes(req.profile.partition)
+    limit = req.max_nodes or (slurm.partition_info(req.profile.partition) or {}).get("nodes") or None
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     entries = [_submit_one(req, name, stamp, limit, say) for name in names]
     if req.dryrun:
@@ -274,7 +274,7 @@ def report_night(
             results.append({"recipe": e["recipe"], "skipped": e.get("skipped", "not submitted")})
             continue
         try:  # a record or experiment directory that cannot be read: that row says so, the others are judged
-            logs, problem = submit.log_files(submit.load_submission(Path(e["run_dir"]))), None
+            logs, problem = chain.log_files(submit.load_submission(Path(e["run_dir"]))), None
         except BadInput as exc:
             logs, problem = [], str(exc)
         res = night_report.evaluate(e, slurm.job_state(e["job_id"]), logs, goldens, night["preflight_only"])
@@ -313,7 +313,7 @@ def bless_run(run_dir: Path, goldens: Path = regress.GOLDENS_DIR, *, force: bool
     except (submit.SubmitError, jsonio.FileProblem) as exc:  # planted, not JSON, edited: the file names itself
         where = "" if isinstance(exc, jsonio.FileProblem) else f"{run_dir / 'submission.json'}: "
         raise regress.BlessError(f"{where}{exc}; bless a run submitted by make submit or make nightly") from None
-    logs, unread = joblog.readable((submit.log_files(info) if info else []) + sorted(run_dir.glob("*.log")))
+    logs, unread = joblog.readable((chain.log_files(info) if info else []) + sorted(run_dir.glob("*.log")))
     if unread:
         raise regress.BlessError(f"{run_dir}: not blessed: {'; '.join(unread)}: bless a run whose logs are its own")
     skip = logparse.profiled_iterations(planfile.read_plan(run_dir))

@@ -16,7 +16,8 @@ from data_fixtures import corpus_docs, make_tokenizer, write_corpus
 from launch.args import switch
 from overlapkit import makewatch
 from overlapkit.bridge import dataprep
-from overlapkit.cluster.profiles import ProfileError, parse_profile
+from overlapkit.cluster.profiles import parse_profile
+from overlapkit.spec.profile import ProfileError
 
 
 @pytest.fixture(scope="module")

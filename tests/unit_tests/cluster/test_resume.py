@@ -92,7 +92,8 @@ def test_a_changed_layout_is_refused_unless_only_the_weights_are_loaded(tmp_path
     resume.record_layout(str(ck), wider, 40, "12")
     resume.record_layout(str(ck), wider, 45, "13")  # its next segment: the same layout, nothing new to record
     save_iteration(ck, 50)
-    assert resume.layout_at(str(ck), 50)["nodes"] == 2 and resume.layout_at(str(ck), 40)["nodes"] == 1
+    assert resume.layout_problem(str(ck), 50, wider, {}) is None  # saved by the wider run
+    assert "nodes 1→2" in resume.layout_problem(str(ck), 40, wider, {})  # saved by the first
     assert [e["slurm_job_id"] for e in json.loads((ck / resume.LAYOUTS).read_text())] == ["11", "12"]
 
 

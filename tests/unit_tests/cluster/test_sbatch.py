@@ -19,7 +19,7 @@ import time
 import pytest
 
 from launch import commands
-from overlapkit import paths
+from overlapkit import makewatch, paths
 from overlapkit.bridge import submission
 from overlapkit.cluster import sbatch, submit
 from overlapkit.cluster.profiles import load_profile
@@ -146,7 +146,7 @@ def test_a_signal_while_sbatch_is_in_flight_waits_for_the_job_id(tmp_path):
 
     submit.install_signal_handlers(parent_var="NO_SUCH_VARIABLE")
     try:
-        with pytest.raises(submit.Interrupted, match="SIGTERM"):
+        with pytest.raises(makewatch.Interrupted, match="SIGTERM"):
             with submit._critical():
                 os.kill(os.getpid(), signal.SIGTERM)
                 submit.mark(tmp_path, "submitted", job_id="7")  # still runs: the signal waits
@@ -186,8 +186,9 @@ def test_a_descendant_of_make_is_stopped_by_sigterm_once_make_is_killed():
     watcher can tell the child. The child reports the Interrupted its SIGTERM handler raised; a watcher that does
     nothing leaves it sleeping, and it reports that instead."""
     child = (
-        "import time; from overlapkit.cluster import submit; submit.install_signal_handlers(); print('watching', "
-        "flush=True)\ntry:\n    time.sleep(20)\nexcept submit.Interrupted as exc:\n    print(exc, flush=True)\n"
+        "import time; from overlapkit import makewatch; from overlapkit.cluster import submit; "
+        "submit.install_signal_handlers(); print('watching', flush=True)\n"
+        "try:\n    time.sleep(20)\nexcept makewatch.Interrupted as exc:\n    print(exc, flush=True)\n"
         "else:\n    print('not stopped', flush=True)"
     )
     make = subprocess.Popen(

@@ -24,8 +24,9 @@ from launch import commands
 from overlapkit import paths
 from overlapkit.bridge.build import make_plan, write_run_dir
 from overlapkit.cluster import submit
-from overlapkit.cluster.profiles import PROFILES_DIR, ProfileError, load_profile, placeholder_problem
+from overlapkit.cluster.profiles import PROFILES_DIR, load_profile, placeholder_problem
 from overlapkit.errors import BadInput
+from overlapkit.spec.profile import ProfileError
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
 EXAMPLE = PROFILES_DIR / "example-eos.toml"

@@ -31,8 +31,9 @@ from overlapkit.bridge.env import (
 )
 from overlapkit.bridge.plugin import EnvVarPlugin
 from overlapkit.bridge.report import ledger_rows, render_ledger
-from overlapkit.cluster.profiles import DEFAULT_CONTAINER, ClusterProfile, ProfileError, list_profiles, load_profile
+from overlapkit.cluster.profiles import list_profiles, load_profile
 from overlapkit.profile.overlap_render import console
+from overlapkit.spec.profile import DEFAULT_CONTAINER, ClusterProfile, ProfileError
 from recipes._base import EnvVar
 
 B8, F8, B70, F70 = (
