@@ -62,15 +62,8 @@ def png_target(text: str, *, force: bool = False, own: bool = False) -> Path:
     return path
 
 
-COLORS = {
-    "compute": "#9e9e9e",
-    "tp": "tab:blue",
-    "cp": "tab:purple",
-    "pp": "tab:green",
-    "dp": "tab:orange",
-    "ep": "tab:cyan",
-    "unclassified": "black",
-}
+COLORS = {"compute": "#9e9e9e", "tp": "tab:blue", "cp": "tab:purple", "pp": "tab:green", "dp": "tab:orange"}
+COLORS |= {"ep": "tab:cyan", "unclassified": "black"}
 COLUMNS = ("rank", "class", "kernels", "comm ms", "hidden ms", "exposed ms", "exposed")
 
 
