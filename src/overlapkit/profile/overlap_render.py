@@ -77,15 +77,8 @@ def table(report: dict) -> Table:
             c = classes.get(cls) if cls != "unclassified" or rank != "all" else report.get("unclassified")
             if not c or not c["kernels"]:
                 continue
-            t.add_row(
-                safe(rank),
-                cls,
-                str(c["kernels"]),
-                f"{c['comm_ms']:.3f}",
-                f"{c['hidden_ms']:.3f}",
-                f"{c['exposed_ms']:.3f}",
-                f"{c['exposed_share']:.1%}",
-            )
+            ms = (f"{c[k]:.3f}" for k in ("comm_ms", "hidden_ms", "exposed_ms"))
+            t.add_row(safe(rank), cls, str(c["kernels"]), *ms, f"{c['exposed_share']:.1%}")
     return t
 
 

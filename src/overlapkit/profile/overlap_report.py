@@ -84,11 +84,8 @@ def per_span(intervals: list[tuple[int, int]], spans: list[tuple[int, int]]) -> 
     return out
 
 
-# Bridge wraps every training iteration in an NVTX range when profiling.nvtx_ranges is on: train_step carries
-# @nvtx_decorator() (megatron/bridge/training/train.py, Bridge 0.6.2), named <module>.<function> by Megatron's
-# nvtx_decorator (megatron/core/utils.py, core 0.19). A PyTorch-profiler trace has its own: torch.profiler's
-# profile.step() opens a ProfilerStep#<N> range per step (torch/profiler/profiler.py), which Bridge calls once per
-# iteration (training/profiling.py handle_profiling_step).
+# With profiling.nvtx_ranges, each iteration is Bridge's train_step range (training/train.py, 0.6.2: @nvtx_decorator,
+# <module>.<function>); in a PyTorch trace, torch.profiler's ProfilerStep#<N>, which Bridge steps once per iteration.
 STEP_RANGE = "train_step"
 STEP_SOURCES = {"nvtx": "Bridge's train_step NVTX ranges", "profiler_step": "the PyTorch profiler's ProfilerStep#N"}
 
