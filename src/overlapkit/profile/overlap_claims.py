@@ -63,7 +63,7 @@ def threshold(cls: str, plan: dict) -> float:
 
 def claim(cls: str, lay: Layout) -> str:
     """ "on", "off" or "n/a": what the plan says about `cls`'s overlap."""
-    if lay.size(cls) < 2:
+    if getattr(lay, cls) < 2:
         return "n/a"
     if cls == "cp":
         return "on"
@@ -122,7 +122,7 @@ def _class_findings(cls: str, c: dict, lay: Layout, plan: dict, foreign: bool) -
     """Class `cls`'s figures `c` against the plan's claim: an overlap said on with no kernel of its class (unless the
     profile is `foreign`, which is said once), a class the plan says cannot exist, an overlap said on whose class is
     exposed above its threshold, an overlap said off that the profile shows hidden."""
-    state, name, size = claim(cls, lay), cls.upper(), lay.size(cls)
+    state, name, size = claim(cls, lay), cls.upper(), getattr(lay, cls)
     what = "context-parallel attention overlaps it" if cls == "cp" else f"the plan says {CLAIMS[cls][0]} is on"
     if c["kernels"] == 0:
         if state != "on" or foreign:

@@ -95,9 +95,6 @@ class Layout:
         dispatcher = rows.get("moe_dispatcher", {}).get("detail", "")
         return cls(**sizes, dispatcher=dispatcher, states={k: v["state"] for k, v in rows.items()})
 
-    def size(self, cls: str) -> int:
-        return getattr(self, cls)
-
     def candidates(self, op: str) -> tuple[str, ...]:
         """The classes that issue NCCL collective `op` in this layout (size > 1 only)."""
         a2a = self.ep > 1 and not self.dispatcher.startswith(("flex", "allgather"))
@@ -119,7 +116,7 @@ class Layout:
         }
         who["AllGatherV"] = who["AllGather"]
         who["Generic"] = tuple(dict.fromkeys(c for cs in who.values() for c in cs))  # RCCL: any collective
-        return tuple(c for c in who[op] if self.size(c) > 1)
+        return tuple(c for c in who[op] if getattr(self, c) > 1)
 
 
 # Where a kind names no class of this layout, the class it would be in a layout that has one: reported as a class

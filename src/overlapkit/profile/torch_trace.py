@@ -37,8 +37,7 @@ from overlapkit.profile.nsys_sqlite import (
 
 # Kineto's memcpy names ("Memcpy HtoD (Pageable -> Device)", ...) → CUPTI's copy kinds (cupti_activity.h
 # CUpti_ActivityMemcpyKind), so a copy is treated as an Nsight export's would be.
-COPY_KINDS = {"HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9}
-COPY_KINDS["PtoP"] = MEMCPY_PTOP
+COPY_KINDS = dict(HtoD=1, DtoH=2, HtoA=3, AtoH=4, AtoA=5, AtoD=6, DtoA=7, DtoD=8, HtoH=9, PtoP=MEMCPY_PTOP)
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 STEP_PREFIX = "ProfilerStep#"
 NOT_TRACE = "not a PyTorch-profiler trace (Kineto's JSON: torch.profiler's export_chrome_trace)"
