@@ -90,9 +90,8 @@ def run(args) -> int:
 
         plan = plan_for(args.request).to_dict()
         files, run_dir = args.files, None
-    measured = overlap_report.measure(files, plan)
-    report = overlap_report.report_of(measured)
-    if warning := overlap_report.save(measured, report, args.png_path, run_dir):
+    report, warning = overlap_report.write(files, plan, args.png_path, run_dir)
+    if warning:
         print(f"warning: {one_line(warning)}: give PNG=<path>", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(report, indent=2))

@@ -1,21 +1,17 @@
 """Reading one Nsight Systems SQLite export (`nsys export --type sqlite`): the GPU kernels, the copy-engine
 transfers, the NVTX ranges and the CUDA runtime launches that tie a kernel to the range it was launched in.
 
-The tables and columns are the ones Nsight Systems documents in its "SQLite Export Schema Reference"
-(https://docs.nvidia.com/nsight-systems/UserGuide/index.html#sqlite-schema-reference; the 2021.5 exporter page,
-docs.nvidia.com/nsight-systems/2021.5/nsys-exporter/exported_data.html, has the same columns):
-StringIds(id, value); CUPTI_ACTIVITY_KIND_KERNEL(start, end, deviceId, streamId, correlationId, demangledName →
-StringIds, ...); CUPTI_ACTIVITY_KIND_MEMCPY(start, end, deviceId, streamId, correlationId, bytes, copyKind, ...);
-CUPTI_ACTIVITY_KIND_RUNTIME(start, end, globalTid, correlationId, nameId); NVTX_EVENTS(start, end, eventType,
-text, textId → StringIds, globalTid, ...); TARGET_INFO_GPU(id, name, ...). Times are nanoseconds on one clock.
-Tables are created lazily: a report without NVTX or memcpy activity has no such table, and that is not an error.
+Tables and columns as Nsight's "SQLite Export Schema Reference" documents them
+(docs.nvidia.com/nsight-systems/UserGuide/index.html#sqlite-schema-reference; the same in the 2021.5 exporter page):
+StringIds(id, value); CUPTI_ACTIVITY_KIND_KERNEL(start, end, deviceId, streamId, correlationId, demangledName);
+CUPTI_ACTIVITY_KIND_MEMCPY(..., bytes, copyKind); CUPTI_ACTIVITY_KIND_RUNTIME(start, end, globalTid, correlationId,
+nameId); NVTX_EVENTS(start, end, eventType, text, textId, globalTid); TARGET_INFO_GPU(id, name). Times are ns on one
+clock. Tables are created lazily: a report without NVTX or memcpy activity has none, and that is not an error.
 
-Every bad file is one line (ProfileError) that says what to do: never a traceback. A row the schema declares NOT NULL
-that is null, of another type, ending before it starts, negative or beyond MAX_NS is such a file (named with its
-kernel), never a figure: a profile is either read whole and as written, or refused.
-
-PyTorch-profiler traces (profile/torch_trace.py) are read into the same Profile; `profile_files` lists both kinds,
-`load` reads either.
+Every bad file is one ProfileError line that says what to do, never a traceback; a row that is null where the schema
+says NOT NULL, of another type, ending before it starts, negative or beyond MAX_NS refuses the file (naming its
+kernel): a profile is read whole and as written, or refused. `load` reads either kind (PyTorch traces:
+profile/torch_trace.py).
 """
 
 from __future__ import annotations
@@ -189,10 +185,8 @@ def _load(con, path: Path) -> Profile:
     def name(n) -> str:
         return names.get(n) or f"<string {_text(n)}>"
 
-    kernel_sql = f"SELECT {', '.join(KERNEL_COLS)} FROM CUPTI_ACTIVITY_KIND_KERNEL"
-    for s, e, d, st, c, n in con.execute(_first_bad(kernel_sql)):
-        activity(path, s, e, d, st, name(n), c)  # raises, naming the kernel
-    new = tuple.__new__  # every row checked above: each built as a tuple at C speed (NamedTuple._make's own call)
+    kernel_sql = _checked(con, path, "CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS, lambda row: name(row[5]))
+    new = tuple.__new__  # every row checked: each built as a tuple at C speed (NamedTuple._make's own call)
     kernels = [
         new(Activity, (s, e, d, st, names.get(n) or name(n), c if type(c) is int else -1, None, None, ""))
         for s, e, d, st, c, n in con.execute(kernel_sql)
@@ -201,9 +195,7 @@ def _load(con, path: Path) -> Profile:
         raise ProfileError(f"{path} holds no kernel: the profiled window ran nothing on the GPU (check NSYS=a:b)")
     memcpys = []
     if _need(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS):
-        memcpy_sql = f"SELECT {', '.join(MEMCPY_COLS)} FROM CUPTI_ACTIVITY_KIND_MEMCPY"
-        for s, e, d, st, c, _, k in con.execute(_first_bad(memcpy_sql)):
-            activity(path, s, e, d, st, f"memcpy kind {k}", c)
+        memcpy_sql = _checked(con, path, "CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY_COLS, lambda row: f"memcpy kind {row[6]}")
         memcpys = [
             new(Activity, (s, e, d, st, f"memcpy kind {k}", c if type(c) is int else -1, k, b, ""))
             for s, e, d, st, c, b, k in con.execute(memcpy_sql)
@@ -220,11 +212,14 @@ def _load(con, path: Path) -> Profile:
     return prof
 
 
-def _first_bad(select: str) -> str:
-    """`select` restricted to its first row that activity() would refuse (not whole integers, or out of order or
-    range): SQLite checks every row in one pass, and the rows then need no Python check each."""
+def _checked(con, path: Path, table: str, cols: tuple[str, ...], name_of) -> str:
+    """The SELECT of `table`'s `cols`, once SQLite has looked in one pass for a row activity() would refuse (not
+    whole integers, or out of order or range): the first one raises, named by `name_of(row)`."""
+    select = f"SELECT {', '.join(cols)} FROM {table}"
     whole = " AND ".join(f"typeof({c}) = 'integer'" for c in ("start", "end", "deviceId", "streamId"))
-    return f"{select} WHERE NOT ({whole} AND 0 <= start AND start <= end AND end <= {MAX_NS}) LIMIT 1"
+    for row in con.execute(f"{select} WHERE NOT ({whole} AND 0 <= start AND start <= end AND end <= {MAX_NS}) LIMIT 1"):
+        activity(path, *row[:4], name_of(row), row[4])
+    return select
 
 
 def _text(v) -> str:

@@ -11,26 +11,18 @@ from overlapkit.spec import runopts
 from overlapkit.spec.overlap import Overlap
 from overlapkit.spec.topology import DEFAULT_GPU, PINNED
 
-# The plan's audit rows that claim each class's overlap (spec/overlap.py's class). CP has no switch: Transformer
-# Engine's context-parallel attention always overlaps each K/V exchange with the previous chunk's attention
-# (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py AttnFuncWithCPAndKVP2P, v2.4), so
-# CP > 1 is a claim by itself.
+# The plan's audit rows that claim each class's overlap. CP has none: TE's context-parallel attention always
+# overlaps its K/V ring (attention/dot_product_attention/context_parallel.py, v2.4), so CP > 1 is a claim by itself.
 CLAIMS = {c: tuple(str(o) for o in Overlap if o.klass == c) for c in CLASSES if c != "cp"}
 
-# Exposed share above which a claimed overlap is a failure, with what is exposed by design below it.
+# Exposed share above which a claimed overlap is a failure, with what is exposed by design below it (sources: TE
+# comm_gemm_overlap.cpp CommOverlapP2PBase for TP's ring; core 0.19 pipeline_parallel/combined_1f1b.py for EP's).
 THRESHOLDS = {
-    # Userbuffers' ring exchange hides every chunk but one of the TP chunks of each GEMM (TE comm_gemm_overlap.cpp
-    # CommOverlapP2PBase: the first chunk's exchange has no GEMM before it), 1/TP <= 1/2 at TP >= 2.
     "tp": (0.5, "the first of TP chunks of each overlapped GEMM has nothing to hide under (1/TP of it at most 1/2)"),
-    # The same for CP's K/V ring: the first of CP exchanges precedes any attention (1/CP <= 1/2).
     "cp": (0.5, "the first of CP K/V exchanges of each attention precedes any compute (1/CP <= 1/2)"),
-    # Pipeline p2p in the warm-up and cool-down waits on a stage that is still computing: the bubble, expected.
     "pp": (0.5, "half of the p2p, plus the pipeline bubble (PP-1)/(M*VPP) of warm-up and cool-down, is expected"),
-    # The last bucket's reduce-scatter after the last backward (the DP tail) and the first bucket's all-gather
-    # before the first forward cannot overlap; with the several buckets per chunk Megatron's DDP makes, under 1/2.
+    # with the several buckets per chunk Megatron's DDP makes, the first and last are under half
     "dp": (0.5, "the DP tail after the last bucket and the first param all-gather are exposed by design"),
-    # Megatron's EP a2a overlap hides one micro-batch's dispatch/combine under another's compute
-    # (megatron/core/pipeline_parallel/combined_1f1b.py, core 0.19): the first dispatch and last combine are not.
     "ep": (0.5, "the first dispatch and the last combine of each step have no other micro-batch to hide under"),
 }
 # An overlap the plan says off that the profile shows at least this hidden: the plan (or the audit) misreads the run.
@@ -71,7 +63,7 @@ def threshold(cls: str, plan: dict) -> float:
 
 def claim(cls: str, lay: Layout) -> str:
     """ "on", "off" or "n/a": what the plan says about `cls`'s overlap."""
-    if lay.size(cls) < 2:
+    if getattr(lay, cls) < 2:
         return "n/a"
     if cls == "cp":
         return "on"
@@ -86,13 +78,9 @@ def findings(report: dict, plan: dict) -> list[dict]:
     out = []
     nums = [int(r.split("/")[0]) for r in report["ranks"] if r.split("/")[0].isdigit()]
     if bad := sorted(n for n in nums if n >= lay.gpus):
+        msg = f"profiled rank(s) {', '.join(map(str, bad))} but the plan has {lay.gpus} GPUs: not this plan's run"
         out.append(
-            _finding(
-                "profile_mismatch",
-                "error",
-                f"profiled rank(s) {', '.join(map(str, bad))} but the plan has {lay.gpus} GPUs: not this plan's run",
-                "give the RECIPE= / NODES= the profiled run was planned with",
-            )
+            _finding("profile_mismatch", "error", msg, "give the RECIPE= / NODES= the profiled run was planned with")
         )
     devices = {r["device"] for r in report["ranks"].values()}
     if len(devices) > min(8, lay.gpus):
@@ -109,41 +97,24 @@ def findings(report: dict, plan: dict) -> list[dict]:
         msg += "claims' thresholds are sized for that GPU"
         out.append(_finding("profile_gpu", "warning", msg, "plan with the GPU= the run ran on (h100, h200)"))
     if not any(c["kernels"] for c in (*report["classes"].values(), report.get("unclassified") or {"kernels": 0})):
-        out.append(
-            _finding(
-                "no_communication",
-                "error",
-                f"the profile holds no communication kernel at all, but the plan runs on {lay.gpus} GPUs: nothing "
-                "to check the overlaps against",
-                "profile the run's GPU activity with NCCL (nsys --trace=cuda,nvtx; the PyTorch profiler's CUDA "
-                "activities), over training steps",
-            )
-        )
+        msg = f"the profile holds no communication kernel at all, but the plan runs on {lay.gpus} GPUs: nothing to "
+        msg += "check the overlaps against"
+        fix = "profile the run's GPU activity with NCCL (nsys --trace=cuda,nvtx; the PyTorch profiler's CUDA "
+        out.append(_finding("no_communication", "error", msg, fix + "activities), over training steps"))
     foreign = any(f["level"] == "error" for f in out)  # no communication, or another layout: said once, above
     for cls in CLASSES:
         out += _class_findings(cls, report["classes"][cls], lay, plan, foreign)
     if unknown := report.get("unknown_comm"):
         top = ", ".join(f"{u['name'][:100]} ({u['kernels']} kernels, {u['ms']} ms)" for u in unknown[:3])
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-        out.append(
-            _finding(
-                "unknown_comm_kernel",
-                "warning",
-                f"{len(unknown)} kernel name(s) look like communication but no rule knows them, so they were counted "
-                f"as compute: {top}{more}",
-                "report the name (docs/overlap_report.md lists the families known and their sources)",
-            )
-        )
+        msg = f"{len(unknown)} kernel name(s) look like communication but no rule knows them, so they were counted "
+        fix = "report the name (docs/overlap_report.md lists the families known and their sources)"
+        out.append(_finding("unknown_comm_kernel", "warning", f"{msg}as compute: {top}{more}", fix))
     if u := report.get("unclassified"):
-        out.append(
-            _finding(
-                "unclassified_comm",
-                "warning",
-                f"{u['kernels']} communication kernels ({u['comm_ms']} ms, {u['exposed_ms']} ms exposed) could "
-                f"not be told apart: {', '.join(f'{k}: {n}' for k, n in u['candidates'].items())}",
-                "profile with Megatron's NVTX ranges on (SET=profiling.nvtx_ranges=true): they name who sent",
-            )
-        )
+        msg = f"{u['kernels']} communication kernels ({u['comm_ms']} ms, {u['exposed_ms']} ms exposed) could not be "
+        msg += f"told apart: {', '.join(f'{k}: {n}' for k, n in u['candidates'].items())}"
+        fix = "profile with Megatron's NVTX ranges on (SET=profiling.nvtx_ranges=true): they name who sent"
+        out.append(_finding("unclassified_comm", "warning", msg, fix))
     return out
 
 
@@ -151,49 +122,26 @@ def _class_findings(cls: str, c: dict, lay: Layout, plan: dict, foreign: bool) -
     """Class `cls`'s figures `c` against the plan's claim: an overlap said on with no kernel of its class (unless the
     profile is `foreign`, which is said once), a class the plan says cannot exist, an overlap said on whose class is
     exposed above its threshold, an overlap said off that the profile shows hidden."""
-    state = claim(cls, lay)
+    state, name, size = claim(cls, lay), cls.upper(), getattr(lay, cls)
     what = "context-parallel attention overlaps it" if cls == "cp" else f"the plan says {CLAIMS[cls][0]} is on"
     if c["kernels"] == 0:
         if state != "on" or foreign:
             return []
-        return [
-            _finding(
-                f"{cls}_overlap_unmeasured",
-                "error",
-                f"{cls.upper()}: {what} ({cls.upper()}={lay.size(cls)}), but the profile holds no {cls.upper()} "
-                "kernel: the profile missed it, or the overlap does not run as claimed",
-                "profile whole training steps of a rank that runs it (NSYS=<start>:<end> or "
-                f"TORCH_PROFILE=<start>:<end>); if it was profiled, {FIXES[cls]}",
-            )
-        ]
-    if lay.size(cls) < 2:
-        return [
-            _finding(
-                "class_not_in_plan",
-                "error",
-                f"{cls.upper()} communication in the profile ({c['kernels']} kernels, {c['comm_ms']} ms) but the "
-                f"plan has {cls.upper()}={lay.size(cls)}: the profile is not of this plan's layout",
-                f"profile a run of this plan, or plan the layout that ran ({SIZE_FIX[cls]})",
-            )
-        ]
+        msg = f"{name}: {what} ({name}={size}), but the profile holds no {name} kernel: the profile missed it, or the "
+        msg += "overlap does not run as claimed"
+        fix = "profile whole training steps of a rank that runs it (NSYS=<start>:<end> or TORCH_PROFILE=<start>:<end>)"
+        return [_finding(f"{cls}_overlap_unmeasured", "error", msg, f"{fix}; if it was profiled, {FIXES[cls]}")]
+    if size < 2:
+        msg = f"{name} communication in the profile ({c['kernels']} kernels, {c['comm_ms']} ms) but the plan has "
+        msg += f"{name}={size}: the profile is not of this plan's layout"
+        fix = f"profile a run of this plan, or plan the layout that ran ({SIZE_FIX[cls]})"
+        return [_finding("class_not_in_plan", "error", msg, fix)]
     share = c["exposed_share"]
     if state == "on" and share > (limit := threshold(cls, plan)):
-        return [
-            _finding(
-                f"{cls}_overlap_exposed",
-                "error",
-                f"{cls.upper()}: {what}, but {share:.1%} of its communication is exposed ({c['exposed_ms']} of "
-                f"{c['comm_ms']} ms; at most {limit:.0%} expected: {THRESHOLDS[cls][1]})",
-                FIXES[cls],
-            )
-        ]
+        msg = f"{name}: {what}, but {share:.1%} of its communication is exposed ({c['exposed_ms']} of {c['comm_ms']} "
+        msg += f"ms; at most {limit:.0%} expected: {THRESHOLDS[cls][1]})"
+        return [_finding(f"{cls}_overlap_exposed", "error", msg, FIXES[cls])]
     if state == "off" and c["comm_ms"] > 0 and share <= 1 - OFF_HIDDEN:
-        return [
-            _finding(
-                f"{cls}_hidden_while_off",
-                "warning",
-                f"{cls.upper()}: the plan says its overlap is off, yet {1 - share:.1%} of its communication is hidden "
-                f"under compute: the plan's claim understates this run",
-            )
-        ]
+        msg = f"{name}: the plan says its overlap is off, yet {1 - share:.1%} of its communication is hidden under "
+        return [_finding(f"{cls}_hidden_while_off", "warning", msg + "compute: the plan's claim understates this run")]
     return []

@@ -20,46 +20,33 @@ from overlapkit.profile.nsys_sqlite import MEMCPY_PTOP, Activity, Profile
 
 CLASSES = ("tp", "cp", "pp", "dp", "ep")
 
-# NCCL's device kernels are named ncclDevKernel_<Coll>_<RedOp>_<Type>_<Algo>_<Proto> and ncclDevKernel_SendRecv
-# since NCCL 2.19 (NVIDIA/nccl src/device/generate.py, v2.19.3+); NCCL <= 2.18 named them
-# ncclKernel_<Coll>_<Algo>_<Proto>_<RedOp>_<Type> (src/collectives/device/common.h NCCL_KERN_NAME, v2.18.6). NCCL 2.28
-# adds AllGatherV (src/device/generate.py's coll list; an all-gather of uneven sizes: the kind of an all-gather).
-# RCCL (ROCm/rccl) names its single device kernel ncclDevKernel_Generic, ncclDevKernel_Generic_1/_2/_4 (its
-# src/device/common.h unroll variants): the collective is not in the name, so every class that issues one is a
-# candidate ("Generic").
+# NCCL's device kernels: ncclDevKernel_<Coll>_<RedOp>_<Type>_<Algo>_<Proto> and ncclDevKernel_SendRecv since 2.19
+# (NVIDIA/nccl src/device/generate.py), ncclKernel_<Coll>_<Algo>_<Proto>_<RedOp>_<Type> up to 2.18 (v2.18.6
+# src/collectives/device/common.h); 2.28 adds AllGatherV (an uneven all-gather). RCCL's one kernel,
+# ncclDevKernel_Generic[_1|_2|_4] (ROCm/rccl src/device/common.h), names no collective: every class is a candidate.
 NCCL = re.compile(
     r"\bnccl(?:Dev)?Kernel_(AllGatherV|AllGather|ReduceScatter|AllReduce|SendRecv|Broadcast|Reduce|Generic)(?=_|\(|$)"
 )
-# NCCL >= 2.27's symmetric-memory kernels: ncclSymkDevKernel_<Coll>_<Algo>_<RedOp>_<Type>, e.g.
-# ncclSymkDevKernel_AllReduce_AGxLL_R_sum_bf16, ncclSymkDevKernel_ReduceScatter_LL_sum_f32,
-# ncclSymkDevKernel_AllGather_LLMC (NVIDIA/nccl src/device/symmetric/generate.py, v2.27).
+# NCCL >= 2.27's symmetric-memory kernels, e.g. ncclSymkDevKernel_AllReduce_AGxLL_R_sum_bf16
+# (NVIDIA/nccl src/device/symmetric/generate.py).
 NCCL_SYMK = re.compile(r"\bncclSymkDevKernel_(AllGather|ReduceScatter|AllReduce)(?=_|\(|$)")
-# Transformer Engine's userbuffers kernels (TP comm overlap): the reduce-scatter / all-gather kernels
-# userbuffers_fp16_sum_inplace_gpu_rr_rs, _rr_ag, _rw and their fp8 variants, and the p2p kernels kuserbuffers_pushsend,
-# _pushrecv, _pullsend, _pullrecv, _inc, _dummy (NVIDIA/TransformerEngine
-# transformer_engine/common/comm_gemm_overlap/userbuffers/userbuffers.cu, v2.4).
+# Transformer Engine's userbuffers kernels (TP comm overlap): userbuffers_*_rr_rs / _rr_ag / _rw and the p2p
+# kuserbuffers_pushsend, _pullrecv, ... (TE v2.4 common/comm_gemm_overlap/userbuffers/userbuffers.cu).
 USERBUFFERS = re.compile(r"\bk?userbuffers_\w+")
-# Expert-parallel dispatch/combine libraries, by their C++ namespace: DeepEP's deep_ep::intranode, ::internode and
-# ::internode_ll (dispatch, combine, notify_dispatch, cached_notify_combine, ...: deepseek-ai/DeepEP
-# csrc/kernels/intranode.cu, internode.cu, internode_ll.cu, v1.2.1); HybridEP's hybrid_ep (DeepEP
-# csrc/hybrid_ep/backend/hybrid_ep_backend.cuh, hybrid-ep branch), both Megatron flex-dispatcher backends
-# (megatron/core/transformer/moe/fused_a2a.py, core 0.19); DeepSeek's own build, dpsk::ep::internode::dispatch<...>,
-# ::combine, ::notify_dispatch, ::cached_notify (deepseek-ai/profile-data, the DeepSeek-V3 training profile); AMD's
-# Primus-Turbo fork, primus_turbo::deep_ep:: (AMD-AGI/Primus-Turbo csrc/kernels/deep_ep/); NCCL EP, the ncclep backend
-# (Core 0.19's third flex backend, through TE's transformer_engine.pytorch.ep): nccl_ep::internode_ll::dispatch<...>,
-# ::combine<...>, ::cleanLowLatencyBufferKernel (NVIDIA/nccl contrib/nccl_ep/device/low_latency.cu) and its JIT
-# kernels, extern "C": nccl_ep_jit_ht_dispatch_kernel, _combine_kernel, _scan_kernel (contrib/nccl_ep/device/jit/).
+# Expert-parallel dispatch/combine libraries, by C++ namespace: DeepEP's deep_ep:: (csrc/kernels/, v1.2.1) and
+# hybrid_ep:: (its hybrid-ep branch), Megatron's flex-dispatcher backends (core 0.19 moe/fused_a2a.py); DeepSeek's
+# own dpsk::ep:: (deepseek-ai/profile-data); AMD's primus_turbo::deep_ep:: (AMD-AGI/Primus-Turbo); NCCL EP's
+# nccl_ep:: and its extern "C" JIT kernels nccl_ep_jit_*_kernel (NVIDIA/nccl contrib/nccl_ep/, core 0.19's third
+# flex backend).
 DEEPEP = re.compile(r"\b(deep_ep|hybrid_ep|dpsk::ep|nccl_ep)::|\bnccl_ep_jit_\w+_kernel\b")
-# Names that look like communication: a kernel matching this that no rule above knows is reported (a warning with
-# its name and time), never silently taken for compute. NCCL/RCCL/NVSHMEM and the collectives' names.
+# Names that look like communication: one no rule above knows is reported (a warning), never silently compute.
 COMM_LIKE = re.compile(
     r"nccl|rccl|nvshmem|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|broadcast", re.IGNORECASE
 )
-# PyTorch traces name an NCCL kernel's process group (profile/torch_trace.py), and Megatron names its groups
-# (megatron/core/parallel_state.py initialize_model_parallel, group_desc=..., core 0.19): the group decides the class.
-# Groups that mix parallelisms (MODEL_PARALLEL_GROUP, TENSOR_AND_DATA_PARALLEL_GROUP, ...) and torch's default_pg
-# decide nothing: the name rules below then do. Prefixes, in order (the first that starts the description wins), after
-# HIERARCHICAL_ and INTRA_ / INTRA_PARTIAL_ (Megatron's sub-groups of the same kind) are dropped.
+# A PyTorch trace names an NCCL kernel's process group (torch_trace.py) and Megatron names its groups (core 0.19
+# parallel_state.py initialize_model_parallel, group_desc=): the first prefix that starts the description wins, after
+# HIERARCHICAL_ and INTRA_[PARTIAL_] (sub-groups of the same kind) are dropped. Mixed groups (MODEL_PARALLEL_GROUP,
+# TENSOR_AND_DATA_PARALLEL_GROUP, ...) and torch's default_pg decide nothing: the name rules then do.
 GROUPS = (
     ("EXPERT_DATA_PARALLEL_GROUP", "dp"),
     ("EXPERT_MODEL_PARALLEL_GROUP", "ep"),
@@ -69,8 +56,7 @@ GROUPS = (
     ("CONTEXT_PARALLEL_GROUP", "cp"),
     ("TENSOR_MODEL_PARALLEL_GROUP", "tp"),
     ("PIPELINE_MODEL_PARALLEL_GROUP", "pp"),
-    # the tied-embedding gradient all-reduce between the first and the last pipeline stage
-    ("EMBEDDING_GROUP", "pp"),
+    ("EMBEDDING_GROUP", "pp"),  # the tied embedding's gradient all-reduce, first and last stage
     ("POSITION_EMBEDDING_GROUP", "pp"),
 )
 
@@ -81,12 +67,10 @@ def group_class(desc: str) -> str | None:
     return next((cls for prefix, cls in GROUPS if d.startswith(prefix)), None)
 
 
-# Megatron's NVTX ranges, when Bridge's profiling.nvtx_ranges is on (megatron/core/utils.py nvtx_decorator names a
-# range <module>.<function>): every pipeline send/recv is issued inside a range of
-# megatron.core.pipeline_parallel.p2p_communication (its P2PCommunicator methods carry @nvtx_decorator(), core 0.19).
+# With profiling.nvtx_ranges, Megatron names a range <module>.<function> (core 0.19 utils.py nvtx_decorator), and
+# every pipeline send/recv runs in one of p2p_communication's (its P2PCommunicator methods are decorated).
 NVTX_PP = "pipeline_parallel.p2p_communication"
-# Transformer Engine's context-parallel attention (ring p2p of K/V): transformer_engine/pytorch/attention/
-# dot_product_attention/context_parallel.py AttnFuncWithCPAndKVP2P (v2.4) when it is wrapped in an NVTX range.
+# TE's context-parallel attention, K/V ring (attention/dot_product_attention/context_parallel.py, v2.4), in a range
 NVTX_CP = ("context_parallel", "AttnFuncWithCP")
 NVTX_EP = ("token_dispatcher", "moe_layer", "dispatch", "combine")
 
@@ -107,48 +91,32 @@ class Layout:
     @classmethod
     def of_plan(cls, plan: dict) -> Layout:
         lay, rows = plan["layout"], plan.get("audit", {}).get("rows", {})
-        return cls(
-            tp=lay["tp"],
-            pp=lay["pp"],
-            cp=lay.get("cp") or 1,
-            dp=lay["dp"],
-            ep=lay.get("ep") or 1,
-            gpus=lay["gpus"],
-            dispatcher=rows.get("moe_dispatcher", {}).get("detail", ""),
-            states={k: v["state"] for k, v in rows.items()},
-        )
-
-    def size(self, cls: str) -> int:
-        return getattr(self, cls)
+        sizes = {k: lay[k] for k in ("tp", "pp", "dp", "gpus")} | {k: lay.get(k) or 1 for k in ("cp", "ep")}
+        dispatcher = rows.get("moe_dispatcher", {}).get("detail", "")
+        return cls(**sizes, dispatcher=dispatcher, states={k: v["state"] for k, v in rows.items()})
 
     def candidates(self, op: str) -> tuple[str, ...]:
         """The classes that issue NCCL collective `op` in this layout (size > 1 only)."""
         a2a = self.ep > 1 and not self.dispatcher.startswith(("flex", "allgather"))
         gather = self.ep > 1 and self.dispatcher.startswith("allgather")
         who = {
-            # Megatron's sequence parallel (TP all-gather / reduce-scatter when userbuffers is off or falls back),
-            # the distributed optimizer's param all-gather / grad reduce-scatter over DP, and the allgather
-            # dispatcher's token all-gather / reduce-scatter over EP (megatron/core/transformer/moe/
-            # token_dispatcher.py MoEAllGatherTokenDispatcher, core 0.19).
+            # sequence parallel without userbuffers (TP), the distributed optimizer (DP), the allgather dispatcher
+            # (EP: core 0.19 moe/token_dispatcher.py MoEAllGatherTokenDispatcher)
             "AllGather": ("tp", "dp") + (("ep",) if gather else ()),
             "ReduceScatter": ("tp", "dp") + (("ep",) if gather else ()),
-            # TP without sequence parallel, DP grads without the distributed optimizer.
+            # TP without sequence parallel, DP without the distributed optimizer
             "AllReduce": ("tp", "dp"),
-            # Pipeline p2p (batch_isend_irecv), CP's K/V ring (cp_comm_type p2p, Megatron's default), and the
-            # alltoall dispatcher: torch's all_to_all_single is grouped ncclSend/ncclRecv, one SendRecv kernel
-            # (NCCL has no all-to-all kernel: src/collectives.cc v2.21).
+            # pipeline p2p, CP's K/V ring (cp_comm_type p2p), the alltoall dispatcher (NCCL has no all-to-all
+            # kernel: torch's all_to_all_single is grouped send/recv, src/collectives.cc v2.21)
             "SendRecv": ("pp", "cp") + (("ep",) if a2a else ()),
-            # Megatron's broadcast_data of each batch within the TP group (megatron/core/tensor_parallel/data.py);
-            # without TP, torch DDP's broadcast of module buffers at each forward (torch/nn/parallel/distributed.py
-            # _sync_buffers, broadcast_buffers=True) over the data-parallel group. Megatron's own DDP broadcasts
-            # nothing per step (megatron/core/distributed/distributed_data_parallel.py: broadcast_params at setup
-            # only), so with TP > 1 a per-step Broadcast is TP's.
+            # each batch's broadcast_data in the TP group (core tensor_parallel/data.py); without TP, torch DDP's
+            # per-forward buffer broadcast (distributed.py _sync_buffers). Megatron's DDP broadcasts only at setup.
             "Broadcast": ("tp",) if self.tp > 1 else ("dp",),
             "Reduce": ("dp",),
         }
         who["AllGatherV"] = who["AllGather"]
         who["Generic"] = tuple(dict.fromkeys(c for cs in who.values() for c in cs))  # RCCL: any collective
-        return tuple(c for c in who[op] if self.size(c) > 1)
+        return tuple(c for c in who[op] if getattr(self, c) > 1)
 
 
 # Where a kind names no class of this layout, the class it would be in a layout that has one: reported as a class
@@ -164,26 +132,14 @@ def kind_of(a: Activity) -> str | None:
     return name_kind(a.name)
 
 
-_KINDS: dict[str, str | None] = {}  # each distinct name matched once: a profile repeats each name thousands of times
-
-
+@functools.lru_cache(maxsize=1 << 20)  # a profile repeats each name thousands of times; bounded against hostile ones
 def name_kind(name: str) -> str | None:
     """The communication kind a kernel name says, or None (compute)."""
-    try:
-        return _KINDS[name]
-    except KeyError:
-        pass
     if m := NCCL.search(name) or NCCL_SYMK.search(name):
-        kind = m.group(1)
-    elif USERBUFFERS.search(name):
-        kind = "userbuffers"
-    elif DEEPEP.search(name):
-        kind = "deepep"
-    else:
-        kind = None
-    if len(_KINDS) < 1_000_000:  # bounded: a hostile profile of distinct names is still classified, just uncached
-        _KINDS[name] = kind
-    return kind
+        return m.group(1)
+    if USERBUFFERS.search(name):
+        return "userbuffers"
+    return "deepep" if DEEPEP.search(name) else None
 
 
 @dataclass

@@ -62,15 +62,8 @@ def png_target(text: str, *, force: bool = False, own: bool = False) -> Path:
     return path
 
 
-COLORS = {
-    "compute": "#9e9e9e",
-    "tp": "tab:blue",
-    "cp": "tab:purple",
-    "pp": "tab:green",
-    "dp": "tab:orange",
-    "ep": "tab:cyan",
-    "unclassified": "black",
-}
+COLORS = {"compute": "#9e9e9e", "tp": "tab:blue", "cp": "tab:purple", "pp": "tab:green", "dp": "tab:orange"}
+COLORS |= {"ep": "tab:cyan", "unclassified": "black"}
 COLUMNS = ("rank", "class", "kernels", "comm ms", "hidden ms", "exposed ms", "exposed")
 
 
@@ -84,15 +77,8 @@ def table(report: dict) -> Table:
             c = classes.get(cls) if cls != "unclassified" or rank != "all" else report.get("unclassified")
             if not c or not c["kernels"]:
                 continue
-            t.add_row(
-                safe(rank),
-                cls,
-                str(c["kernels"]),
-                f"{c['comm_ms']:.3f}",
-                f"{c['hidden_ms']:.3f}",
-                f"{c['exposed_ms']:.3f}",
-                f"{c['exposed_share']:.1%}",
-            )
+            ms = (f"{c[k]:.3f}" for k in ("comm_ms", "hidden_ms", "exposed_ms"))
+            t.add_row(safe(rank), cls, str(c["kernels"]), *ms, f"{c['exposed_share']:.1%}")
     return t
 
 

@@ -7,9 +7,8 @@ union of every compute interval on the same device (any stream). It is measured 
 tells steps apart (Bridge's train_step NVTX range, the PyTorch profiler's ProfilerStep#N), otherwise over the
 profiled window, and the report says which.
 
-`report_run(run_dir)` and `report_profiles(paths, plan)` return the report as JSON-ready data; `timeline_png` draws one
-step of one rank; `write_run` leaves both in a run directory (spec/runopts.py: OVERLAP_JSON, OVERLAP_PNG). Bad input
-raises ProfileError (one line).
+`report_profiles(paths, plan)` returns the report as JSON-ready data, `timeline_png` draws one step of one rank,
+`write` does both and leaves them in a run directory (`run_inputs`). Bad input raises ProfileError (one line).
 """
 
 from __future__ import annotations
@@ -25,16 +24,11 @@ from overlapkit.profile import overlap_classes as oc
 from overlapkit.profile.nsys_sqlite import Profile, ProfileError, load, profile_files, rank_of
 from overlapkit.profile.torch_trace import STEP_PREFIX
 from overlapkit.spec.planfile import read_plan
-from overlapkit.spec.runopts import NSYS_DIR, OVERLAP_JSON, OVERLAP_PNG, TORCH_DIR, planned_window
-
-__all__ = ["ProfileError", "report_run", "report_profiles", "timeline_png", "write_run", "measure", "union", "subtract"]
-__all__ += ["per_span", "steps_of"]
-
-# --- interval arithmetic on half-open [start, end) nanosecond intervals --------------------------------------------
+from overlapkit.spec.runopts import NSYS_DIR, OVERLAP_JSON, TORCH_DIR, planned_window
 
 
 def union(intervals) -> list[tuple[int, int]]:
-    """Sorted, disjoint, non-touching intervals covering exactly the given ones."""
+    """Sorted, disjoint, non-touching intervals covering exactly the given half-open [start, end) ns ones."""
     out: list[tuple[int, int]] = []
     cur_s = cur_e = None
     for s, e in sorted(intervals):
@@ -90,13 +84,8 @@ def per_span(intervals: list[tuple[int, int]], spans: list[tuple[int, int]]) -> 
     return out
 
 
-# --- steps ----------------------------------------------------------------------------------------------------------
-
-# Bridge wraps every training iteration in an NVTX range when profiling.nvtx_ranges is on: train_step carries
-# @nvtx_decorator() (megatron/bridge/training/train.py, Bridge 0.6.2), named <module>.<function> by Megatron's
-# nvtx_decorator (megatron/core/utils.py, core 0.19). A PyTorch-profiler trace has its own: torch.profiler's
-# profile.step() opens a ProfilerStep#<N> range per step (torch/profiler/profiler.py), which Bridge calls once per
-# iteration (training/profiling.py handle_profiling_step).
+# With profiling.nvtx_ranges, each iteration is Bridge's train_step range (training/train.py, 0.6.2: @nvtx_decorator,
+# <module>.<function>); in a PyTorch trace, torch.profiler's ProfilerStep#<N>, which Bridge steps once per iteration.
 STEP_RANGE = "train_step"
 STEP_SOURCES = {"nvtx": "Bridge's train_step NVTX ranges", "profiler_step": "the PyTorch profiler's ProfilerStep#N"}
 
@@ -142,9 +131,6 @@ def steps_of(prof: Profile, device: int) -> tuple[str, list[tuple[int, int]]]:
         tails = [min(e, nxt[0]) for (_, e), nxt in zip(spans, spans[1:], strict=False)] + [spans[-1][1]]
         return source, [(s, max(s, e)) for (s, _), e in zip(spans, tails, strict=True)]
     return "window", [(min(a.start for a in acts), max(a.end for a in acts))]
-
-
-# --- measurement ----------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -312,14 +298,10 @@ def _ms(ns: int) -> float:
     return round(ns / 1e6, 3)  # a microsecond is the finest figure the report gives
 
 
-def _entry(comm: int, exposed: int, kernels: int) -> dict:
-    return {
-        "comm_ms": _ms(comm),
-        "hidden_ms": _ms(comm - exposed),
-        "exposed_ms": _ms(exposed),
-        "exposed_share": round(exposed / comm, 4) if comm else 0.0,
-        "kernels": kernels,
-    }
+def _entry(comm: int, exposed: int, kernels: int | None = None) -> dict:
+    share = round(exposed / comm, 4) if comm else 0.0
+    out = {"comm_ms": _ms(comm), "hidden_ms": _ms(comm - exposed), "exposed_ms": _ms(exposed), "exposed_share": share}
+    return out if kernels is None else out | {"kernels": kernels}  # a step's kernels are counted in the window's
 
 
 def report_of(m: Measured) -> dict:
@@ -328,10 +310,7 @@ def report_of(m: Measured) -> dict:
         names = [c for c in (*oc.CLASSES, "unclassified") if c in t.kernels]
         per_step = []
         for i, (span, fig) in enumerate(zip(t.steps, t.figures, strict=True)):
-            row = {c: _entry(*fig[c], t.kernels[c]) for c in names}
-            for c in names:
-                del row[c]["kernels"]  # counted once, for the whole window
-            per_step.append({"step": i, "span_ms": _ms(span[1] - span[0])} | row)
+            per_step.append({"step": i, "span_ms": _ms(span[1] - span[0])} | {c: _entry(*fig[c]) for c in names})
         figs = t.figures
         ranks[t.rank] = {
             "file": t.file,
@@ -351,12 +330,10 @@ def report_of(m: Measured) -> dict:
     if unclassified is not None:
         unclassified["candidates"] = dict(m.unclassified)
     sources = sorted({t.step_source for t in m.traces})
-    if len(sources) == 1 and sources[0] in STEP_SOURCES:
-        how = f"per step: {STEP_SOURCES[sources[0]]} ranges"
-    elif "window" in sources:
+    if "window" in sources:
         how = "per profiled window (no train_step NVTX or ProfilerStep ranges in the trace: steps not told apart)"
     else:
-        how = "per step: " + " and ".join(STEP_SOURCES[s] for s in sources if s in STEP_SOURCES) + " ranges"
+        how = "per step: " + " and ".join(STEP_SOURCES[s] for s in sources) + " ranges"
     planned = (planned_window(m.plan.get("run")) or (None, {}))[1]
     report = {
         "recipe": m.plan.get("recipe"),
@@ -402,12 +379,6 @@ def run_inputs(run_dir: Path) -> tuple[list[Path], dict]:
 PROFILE_HINT = "launch with NSYS=<start>:<end>, or TORCH_PROFILE=<start>:<end> for the PyTorch profiler"
 
 
-def report_run(run_dir: Path) -> dict:
-    """The report of a run directory as `make plan` / `make submit` wrote it, with the profiles in nsys/ or
-    torch_profile/."""
-    return report_of(measure(*run_inputs(run_dir)))
-
-
 def timeline_png(m: Measured, out_path: Path) -> Path:
     """One PNG: one step of the first rank (its most exposed profiled step), compute and each class on their streams,
     exposed communication marked; written atomically, never through a link at `out_path`."""
@@ -418,11 +389,12 @@ def timeline_png(m: Measured, out_path: Path) -> Path:
     return overlap_render.draw(m.timeline, Path(out_path))
 
 
-def save(m: Measured, report: dict, png: Path, run_dir: Path | None = None) -> str | None:
-    """The timeline drawn at `png` with its path in report["timeline"], then, for a run directory, the report as its
-    OVERLAP_JSON. None, or why the picture could not be written (a read-only directory: the figures stand without
-    it)."""
-    warning = None
+def write(files: list[Path], plan: dict, png: Path, run_dir: Path | None = None) -> tuple[dict, str | None]:
+    """The report of `files` against `plan` with its timeline drawn at `png` (its path in report["timeline"]), and for
+    a run directory, written as its OVERLAP_JSON; and None, or why the picture could not be written (a read-only
+    directory: the figures stand without it)."""
+    m = measure(files, plan)
+    report, warning = report_of(m), None
     try:
         report["timeline"] = str(timeline_png(m, png))
     except OSError as exc:
@@ -430,11 +402,4 @@ def save(m: Measured, report: dict, png: Path, run_dir: Path | None = None) -> s
         warning = f"the timeline was not written to {png} ({exc.strerror or exc})"
     if run_dir is not None:
         jsonio.write_json(Path(run_dir) / OVERLAP_JSON, report)
-    return warning
-
-
-def write_run(run_dir: Path) -> str | None:
-    """A run directory's report and timeline written into it (OVERLAP_JSON, OVERLAP_PNG), as `make overlap-report RUN=`
-    leaves them; save's warning. Raises ProfileError as report_run."""
-    m = measure(*run_inputs(Path(run_dir)))
-    return save(m, report_of(m), Path(run_dir) / OVERLAP_PNG, Path(run_dir))
+    return report, warning

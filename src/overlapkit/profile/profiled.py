@@ -1,29 +1,23 @@
-"""A profiled rank in the job (NSYS=<start>:<end>): Nsight Systems around this rank's training, the report's SQLite
-export beside it in `<run dir>/nsys/rank<R>.{nsys-rep,sqlite}`, and the run's overlap report once every profiled rank
-has exported, under the names `make overlap-report RUN=<run dir>` writes (spec/runopts.py: OVERLAP_JSON and
-OVERLAP_PNG), so the directory is reportable as the job left it and the nightly reads and links the same files.
-Standard library only at import (cluster/preflight.py, spec/runopts.py likewise): launch/entry.py calls it before
-its preflight.
+"""A profiled rank in the job. NSYS=<start>:<end>: Nsight Systems around this rank's training, its SQLite export in
+`<run dir>/nsys/rank<R>.{nsys-rep,sqlite}`, and the run's overlap report once every profiled rank has exported,
+under the names `make overlap-report RUN=` writes (spec/runopts.py), so the nightly reads the directory as the job
+left it. Standard library only at import: launch/entry.py calls it before its preflight.
 
-Why the entry wraps its own rank instead of nemo_run's launcher prefix (what Bridge's NsysPlugin sets up):
+Why the entry wraps its own rank instead of nemo_run's launcher prefix (Bridge's NsysPlugin):
 
-- Nsight Systems writes its report when the profiled program exits (a cudaProfilerStart/Stop range leaves the
-  program running; Nsight Systems User Guide, "Profiling from the CLI"), so nothing inside the program can export
-  it. Its parent can, on its own node: launch/entry.py on a profiled rank starts `nsys profile ... python
-  launch/entry.py ...` as a child and runs `nsys export --type sqlite` after it, whichever nodes the ranks are on.
-- One command line for every launch path (nemo_run, the plain sbatch script, run-local), on the profiled ranks only.
-- SQLite export fails where the destination filesystem has no file locking (Nsight Systems exporter, "Known
-  issues"), as parallel filesystems are often mounted: it is written to the node's $TMPDIR and copied into the run
-  directory under a temporary name, then renamed, so a reader never sees half a file.
+- nsys writes its report when the profiled program exits (Nsight Systems User Guide, "Profiling from the CLI"), so
+  only its parent can export it: on a profiled rank, launch/entry.py runs `nsys profile ... python launch/entry.py`
+  as a child, then `nsys export --type sqlite`, on whichever node the rank is. One command line for every launch
+  path (nemo_run, the plain sbatch script, run-local).
+- SQLite export fails on filesystems without file locking (the exporter's "Known issues"), as parallel ones often
+  are: it is written to the node's $TMPDIR, copied in under a temporary name, then renamed.
 - srun ends a step 60 s after its first task exits (nemo_run's `--wait=60`): every rank waits, after training, for
-  the report's marker (`nsys/report.done`), so no task exits while a profiled rank still exports.
+  the report's marker (`nsys/report.done`).
 
-With TORCH_PROFILE=<start>:<end> instead, Bridge's own PyTorch profiler runs inside the training
-(profiling.use_pytorch_profiler) and writes `<tensorboard_dir>/../torch_profile/rank-<R>.json.gz`
-(training/profiling.py initialize_pytorch_profiler, Bridge 0.6.2), a directory shared by every run that logs there.
-After training each profiled rank copies its trace into `<run dir>/torch_profile/` under the same name (a
-temporary name, then renamed), the first profiled rank writes the report once every trace is there, and every rank
-waits for its marker (`torch_profile/report.done`), as with nsys.
+TORCH_PROFILE=<start>:<end>: Bridge's PyTorch profiler writes `<tensorboard_dir>/../torch_profile/rank-<R>.json.gz`
+(Bridge 0.6.2 training/profiling.py), a directory shared by every run that logs there. Each profiled rank copies its
+trace into `<run dir>/torch_profile/` (a temporary name, then renamed), the first writes the report once every trace
+is there, and every rank waits for `torch_profile/report.done`, as with nsys.
 """
 
 from __future__ import annotations
@@ -41,7 +35,7 @@ from pathlib import Path
 from overlapkit import jsonio
 from overlapkit.errors import BadInput
 from overlapkit.profile.nsys_sqlite import export  # standard library only, as this module
-from overlapkit.spec.runopts import NSYS_DIR, NSYS_FIX, TORCH_DIR
+from overlapkit.spec.runopts import NSYS_DIR, NSYS_FIX, OVERLAP_PNG, TORCH_DIR
 from overlapkit.spec.topology import env_int
 
 UNDER_NSYS = "OVERLAPKIT_UNDER_NSYS"  # set in the child nsys profiles: it trains, the parent exports
@@ -49,15 +43,9 @@ UNDER_NSYS = "OVERLAPKIT_UNDER_NSYS"  # set in the child nsys profiles: it train
 # (kernels, memcpys, NCCL's NVTX ranges: what the overlap report classifies), no CPU sampling; collect only between
 # Bridge's cudaProfilerStart and cudaProfilerStop (training/profiling.py) and keep the program running after;
 # CUDA graphs traced per node, no CUDA event trace. Bridge's NsysPlugin asks nemo_run for the same ones.
-PROFILE_ARGS = (
-    "profile",
-    "--sample=none",
-    "--trace=nvtx,cuda",
-    "--capture-range=cudaProfilerApi",
-    "--capture-range-end=stop",
-    "--cuda-graph-trace=node",
-    "--cuda-event-trace=false",
-    "--force-overwrite=true",
+PROFILE_ARGS = tuple(
+    "profile --sample=none --trace=nvtx,cuda --capture-range=cudaProfilerApi --capture-range-end=stop "
+    "--cuda-graph-trace=node --cuda-event-trace=false --force-overwrite=true".split()
 )
 WAIT_S = 1800  # for the other ranks' exports: a 2-step trace of a large model exports in minutes, not half an hour
 DONE = "report.done"
@@ -200,10 +188,10 @@ def write_report(run_dir: Path, ranks, wait_s: float = WAIT_S, failed=(), where:
 
 
 def write_overlap(run_dir: Path) -> str | None:
-    """What `make overlap-report RUN=<run dir>` writes (overlap_report.write_run); None, or the timeline's problem."""
+    """What `make overlap-report RUN=<run dir>` writes; None, or the timeline's problem."""
     from overlapkit.profile import overlap_report
 
-    return overlap_report.write_run(Path(run_dir))
+    return overlap_report.write(*overlap_report.run_inputs(run_dir), Path(run_dir) / OVERLAP_PNG, Path(run_dir))[1]
 
 
 def hold(run_dir: Path, wait_s: float = WAIT_S, where: str = NSYS_DIR) -> bool:

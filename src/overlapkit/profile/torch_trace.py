@@ -1,25 +1,20 @@
-"""Reading one PyTorch-profiler trace (Kineto's Chrome-trace JSON, `.json` or gzipped `.json.gz`) into the same
-Profile as an Nsight export (profile/nsys_sqlite.py), so the overlap report measures either the same way.
+"""Reading one PyTorch-profiler trace (Kineto's Chrome-trace JSON, `.json` or `.json.gz`) into the same Profile as
+an Nsight export (profile/nsys_sqlite.py), so the overlap report measures either the same way.
 
-What Megatron Bridge 0.6.2 writes with `profiling.use_pytorch_profiler` (training/profiling.py
-initialize_pytorch_profiler: `<tensorboard_dir>/../torch_profile/rank-<R>.json.gz`, one per profiled rank), and
-what `torch.profiler.profile(...).export_chrome_trace` writes anywhere else. The fields used are Kineto's
-(pytorch/kineto libkineto/src/output_json.cpp, as in the traces of Holistic Trace Analysis' test data):
+What Bridge 0.6.2 writes with `profiling.use_pytorch_profiler` (training/profiling.py: `<tensorboard_dir>/../
+torch_profile/rank-<R>.json.gz`) and `torch.profiler.profile(...).export_chrome_trace` anywhere else. Kineto's fields
+(pytorch/kineto libkineto/src/output_json.cpp; Holistic Trace Analysis' test traces):
 
-- `traceEvents` with `ph: "X"` complete events: `cat` "kernel" (GPU kernels), "gpu_memcpy" (copies; "Memcpy PtoP"
-  is a peer-to-peer copy, Nsight's copyKind 10), "cuda_runtime"/"cuda_driver" (the launches, tied to their kernel
-  by `args.correlation`), "user_annotation" (record_function ranges on the CPU: `ProfilerStep#N` is one training
-  step, torch/profiler/profiler.py `profile.step`). `ts` and `dur` are microseconds, whole or with three decimals
-  (ns). GPU events carry `args.device`, `args.stream`, `args.correlation`.
-- `distributedInfo.rank`: the global rank (torch/profiler/profiler.py `_get_distributed_info`).
-- `deviceProperties[].name`: the GPUs.
-- On an NCCL kernel, in recent PyTorch (2.2+: torch/csrc/profiler/util.cpp saveNcclMeta), `args["Process Group
-  Description"]` (Megatron's group_desc, e.g. TENSOR_MODEL_PARALLEL_GROUP) and `args["Process Group Name"]`.
+- `traceEvents`, `ph: "X"` complete events of `cat` "kernel", "gpu_memcpy" ("Memcpy PtoP": Nsight's copyKind 10),
+  "cuda_runtime"/"cuda_driver" (launches, tied to their kernel by `args.correlation`) and "user_annotation"
+  (record_function ranges; `ProfilerStep#N` is one step, torch/profiler/profiler.py `profile.step`). `ts` and `dur`
+  are microseconds, whole or with three decimals; GPU events carry `args.device`, `args.stream`, `args.correlation`.
+- `distributedInfo.rank` (the global rank), `deviceProperties[].name` (the GPUs), and on an NCCL kernel (PyTorch
+  2.2+, torch/csrc/profiler/util.cpp saveNcclMeta) `args["Process Group Description"]` (Megatron's group_desc).
 
-Why our own reader rather than Holistic Trace Analysis' (its TraceParser): HTA rounds every timestamp to whole
-microseconds (and is a pandas stack this repository does not otherwise need); the report's figures are exact to the
-nanosecond, so `ts` and `dur` are parsed from their decimal text (json's parse_float hook) into integer ns, never
-through a float: 1.7e15 us times 1000 in float64 is off by up to 256 ns.
+Our own reader rather than HTA's TraceParser: HTA rounds every timestamp to whole microseconds (and is a pandas
+stack); the report is exact to the nanosecond, so `ts` and `dur` are parsed from their decimal text (json's
+parse_float hook) into integer ns, never through a float (1.7e15 us x 1000 in float64 is off by up to 256 ns).
 """
 
 from __future__ import annotations
@@ -42,8 +37,7 @@ from overlapkit.profile.nsys_sqlite import (
 
 # Kineto's memcpy names ("Memcpy HtoD (Pageable -> Device)", ...) → CUPTI's copy kinds (cupti_activity.h
 # CUpti_ActivityMemcpyKind), so a copy is treated as an Nsight export's would be.
-COPY_KINDS = {"HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9}
-COPY_KINDS["PtoP"] = MEMCPY_PTOP
+COPY_KINDS = dict(HtoD=1, DtoH=2, HtoA=3, AtoH=4, AtoA=5, AtoD=6, DtoA=7, DtoD=8, HtoH=9, PtoP=MEMCPY_PTOP)
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 STEP_PREFIX = "ProfilerStep#"
 NOT_TRACE = "not a PyTorch-profiler trace (Kineto's JSON: torch.profiler's export_chrome_trace)"

@@ -29,7 +29,7 @@ from nsys_fixtures import (
 
 from overlapkit import paths
 from overlapkit.nightly import exposed
-from overlapkit.profile import nsys_sqlite, overlap_claims, overlap_classes, overlap_render, overlap_report
+from overlapkit.profile import nsys_sqlite, overlap_claims, overlap_classes, overlap_render, overlap_report, profiled
 from overlapkit.profile.nsys_sqlite import ProfileError
 
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"  # TP4 (userbuffers) PP4 CP2 VPP5 DP2
@@ -262,14 +262,17 @@ def test_run_directory_reads_plan_and_nsys(planned, tmp_path, make_here):
     (run / "nsys").mkdir(parents=True)
     (run / "plan.json").write_text(json.dumps(planned(R70).to_dict(), default=str))
     dense_step(run / "nsys")
-    assert overlap_report.report_run(run)["classes"]["pp"]["exposed_ms"] == 0.08
+    assert (
+        overlap_report.report_of(overlap_report.measure(*overlap_report.run_inputs(run)))["classes"]["pp"]["exposed_ms"]
+        == 0.08
+    )
     code, out, err = make_here("overlap-report", f"RUN={run}", "FORMAT=json")
     assert code == 1 and json.loads(out)["classes"]["dp"]["exposed_share"] == 0.25
     assert (run / "overlap_timeline.png").is_file() and (run / "overlap_report.json").is_file()
     assert err.startswith("error: [pp_overlap_exposed]")
     made = json.loads((run / "overlap_report.json").read_text())
     (run / "overlap_report.json").unlink()
-    assert overlap_report.write_run(run) is None  # what the job's first profiled rank calls (profile/profiled.py)
+    assert profiled.write_overlap(run) is None  # what the job's first profiled rank calls (profile/profiled.py)
     assert json.loads((run / "overlap_report.json").read_text()) == made  # the same file under the same names
     report, why = exposed.read(run)  # and what the nightly reads
     assert why is None and exposed.shares(report) == {"tp": 0.4167, "cp": 0.0, "pp": 1.0, "dp": 0.25}

@@ -186,6 +186,9 @@ def test_the_job_leaves_the_report_make_overlap_report_writes(job, planned, monk
     assert done == {"missing_exports": [], "error": None}
     written = json.loads((run_dir / "overlap_report.json").read_text())
     assert written["timeline"] == str(run_dir / "overlap_timeline.png") and (run_dir / "overlap_timeline.png").is_file()
-    assert written == {**overlap_report.report_run(run_dir), "timeline": written["timeline"]}
+    assert written == {
+        **overlap_report.report_of(overlap_report.measure(*overlap_report.run_inputs(run_dir))),
+        "timeline": written["timeline"],
+    }
     report, why = exposed.read(run_dir)  # what the nightly's column and rule 6 read
     assert why is None and exposed.shares(report) == {"tp": 0.4167, "cp": 0.0, "pp": 1.0, "dp": 0.25}

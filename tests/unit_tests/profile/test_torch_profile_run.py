@@ -84,7 +84,10 @@ def test_after_training_the_run_directory_holds_trace_report_and_marker(torch_ru
     done = json.loads((run_dir / TORCH_DIR / profiled.DONE).read_text())
     assert done == {"missing_exports": [], "error": None}
     written = json.loads((run_dir / "overlap_report.json").read_text())
-    assert written == {**overlap_report.report_run(run_dir), "timeline": str(run_dir / "overlap_timeline.png")}
+    assert written == {
+        **overlap_report.report_of(overlap_report.measure(*overlap_report.run_inputs(run_dir))),
+        "timeline": str(run_dir / "overlap_timeline.png"),
+    }
     assert written["ranks"]["0"]["steps"] == {"source": "profiler_step", "count": 3}
     report, why = exposed.read(run_dir)  # what the nightly reads
     assert why is None and set(exposed.shares(report)) == {"dp"}
