@@ -107,15 +107,8 @@ def read_plan(run_dir: Path) -> dict:
     if path.is_symlink():
         raise jsonio.file_problem(path, f"is a symbolic link (to {os.readlink(path)!r})", ROLE, FIX)
     plan = jsonio.read_json(path, role=ROLE, fix=FIX, keys=("recipe", "layout", "audit"))
-    if problem := plan_problem(plan):
-        raise jsonio.file_problem(path, problem, ROLE, FIX)
-    return plan
-
-
-def plan_problem(plan: dict) -> str | None:
-    """What is wrong with a plan.json's content (field, value, what it should be), or None."""
     try:
         Plan.model_validate(plan)
-    except ValidationError as exc:
-        return model.problem(exc, plan, MESSAGES)
-    return None
+    except ValidationError as exc:  # the field, its value, what it should be
+        raise jsonio.file_problem(path, model.problem(exc, plan, MESSAGES), ROLE, FIX) from None
+    return plan
