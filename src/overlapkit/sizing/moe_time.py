@@ -71,16 +71,12 @@ class Moe:
         distinct experts fall in. Group-limited routing draws them from group_topk of the router's groups only
         (megatron/core/transformer/moe/moe_utils.py `group_limited_topk`): a slice aligned with whole groups is one
         of group_topk·parts/groups candidates."""
+        experts = self.experts
         if self.groups and self.group_topk and parts % self.groups == 0:
-            open_parts = parts * self.group_topk // self.groups
-            return self._hit(self.experts * self.group_topk // self.groups, open_parts)
-        return self._hit(self.experts, parts)
-
-    def _hit(self, experts: int, parts: int) -> float:
+            experts, parts = experts * self.group_topk // self.groups, parts * self.group_topk // self.groups
         if parts <= 1:
             return 1.0
-        per = experts // parts
-        miss = math.comb(experts - per, self.topk) / math.comb(experts, self.topk)
+        miss = math.comb(experts - experts // parts, self.topk) / math.comb(experts, self.topk)
         return parts * (1 - miss)
 
     def busiest_rank(self, tokens: float) -> float:

@@ -1,12 +1,8 @@
 """The one reader of a run directory's plan.json (bridge/build.py writes it): every command that reads a plan back (make
 status, make bless, the nightly's report, the overlap report, make calibrate, the in-job entry) gets it through
 `read_plan`, checked by the model `Plan`, or one line naming the file, the field and the fix. No torch, no Bridge:
-launch/entry.py reads the plan before anything may import torch.
-
-What is checked is what a reader relies on: the recipe's name (printed, so no control characters), the layout's
-sizes (whole numbers ≥ 1: a plan with 0 GPUs or DP −4 is a broken file, not a profile to blame), the audit's shape,
-and the run's checkpoint and profiler window (NSYS or TORCH_PROFILE). A plan.json that is a link is refused as one:
-make plan writes a file.
+launch/entry.py reads the plan before anything may import torch. What is checked is what a reader relies on; a
+plan.json that is a link is refused as one (make plan writes a file).
 """
 
 from __future__ import annotations
