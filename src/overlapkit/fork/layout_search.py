@@ -1,22 +1,10 @@
-"""Layout search: every TP/PP/VPP/CP/MBS split of a model over N H100s that divides, fits memory and keeps the overlap
-stack on, ranked, each with a one-line "why".
+"""Layout search: every TP/PP/VPP/CP/MBS(/EP) split of a model over N H100s that divides (the audit's rules), fits
+memory and keeps the overlap stack on, ranked, each with a one-line "why" (docs/forking.md, step 2, says the rules).
 
-Divisibility follows the audit (overlapkit.bridge.audit): heads and query groups by TP, layers (+ Bridge's
-embedding/loss accounting) by PP·VPP, GPUs by TP·PP·CP, seq by TP and 2·CP, GBS by DP·MBS. Each layout that divides
-is the recipe's own config at that layout (`Recipe.build`: what the forked file builds, its FROM recipe's knobs,
-recompute and dispatcher included, with the overlap stack applied), sized and predicted by the plan's own code:
-sizing.memory.estimate; Bridge's resolve, the audit's overlap table and plan.build.model_inputs, the one derivation
-of a prediction's inputs, on the cluster's calibration. So the number the search ranks a layout by is the number
-`make plan` of the written file prints. PP>1 is only searched with VPP>1: the audit rejects PP without VPP (no p2p
-overlap). Ranking, best first: at least 10% of the memory budget free (the estimate's error bar: a tight layout is
-one allocator spike from an OOM); then DP>1 (DP1 has no DP overlap, which the audit warns about: the search keeps the
-overlap stack on wherever a layout with DP>1 fits); then the predicted TFLOP/s per GPU (overlapkit.sizing.throughput;
-within 2% of the best of the leading class is a tie); ties by the rules of thumb: an exact Bridge userbuffers
-preset (or TP=1, where TP overlap is n/a) before the explicit opt-in `overlap.tp_preset=default`; the smallest PP
-(pipeline bubble), then TP, then CP (their collectives), then EP for MoE shapes (the smallest expert all-to-all
-group; EP>1 always, so the EP overlap path runs, and experts by EP and GPUs by EP·PP must divide, bridge/moe.py); the
-largest VPP that keeps ≥ 2 layers per chunk (smaller bubble); MBS 1 (every H100 preset is tuned for it); then memory
-headroom. Each runner-up says why it loses.
+Each layout is the recipe's own config at that layout (`Recipe.build`: what the forked file builds), sized and
+predicted by the plan's own code (sizing.memory.estimate; Bridge's resolve, the audit's overlap table and
+bridge/build.py model_inputs, on the cluster's calibration), so the number the search ranks a layout by is the number
+`make plan` of the written file prints. The sort key is `_rank`; each runner-up says why it loses (`why_loses`).
 """
 
 from __future__ import annotations
@@ -96,21 +84,8 @@ def layout_errors(
     dp = gpus // (tp * pp * cp)
     if pp > 1 and not (vpp and vpp > 1):
         errs.append(f"PP{pp} needs VPP>1 for p2p overlap")
-    split = split_violations(
-        seq=s.seq,
-        layers=s.layers,
-        units=s.pipeline_units,
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        dp=dp,
-        mbs=mbs,
-        gbs=gbs,
-        heads=s.heads,
-        groups=s.query_groups,
-        ffn=s.ffn,
-    )
+    shape = dict(seq=s.seq, layers=s.layers, units=s.pipeline_units, heads=s.heads, groups=s.query_groups, ffn=s.ffn)
+    split = split_violations(**shape, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, mbs=mbs, gbs=gbs)
     errs += [msg for _, msg in split]
     if s.is_moe:
         errs += [

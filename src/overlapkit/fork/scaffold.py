@@ -30,19 +30,13 @@ from overlapkit.spec.request import Cluster
 from overlapkit.spec.shape import ModelShape, head_dim_follows
 from overlapkit.spec.topology import GPUS_PER_NODE
 
-SHAPE_FIELDS = ("hidden", "layers", "heads", "query_groups", "ffn", "seq", "experts", "topk")
 # Each shape flag's config field, whose size rule (bridge/inputs.py: SIZES, CEILINGS) it answers to before any search.
-SHAPE_KEYS = dict(
-    zip(
-        SHAPE_FIELDS,
-        ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length")
-        + ("num_moe_experts", "moe_router_topk"),
-        strict=True,
-    )
-)
+SHAPE_KEYS = dict(hidden="hidden_size", layers="num_layers", heads="num_attention_heads")
+SHAPE_KEYS |= dict(query_groups="num_query_groups", ffn="ffn_hidden_size", seq="seq_length")
+SHAPE_KEYS |= dict(experts="num_moe_experts", topk="moe_router_topk")
+SHAPE_FIELDS = tuple(SHAPE_KEYS)
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "mbs", "ep")
 MOE_SHAPE = ("experts", "topk")  # only for a FROM recipe with experts
-RECIPES_DIR = registry.RECIPES_DIR
 
 
 class ForkError(BadInput):
@@ -62,7 +56,7 @@ class ForkRequest:
     dtype: str | None = None  # bf16 | fp8cs; default: the name's suffix
     gbs: int | None = None  # default: the FROM recipe's
     model: str | None = None  # registry label; default from the name ("llama3_34b" → "Llama3 34B")
-    recipes_dir: Path = RECIPES_DIR
+    recipes_dir: Path = registry.RECIPES_DIR
     gpu: str = hardware.DEFAULT_GPU  # GPU=: what the layout search sizes memory and ranks throughput for
     cluster: str | None = None  # CLUSTER=: whose calibration (make calibrate) ranks the layouts; None: published
 
@@ -107,7 +101,7 @@ def check_request(req: ForkRequest) -> tuple[str, int, str]:
             raise ForkError(f"{flag.upper()}={value}: {problem.partition(': ')[2]} ({SHAPE_KEYS[flag]})")
     if not Path(req.recipes_dir).is_dir():
         raise ForkError(f"--recipes-dir {req.recipes_dir} is not a directory")
-    for where in {Path(req.recipes_dir), RECIPES_DIR}:
+    for where in {Path(req.recipes_dir), registry.RECIPES_DIR}:
         if (where / f"{req.name}.py").exists():
             raise ForkError(f"recipe {req.name} already exists ({where / f'{req.name}.py'}): pick another name")
     if req.name in (registry.declared_nodes() or {}):
@@ -149,11 +143,7 @@ def shape_fields(s: ModelShape) -> dict:
         out.update(num_query_groups=s.query_groups, ffn_hidden_size=s.ffn)
         return out | dict(num_moe_experts=s.experts, moe_router_topk=s.topk)
     out = dict(hidden_size=s.hidden, num_layers=s.layers, ffn_hidden_size=s.ffn)
-    return out | dict(num_attention_heads=s.heads, num_query_groups=s.query_groups, kv_channels=_kv(s))
-
-
-def _kv(s: ModelShape) -> int:
-    return s.kv_channels or s.hidden // s.heads
+    return out | dict(num_attention_heads=s.heads, num_query_groups=s.query_groups, kv_channels=s.head_dim)
 
 
 def intent_for(from_intent: OverlapIntent, preset: str | None, moe: bool) -> OverlapIntent | None:
@@ -196,12 +186,6 @@ def _fields(name: str, fields: dict, per_line: int = 3) -> str:
     return "\n".join(f"{name} = dict({x})" if not i else f"{name}.update({x})" for i, x in enumerate(lines))
 
 
-def _layout_text(layout, moe: bool) -> str:
-    """`Layout(tp=1, pp=2, ...)` as the search built it (an MoE layout's EP and ETP too)."""
-    names = ["tp", "pp", "cp", "vpp", "mbs", "gbs", "seq"] + (["ep", "etp"] if moe else [])
-    return f"Layout({', '.join(f'{n}={getattr(layout, n)}' for n in names)})"
-
-
 def _intent_text(intent: OverlapIntent) -> str:
     """`OverlapIntent(delay_wgrad=True, tp_preset="default")`: the fields that differ from the default."""
     default, args = OverlapIntent(), []
@@ -215,7 +199,7 @@ TEMPLATE = '''"""{doc}
 """
 
 from recipes._base import {imports}
-from {base_module} import base as _from_base
+{knobs}from {base_module} import base as _from_base
 
 {shape}
 LAYOUT = {layout_line}
@@ -225,41 +209,27 @@ base = with_shape(_from_base, SHAPE)
 
 @register(model="{model}", source="forked from {from_name}", intent=INTENT)
 def {name}():
-    """{dtype_word}, {layout}, seq {s.seq}."""
-    return h100_pretrain(base, "{dtype}", LAYOUT, INTENT)
-'''
-
-
-MOE_TEMPLATE = '''"""{doc}
-"""
-
-from recipes._base import Layout, OverlapIntent, moe_pretrain, register, with_shape
-from {base_module} import KNOBS
-from {base_module} import base as _from_base
-
-{shape}
-LAYOUT = {layout_line}
-INTENT = {intent}
-base = with_shape(_from_base, SHAPE)
-
-
-@register(model="{model}", source="forked from {from_name}", intent=INTENT)
-def {name}():
-    """{dtype_word}, {layout}, seq {s.seq}, top-{s.topk} of {s.experts} experts."""
-    return moe_pretrain(base, "{dtype}", LAYOUT, KNOBS, INTENT)
+    """{dtype_word}, {layout}, seq {seq}{experts}."""
+    return {call}
 '''
 
 
 def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_module: str) -> str:
-    imports = "Layout, h100_pretrain, register, with_shape"
+    imports, knobs = "Layout, h100_pretrain, register, with_shape", ""
+    call, experts = f'h100_pretrain(base, "{dtype}", LAYOUT, INTENT)', ""
     intent = intent_for(registry.get(req.from_name).intent, c.preset, s.is_moe)
-    if s.is_moe:
+    if s.is_moe:  # the base module's dispatcher knobs, and the experts in the builder's docstring
+        imports = "Layout, OverlapIntent, moe_pretrain, register, with_shape"
+        knobs = f"from {base_module} import KNOBS\n"
+        call = f'moe_pretrain(base, "{dtype}", LAYOUT, KNOBS, INTENT)'
+        experts = f", top-{s.topk} of {s.experts} experts"
         intent_line = _intent_text(intent)
     elif intent is None:
         intent_line = "None  # userbuffers preset: " + (c.preset or "n/a (TP=1)")
     else:
         intent_line = _intent_text(intent) + "  # no Bridge userbuffers preset fits: explicit opt-in"
         imports = "Layout, OverlapIntent, h100_pretrain, register, with_shape"
+    names = ["tp", "pp", "cp", "vpp", "mbs", "gbs", "seq"] + (["ep", "etp"] if s.is_moe else [])  # the search's Layout
     nodes = gpus // GPUS_PER_NODE
     head = f"{model} on {gpus} H100s ({nodes} nodes), forked from {req.from_name} by launch/new_recipe.py."
     body = (
@@ -274,24 +244,23 @@ def render(req: ForkRequest, model: str, gpus: int, dtype: str, s, c, base_modul
         + "\n\n"
         + "\n".join(textwrap.wrap(body, 116, break_on_hyphens=False))
     )
-    # the fields both templates fill alike
-    common = dict(
+    return TEMPLATE.format(
         doc=doc,
+        imports=imports,
+        knobs=knobs,
+        base_module=base_module,
+        shape=_fields("SHAPE", shape_fields(s)),
+        layout_line=f"Layout({', '.join(f'{n}={getattr(c.layout, n)}' for n in names)})",
+        intent=intent_line,
         model=model,
         from_name=req.from_name,
-        s=s,
-        layout_line=_layout_text(c.layout, s.is_moe),
-        shape=_fields("SHAPE", shape_fields(s)),
-        intent=intent_line,
-        base_module=base_module,
         name=req.name,
-        dtype=dtype,
-        layout=c.describe(),
         dtype_word="BF16" if dtype == "bf16" else "FP8 current scaling",
+        layout=c.describe(),
+        seq=s.seq,
+        experts=experts,
+        call=call,
     )
-    if s.is_moe:
-        return MOE_TEMPLATE.format(**common)
-    return TEMPLATE.format(**common, imports=imports)
 
 
 def from_recipe(req: ForkRequest, dtype: str) -> tuple[layout_search.Recipe, int, str]:
@@ -316,17 +285,14 @@ def fork(req: ForkRequest) -> ForkResult:
     prefix, gpus, dtype = check_request(req)
     if req.name in registry.names():
         raise ForkError(f"recipe {req.name} is already registered: pick another name")
-    unknown = set(req.layout) - set(LAYOUT_FIELDS)
-    if unknown:
+    if unknown := set(req.layout) - set(LAYOUT_FIELDS):
         raise ForkError(f"unknown layout field(s) {sorted(unknown)}: use {', '.join(LAYOUT_FIELDS)}")
     recipe, gbs, base_module = from_recipe(req, dtype)
     try:
         cands = layout_search.search(recipe, gpus, gbs=gbs, fixed=req.layout)
     except layout_search.LayoutSearchError as exc:
         raise ForkError(str(exc)) from None
-    shape = recipe.shape
-    model = req.model or model_label(prefix)
-    text = render(req, model, gpus, dtype, shape, cands[0], base_module)
+    text = render(req, req.model or model_label(prefix), gpus, dtype, recipe.shape, cands[0], base_module)
     out_dir = Path(req.recipes_dir)
     final, tmp = inside(out_dir, f"{req.name}.py"), inside(out_dir, f".{req.name}.py.tmp")
     try:

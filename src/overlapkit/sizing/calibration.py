@@ -1,14 +1,10 @@
-"""The throughput model's fitted constants: their values, the published rows each is fitted on, and the fit.
+"""The throughput model's fitted constants: their values, the published rows each is fitted on (FITTED_ON, row keys
+of bridge/published.py) and the fit (`fit`: least squares in log error over those rows, within BOUNDS), which
+tests/unit_tests/sizing/test_throughput.py re-runs, with a leave-one-out check of each row. Every other number of the
+model is a datasheet figure (sizing/hardware.py) or a rule of the software stack.
 
-Every other number of the model is a datasheet figure (sizing/hardware.py) or a rule of the software stack. Each
-constant here is tied to the published runs whose prediction it moves (FITTED_ON, row keys of bridge/published.py);
-tests/unit_tests/sizing/test_throughput.py fails when a constant has no row, names a row the reference lacks, or
-leaves out a row it moves, and re-runs the fit (`fit`, least squares in log error over those rows, within BOUNDS)
-to check the values below are what it gives. The leave-one-out check refits without each row and predicts it.
-
-A cluster's own calibration (`make calibrate`, nightly/calibrate.py) fits the constants its finished runs can move
-on their measured step times (`fit_free`) and is stored per cluster profile under runs/calibration/ (git-ignored,
-never over FITTED); `for_cluster` gives it, or the published one, with its label and error bands.
+A cluster's own calibration (`make calibrate`: `fit_free` on its runs' measured step times) is stored per cluster
+under runs/calibration/ (git-ignored, never over FITTED); `for_cluster` gives it, or the published one.
 """
 
 from __future__ import annotations
@@ -311,19 +307,14 @@ def for_cluster(cluster: str | None, root: Path | None = None) -> Calibration:
             raise ValueError(f"kept is {kept!r}, not a list of names")
         if data.get("cluster", cluster) != cluster:
             raise ValueError(f"it is cluster {data['cluster']!r}'s")
-        if not label_text(data["label"]):
+        if not (isinstance(data["label"], str) and data["label"].isprintable() and len(data["label"]) <= 200):
             raise ValueError(f"label is {str(data['label'])[:40]!r}, not one line of text")
+        cal = Calibration(constants, data["label"], bands, tuple(kept))
+        if why := problem(cal):
+            raise ValueError(why)
     except ValueError as exc:
         raise BadInput(f"{path}: {exc}; it should be {role}: {FIX}") from None
-    cal = Calibration(constants, data["label"], bands, tuple(kept))
-    if why := problem(cal):
-        raise BadInput(f"{path}: {why}; it should be {role}: {FIX}")
     return cal
-
-
-def label_text(value) -> str:
-    """A label as printed: text of one line, no control characters ("" for anything else)."""
-    return value if isinstance(value, str) and value.isprintable() and len(value) <= 200 else ""
 
 
 def label(cluster: str, runs: int, when: dt.date) -> str:

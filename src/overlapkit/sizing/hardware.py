@@ -25,19 +25,13 @@ class Hardware:
     presets: str  # the GPU whose Bridge userbuffers presets (bridge/presets.py) this one runs
 
 
-# NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/, H100 SXM column): BF16 1,979 and FP8
-# 3,958 TFLOPS, both "with sparsity", so 989.4 and 1,978.9 dense; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s per GPU
-# (both directions together: 450 GB/s each way). DGX H100 user guide (docs.nvidia.com/dgx/dgxh100-user-guide,
-# "Hardware Overview"): 8 × ConnectX-7 400 Gb/s InfiniBand NDR for the compute fabric, one per GPU = 50 GB/s each way.
-# nvidia-smi reports 81559 MiB on an H100 SXM5 80 GB.
-# NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200/, H200 SXM column): the same GH100 die, so
-# the same Tensor Core peaks (BF16 1,979 / FP8 3,958 TFLOPS with sparsity) and 4th-generation NVLink at 900 GB/s;
-# 141 GB HBM3e at 4.8 TB/s. NVIDIA's own MLPerf system description agrees (mlcommons/inference_results_v4.1,
-# closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json: "141 GB" HBM3e, "18x 4th Gen NVLink, 900GB/s"). DGX H200
-# keeps DGX H100's eight ConnectX-7 400 Gb/s NICs (DGX H200 user guide, "Hardware Overview"). nvidia-smi reports
-# 143771 MiB on an H200 SXM 141 GB.
-# Bridge ships userbuffers presets for H100 only (megatron/bridge/training/comm_overlap.py, 0.6.2): their SM counts
-# are tuned for the GH100's 132 SMs, which the H200 has too, so an H200 runs the H100 presets.
+# NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100/, H100 SXM): BF16 1,979 and FP8 3,958 TFLOPS "with
+# sparsity" (989.4 and 1,978.9 dense); 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s both directions (450 each way). DGX
+# H100 user guide ("Hardware Overview"): one ConnectX-7 400 Gb/s NDR NIC per GPU = 50 GB/s each way. H200 datasheet
+# (nvidia.com/en-us/data-center/h200/, H200 SXM): the same GH100 die, peaks and NVLink; 141 GB HBM3e at 4.8 TB/s
+# (NVIDIA's MLPerf v4.1 H200-SXM-141GBx8 system description agrees); DGX H200 keeps the eight NICs. nvidia-smi
+# reports 81559 MiB (H100 SXM5 80 GB) and 143771 MiB (H200 SXM 141 GB). Bridge's userbuffers presets are H100's only
+# (training/comm_overlap.py, 0.6.2), tuned for the GH100's 132 SMs, which the H200 has too.
 _PEAKS = {"bf16": 989.4, "fp8": 1978.9}
 HARDWARE = {
     "h100": Hardware("H100 SXM", _PEAKS, 450.0, 50.0, 3.35, 81559 / 1024, "h100"),

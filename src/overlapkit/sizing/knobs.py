@@ -49,14 +49,11 @@ def not_modelled(m, train) -> list[Knob]:
         if m.moe_token_dispatcher_type == "flex":
             backend = getattr(m, "moe_flex_dispatcher_backend", None)
             sms = getattr(m, f"moe_{backend}_num_sms", None) if backend else None
-            out.append(
-                Knob(
-                    f"model.moe_flex_dispatcher_backend={backend} ({sms} SMs)",
-                    "either way",
-                    "SMs the dispatch kernels hold are taken from overlapped GEMMs; the all-to-all is priced at the "
-                    "fitted link efficiency whatever the SM count",
-                )
+            why = (
+                "SMs the dispatch kernels hold are taken from overlapped GEMMs; the all-to-all is priced at the fitted "
+                "link efficiency whatever the SM count"
             )
+            out.append(Knob(f"model.moe_flex_dispatcher_backend={backend} ({sms} SMs)", "either way", why))
             if backend == "ncclep":  # new in Core 0.19: TE's NCCL EP path, no published run to fit it on
                 why = (
                     "TE's NCCL EP dispatch/combine (transformer_engine.pytorch.ep) is priced as the DeepEP/HybridEP "
@@ -64,36 +61,20 @@ def not_modelled(m, train) -> list[Knob]:
                 )
                 out.append(Knob("model.moe_flex_dispatcher_backend=ncclep", "either way", why))
         if getattr(m, "moe_shared_expert_intermediate_size", None) and getattr(m, "moe_shared_expert_overlap", False):
-            out.append(
-                Knob(
-                    "model.moe_shared_expert_overlap=True",
-                    "faster",
-                    "shared experts beside the dispatch; priced in series",
-                )
-            )
+            why = "shared experts beside the dispatch; priced in series"
+            out.append(Knob("model.moe_shared_expert_overlap=True", "faster", why))
         if not getattr(m, "moe_router_force_load_balancing", False):
-            out.append(
-                Knob(
-                    "model.moe_router_force_load_balancing=False",
-                    "slower",
-                    "a learned router's imbalance; the busiest EP rank is priced under random routing, as the "
-                    "published runs force it",
-                )
-            )
+            why = "a learned router's imbalance; the busiest EP rank is priced under random routing, as the published "
+            why += "runs force it"
+            out.append(Knob("model.moe_router_force_load_balancing=False", "slower", why))
     if m.recompute_granularity == "selective":
         mods = sorted(set(m.recompute_modules or ["core_attn"]) - PRICED_RECOMPUTE)
         if mods:
-            out.append(
-                Knob(f"model.recompute_modules={mods}", "slower", "their forward re-runs in the backward; not priced")
-            )
+            why = "their forward re-runs in the backward; not priced"
+            out.append(Knob(f"model.recompute_modules={mods}", "slower", why))
     if getattr(train, "manual_gc", False):
-        out.append(
-            Knob(
-                f"train.manual_gc=True (every {train.manual_gc_interval} steps)",
-                "slower on those steps",
-                "a collection on every rank at once instead of random pauses; not priced",
-            )
-        )
+        why = "a collection on every rank at once instead of random pauses; not priced"
+        out.append(Knob(f"train.manual_gc=True (every {train.manual_gc_interval} steps)", "slower on those steps", why))
     else:
         out.append(Knob("train.manual_gc=False", "slower", "Python's collector pauses ranks at random; not priced"))
     if getattr(m, "delay_wgrad_compute", False):

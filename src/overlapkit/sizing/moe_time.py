@@ -1,30 +1,9 @@
 """The mixture-of-experts part of the predicted step time, following Megatron Core's MoE layer
-(megatron/core/transformer/moe/: router.py, token_dispatcher.py, experts.py, fused_a2a.py):
-
-- router and permute/unpermute: memory-bound passes over each token's top-k copies (and the router's fp32 logits),
-  forward and backward, at HBM bandwidth.
-- expert GEMMs: the routed experts' share of Bridge's FLOPs count (obtained from Bridge's own count at top-k + 1) at
-  the grouped-GEMM rate, a fitted fraction of the dense rate of the dtype (the experts' GEMMs are small: hidden × the
-  expert FFN, a few thousand tokens each). Times the expected load of the busiest EP rank: with the random logits of
-  `moe_router_force_load_balancing` (megatron/core/transformer/moe/moe_utils.py `RandomSTE`, what every published
-  MoE row runs) each rank's load is a binomial draw, and the expected maximum of EP such draws is
-  mean + σ·Φ⁻¹((EP − 0.375)/(EP + 0.25)) (Blom's approximation). A learned router balanced by its auxiliary loss is
-  at best that balanced; dropless (no `moe_expert_capacity_factor`) nothing caps it, a capacity factor caps it.
-- token dispatch: 4 all-to-alls per MoE layer and microbatch (dispatch and combine, forward and backward). The EP
-  group is consecutive ranks of the expert grid (Megatron Core orders it tp-ep-dp-pp: topology.expert_group), so
-  its ranks fill a node and the rest is across the network. The `alltoall` dispatcher sends one copy per routed
-  expert (top-k copies per token); the `flex` dispatcher (DeepEP, HybridEP) sends a token once per destination node
-  over the network and forwards it over NVLink inside the node (DeepEP's internode kernels; HybridEP's
-  hierarchical dispatch), so the network carries the expected number of distinct remote nodes a token's top-k
-  experts live on. NVLink and network move at once: the slower of the two, at the fitted all-to-all efficiency.
-- EP overlap: with `ep_a2a_overlap` on in the overlap table, Megatron Core's 1F1B all-to-all overlap runs one
-  microbatch's all-to-all under another's layer compute: what exceeds that compute is exposed; off, all of it
-  (priced with the layer's other collectives, sizing/throughput.py `collective_terms`, on `a2a_bytes`).
-- expert-data-parallel gradient reduce: sizing/throughput.py's DP terms, with the routed experts' parameters
-  reduced over the expert-DP group.
-
-MLA and MTP (DeepSeek-V3) need nothing here: Bridge's count carries their FLOPs, and the MTP layer is one more MoE
-layer on the last pipeline stage (Bridge counts it as one: flop_utils.py `num_moe_layers += mtp_num_layers`).
+(megatron/core/transformer/moe/: router.py, token_dispatcher.py, experts.py, fused_a2a.py): the expert GEMMs on the
+busiest EP rank, the router and permute passes, the dispatchers' all-to-all bytes. docs/throughput.md derives each
+term (the EP overlap and the expert-DP reduce are priced with the other collectives in sizing/throughput.py). MLA and
+MTP (DeepSeek-V3) need nothing here: Bridge's count carries their FLOPs, and it counts the MTP layer as one more MoE
+layer on the last pipeline stage (flop_utils.py `num_moe_layers += mtp_num_layers`).
 """
 
 from __future__ import annotations
@@ -38,20 +17,13 @@ from overlapkit.spec.topology import expert_group
 # Bytes a dispatched token carries per hidden element: BF16 both ways (the dispatchers move the layer's BF16 input;
 # Megatron Core's FP8 dispatch is a separate option the recipes leave off).
 A2A_BYTES = 2
-# TE CUDA graphs of the router and the dispatcher's preprocess (cuda_graph_impl "transformer_engine", modules
-# moe_router + moe_preprocess, or the whole MoE layer) replay the kernels before the dispatch as one launch: the
-# share of the MoE layer's per-token host-bound time (`moe_token_s`) they remove with the flex dispatcher. Not fitted
-# (no run of the reference graphs them): Megatron-Bridge's CUDA-graph guide (docs/training/cuda-graphs.md,
-# "Representative Validation Patterns", PR NVIDIA-NeMo/Megatron-Bridge#3868) measures "low-teens to low-20s percent"
-# shorter steps for launch-bound mid-sized MoE pretraining with these graphs; `moe_token_s` is about a third of
-# Qwen3 30B-A3B's predicted step, so about half of it goes. With the alltoall dispatcher the same guide measured
-# nothing (Qwen3 30B-A3B, 16 H100, BF16: 42.00 s graphed vs 41.36 s eager): its preprocess hands the split sizes to
-# the host, so the host still waits on every MoE layer.
+# TE CUDA graphs of the router and the dispatcher's preprocess (cuda_graph_impl "transformer_engine") replay the
+# kernels before the dispatch as one launch: the share of `moe_token_s` they remove with the flex dispatcher (none
+# with alltoall, whose preprocess hands the split sizes to the host). Not fitted: Megatron-Bridge's own measurement,
+# docs/throughput.md "CUDA graphs".
 GRAPHED_SHARE = 0.5
-# FP8 current scaling of the routed experts' GEMM inputs (TE's GroupedLinear quantises each expert's slice): per
-# element of the token copies entering fc1 (hidden) and fc2 (ffn) forward and of their gradients backward (hidden,
-# gate+up), an amax read (2 B), a cast read and FP8 write (3 B) and the transposed FP8 copy for the wgrad GEMM (1 B).
-# A BF16 run pays none of it; before it was priced, the FP8-fitted `moe_token_s` charged it to BF16 runs too.
+# FP8 current scaling of the routed experts' GEMM inputs, per element of the token copies entering fc1 and fc2 and of
+# their gradients: an amax read (2 B), a cast read and FP8 write (3 B), the transposed FP8 copy for the wgrad (1 B).
 FP8_CAST_BYTES = 6
 # The router's fp32 logits/probabilities pass: written by the gating GEMM, read and written by the fused softmax/top-k,
 # and again in the backward (4 B each, 4 passes).
@@ -99,16 +71,12 @@ class Moe:
         distinct experts fall in. Group-limited routing draws them from group_topk of the router's groups only
         (megatron/core/transformer/moe/moe_utils.py `group_limited_topk`): a slice aligned with whole groups is one
         of group_topk·parts/groups candidates."""
+        experts = self.experts
         if self.groups and self.group_topk and parts % self.groups == 0:
-            open_parts = parts * self.group_topk // self.groups
-            return self._hit(self.experts * self.group_topk // self.groups, open_parts)
-        return self._hit(self.experts, parts)
-
-    def _hit(self, experts: int, parts: int) -> float:
+            experts, parts = experts * self.group_topk // self.groups, parts * self.group_topk // self.groups
         if parts <= 1:
             return 1.0
-        per = experts // parts
-        miss = math.comb(experts - per, self.topk) / math.comb(experts, self.topk)
+        miss = math.comb(experts - experts // parts, self.topk) / math.comb(experts, self.topk)
         return parts * (1 - miss)
 
     def busiest_rank(self, tokens: float) -> float:

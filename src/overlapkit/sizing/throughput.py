@@ -1,41 +1,9 @@
-"""Predicted step time, tokens/s/GPU, TFLOP/s/GPU and MFU of a plan on H100 SXM (or H200), with a breakdown.
+"""Predicted step time, tokens/s/GPU, TFLOP/s/GPU and MFU of a plan on H100 SXM (or H200), with a breakdown: one
+term per part of the step (compute, per-layer non-GEMM, MoE, TP/CP/EP collectives, the pipeline, DP, the slowest
+rank, the optimizer), each derived, sourced and validated against NVIDIA's published runs in docs/throughput.md.
 
-The model (docs/throughput.md has the derivation, the sources and the validation against NVIDIA's published runs):
-
-- model FLOPs per step: Bridge's own `num_floating_point_operations` (megatron/bridge/training/utils/flop_utils.py,
-  the number behind `log_throughput`), split into core attention, the output layer and the routed experts by
-  evaluating it again (bridge/flops.py). Transformer Engine runs the linear layers in FP8 on an FP8 recipe; core
-  attention (flash/cuDNN) and the output layer (megatron-core's ColumnParallelLinear, not a TE module) stay BF16.
-- compute: each part at its own achieved rate, a fitted fraction of the dense peak of its dtype (sizing/hardware.py):
-  `gemm_fp8` for FP8 linear layers (times `blockwise` on a blockwise recipe), `gemm_bf16` for BF16 ones, core
-  attention and the output layer; plus the forward re-run of recomputed layers; spread over every GPU; plus
-  `layer_overhead_s` + `layer_token_s` per token of the GPU's s·b/(CP·TP) share, per layer per microbatch: the
-  non-GEMM time (norms, activations, RoPE, FP8 casts, launches), so the fixed part weighs most on small per-GPU
-  slices of a layer (TP, MBS 1).
-- MoE: router, permute, expert GEMMs, all-to-all and EP overlap, TE CUDA graphs of the router and preprocess
-  (sizing/moe_time.py).
-- the output layer on the last pipeline stage: without a virtual pipeline or a loss slot in the split, the last
-  stage's excess over the even share (a pipeline goes at its slowest stage).
-- TP: per layer and microbatch 4 all-gathers + 4 reduce-scatters of the [s·b/CP, h] activation over NVLink (2 + 2 in
-  an MoE layer: its experts are not TP-split at ETP 1; FP8 all-gathers carry 1 B/element); hidden by userbuffers
-  except the last of its TP pipelined chunks when the overlap table says tp_comm_overlap "on", all exposed otherwise.
-- CP: TE's p2p ring sends K,V (CP−1) times forward, K,V and dK,dV backward; it overlaps only core attention, so
-  the excess over the attention compute is exposed.
-- PP: the interleaved schedule's bubble (PP−1)/(VPP·m), m = GBS/(DP·MBS), of the per-microbatch time; p2p sends
-  of the [s·b/(CP·TP), h] activation, exposed in the fill and drain with overlap_p2p_comm on, all of them off.
-- DP: grad reduce-scatter and param all-gather of each GPU's parameters over its DP×CP group (the routed experts'
-  over their expert-DP group), over the network when the group leaves a node, each bucket paying NCCL's ring latency
-  (it grows with the nodes the group spans); with overlap on, the part that cannot hide (one bucket each, or what
-  does not fit under the last microbatch's backward (RS) / first microbatch's forward (AG) of a chunk, and on an
-  interleaved schedule under the other chunks' cooldown / warm-up), else all of it.
-- the slowest of N ranks: every rank waits at the step's synchronising collectives for the slowest of the
-  independent ranks, the expected maximum of N normal draws of the fitted step spread `jitter` (grows ~ √(2 ln N)).
-- optimizer: Adam's memory traffic over the GPU's optimizer shard at HBM bandwidth.
-
-Hardware numbers are datasheet figures (sizing/hardware.py, cited); the fitted constants, each with the published
-rows it is fitted on, are sizing/calibration.py's; bridge/published.py refits them and the tests check every row. A
-prediction uses its Inputs' calibration (published, or a cluster's from make calibrate) and carries its label and the
-leave-one-out band of comparable runs; what the model does not price, sizing/knobs.py names.
+Hardware numbers are datasheet figures (sizing/hardware.py); the fitted constants and their rows are
+sizing/calibration.py's; what the model does not price, sizing/knobs.py names.
 """
 
 from __future__ import annotations
@@ -44,13 +12,12 @@ from dataclasses import dataclass, field
 
 from overlapkit.sizing import calibration, moe_time
 from overlapkit.sizing.calibration import Constants
-from overlapkit.sizing.hardware import HARDWARE, Hardware, hardware
+from overlapkit.sizing.hardware import Hardware, hardware
 from overlapkit.sizing.memory import Workload, first_stage_layers
 from overlapkit.sizing.moe_time import Moe
 from overlapkit.spec.overlap import Overlap
 from overlapkit.spec.topology import DEFAULT_GPU, GPUS_PER_NODE, expert_group
 
-__all__ = ["HARDWARE", "Constants", "Flops", "Hardware", "Inputs", "Moe", "Overlaps", "Prediction", "predict"]
 # Adam step per parameter of the local shard (fused multi-tensor Adam): fp32 master, exp_avg, exp_avg_sq read and
 # written (24 B), the gradient read (2 B) and the BF16 parameter written back (2 B).
 ADAM_BYTES_PER_PARAM = 28
@@ -159,7 +126,6 @@ class _Ctx:
     flops: Flops
     moe: Moe
     k: Constants
-    gpus_per_node: int = GPUS_PER_NODE
 
     def rate(self, dtype: str) -> float:
         """Achieved FLOP/s of a dense GEMM in `dtype` (on this workload's FP8 recipe for "fp8")."""
@@ -212,23 +178,16 @@ def compute_terms(c: _Ctx) -> list:
         how += f"; +{rec:.0%} of layers' forward recomputed"
     tokens = w.tokens_per_rank  # the GPU's share of the layer's elementwise work (SP splits the rest)
     per_pass = c.k.layer_overhead_s + c.k.layer_token_s * tokens
-    out = [
-        ("compute", t, how),
-        (
-            "per-layer non-GEMM",
-            per_pass * c.layer_passes,
-            f"{c.layer_passes:.0f} layer×microbatch passes × ({c.k.layer_overhead_s * 1e3:.2f} ms + "
-            f"{tokens:.0f} tokens × {c.k.layer_token_s * 1e9:.0f} ns)",
-        ),
-    ]
+    passes = (
+        f"{c.layer_passes:.0f} layer×microbatch passes × ({c.k.layer_overhead_s * 1e3:.2f} ms + "
+        f"{tokens:.0f} tokens × {c.k.layer_token_s * 1e9:.0f} ns)"
+    )
+    out = [("compute", t, how), ("per-layer non-GEMM", per_pass * c.layer_passes, passes)]
     if c.moe.experts:
         out += moe_time.layer_terms(c, linear, rec)
-    # The output layer runs on the last pipeline stage only, and a pipeline goes at its slowest stage: the last
-    # stage's output-layer time beyond the even share `compute` spreads over every stage. Not where the split already
-    # gives the loss a layer's slot (account_for_loss_in_pipeline_split) or an explicit layout places the stages, nor
-    # on an interleaved schedule: the published interleaved runs (Llama3 70B, GPT3 175B, Llama3.1 405B) do not show
-    # it (fitted with it there, the Llama3.1 405B rows leave the validation bar: docs/throughput.md), so it is priced
-    # where a stage's layers run as one chunk (GPT-OSS 120B: 9 layers and a 201k-vocabulary output layer).
+    # The output layer runs on the last stage only and a pipeline goes at its slowest stage: the last stage's excess
+    # over the even share `compute` gave it; not on an interleaved schedule, whose published runs do not show it
+    # (docs/throughput.md, "CUDA graphs, and where the MoE predictions went wrong").
     if w.pp > 1 and not (w.account_loss or w.first_chunks or w.vpp):
         even = f.logits / bf16 * w.gbs / c.gpus
         share = f"{f.logits / f.total:.1%} of the FLOPs on 1 of {w.pp} stages (no loss slot in the split)"
@@ -247,9 +206,8 @@ def collective_terms(c: _Ctx, ov: Overlaps, layer_s: float) -> list:
         per_layer = act * (4 * gather + 4 * 2) * (w.tp - 1) / w.tp / c.link(w.tp)
         moe_share = min(1.0, moe.layers / w.layers) if moe.experts else 0.0
         t = per_layer * c.layer_passes * (1 - moe_share / 2)  # an MoE layer: the attention's collectives only
-        how = f"8 collectives/layer/microbatch over NVLink, {t:.2f} s total; " + (
-            f"overlap on: 1/{w.tp} exposed" if ov.tp else "overlap OFF: all exposed"
-        )
+        exposed = f"overlap on: 1/{w.tp} exposed" if ov.tp else "overlap OFF: all exposed"
+        how = f"8 collectives/layer/microbatch over NVLink, {t:.2f} s total; {exposed}"
         out.append(("TP all-gather/reduce-scatter", t / w.tp if ov.tp else t, how))
     if w.cp > 1:
         kv = w.head_dim * w.query_groups
@@ -259,17 +217,17 @@ def collective_terms(c: _Ctx, ov: Overlaps, layer_s: float) -> list:
         how = f"K/V ring over {w.cp} ranks, {comm * 1e3:.2f} ms/layer vs {attn * 1e3:.2f} ms attention to hide it"
         out.append(("CP ring exchange", max(0.0, comm - attn) * c.layer_passes, how))
     if moe.experts and moe.ep > 1:
-        net, nvl = moe_time.a2a_bytes(moe, w.tokens_per_rank, w.hidden, c.gpus_per_node)
+        net, nvl = moe_time.a2a_bytes(moe, w.tokens_per_rank, w.hidden, GPUS_PER_NODE)
         eff = c.k.a2a_efficiency
         per_layer = 4 * max(net / (c.hw.network_gbs * 1e9 * eff), nvl / (c.hw.nvlink_gbs * 1e9 * eff))
         passes = moe.layers / w.pp * w.microbatches
-        per_node, nodes = expert_group(moe.ep, moe.etp, c.gpus_per_node)
+        per_node, nodes = expert_group(moe.ep, moe.etp, GPUS_PER_NODE)
         dispatcher = f"flex/{moe.backend}" if moe.dispatcher == "flex" else moe.dispatcher
         hidden = "the excess over the other microbatch's layer compute"
+        exposed = f"overlap on: {hidden}" if ov.ep else "overlap OFF: all exposed"
         how = (
             f"{dispatcher}: {net / 1e6:.1f} MB network + {nvl / 1e6:.1f} MB NVLink per all-to-all, 4 per MoE "
-            f"layer/microbatch, EP{moe.ep} on {nodes} node(s) × {per_node} GPUs, {per_layer * passes:.2f} s; "
-            + (f"overlap on: {hidden}" if ov.ep else "overlap OFF: all exposed")
+            f"layer/microbatch, EP{moe.ep} on {nodes} node(s) × {per_node} GPUs, {per_layer * passes:.2f} s; {exposed}"
         )
         out.append(("EP all-to-all", (max(0.0, per_layer - layer_s) if ov.ep else per_layer) * passes, how))
     return out
@@ -286,14 +244,10 @@ def pipeline_terms(c: _Ctx, on: bool, per_mb_s: float) -> list:
     sends = 2 * vpp * m  # forward and backward, at every chunk boundary
     filled = 2 * (w.pp - 1)  # the fill and the drain, where no compute is there to hide a send
     p2p = send * (filled if on else sends + filled)
+    exposed = "overlap on: fill and drain only" if on else f"overlap OFF: all {sends + filled} sends"
     return [
         ("pipeline bubble", bubble, f"(PP−1)/(VPP·m) = {w.pp - 1}/({vpp}·{m}) = {(w.pp - 1) / (vpp * m):.1%}"),
-        (
-            "PP p2p",
-            p2p,
-            f"{send * 1e3:.2f} ms/send; "
-            + ("overlap on: fill and drain only" if on else f"overlap OFF: all {sends + filled} sends"),
-        ),
+        ("PP p2p", p2p, f"{send * 1e3:.2f} ms/send; {exposed}"),
     ]
 
 
@@ -324,14 +278,10 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
     vpp = w.vpp or 1
     chunks = (1 + (vpp - 1) * w.pp) / vpp
     out = []
+    gather_bytes = 1 if w.fp8_param_gather and w.dtype == "fp8" else 2
     for name, nbytes, on, window in (
         ("DP grad reduce-scatter", 4 if w.grad_fp32 else 2, ov.grad_reduce, 2 / 3 * per_mb_s * chunks),
-        (
-            "DP param all-gather",
-            1 if w.fp8_param_gather and w.dtype == "fp8" else 2,
-            ov.param_gather,
-            per_mb_s / 3 * chunks,
-        ),
+        ("DP param all-gather", gather_bytes, ov.param_gather, per_mb_s / 3 * chunks),
     ):
         full = one = 0.0
         parts = []
@@ -348,11 +298,8 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
         if not parts:
             continue
         exposed = max(one, full - window) if on else full
-        how = (
-            "; ".join(parts)
-            + f", {full:.2f} s; "
-            + ("overlap on: the tail that cannot hide" if on else "overlap OFF: all exposed")
-        )
+        tail = "overlap on: the tail that cannot hide" if on else "overlap OFF: all exposed"
+        how = "; ".join(parts) + f", {full:.2f} s; {tail}"
         out.append((name, min(exposed, full), how))
     shard = sum(params / (n if w.distributed_optimizer else 1) for params, n, *_ in groups)
     adam = shard * ADAM_BYTES_PER_PARAM / (c.hw.hbm_tbs * 1e12)
@@ -390,7 +337,7 @@ def world_line(c: _Ctx, terms: list, step_s: float) -> str:
         return ""
     grown = sorted(((t, n) for n, t, _ in terms if n in GROWING and t >= 5e-4), reverse=True)  # shown in ms
     span = w.tp * w.cp * w.dp
-    nodes = -(-span // c.gpus_per_node)
+    nodes = -(-span // GPUS_PER_NODE)
     parts = ", ".join(f"{n} {t * 1e3:.0f} ms" for t, n in grown)
     share = sum(t for t, _ in grown) / step_s
     return (
@@ -413,47 +360,26 @@ class Inputs:
     calibration: calibration.Calibration = calibration.PUBLISHED  # the cluster's (make calibrate) or the published
 
     def predict(self, constants: Constants | None = None, overlaps: Overlaps | None = None) -> Prediction:
-        """With this input's calibration (its label and band on the prediction), or with `constants` (a fit's
-        trial: no label, no band)."""
-        pred = predict(
-            self.w,
-            self.flops,
-            overlaps or self.overlaps,
-            gpu=self.gpu,
-            moe=self.moe,
-            bucket=self.bucket,
-            constants=constants or self.calibration.constants,
-        )
+        """Step time of the workload (its layout, dtype, recompute) with `overlaps` (else the plan's) on its GPU (a
+        sizing/hardware.py row): with this input's calibration (its label and band on the prediction), or with
+        `constants` (a fit's trial: no label, no band)."""
+        w, flops, ov = self.w, self.flops, overlaps or self.overlaps
+        c = _Ctx(w, hardware(self.gpu), flops, self.moe, constants or self.calibration.constants)
+        terms = compute_terms(c)
+        # What hides an overlapped all-to-all: the other microbatch's GEMMs (its elementwise kernels contend for the
+        # SMs the communication kernels run on).
+        layer_s = sum(t for n, t, _ in terms if n in ("compute", "MoE expert GEMMs")) / c.layer_passes
+        terms += collective_terms(c, ov, layer_s)
+        per_mb = sum(t for _, t, _ in terms) / w.microbatches
+        terms += pipeline_terms(c, ov.p2p, per_mb)
+        terms += dp_terms(c, ov, per_mb, self.bucket)
+        terms += straggler_terms(c, per_mb)
+        step = sum(t for _, t, _ in terms)
+        tflops = flops.total * w.gbs / c.gpus / step / 1e12
+        tokens = w.gbs * w.seq / c.gpus / step
+        world = world_line(c, terms, step)
+        pred = Prediction(step, tokens, tflops, tflops / c.hw.peak_tflops["bf16"], self.gpu, terms, world=world)
         if constants is None:
             pred.calibration = self.calibration.label
-            pred.band = self.calibration.band(bool(self.moe.experts), self.w.dtype)
+            pred.band = self.calibration.band(bool(self.moe.experts), w.dtype)
         return pred
-
-
-def predict(
-    w: Workload,
-    flops: Flops,
-    overlaps: Overlaps,
-    *,
-    gpu: str = DEFAULT_GPU,
-    moe: Moe | None = None,
-    bucket: int | None = None,
-    constants: Constants | None = None,
-) -> Prediction:
-    """Step time of workload `w` (its layout, dtype, recompute) with `overlaps` as the plan resolved them, on `gpu`
-    (a sizing/hardware.py row). `constants`: other fitted constants than calibration.FITTED (the fit)."""
-    c = _Ctx(w, hardware(gpu), flops, moe or Moe(), constants or calibration.FITTED)
-    terms = compute_terms(c)
-    # What hides an overlapped all-to-all: the other microbatch's GEMMs (its elementwise kernels contend for the SMs
-    # the communication kernels run on).
-    layer_s = sum(t for n, t, _ in terms if n in ("compute", "MoE expert GEMMs")) / c.layer_passes
-    terms += collective_terms(c, overlaps, layer_s)
-    per_mb = sum(t for _, t, _ in terms) / w.microbatches
-    terms += pipeline_terms(c, overlaps.p2p, per_mb)
-    terms += dp_terms(c, overlaps, per_mb, bucket)
-    terms += straggler_terms(c, per_mb)
-    step = sum(t for _, t, _ in terms)
-    tflops = flops.total * w.gbs / c.gpus / step / 1e12
-    tokens = w.gbs * w.seq / c.gpus / step
-    world = world_line(c, terms, step)
-    return Prediction(step, tokens, tflops, tflops / c.hw.peak_tflops["bf16"], gpu, terms, world=world)

@@ -1,15 +1,6 @@
-"""The data spec (`DATA=<data.toml>`, written by `make prep-data`): its typed model, the shape of the file checked
-before any of the files it names is opened (bridge/data.py checks those, and applies the spec with Bridge's own
-GPTDatasetConfig and TokenizerConfig). Every problem is one line naming the fix.
-
-data.toml (relative paths are relative to the file):
-
-    tokenizer = "tokenizer"                # a local HF tokenizer directory (tokenizer.json)
-    split = "98,1,1"                       # train,valid,test weights of one blend
-    cache = "index-cache"                  # GPTDatasetConfig.path_to_cache: must be writable
-    [[blend]]                              # or [blend_per_split] train = [...] valid = [...] test = [...]
-    prefix = "corpus_text_document"        # <prefix>.bin and <prefix>.idx
-    weight = 1.0
+"""The data spec (`DATA=<data.toml>`, written by `make prep-data`; docs/pretraining.md shows one): its typed model,
+the shape of the file checked before any of the files it names is opened (bridge/data.py checks those, and applies
+the spec with Bridge's own GPTDatasetConfig and TokenizerConfig). Every problem is one line naming the fix.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The one reader of a run directory's plan.json (bridge/build.py writes it): every command that reads a plan back (make
 status, make bless, the nightly's report, the overlap report, make calibrate, the in-job entry) gets it through
 `read_plan`, checked by the model `Plan`, or one line naming the file, the field and the fix. No torch, no Bridge:
-launch/entry.py reads the plan before anything may import torch.
-
-What is checked is what a reader relies on: the recipe's name (printed, so no control characters), the layout's
-sizes (whole numbers ≥ 1: a plan with 0 GPUs or DP −4 is a broken file, not a profile to blame), the audit's shape,
-and the run's checkpoint and profiler window (NSYS or TORCH_PROFILE). A plan.json that is a link is refused as one:
-make plan writes a file.
+launch/entry.py reads the plan before anything may import torch. What is checked is what a reader relies on; a
+plan.json that is a link is refused as one (make plan writes a file).
 """
 
 from __future__ import annotations
@@ -107,15 +103,8 @@ def read_plan(run_dir: Path) -> dict:
     if path.is_symlink():
         raise jsonio.file_problem(path, f"is a symbolic link (to {os.readlink(path)!r})", ROLE, FIX)
     plan = jsonio.read_json(path, role=ROLE, fix=FIX, keys=("recipe", "layout", "audit"))
-    if problem := plan_problem(plan):
-        raise jsonio.file_problem(path, problem, ROLE, FIX)
-    return plan
-
-
-def plan_problem(plan: dict) -> str | None:
-    """What is wrong with a plan.json's content (field, value, what it should be), or None."""
     try:
         Plan.model_validate(plan)
-    except ValidationError as exc:
-        return model.problem(exc, plan, MESSAGES)
-    return None
+    except ValidationError as exc:  # the field, its value, what it should be
+        raise jsonio.file_problem(path, model.problem(exc, plan, MESSAGES), ROLE, FIX) from None
+    return plan

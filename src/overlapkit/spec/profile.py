@@ -121,17 +121,13 @@ class ClusterProfile:
                 m = _ASSIGNMENT.match(part)
                 if m and (why := secret_problem(m.group(1), m.group(2))):
                     raise ValueError(f"srun_args {m.group(1)}=...: {why}; {FIX}")
-        for key, value in self._texts():
+        skip = ("secrets", "env", "path")  # secrets are names, env is checked entry by entry
+        for key, value in [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip]:
             for item in value if isinstance(value, tuple) else [value]:
                 if item and (kind := credential_kind(item)):
                     raise ValueError(f"{key} holds what looks like {kind}: keep credentials out of profiles ({FIX})")
         if both := set(self.env) & set(self.secrets):
             raise ValueError(f"{sorted(both)[0]} is in both env and secrets: keep it in secrets only")
-
-    def _texts(self):
-        """(key, value) of every string the profile states (secrets are names, env is checked entry by entry)."""
-        skip = ("secrets", "env", "path")
-        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip]
 
     @property
     def job_path(self) -> Path:
@@ -149,12 +145,6 @@ class ClusterProfile:
 
         where = (self.name, self.source, str(self.job_path), self.time_limit, self.wandb_project, self.wandb_entity)
         return Cluster(*where, dict(self.env), tuple(self.secrets), laid_out)
-
-    def to_dict(self) -> dict:
-        return {
-            f.name: str(v) if isinstance(v := getattr(self, f.name), Path) else list(v) if isinstance(v, tuple) else v
-            for f in dataclasses.fields(self)
-        }
 
 
 KEYS = [f.name for f in dataclasses.fields(ClusterProfile) if f.name != "path"]

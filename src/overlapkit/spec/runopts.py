@@ -55,12 +55,9 @@ class RunOptions:
     @classmethod
     def from_dict(cls, d: dict | None) -> RunOptions:
         d = dict(d or {})
-        if d.get("nsys"):
-            d["nsys"] = tuple(d["nsys"])
-        d["nsys_ranks"] = tuple(d.get("nsys_ranks") or (0,))
-        if d.get("torch_profile"):
-            d["torch_profile"] = tuple(d["torch_profile"])
-        d["torch_profile_ranks"] = tuple(d.get("torch_profile_ranks") or (0,))
+        for key in PROFILERS:  # JSON's lists, the tuples again
+            d[key] = tuple(d[key]) if d.get(key) else d.get(key)
+            d[f"{key}_ranks"] = tuple(d.get(f"{key}_ranks") or (0,))
         return cls(**d)
 
     @property

@@ -61,13 +61,12 @@ class ModelShape:
     qk_head: int = 0
     qk_rope: int = 0
     v_head: int = 0
-    mtp_layers: int = 0  # multi-token-prediction layers (not part of the model cards' totals)
 
     @classmethod
     def of(cls, cfg) -> ModelShape:
         """The shape a Bridge ConfigContainer trains (GPT3's provider leaves the vocabulary to the tokenizer)."""
         m = cfg.model
-        extra = {"mtp_layers": getattr(m, "mtp_num_layers", None) or 0}  # the MoE/MLA/MTP fields (MTP only: dense)
+        extra = {}  # the MoE and MLA fields
         if getattr(m, "num_moe_experts", None):
             freq = m.moe_layer_freq
             extra |= dict(

@@ -191,8 +191,8 @@ def test_moe_fields_bring_the_ep_all_to_all_hidden_only_when_its_overlap_is_on()
     f = flops.flops_of_config(cfg)
     dense = flops.flops_of_config(get(R70).build())
     assert f.linear > 1.5 * dense.linear  # Bridge counts the top-2 experts' MLPs
-    on = throughput.predict(w, f, throughput.Overlaps(ep=True), moe=moe)
-    off = throughput.predict(w, f, throughput.Overlaps(ep=False), moe=moe)
+    on = throughput.Inputs(w, f, throughput.Overlaps(ep=True), moe=moe).predict()
+    off = throughput.Inputs(w, f, throughput.Overlaps(ep=False), moe=moe).predict()
     assert off.share("EP all-to-all") > 0 and off.step_s > on.step_s
     assert on.share("EP all-to-all") < off.share("EP all-to-all")
     states = {"tp_comm_overlap": "on", "ep_a2a_overlap": "off"}
