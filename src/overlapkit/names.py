@@ -1,10 +1,6 @@
-"""Names are names: the one check of a value that becomes a file or directory name (a profile's `name`, RUN_NAME, a
-recipe or fork name, a cluster's calibration), and the one check that a path the project writes stays inside the
-folder it belongs to.
-
-A name is one path component of letters, digits, `.`, `_` and `-`, starting with a letter or a digit (so never
-empty, never `.` or `..`, never hidden, never read as an option), with no `..` anywhere, and at most 64 characters.
-Standard library only: the in-job entry and every stage may call it.
+"""The one check of a value that becomes a file or directory name (a profile's `name`, RUN_NAME, a recipe or fork
+name, a calibration), and the one check that a path we write stays inside its folder. A name is one path component
+(RULE): never empty, `.`, `..`, hidden or read as an option. Standard library only: the in-job entry may call it.
 """
 
 from __future__ import annotations
@@ -38,9 +34,8 @@ def checked_name(value, what: str, fix: str = "") -> str:
 
 
 def inside(root: Path, *parts: str | Path) -> Path:
-    """`root / parts` as given, once it is checked that, resolved (links followed), it stays inside `root` resolved:
-    BadInput naming both when a part or a link planted on the way leads elsewhere. Call it on a path before it is
-    opened for writing."""
+    """`root / parts` as given, once checked that, links followed, it stays inside `root`: BadInput naming both when a
+    part or a planted link leads elsewhere. For a path about to be opened for writing."""
     base, given = Path(root).resolve(), Path(root).joinpath(*parts)
     path = given.resolve()
     if path != base and base not in path.parents:
