@@ -5,7 +5,7 @@ module says, once each:
 
 - `parse(argv)`: the arguments (launch.args.Parser: a bad flag is one line, exit 2);
 - `check(args)`: everything checked before the Bridge import, raising BadInput; True when `run` needs Bridge (the
-  plan server may then run it), False when it does not (answered here, at once); none: nothing to check, False;
+  plan server may then run it), False when it does not (answered here, at once);
 - `run(args)`: the work, returning the exit status;
 - optionally `handlers()`: the signal handlers of its command line (an in-process caller keeps its own).
 
@@ -73,7 +73,7 @@ def prepare(name: str, argv: list[str]):
     cmd = COMMANDS[name]
     module = importlib.import_module(cmd.module)
     args = module.parse([*cmd.prefix, *argv])
-    return module, args, getattr(module, "check", lambda _: False)(args)
+    return module, args, module.check(args)
 
 
 def execute(module, args) -> int:

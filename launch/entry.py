@@ -1,21 +1,32 @@
-"""The in-job entry point: what every rank runs (main's steps, in order).
+"""The in-job entry point: what every rank runs.
 
-1. Preflight on every rank, before anything initialises CUDA and without Bridge (64 ranks × a 1.3 GB import cannot
-   work on a small node): the environment holds exactly the ledger's values (CUDA_DEVICE_MAX_CONNECTIONS is read at
-   CUDA init: only the launcher can set it), Slurm's world matches the plan, Transformer Engine imports where TP
-   overlap is on, userbuffers can bootstrap (PMIx). Each rank writes `preflight/rank-NNNNN.json`.
-2. Rank 0 (`--checks full`) rebuilds the recipe with the same overrides, re-audits it against the submitted plan and
-   writes `preflight.json` with every rank's result.
-3. Before that, the resume guard (cluster/resume.py): a later segment without a tracker exits 1 (Bridge's
-   `exit_on_missing_checkpoint` would end 0 from iteration 0), an incomplete iteration falls back to the last complete
-   one, a changed layout exits 1, a run already at train_iters exits 0 and cancels the later segments.
-4. Unless `--preflight-only`: rank 0 records the layout beside the checkpoints, then Bridge's `pretrain`.
+1. Preflight, on every rank, with the standard library only (64 ranks × a 1.3 GB Bridge import cannot work on a
+   small node, and the checks must run before anything initialises CUDA): the process environment holds exactly
+   the ledger's values (CUDA_DEVICE_MAX_CONNECTIONS in particular must come from the launcher: read at CUDA init,
+   setting it from Python later does nothing), Slurm's world size/ranks match the plan, Transformer Engine is
+   importable where TP overlap is on (on GPU nodes), and userbuffers can bootstrap (PMIx from `srun --mpi=pmix`).
+   Each rank writes `preflight/rank-NNNNN.json` into the run directory.
+2. Rank 0 (with `--checks full`) also rebuilds the recipe by name with the same overrides, re-audits it, checks the
+   audit still matches the submitted plan, and writes `preflight.json` with every rank's result.
+3. First of all, every rank runs the resume guard (cluster/resume.py) on the run's checkpoints: a later segment
+   without a tracker exits 1 (never a silent start from iteration 0: Bridge's `exit_on_missing_checkpoint` ends with
+   status 0), an incomplete tracked iteration falls back to the last complete one (or exits 1), a changed layout
+   exits 1, and a run already at train_iters exits 0, rank 0 cancelling the later segments.
+4. Unless `--preflight-only`: rank 0 records the layout beside the checkpoints, then Bridge's
+   `pretrain(cfg, forward_step)` with the GPT forward step; a run that reached train_iters cancels the later segments.
 
-NSYS=a:b: a profiled rank restarts itself under `nsys profile` first, and the first profiled rank writes the overlap
-report after training; TORCH_PROFILE=a:b: Bridge's profiler traces in training, the profiled ranks copy their traces
-(overlapkit/profile/profiled.py). A path-based script, so Bridge's run plugins work unchanged: their `key=value`
-overrides arrive as extra arguments, applied after overrides.json. `--claim`: the plain-sbatch script's first step,
-recording the job as the run's, or stopping where another run is live on its checkpoints (cluster/submit.py).
+With NSYS=a:b, before any of this, a profiled rank starts itself again under `nsys profile` (the child goes through
+the steps above) and exports the report when the child ends; the first profiled rank then writes the run's overlap
+report, and every rank waits for it after training (overlapkit/profile/profiled.py). With TORCH_PROFILE=a:b, Bridge's
+PyTorch profiler traces those steps in the training itself; after it, the profiled ranks copy their traces into the
+run directory and the first one writes the report the same way.
+
+It runs as a path-based script (`python launch/entry.py ...`), so Bridge's run plugins (PreemptionPlugin) work
+unchanged: their `key=value` overrides arrive as extra arguments and are applied after the run directory's
+overrides.json (the SET pairs exactly as typed, and the run options).
+
+`--claim` is the plain-sbatch script's first step, one task before the ranks: the job records itself as the run's,
+where make submit records its jobs, or stops where another run is live on its checkpoints (cluster/submit.py).
 """
 
 from __future__ import annotations
@@ -71,8 +82,7 @@ def resume_guard(args, plan: dict) -> int | None:
 def run_options(run_dir: Path) -> runopts.RunOptions:
     """This run's options as the job applies them (overrides.json, what rebuild applies): where this rank's config
     saves and loads checkpoints, under which RUN_NAME."""
-    rec = json.loads((run_dir / "overrides.json").read_text())
-    return runopts.RunOptions.from_dict(rec.get("run"))
+    return runopts.RunOptions.from_dict(json.loads((run_dir / runopts.OVERRIDES).read_text()).get("run"))
 
 
 def claim(args) -> int:

@@ -225,6 +225,10 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+def check(args) -> bool:
+    return False
+
+
 def run(args) -> int:
     sock, lock, log = paths()
     if args.action == "serve":

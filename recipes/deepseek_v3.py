@@ -8,9 +8,7 @@ overlap, EP all-to-all overlap and DP grad-reduce overlap off; CUDA_DEVICE_MAX_C
 throughput: NVIDIA lists an FP8 run and its blockwise variant (docs/throughput.md: a row of the validation table).
 """
 
-from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import (
-    deepseek_v3_pretrain_1024gpu_h100_bf16_config as base,
-)
+from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import deepseek_v3_pretrain_1024gpu_h100_bf16_config as base
 from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import set_deepseek_v3_pipeline_model_parallel_layout
 
 from overlapkit.spec.overlap import Overlap

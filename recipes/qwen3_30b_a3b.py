@@ -26,10 +26,7 @@ def qwen3_30b_a3b_pretrain_16gpu_h100_bf16():
 
 
 @register(
-    model="Qwen3 30B-A3B",
-    perf=SRC,
-    env=HYBRIDEP_ENV,
-    intent=OverlapIntent(off=((Overlap.EP, FP8_NO_EP_OVERLAP),)),
+    model="Qwen3 30B-A3B", perf=SRC, env=HYBRIDEP_ENV, intent=OverlapIntent(off=((Overlap.EP, FP8_NO_EP_OVERLAP),))
 )
 def qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs():
     return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS)

@@ -33,11 +33,9 @@ def write_text(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
     path = Path(path)
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
+        with contextlib.suppress(FileExistsError):  # 48 random bits taken: another writer's, or planted; draw again
             create_new(tmp, text, mode)
             break
-        except FileExistsError:  # 48 random bits taken: another writer's, or planted; draw again
-            continue
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -107,9 +105,11 @@ def read_bytes(path: Path, limit: int = RECORD_LIMIT, *, follow: bool = True) ->
 
 
 def open_regular(path: Path, limit: int | None = None, *, follow: bool = True) -> BinaryIO:
-    """`path` open for binary reading if it is a regular file (of at most `limit` bytes), for a streaming reader.
-    Non-blocking, so a planted FIFO never hangs it; `follow=False` refuses a link (where only we write the file).
-    FileNotFoundError passes; every other problem is one Unreadable."""
+    """`path` open for reading (binary) when it is a regular file, of at most `limit` bytes when given: for a reader
+    that streams (a log read line by line). Opened non-blocking, so a FIFO planted in its place never hangs the
+    reader; a FIFO, socket, device or directory is refused before any read; `follow=False`: a symbolic link at `path`
+    is refused (where only the project writes the file). FileNotFoundError passes; every other problem is one
+    Unreadable."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -216,9 +216,13 @@ _TYPES = {dict: "an object", list: "a list", str: "a string", int: "a number", f
 def read_json(
     path: Path, kind: type = dict, *, role: str = "", fix: str = "", keys=(), missing_ok: bool = False, foreign=False
 ):
-    """The JSON value of type `kind` in `path`. Without `role`: None when there is none to read (missing, unreadable,
-    not JSON, another type). With `role` (what the file is, for the message) it is required and must hold `keys`, else
-    one FileProblem, then `fix`; `missing_ok`: missing is None. `foreign`: another tool's file (64-digit integers)."""
+    """The JSON value of type `kind` (an object by default; a list for results.json) in `path`.
+
+    Without `role`: None when there is none to read (missing, unreadable, not valid JSON: a file another process is
+    still writing without write_json, or valid JSON of another type). With `role` (what the file is, for the
+    message: "the night's record that make nightly writes") it is required and must hold `keys`: anything else is
+    one FileProblem saying what is wrong, then `fix`; `missing_ok`: a missing file is None, a broken one an error.
+    `foreign`: a file another tool writes (integers of any size up to 64 digits, not only int64)."""
     try:
         data, problem = _read(Path(path), kind, keys, bounded_int if foreign else strict_int)
     except FileNotFoundError:

@@ -102,12 +102,10 @@ def alive(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: a pid past the C int, no such process
         return False
     except PermissionError:
         return True
-    except OverflowError:  # a pid past the C int: no such process
-        return False
     stat = proc_stat(pid)
     return stat is None or stat[0] != "Z"
 

@@ -1,13 +1,21 @@
-"""The one rule for credentials, wherever a value arrives: a make variable (every option of our entry points:
-launch/args.py), a cluster profile (cluster/profiles.py), a layer of the launch environment or the caller's NCCL_*-style
-variables (bridge/env.py). A credential is never written to a file of ours nor printed: it is refused in one line naming
-where it was and the fix (FIX), never its value. A secret travels by name only: a profile lists it, the submitting
-shell exports it, sbatch --export hands it to the job (cluster/slurm.py export_list).
+"""The one rule for credentials, for every way a value arrives: a make variable (SET, RUN_NAME, DATA, NAME, ... and
+every other option of our entry points: launch/args.py), a cluster profile (its [env], srun_args and every string:
+cluster/profiles.py), a layer of the launch environment (bridge/env.py build_ledger) and the caller's environment (the
+NCCL_*-style variables the env ledger records: bridge/env.py). A credential is never written to a file of ours
+(plan.json, ledger.json, overrides.json, the sbatch script, submission.json, the logs we write) nor printed: where it
+arrives it is refused in one line that names where it was and the fix (FIX), never its value. A secret travels by
+name only: a profile lists it (`secrets = ["WANDB_API_KEY"]`), the submitting shell exports it, and sbatch
+(--export=PATH,<its name>: cluster/slurm.py export_list) hands it to the job; the ledger says "<from caller env>".
 
-By name (`is_secret`): KEY, TOKEN (not TOKENS, a count), SECRET, PASS, CREDENTIAL anywhere in it. By value whatever the
-name (`credential_kind`): the issuers' documented prefixes and formats below. Not a generic "high-entropy string": a
-digest, a git commit (40 hex: the shape of a W&B key, kept since a commit has no business in a launch variable), a UUID
-or a base64 blob look the same, and refusing them would refuse real plans; shapeless keys are the name rule's.
+Which names count (`is_secret`): KEY, TOKEN (not TOKENS, a count), SECRET, PASS, CREDENTIAL anywhere in the name.
+
+Which values count whatever their name (`credential_kind`): the documented shapes below, each the issuer's own prefix
+or format, so that a value under an innocuous name (`[env] NCCL_HINT = "xoxb-..."`) is caught too. What does not
+count, and why: a generic "long high-entropy string". A content digest, a git commit (40 hex characters: the shape
+of a W&B key, whose rule is kept since a commit has no business in a launch variable), a UUID or a base64 config
+blob look the same as a key by entropy alone, and refusing those would refuse real plans; nothing shapeless is
+caught by value, which is what the name rule is for. Azure's and many vendors' plain API keys (32 hex characters,
+say) have no shape of their own either; Azure's storage connection strings and SAS URLs do, and are listed.
 """
 
 from __future__ import annotations
@@ -54,8 +62,7 @@ def is_secret(name: str) -> bool:
 
 def credential_kind(value) -> str | None:
     """What credential `value` looks like ("a Hugging Face token"), or None."""
-    text = str(value)
-    return next((kind for kind, rx in _CREDENTIAL.items() if rx.search(text)), None)
+    return next((kind for kind, rx in _CREDENTIAL.items() if rx.search(str(value))), None)
 
 
 def secret_problem(name: str, value) -> str | None:
