@@ -60,8 +60,10 @@ _FORKER: list[int] = []
 
 
 def children_die_with_me() -> None:
-    """Every process this one forks from now on (a tokenizing pool) is killed when this one dies, however (kill -9):
-    PR_SET_PDEATHSIG, set in the child just after fork(2) (Linux; elsewhere nothing)."""
+    """Every process this one forks from now on (a pool of tokenizing workers) is killed when this one dies, however
+    it dies (os._exit after a signal, kill -9): Linux's PR_SET_PDEATHSIG, set in the child just after fork(2), so a
+    pool's workers never outlive their owner, and a pool still refilling itself cannot leave new ones behind.
+    Elsewhere: nothing."""
     if _FORKER or not hasattr(os, "register_at_fork"):
         return
     _FORKER.append(os.getpid())

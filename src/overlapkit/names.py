@@ -1,6 +1,10 @@
-"""The one check of a value that becomes a file or directory name (a profile's `name`, RUN_NAME, a recipe or fork
-name, a calibration), and the one check that a path we write stays inside its folder. A name is one path component
-(RULE): never empty, `.`, `..`, hidden or read as an option. Standard library only: the in-job entry may call it.
+"""Names are names: the one check of a value that becomes a file or directory name (a profile's `name`, RUN_NAME, a
+recipe or fork name, a cluster's calibration), and the one check that a path the project writes stays inside the
+folder it belongs to.
+
+A name is one path component of letters, digits, `.`, `_` and `-`, starting with a letter or a digit (so never
+empty, never `.` or `..`, never hidden, never read as an option), with no `..` anywhere, and at most 64 characters.
+Standard library only: the in-job entry and every stage may call it.
 """
 
 from __future__ import annotations
