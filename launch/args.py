@@ -1,13 +1,10 @@
 """The one argument parser of the entry points: a bad argument is one line on stderr and exit 2 (bad input), like
 every other bad request, instead of argparse's usage block.
 
-What a value may hold: anything but a credential (overlapkit/secrets.py says which shapes count; refused in one
-line naming the variable, never its value). The Makefile hands each variable over as typed (never pasted into a
-command line, never expanded by make: the comment above its DATA_VARS), so a value reaches these checks byte for
-byte, and nothing here expands or runs what it holds either. One rule follows, for every option of every entry: a
-value that names a variable or a command (`$HOME`, `${HOME}`, `$(...)`) is refused in one line, since it would
-otherwise be taken as literal text (a directory named `$HOME`, say), which is never what was meant; the line says to
-double-quote it so the shell expands it first. A `$` followed by anything else (`$1`, a trailing `$`) is plain text.
+A value may hold anything but a credential (overlapkit/secrets.py; refused naming the variable, never its value).
+The Makefile hands each variable over byte for byte, never expanded (the comment above its DATA_VARS), and nothing
+here expands it either, so a value naming a variable or a command (`$HOME`, `${HOME}`, `$(...)`) would be literal
+text, never what was meant: it is refused in one line saying to let the shell expand it. Any other `$` is plain text.
 """
 
 from __future__ import annotations
@@ -62,23 +59,20 @@ class Parser(argparse.ArgumentParser):
             )
         words, i = [] if self.rest else argv, 0  # --args=<text> split where it stood (the class docstring)
         while self.rest and i < len(argv):
-            token = argv[i]
+            token, i = argv[i], i + 1
             if token == "--":
-                words += argv[i:]
+                words += argv[i - 1 :]
                 break
-            if token.startswith(f"{REST}="):
-                text = token[len(REST) + 1 :]
-            elif token == REST and i + 1 < len(argv):
-                text, i = argv[i + 1], i + 1
-            else:
+            if token == REST and i < len(argv):
+                token, i = f"{REST}={argv[i]}", i + 1
+            if not token.startswith(f"{REST}="):
                 words.append(token)
-                i += 1
                 continue
+            text = token[len(REST) + 1 :]
             try:
                 words += shlex.split(text)
             except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
                 fail(f"ARGS={text!r}: {str(exc).lower()} (it is split as a shell splits words: close each quote)")
-            i += 1
         ns, extra = super().parse_known_args(words, namespace)
         for action in self._actions:  # a value naming a variable or a command, refused (the module docstring)
             value = getattr(ns, action.dest, None)
@@ -98,8 +92,8 @@ class Parser(argparse.ArgumentParser):
         return ns, extra
 
 
-# The one rule for a yes/no make variable (DRYRUN=, FORCE=): these words, any case; empty is off; anything else is
-# refused, never guessed (FORCE=off once overwrote data.toml).
+# A yes/no make variable (DRYRUN=, FORCE=): these words, any case, empty off; nothing guessed (FORCE=off once
+# overwrote data.toml).
 ON, OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
@@ -133,8 +127,7 @@ def flag_name(flag: str) -> str:
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
-    """The run options every entry that builds a run takes (make plan, submit, sbatch, run-local): RUN_NAME,
-    SEGMENTS, NSYS, NSYS_RANKS, TORCH_PROFILE, TORCH_PROFILE_RANKS, DATA; spec/runopts.py parse checks them."""
+    """The run options of every entry that builds a run (make plan, submit, sbatch, run-local), spec/runopts.py's."""
     p.add_argument("--run-name", default="", help="checkpoints in <job_dir>/checkpoints/<name>; resume from them")
     p.add_argument("--segments", default="", help="N chained jobs (afterany), each resuming from the last")
     p.add_argument("--nsys", default="", help="<start>:<end>: Nsight Systems on those iterations")
@@ -155,9 +148,8 @@ RUN_OPTIONS = ("run_name", "segments", "nsys", "nsys_ranks", "torch_profile", "t
 
 
 def request_of(args, *, listing: bool = False, action: str = "plan"):
-    """The request (spec/request.py PlanRequest, parsed by bridge/request.py) from an entry's arguments (--recipe or
-    the positional recipe, --nodes, --set and the run options), every check made before the Bridge import; not yet
-    bound."""
+    """The request (spec/request.py PlanRequest, parsed by bridge/request.py) from an entry's arguments, checked
+    before the Bridge import; not yet bound."""
     from overlapkit.bridge import request
 
     typed = {k: getattr(args, k) for k in RUN_OPTIONS}  # the run options as typed, by runopts.parse's keywords

@@ -82,8 +82,7 @@ def resume_guard(args, plan: dict) -> int | None:
 def run_options(run_dir: Path) -> runopts.RunOptions:
     """This run's options as the job applies them (overrides.json, what rebuild applies): where this rank's config
     saves and loads checkpoints, under which RUN_NAME."""
-    rec = json.loads((run_dir / "overrides.json").read_text())
-    return runopts.RunOptions.from_dict(rec.get("run"))
+    return runopts.RunOptions.from_dict(json.loads((run_dir / runopts.OVERRIDES).read_text()).get("run"))
 
 
 def claim(args) -> int:

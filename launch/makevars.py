@@ -41,11 +41,7 @@ def make_own() -> set[str]:
 
 def answer(given: list[str], known: list[str]) -> str:
     """One line for the unknown names among `given`, each with the nearest of `known`; "" when all are known."""
-    unknown = [
-        name
-        for name in given
-        if name not in known and not name.startswith(PROJECT_ENV) and name not in PROJECT_ENV_NAMES
-    ]
+    unknown = [n for n in given if n not in known and not n.startswith(PROJECT_ENV) and n not in PROJECT_ENV_NAMES]
     if unknown:
         unknown = [name for name in unknown if name not in make_own()]
     if not unknown:

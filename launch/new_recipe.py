@@ -40,35 +40,21 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def request(args):
-    """The fork request from the flags (overlapkit.fork.scaffold, which imports no Bridge)."""
-    from overlapkit.fork.scaffold import LAYOUT_FIELDS, SHAPE_FIELDS, ForkRequest
-
-    return ForkRequest(
-        from_name=args.from_name,
-        name=args.name,
-        gpus=args.gpus,
-        dtype=args.dtype,
-        gbs=args.gbs,
-        model=args.model,
-        shape={k: getattr(args, k) for k in SHAPE_FIELDS},
-        layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
-        recipes_dir=Path(args.recipes_dir),
-        gpu=args.gpu,
-        cluster=args.cluster,
-    )
-
-
 def check(args) -> bool:
     """GPU=, CLUSTER=, NAME and FROM before the Bridge import (a minute here); the shape and layout need the FROM
-    recipe built."""
+    recipe built. The fork request (overlapkit.fork.scaffold, which imports no Bridge) is made from the flags."""
     from overlapkit.cluster.profiles import load_profile
-    from overlapkit.fork.scaffold import check_request
+    from overlapkit.fork.scaffold import LAYOUT_FIELDS, SHAPE_FIELDS, ForkRequest, check_request
     from overlapkit.sizing.hardware import parse_gpu
 
     args.gpu = parse_gpu(args.gpu)
     load_profile(args.cluster)  # CLUSTER= names a profile (its calibration ranks the layouts): a typo is refused
-    args.request = request(args)
+    args.request = ForkRequest(
+        **{k: getattr(args, k) for k in ("from_name", "name", "gpus", "dtype", "gbs", "model", "gpu", "cluster")},
+        shape={k: getattr(args, k) for k in SHAPE_FIELDS},
+        layout={k: getattr(args, k) for k in LAYOUT_FIELDS},
+        recipes_dir=Path(args.recipes_dir),
+    )
     check_request(args.request)
     return True
 

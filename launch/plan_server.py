@@ -42,7 +42,7 @@ START_S = 600  # a new server's Bridge import: 30 s idle, up to 190 s on a share
 
 
 def wanted(args, environ=os.environ) -> bool:
-    """OVERLAPKIT_PLAN_SERVER on/off decides (launch.args.switch's words, else BadInput), else the profile's."""
+    """OVERLAPKIT_PLAN_SERVER on/off (launch.args.switch's words, else BadInput), else the profile's plan_server."""
     typed = environ.get(SWITCH, "")
     try:
         on = switch(typed) if typed.strip() else None
@@ -95,9 +95,8 @@ def paths(environ=os.environ) -> tuple[Path, Path, Path]:
 
 
 def stamp(environ) -> dict:
-    """Digests of what a client shares with the server, by part: interpreter, sys.path, uv.lock, each import-time
-    variable (by name: a mismatch is named, never a value) and the resource limits (sbatch hands them to a job). The
-    server also watches its loaded files."""
+    """Digests of what a client must share with the server: interpreter, sys.path, uv.lock, each import-time variable
+    (by name: a mismatch names it, never its value) and the resource limits (sbatch hands them to a job)."""
     ours = set(environ.get(DATA_VARS, "").split())
     env = {k: digest(v) for k, v in environ.items() if k.startswith(IMPORT_ENV) and k not in ours and not is_secret(k)}
     lock = (ROOT / "uv.lock").read_bytes() if (ROOT / "uv.lock").is_file() else b""
@@ -163,15 +162,14 @@ def forward(name: str, args) -> int | None:
     return reply.get("rc")
 
 
-def ask(sock: Path, request: dict, wait: float | None = None) -> dict | None:
+def ask(sock: Path, request: dict) -> dict | None:
     """The server's last word on `request`: {rc}, {declined}, {accepted} when it was lost, None if none listens.
-    Connecting, sending and hearing "accepted" take at most `wait` seconds (ACCEPT_S) together, else {declined};
-    then the client says go (a worker never runs a command its client gave up on) and waits for the status."""
-    bound = ACCEPT_S if wait is None else wait
-    last, deadline = None, time.monotonic() + bound
+    Connecting, sending and hearing "accepted" take at most ACCEPT_S together, else {declined}; then the client says
+    go (a worker never runs a command its client gave up on) and waits for the status."""
+    last, deadline = None, time.monotonic() + ACCEPT_S
     with socket.socket(socket.AF_UNIX) as conn, contextlib.suppress(FileNotFoundError, ConnectionError, EOFError):
         try:
-            conn.settimeout(bound)
+            conn.settimeout(ACCEPT_S)
             connect(conn, sock, deadline)
             if (uid := peer_uid(conn)) != os.getuid():  # before a byte is sent: a request holds our environment
                 return {"declined": f"the listener on {sock} runs as uid {uid}, not as you: nothing sent"}
@@ -185,7 +183,7 @@ def ask(sock: Path, request: dict, wait: float | None = None) -> dict | None:
             pid = holder(sock.with_suffix(".lock"))
             who = f"the plan server (pid {pid})" if pid else "the listener on its socket"
             fix = "stopped or hung? make plan-server-stop ends it"
-            return {"declined": f"{who} did not take this command within {bound:g} s ({fix})"}
+            return {"declined": f"{who} did not take this command within {ACCEPT_S:g} s ({fix})"}
         if "accepted" in last:
             conn.settimeout(None)  # the command runs: its own time
             conn.sendall(b"go")

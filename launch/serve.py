@@ -115,10 +115,9 @@ class Worker(socketserver.StreamRequestHandler):
         os.umask(req["umask"])
         tempfile.tempdir = None  # computed again from the client's TMPDIR
         self.say(accepted=os.getpid())
-        try:
+        go = b""
+        with contextlib.suppress(OSError):
             go = self.rfile.read(2)
-        except OSError:
-            go = b""
         if go != b"go":  # the client gave up waiting (plan_server.ask) and runs the command itself
             os._exit(0)
         self.request.settimeout(None)

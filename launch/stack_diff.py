@@ -52,11 +52,10 @@ def _planned(proc, out: Path, names: list[str], side: str) -> dict:
     return {"versions": {}, "load_errors": [why], "records": [{"recipe": n, "error": why} for n in names]}
 
 
-def compare(candidate: stackenv.Stack, names=(), sets: str = "", offline: bool | None = None, keep=None) -> dict:
+def compare(candidate: stackenv.Stack, names=(), sets: str = "", keep=None) -> dict:
     """Build (or reuse) the candidate's environment, plan under both stacks at once, and diff the records (`keep`: a
     directory that gets both stacks' records too)."""
-    offline = os.environ.get(OFFLINE_VAR) == "1" if offline is None else offline
-    env = stackenv.build(candidate, offline=offline, say=lambda line: print(line, file=sys.stderr))
+    env = stackenv.build(candidate, offline=os.environ.get(OFFLINE_VAR) == "1", say=lambda m: print(m, file=sys.stderr))
     run_env = stackenv.pythonpath()
     with tempfile.TemporaryDirectory(prefix="stackdiff-") as tmp:
         outs = {side: Path(tmp) / f"{side}.json" for side in ("pinned", "candidate")}

@@ -18,7 +18,7 @@ from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_fp8_c
 from overlapkit.bridge import registry
 from overlapkit.bridge.overlap import apply_overlap_stack
 from overlapkit.bridge.registry import EnvVar
-from overlapkit.spec.overlap import Overlap, OverlapIntent
+from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.topology import Layout
 
 DTYPES = ("bf16", "fp8cs")
@@ -36,13 +36,13 @@ class MoE:
 def precision(dtype: str):
     """BF16, or FP8 current scaling (per-tensor) with every layer in FP8, as NVIDIA's H100 perf recipes run it
     (megatron/bridge/perf_recipes/_common.py `_perf_precision("fp8_cs")` sets first_last_layers_bf16=False)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     if dtype == "bf16":
         return bf16_mixed()
-    if dtype == "fp8cs":
-        mp = bf16_with_fp8_current_scaling_mixed()
-        mp.first_last_layers_bf16 = False
-        return mp
-    raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    mp = bf16_with_fp8_current_scaling_mixed()
+    mp.first_last_layers_bf16 = False
+    return mp
 
 
 # The intent of the recipe being built, for h100_pretrain: what `register` recorded for it.
@@ -153,19 +153,3 @@ def moe_pretrain(
         return cfg
 
     return h100_pretrain(tuned, dtype, layout, intent)
-
-
-__all__ = [
-    "DTYPES",
-    "EnvVar",
-    "HYBRIDEP_ENV",
-    "Layout",
-    "MoE",
-    "Overlap",
-    "OverlapIntent",
-    "h100_pretrain",
-    "moe_pretrain",
-    "precision",
-    "register",
-    "with_shape",
-]

@@ -8,12 +8,11 @@ overlap, EP all-to-all overlap and DP grad-reduce overlap off; CUDA_DEVICE_MAX_C
 throughput: NVIDIA lists an FP8 run and its blockwise variant (docs/throughput.md: a row of the validation table).
 """
 
-from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import (
-    deepseek_v3_pretrain_1024gpu_h100_bf16_config as base,
-)
+from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import deepseek_v3_pretrain_1024gpu_h100_bf16_config as base
 from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import set_deepseek_v3_pipeline_model_parallel_layout
 
-from recipes._base import HYBRIDEP_ENV, EnvVar, Layout, MoE, Overlap, OverlapIntent, moe_pretrain, register
+from overlapkit.spec.overlap import Overlap
+from recipes._base import HYBRIDEP_ENV, EnvVar, Layout, MoE, OverlapIntent, moe_pretrain, register
 
 SRC = "megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3"
 LAYOUT = Layout(tp=2, pp=8, cp=1, vpp=4, mbs=1, gbs=16384, seq=4096, ep=64, etp=1)

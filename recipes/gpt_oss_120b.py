@@ -9,7 +9,8 @@ PP>1). CUDA_DEVICE_MAX_CONNECTIONS is 32 (TP=CP=1). Published H100 throughput: n
 
 from megatron.bridge.recipes.gpt_oss.h100.gpt_oss import gpt_oss_120b_pretrain_64gpu_h100_bf16_config as base
 
-from recipes._base import Layout, MoE, Overlap, OverlapIntent, moe_pretrain, register
+from overlapkit.spec.overlap import Overlap
+from recipes._base import Layout, MoE, OverlapIntent, moe_pretrain, register
 
 SRC = "megatron.bridge.perf_recipes.gpt_oss.h100.gpt_oss"
 LAYOUT = Layout(tp=1, pp=4, cp=1, vpp=None, mbs=1, gbs=1280, seq=4096, ep=8, etp=1)

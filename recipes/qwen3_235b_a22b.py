@@ -10,7 +10,8 @@ H100 throughput: NVIDIA lists an FP8 run (docs/throughput.md: a row of the valid
 
 from megatron.bridge.recipes.qwen.h100.qwen3_moe import qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config as base
 
-from recipes._base import EnvVar, Layout, MoE, Overlap, OverlapIntent, moe_pretrain, register
+from overlapkit.spec.overlap import Overlap
+from recipes._base import EnvVar, Layout, MoE, OverlapIntent, moe_pretrain, register
 
 SRC = "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe"
 LAYOUT = Layout(tp=2, pp=8, cp=1, vpp=4, mbs=1, gbs=8192, seq=4096, ep=32, etp=1)

@@ -10,7 +10,8 @@ run (docs/throughput.md: a row of the validation table).
 
 from megatron.bridge.recipes.qwen.h100 import qwen3_moe as bridge
 
-from recipes._base import HYBRIDEP_ENV, Layout, MoE, Overlap, OverlapIntent, moe_pretrain, register
+from overlapkit.spec.overlap import Overlap
+from recipes._base import HYBRIDEP_ENV, Layout, MoE, OverlapIntent, moe_pretrain, register
 
 SRC = "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe"
 LAYOUT = Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=1024, seq=4096, ep=16, etp=1)
@@ -25,10 +26,7 @@ def qwen3_30b_a3b_pretrain_16gpu_h100_bf16():
 
 
 @register(
-    model="Qwen3 30B-A3B",
-    perf=SRC,
-    env=HYBRIDEP_ENV,
-    intent=OverlapIntent(off=((Overlap.EP, FP8_NO_EP_OVERLAP),)),
+    model="Qwen3 30B-A3B", perf=SRC, env=HYBRIDEP_ENV, intent=OverlapIntent(off=((Overlap.EP, FP8_NO_EP_OVERLAP),))
 )
 def qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs():
     return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS)

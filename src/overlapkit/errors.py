@@ -27,7 +27,6 @@ class ClusterFailure(RuntimeError):
 
 
 def one_line(message: str) -> str:
-    """`message` as one printable line: a newline, a terminal escape sequence or any other control character a value
-    carried into it (a recipe name read from plan.json, GPU=, PROFILE=) is shown escaped (\\n, \\x1b), never acted on
-    by the terminal, so an error stays the one line it says it is."""
+    """`message` as one printable line: a control character a value carried into it (a newline, a terminal escape)
+    is shown escaped (\\n, \\x1b), never acted on by the terminal."""
     return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in message)

@@ -28,17 +28,14 @@ def write_json(path: Path, data) -> Path:
 
 
 def write_text(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
-    """Write a new temp file in `path`'s directory under a random name (`create_new`: a link planted there is never
-    followed, and the name cannot be guessed), then rename it over `path`: a crash leaves the old file or the new,
-    never half, and a link at `path` itself is replaced, its target untouched."""
+    """A temp file of a random name beside `path` (`create_new`: no planted link followed), renamed over it: a crash
+    leaves the old file or the new, never half; a link at `path` is replaced, its target untouched."""
     path = Path(path)
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
+        with contextlib.suppress(FileExistsError):  # 48 random bits taken: another writer's, or planted; draw again
             create_new(tmp, text, mode)
             break
-        except FileExistsError:  # 48 random bits taken: another writer's, or planted; draw again
-            continue
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -49,9 +46,8 @@ def write_text(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
 
 
 def create_new(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
-    """Create `path`, which must not exist, holding `text` (O_EXCL|O_NOFOLLOW: FileExistsError for anything already
-    there, a planted link included, never written through). `mode` (open()'s default) is subject to the umask; a
-    failed write removes the file."""
+    """Create `path` holding `text` (O_EXCL|O_NOFOLLOW: FileExistsError for anything there, a planted link included);
+    `mode` is subject to the umask; a failed write removes the file."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, mode)
     try:
@@ -65,9 +61,8 @@ def create_new(path: Path, text: str | bytes, mode: int = 0o666) -> Path:
 
 
 def open_lock(path: Path, mode: int = 0o600, *, append: bool = False) -> int:
-    """The file descriptor of the lock file `path` (created if missing), for flock, or with `append` of a log to add
-    to: opened in place, since a lock must keep its inode and a log its lines, and never through a link planted at its
-    name (that would create, truncate or write to the link's target); BadInput naming it otherwise."""
+    """The fd of the lock file `path` (created if missing) for flock, or with `append` of a log: opened in place (a
+    lock keeps its inode, a log its lines), never through a link planted at its name; BadInput naming it otherwise."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else 0)
     try:
         return os.open(path, flags, mode)
@@ -89,8 +84,7 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 class Unreadable(BadInput):
-    """A file that cannot be read safely (not a regular file, a link where none may be, over its size ceiling, unpacking
-    past it, unreadable): `what` says which, the message is `<path>: <what>`. A missing file is FileNotFoundError."""
+    """A file that cannot be read safely: `what` says why; the message is `<path>: <what>`."""
 
     def __init__(self, path: Path, what: str):
         super().__init__(f"{path}: {what}")
@@ -98,8 +92,7 @@ class Unreadable(BadInput):
 
 
 def read_bytes(path: Path, limit: int = RECORD_LIMIT, *, follow: bool = True) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them, gzip unpacked (bounded by `limit` too) where the
-    file is gzip (opened by `open_regular`: a FIFO, socket, device or directory refused before any read).
+    """The bytes of the regular file `path` (`open_regular`), at most `limit`, gzip unpacked within `limit` too.
     FileNotFoundError passes; every other problem is one Unreadable."""
     with open_regular(path, follow=follow) as f:
         try:  # read(n) reserves n bytes: ask for the file's size (one more: a file past the limit shows it)
@@ -138,14 +131,12 @@ def open_regular(path: Path, limit: int | None = None, *, follow: bool = True) -
 
 
 def open_text(path: Path, limit: int = LOG_LIMIT) -> TextIO:
-    """`open_regular`'s file as text, decoded as open() decodes a log (UTF-8, an undecodable byte replaced, universal
-    newlines): for a reader that takes a log a line at a time."""
+    """`open_regular`'s file as text, decoded as open() would (UTF-8, bad bytes replaced): a log, line by line."""
     return io.TextIOWrapper(open_regular(path, limit), encoding="utf-8", errors="replace")
 
 
 def gunzip(path: Path, data: bytes, limit: int) -> bytes:
-    """`data` (gzip, one member or several) unpacked, refusing to produce more than `limit` bytes or more than
-    GZIP_RATIO times its own size (at least 1 MiB): a small bomb never reaches memory whole, nor half of it."""
+    """`data` (gzip, one member or more) unpacked to at most `limit` and GZIP_RATIO times its size (at least 1 MiB)."""
     out, cap = bytearray(), min(limit, max(GZIP_RATIO * len(data), MiB))
     why = f"unpacks to more than {cap // MiB} MiB" + (
         f", over {GZIP_RATIO}x its size (a profiler trace packs about 20x): a gzip bomb, not a trace"
@@ -170,17 +161,13 @@ INT64_DIGITS = 19  # len(str(2**63)): no integer within int64 has more significa
 
 
 def integer(text: str) -> int | None:
-    """The one reading of an integer written as text, wherever it comes from (a JSON number, a make variable such as
-    NODES= or NSYS=, a SET value, a log's iteration number): ASCII digits after an optional '-', within int64, else
-    None. Its digits are counted before int() reads them, so text of any length costs nothing and Python's
-    4300-digit limit (sys.get_int_max_str_digits) is never reached."""
-    digits = text[1:] if text[:1] == "-" else text
-    if not (digits.isascii() and digits.isdigit()):
+    """The one reading of an integer as text (a JSON number, NODES=, a SET value, a log's iteration): ASCII digits
+    after an optional '-', within int64, else None. Digits are counted before int() reads them (leading zeros too), so
+    any length costs nothing and Python's 4300-digit limit is never reached."""
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or len(digits.lstrip("0")) > INT64_DIGITS:
         return None
-    digits = digits.lstrip("0") or "0"  # leading zeros count towards Python's limit too
-    if len(digits) > INT64_DIGITS:
-        return None
-    value = int(digits)
+    value = int(digits.lstrip("0") or "0")
     value = -value if text[:1] == "-" else value
     return value if INT64[0] <= value <= INT64[1] else None
 
@@ -193,8 +180,8 @@ def strict_int(text: str) -> int:
 
 
 def bounded_int(text: str) -> int:
-    """A JSON integer of any size up to 64 digits, for files others write (a Hugging Face tokenizer_config.json holds
-    model_max_length = 1000000000000000019884624838656): the digit limit is never reached, int64 not required."""
+    """A JSON integer up to 64 digits, for files others write (a Hugging Face tokenizer_config.json's model_max_length
+    is 1000000000000000019884624838656)."""
     if len(text.lstrip("-")) > 64:
         raise ValueError(f"the integer {text[:24]}... has more than 64 digits")
     return int(text)
@@ -213,16 +200,14 @@ def _no_constant(name: str):
 
 
 def loads(raw: bytes | str, *, parse_float=strict_float, parse_int=strict_int):
-    """JSON with strict numbers: integers within int64 (or `parse_int`'s bound: bounded_int for files others write),
-    finite floats (or `parse_float`'s own strict reading), no NaN/Infinity. ValueError (json's, or one of these) for
-    anything else."""
+    """JSON with strict numbers (integers within int64, or `parse_int`'s bound; finite floats; no NaN/Infinity),
+    ValueError otherwise."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     return json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=_no_constant)
 
 
 class FileProblem(BadInput):
-    """A JSON file a command needs is missing or not what it should be: one line naming the file, what it is (its
-    role), what is wrong with it, and what to do."""
+    """A JSON file a command needs is missing or wrong: one line naming it, its role, the problem and the fix."""
 
 
 _TYPES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false"}

@@ -1,10 +1,7 @@
-"""Stop when `make` dies: a Python child of make is not told when make is killed (kill -9 of make, or of the shell
-make started), so it would finish its work unseen (a submission, a data.toml) minutes later. The Makefile exports
-make's pid as OVERLAPKIT_MAKE_PID; `watch_make` starts a thread that sends this process SIGTERM once that pid is
-gone. What the SIGTERM does is the caller's (cluster/submit.py marks a submission failed; bridge/dataprep.py removes
-its work directory): one watcher for every command.
-
-Linux /proc is how a pid's ancestry and state are read; elsewhere the watcher does not start.
+"""Stop when `make` dies: a child of make is not told when make is killed (kill -9), so it would finish its work
+unseen (a submission, a data.toml) minutes later. The Makefile exports make's pid as OVERLAPKIT_MAKE_PID;
+`watch_make` sends this process SIGTERM once that pid is gone, and what SIGTERM does is the caller's. Linux /proc
+reads a pid's ancestry and state; elsewhere the watcher does not start.
 """
 
 from __future__ import annotations
@@ -34,9 +31,8 @@ class Interrupted(BaseException):  # not an Exception: no `except Exception` on 
 
 
 def on_signals(handler=None, signals=STOP_SIGNALS, parent_var: str = MAKE_PID) -> None:
-    """Each of `signals` runs `handler`, by default raising Interrupted here so the command unwinds and cleans up
-    (a forked worker that inherited the default exits at once with 128+signal: its owner cleans up); then watch
-    make, whose death arrives as SIGTERM. The one way every command stops."""
+    """The one way every command stops: each of `signals` runs `handler`, by default raising Interrupted so the
+    command unwinds and cleans up (a forked worker exits at once, 128+signal: its owner cleans up); make watched."""
     owner = os.getpid()
 
     def interrupt(signum, _frame):
@@ -50,9 +46,8 @@ def on_signals(handler=None, signals=STOP_SIGNALS, parent_var: str = MAKE_PID) -
 
 
 def watch_make(parent_var: str = MAKE_PID) -> None:
-    """SIGTERM to this process once `make` (its pid in `parent_var`) is gone. Only make's own descendants watch it:
-    the variable is inherited by everything make starts, Slurm jobs included (sbatch exports the caller's
-    environment), and the plan server's workers, where that pid means nothing (their client watches instead)."""
+    """SIGTERM to this process once `make` (its pid in `parent_var`) is gone. Only make's descendants watch: Slurm
+    jobs and the plan server's workers inherit the variable too, where that pid means nothing."""
     pid = os.environ.get(parent_var, "")
     if re.fullmatch(r"[0-9]{1,9}", pid) and is_ancestor(int(pid)) and not _WATCHING:
         # one watcher a process (a served client that then runs the command here)
@@ -109,12 +104,10 @@ def alive(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: a pid past the C int, no such process
         return False
     except PermissionError:
         return True
-    except OverflowError:  # a pid past the C int: no such process
-        return False
     stat = proc_stat(pid)
     return stat is None or stat[0] != "Z"
 

@@ -38,9 +38,8 @@ def checked_name(value, what: str, fix: str = "") -> str:
 
 
 def inside(root: Path, *parts: str | Path) -> Path:
-    """`root / parts` as given, once it is checked that, resolved (links followed), it stays inside `root` resolved:
-    BadInput naming both when a part or a link planted on the way leads elsewhere. Call it on a path before it is
-    opened for writing."""
+    """`root / parts` as given, once checked that, links followed, it stays inside `root`: BadInput naming both when a
+    part or a planted link leads elsewhere. For a path about to be opened for writing."""
     base, given = Path(root).resolve(), Path(root).joinpath(*parts)
     path = given.resolve()
     if path != base and base not in path.parents:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from overlapkit.errors import BadInput
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Hugging Face hub-cache layout with config.json only (no weights, no tokenizer): Bridge's Llama recipes call
 # AutoBridge.from_hf_pretrained("meta-llama/..."), which reads just the config. Offline, a recipe builds in ms.
@@ -25,8 +27,6 @@ def runs_root() -> Path:
         return REPO_ROOT / "runs"
     path = Path(given).expanduser()
     if not path.is_absolute():
-        from overlapkit.errors import BadInput
-
         raise BadInput(
             f"{RUNS_VAR}={given}: not an absolute path: give a /directory, or unset it (the checkout's runs/)"
         )

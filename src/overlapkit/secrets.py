@@ -62,8 +62,7 @@ def is_secret(name: str) -> bool:
 
 def credential_kind(value) -> str | None:
     """What credential `value` looks like ("a Hugging Face token"), or None."""
-    text = str(value)
-    return next((kind for kind, rx in _CREDENTIAL.items() if rx.search(text)), None)
+    return next((kind for kind, rx in _CREDENTIAL.items() if rx.search(str(value))), None)
 
 
 def secret_problem(name: str, value) -> str | None:
