@@ -25,8 +25,8 @@ def main() -> int:
     rows = published.rows(points, inputs)
     print(published.table(rows))
     print(published.bands_table(published.bands(rows)), end="")
-    for key, why in published.UNSTEADY.items():
-        print(f"shown, not fitted or judged: {key}: {why}")
+    for key, (why, step) in published.UNSTEADY.items():
+        print(f"not fitted, judged on its first steps ({step} s): {key}: {why}")
     for line in published.verdict(rows):
         print(f"out of bar: {line}")
     return 1 if published.verdict(rows) else 0

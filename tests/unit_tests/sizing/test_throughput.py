@@ -67,15 +67,29 @@ def test_every_published_run_is_predicted_within_the_bar(runs):
     assert [r["point"].key for r in judged if r["loo_error"] is None] == [
         "MLPerf v4.0 Sustainable Metal Cloud, 64 nodes"
     ]
-    assert all(abs(r["error"]) > published.FIT_TOL for r in rows if r["point"].key in published.UNSTEADY)
+    # the unsteady run: out of the bar against its average, within it against the step it ran at before it crept up
+    # (the reference's 2.7 s for Oracle's 3,072 GPUs: GBS 3,072 x seq 2,048 tokens / 2.7 s / 3,072 GPUs = 758.5)
+    unsteady = [r for r in rows if r["point"].key in published.UNSTEADY]
+    assert [r["point"].gpus for r in unsteady] == [3072]
+    assert all(
+        abs(r["error"]) > published.FIT_TOL and r["loo_error"] == pytest.approx(r["error"], abs=1e-3) for r in unsteady
+    )
+    assert abs(unsteady[0]["steady_error"] - (unsteady[0]["predicted"] / (3072 * 2048 / 2.7 / 3072) - 1)) < 1e-12
+    assert abs(unsteady[0]["steady_error"]) <= published.FIT_TOL
+    assert all(r["steady_error"] is None for r in judged)
     blockwise = plans["DeepSeek-V3 / Megatron-Bridge 25.09 / blockwise"].cfg.mixed_precision
     assert blockwise.fp8_recipe == "blockwise" and not blockwise.fp8_param_gather
 
 
 def test_verdict_fails_a_run_that_drifts_out():
     p = published.Point("M", "R", 8, "FP8", Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=1, seq=1), 100.0)
-    rows = [{"point": p, "error": e, "loo_error": x} for e, x in ((0.01, 0.02), (-0.11, -0.12), (0.02, 0.16))]
-    assert published.verdict(rows) == ["M / R: -11.0%", "M / R: leave-one-out +16.0%"]
+    cases = ((0.01, 0.02, None), (-0.11, -0.12, None), (0.02, 0.16, None), (0.3, 0.3, 0.02), (0.3, 0.3, 0.12))
+    rows = [
+        {"point": dataclasses.replace(p, model=f"M{i}"), "error": e, "loo_error": x, "steady_error": s}
+        for i, (e, x, s) in enumerate(cases)
+    ]
+    # a run with a steady step (an unsteady one) is judged on it alone: +30% on its average passes at +2%
+    assert published.verdict(rows) == ["M1 / R: -11.0%", "M4 / R: +12.0%", "M2 / R: leave-one-out +16.0%"]
 
 
 def test_the_constants_are_what_the_fit_gives(runs):
