@@ -144,6 +144,7 @@ def _cpu_buildable(m):
     else:
         m.transformer_layer_spec, m.attention_backend = local_layer_spec, AttnBackend.local
     m.init_model_with_meta_device = m.use_cpu_initialization = True
+    m.perform_initialization = False  # the initial values: 30k normal_ draws on meta tensors, no parameter's count
     return m
 
 
