@@ -153,6 +153,7 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SERVER_DIR, ignore_errors=True)
     shutil.rmtree(RUNS_DIR.parent, ignore_errors=True)
     if PYCACHE_DIR:
+        sys.dont_write_bytecode = True  # this process's last imports (the summary's) would make it anew
         shutil.rmtree(PYCACHE_DIR, ignore_errors=True)
 
 
