@@ -40,6 +40,16 @@ os.environ[plan_server.DIR_VAR] = SERVER_DIR
 # read and write it too. Named runs/, as the checkout's is.
 RUNS_DIR = Path(tempfile.mkdtemp(prefix="okruns-", dir="/tmp")) / "runs"
 os.environ[paths.RUNS_VAR] = str(RUNS_DIR)
+# Bytecode, cached once for the session's processes. Under PYTHONDONTWRITEBYTECODE=1 (this machine's shells, CI's)
+# every new Python compiles torch, Bridge and what they import from source: half of a Bridge import's CPU (~20 s of
+# 40), paid again by each make, plan server and planner a test starts. Here they share one cache in /tmp
+# (PYTHONPYCACHEPREFIX: nothing is written in the checkout or .venv), filled by this process's import below; a shell
+# that writes bytecode already keeps its own. The product is untouched; Slurm's jobs get PATH only, as a user's do.
+PYCACHE_DIR = None
+if sys.dont_write_bytecode:
+    PYCACHE_DIR = sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="okpyc-", dir="/tmp")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 stack.import_bridge()
 
 
@@ -142,6 +152,9 @@ def pytest_sessionfinish(session, exitstatus):
         os.kill(pid, signal.SIGTERM)
     shutil.rmtree(SERVER_DIR, ignore_errors=True)
     shutil.rmtree(RUNS_DIR.parent, ignore_errors=True)
+    if PYCACHE_DIR:
+        sys.dont_write_bytecode = True  # this process's last imports (the summary's) would make it anew
+        shutil.rmtree(PYCACHE_DIR, ignore_errors=True)
 
 
 # Stands in for the Makefile's PY (uv's python): prints the arguments make's shell gave it, one JSON line.
