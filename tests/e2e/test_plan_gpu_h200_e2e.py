@@ -27,7 +27,8 @@ def test_make_plan_gpu_h200_plans_an_h100_recipe_for_h200(planned):
     assert d["memory"]["budget_gb"] == pytest.approx(HARDWARE["h200"].hbm_gb - memory.MARGIN_GB)
     assert d["memory"]["total_gb"] == pytest.approx(h100.memory.total_gb, abs=0.01)  # same layout, bigger card
     assert d["throughput"]["step_time_s"] < h100.throughput.step_s  # faster HBM: a shorter optimizer step
-    assert d["gpu_note"].startswith("GPU=h200: an h100 recipe planned for H200 SXM") and h100.gpu_note is None
+    assert d["gpu_note"].startswith("GPU=h200: an h100 recipe planned for H200 SXM")
+    assert h100.to_dict()["gpu_note"] is None  # the shipped GPU: no note
     worth = d["throughput"]["overlap_worth"]
     assert next(iter(worth)) == "ep" and worth["ep"]["delta_s"] > 0 and "tp" not in worth
     assert d["audit"]["ok"] and d["audit"]["errors"] == []  # the H100 userbuffers presets are an H200's too
