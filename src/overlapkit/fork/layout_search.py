@@ -88,9 +88,8 @@ def layout_errors(
     split = split_violations(**shape, tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, mbs=mbs, gbs=gbs)
     errs += [msg for _, msg in split]
     if s.is_moe:
-        errs += [
-            msg for _, msg in expert_split_violations(experts=s.experts, ep=ep, etp=1, pp=pp, world=gpus, ffn=s.moe_ffn)
-        ]
+        moe = expert_split_violations(experts=s.experts, ep=ep, etp=1, pp=pp, world=gpus, ffn=s.moe_ffn)
+        errs += [msg for _, msg in moe]
     if pp > 1 and not gbs % (dp * mbs) and gbs // (dp * mbs) < pp:
         errs.append(f"GBS {gbs} gives {gbs // (dp * mbs)} microbatches, fewer than PP{pp}: the pipeline never fills")
     return errs
@@ -282,8 +281,7 @@ def search(recipe: Recipe, gpus: int, *, gbs: int, fixed: dict | None = None, to
     best_tflops = max(c.tflops for c in fitting if _class(c) == lead)  # the tie band is the leading class's
     fitting.sort(key=lambda c: _rank(c, s, best_tflops))
     min_pp = min(c.pp for c in fitting)
-    best = fitting[0]
     return [
-        replace(c, why=_why(c, s, min_pp), loses=why_loses(c, best, s, best_tflops) if i else "")
+        replace(c, why=_why(c, s, min_pp), loses=why_loses(c, fitting[0], s, best_tflops) if i else "")
         for i, c in enumerate(fitting[:top])
     ]

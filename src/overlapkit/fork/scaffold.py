@@ -24,7 +24,7 @@ from overlapkit.bridge.build import make_plan
 from overlapkit.errors import AuditFailed, BadInput
 from overlapkit.fork import layout_search
 from overlapkit.names import checked_name, inside
-from overlapkit.sizing import calibration, hardware, memory
+from overlapkit.sizing import calibration, hardware
 from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.request import Cluster
 from overlapkit.spec.shape import ModelShape, head_dim_follows
@@ -67,8 +67,7 @@ class ForkResult:
     path: Path
     choice: layout_search.Candidate
     alternatives: list
-    plan: object  # overlapkit.bridge.build.Plan
-    memory: memory.MemoryEstimate
+    plan: object  # overlapkit.bridge.build.Plan (its memory estimate fits)
 
 
 def model_label(prefix: str) -> str:
@@ -308,9 +307,8 @@ def fork(req: ForkRequest) -> ForkResult:
             first = plan.report.errors[0]
             more = f" (+{len(plan.report.errors) - 1} more)" if len(plan.report.errors) > 1 else ""
             raise AuditFailed(f"{req.name} fails its audit: [{first.code}] {first.message}{more}")
-        est = plan.memory
-        if not est.fits:
-            raise ForkError(f"{req.name} does not fit: {est.summary()}")
+        if not plan.memory.fits:
+            raise ForkError(f"{req.name} does not fit: {plan.memory.summary()}")
         if final.exists():  # written by someone else while we audited: never overwrite
             raise ForkError(f"recipe {req.name} appeared at {final} meanwhile: pick another name")
         os.replace(tmp, final)
@@ -321,4 +319,4 @@ def fork(req: ForkRequest) -> ForkResult:
         if isinstance(exc, ForkError | AuditFailed | KeyboardInterrupt | SystemExit):
             raise
         raise ForkError(f"{req.name} does not build: {type(exc).__name__}: {exc}") from exc
-    return ForkResult(req.name, final, cands[0], cands[1:], plan, est)
+    return ForkResult(req.name, final, cands[0], cands[1:], plan)

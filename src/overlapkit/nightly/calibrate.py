@@ -254,7 +254,7 @@ def calibrate(runs: list[Run], cluster: str, today: dt.date) -> Result | None:
         if len(errs) >= 2:  # one run is no spread: the published band of the kind stands
             bands[kind] = calibration.Band(min(errs), max(errs), len(errs), f"{len(errs)} {cluster} {kind} runs")
     kept = tuple(n for n in calibration.NAMES if n not in free)
-    cal = calibration.Calibration(k, calibration.label(cluster, len(runs), today), bands, kept)
+    cal = calibration.Calibration(k, f"{cluster} fitted on {len(runs)} runs on {today.isoformat()}", bands, kept)
     rows = [
         {
             "run_dir": str(r.run_dir),

@@ -79,9 +79,8 @@ def findings(report: dict, plan: dict) -> list[dict]:
     nums = [int(r.split("/")[0]) for r in report["ranks"] if r.split("/")[0].isdigit()]
     if bad := sorted(n for n in nums if n >= lay.gpus):
         msg = f"profiled rank(s) {', '.join(map(str, bad))} but the plan has {lay.gpus} GPUs: not this plan's run"
-        out.append(
-            _finding("profile_mismatch", "error", msg, "give the RECIPE= / NODES= the profiled run was planned with")
-        )
+        fix = "give the RECIPE= / NODES= the profiled run was planned with"
+        out.append(_finding("profile_mismatch", "error", msg, fix))
     devices = {r["device"] for r in report["ranks"].values()}
     if len(devices) > min(8, lay.gpus):
         msg = f"the profiles hold {len(devices)} GPUs per node; the plan has {min(8, lay.gpus)}"

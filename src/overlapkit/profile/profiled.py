@@ -51,13 +51,9 @@ WAIT_S = 1800  # for the other ranks' exports: a 2-step trace of a large model e
 DONE = "report.done"
 
 
-def nsys_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / NSYS_DIR
-
-
 def report_base(run_dir: Path, rank: int) -> Path:
     """`-o` of nsys profile: it adds .nsys-rep; the export is the same name with .sqlite."""
-    return nsys_dir(run_dir) / f"rank{rank}"
+    return Path(run_dir) / NSYS_DIR / f"rank{rank}"
 
 
 def exports(run_dir: Path, ranks, where: str = NSYS_DIR) -> list[Path]:
@@ -144,10 +140,10 @@ def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> in
         host = socket.gethostname()
         _say(f"error: NSYS profiles rank {rank}, but nsys is not on the PATH on {host}: {NSYS_FIX}")
         return 1
-    nsys_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / NSYS_DIR).mkdir(parents=True, exist_ok=True)
     ranks = plan["run"]["nsys"]["ranks"]
     if rank == min(ranks):  # this job's report: the others wait for a fresh marker
-        (nsys_dir(run_dir) / DONE).unlink(missing_ok=True)
+        (Path(run_dir) / NSYS_DIR / DONE).unlink(missing_ok=True)
     cmd = [nsys, *PROFILE_ARGS, "-o", str(report_base(run_dir, rank)), *program]
     child = subprocess.Popen(cmd, env={**os.environ, UNDER_NSYS: "1"})
     forward = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -10,7 +10,6 @@ under runs/calibration/ (git-ignored, never over FITTED); `for_cluster` gives it
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import math
 import os
 from collections.abc import Callable
@@ -202,10 +201,8 @@ class Calibration:
         """This calibration's band for the kind, else the published one, else the widest published band of the same
         family (dense or MoE) with what it is said."""
         want = kind(moe, dtype)
-        if want in self.bands:
-            return self.bands[want]
-        if want in BANDS:
-            return BANDS[want]
+        if band := self.bands.get(want) or BANDS.get(want):
+            return band
         family = [b for k, b in BANDS.items() if k.split()[0] == want.split()[0]] or list(BANDS.values())
         low, high = min(b.low for b in family), max(b.high for b in family)
         runs = sum(b.runs for b in family)
@@ -315,10 +312,6 @@ def for_cluster(cluster: str | None, root: Path | None = None) -> Calibration:
     except ValueError as exc:
         raise BadInput(f"{path}: {exc}; it should be {role}: {FIX}") from None
     return cal
-
-
-def label(cluster: str, runs: int, when: dt.date) -> str:
-    return f"{cluster} fitted on {runs} runs on {when.isoformat()}"
 
 
 def save(cluster: str, cal: Calibration, runs: list[dict], root: Path | None = None) -> Path:

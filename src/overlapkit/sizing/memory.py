@@ -120,11 +120,11 @@ class MemoryEstimate:
     params_per_gpu: int
     notes: dict[str, str] = field(default_factory=dict)
     gpu: str = DEFAULT_GPU
+    PARTS = ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "reserve")  # each <part>_gb
 
     @property
     def total_gb(self) -> float:
-        parts = (self.weights_gb, self.grads_gb, self.optimizer_gb, self.activations_gb, self.logits_gb)
-        return sum(parts) + self.comm_buffers_gb + self.reserve_gb
+        return sum(getattr(self, f"{n}_gb") for n in self.PARTS)
 
     @property
     def budget_gb(self) -> float:
@@ -140,8 +140,7 @@ class MemoryEstimate:
 
     def rows(self) -> list[tuple[str, float, str]]:
         """(component, GB, note) per component, then the total; for a table."""
-        names = ("weights", "grads", "optimizer", "activations", "logits", "comm_buffers", "reserve")
-        out = [(n, round(getattr(self, f"{n}_gb"), 2), self.notes.get(n, "")) for n in names]
+        out = [(n, round(getattr(self, f"{n}_gb"), 2), self.notes.get(n, "")) for n in self.PARTS]
         return out + [("total", round(self.total_gb, 2), f"{self.verdict}: budget {self.budget_gb:.1f} GB")]
 
     @property

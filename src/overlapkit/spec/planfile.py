@@ -78,10 +78,6 @@ def _kind(value) -> str:
     return "null" if value is None else f"{type(value).__name__} {value!r}"[:60]
 
 
-def _object(key: str, value) -> str:
-    return f"{key} is {_kind(value)}, not an object"
-
-
 _WINDOW = "{key} is not {{steps: [start, end], ranks: [rank, ...]}} of whole numbers"
 MESSAGES = {
     "recipe": "recipe is {value!r}, not a recipe's name (letters, digits, _ . -)",
@@ -92,7 +88,7 @@ MESSAGES = {
     "run.checkpoint_dir": lambda key, value: f"{key} is {_kind(value)}, not a path",
     "run.train_iters": "{key} is {value!r}, not a whole number ≥ 1",
     **dict.fromkeys(("run.nsys", "run.torch_profile"), _WINDOW),
-    **dict.fromkeys(("layout", "audit", "run"), _object),
+    **dict.fromkeys(("layout", "audit", "run"), lambda key, value: f"{key} is {_kind(value)}, not an object"),
 }
 
 

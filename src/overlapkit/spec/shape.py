@@ -127,9 +127,8 @@ class ModelShape:
 
     def mlp_params(self, ffn: int) -> int:
         """One (gated) MLP of width `ffn`, with biases when the model has them."""
-        return (3 if self.gated else 2) * self.hidden * ffn + (
-            ((2 if self.gated else 1) * ffn + self.hidden) if self.bias else 0
-        )
+        bias = (2 if self.gated else 1) * ffn + self.hidden if self.bias else 0
+        return (3 if self.gated else 2) * self.hidden * ffn + bias
 
     @property
     def expert_params_per_moe_layer(self) -> int:

@@ -105,7 +105,7 @@ def test_fork_fp8_with_a_pinned_pipeline_via_the_api(tmp_path, clean_registry):
         layout={"pp": 2}, recipes_dir=tmp_path,
     )  # fmt: skip
     res = scaffold.fork(req)
-    assert res.path.exists() and res.plan.report.ok and res.memory.fits
+    assert res.path.exists() and res.plan.report.ok and res.plan.memory.fits
     assert res.choice.pp == 2 and res.choice.vpp > 1 and res.plan.report.row("overlap_p2p_comm").state == "on"
     assert res.choice.preset == "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"
     assert res.choice.prediction.to_dict() == make_plan(res.name).throughput.to_dict()  # FP8: one prediction too
