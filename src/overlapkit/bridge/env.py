@@ -137,9 +137,8 @@ def derived_env(plan) -> dict[str, EnvEntry]:
         env["NVTE_FWD_LAYERNORM_SM_MARGIN"] = EnvEntry("20", margin)
         env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = EnvEntry("20", margin)
     if pp > 1:
-        env["NCCL_P2P_NET_CHUNKSIZE"] = EnvEntry(
-            "2097152", f"PP={pp}: 2 MiB p2p chunks over the network ({PERF} 70B, 'Pipeline communication tuning')"
-        )
+        why = f"PP={pp}: 2 MiB p2p chunks over the network ({PERF} 70B, 'Pipeline communication tuning')"
+        env["NCCL_P2P_NET_CHUNKSIZE"] = EnvEntry("2097152", why)
     for name, (value, why) in _COMMON.items():
         env[name] = EnvEntry(value, f"{why} ({COMMON})")
     return env

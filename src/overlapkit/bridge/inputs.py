@@ -127,11 +127,8 @@ def config_problems(cfg, facts: dict, sets) -> list[str]:
         out.append(
             "train.train_iters=None: one of train.train_iters, train.train_samples, train.num_epochs must be set"
         )
-    if (
-        facts["head_dim_follows"]
-        and "model.kv_channels" not in keys
-        and {"model.hidden_size", "model.num_attention_heads"} & keys
-    ):
+    reshaped = "model.kv_channels" not in keys and {"model.hidden_size", "model.num_attention_heads"} & keys
+    if facts["head_dim_follows"] and reshaped:
         if msg := head_dim_problem(m.hidden_size, m.num_attention_heads, None):
             out.append(
                 f"model.hidden_size={m.hidden_size}, model.num_attention_heads={m.num_attention_heads}: {msg}; "

@@ -25,7 +25,7 @@ BACKEND_MODULE = {"deepep": "deep_ep", "hybridep": "deep_ep", "ncclep": "transfo
 TE_FOR_DELAY_WGRAD = "2.7.0"  # Bridge asserts is_te_min_version("2.7.0") for delay_wgrad with grad-reduce overlap
 
 
-def _ep_overlap_asserts(cfg, rmodel) -> list[tuple[bool, str, str, str | None]]:
+def _ep_overlap_asserts(cfg, rm) -> list[tuple[bool, str, str, str | None]]:
     """Bridge's EP overlap asserts in its order, each (holds, code, why, SET fix): what the overlap runs on, the
     recompute settings it cannot run with, and the MoE features that cannot run beside it."""
     m, off = cfg.model, f"{EP_OVERLAP}=false"
@@ -43,12 +43,7 @@ def _ep_overlap_asserts(cfg, rmodel) -> list[tuple[bool, str, str, str | None]]:
             f"needs the alltoall or flex dispatcher, not {kind!r}",
             "model.moe_token_dispatcher_type=alltoall",
         ),
-        (
-            bool(rmodel.bf16 or rmodel.fp16),
-            "ep_overlap_dtype",
-            "needs bf16 or fp16 params",
-            "mixed_precision.bf16=true",
-        ),
+        (bool(rm.bf16 or rm.fp16), "ep_overlap_dtype", "needs bf16 or fp16 params", "mixed_precision.bf16=true"),
         (
             m.pipeline_model_parallel_size == 1 or m.virtual_pipeline_model_parallel_size is not None,
             "ep_overlap_needs_vpp",

@@ -16,7 +16,7 @@ import re
 import shlex
 import types
 import typing
-from functools import cache
+from functools import cache, reduce
 
 import yaml
 
@@ -45,15 +45,8 @@ def parse(text: str | list[str] | None) -> list[tuple[str, str]]:
     return pairs
 
 
-_READABLE = {
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true or false",
-    "str": "a string",
-    "list": "a list, e.g. [a, b]",
-    "dict": "a mapping, e.g. {a: 1}",
-    "none": "null",
-}
+_READABLE = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "none": "null"}
+_READABLE |= {"list": "a list, e.g. [a, b]", "dict": "a mapping, e.g. {a: 1}"}
 
 
 def kind_of(value) -> str:
@@ -110,12 +103,8 @@ class _Loader(yaml.SafeLoader):
             for part in text.split(":"):  # YAML 1.1's base 60 (1:30 is 90): each part a decimal int()
                 if jsonio.integer(part) is None:
                     shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"{shown} is beyond the 64-bit integers Megatron stores (at most {runopts.INT64_MAX:,})",
-                        node.start_mark,
-                    )
+                    msg = f"{shown} is beyond the 64-bit integers Megatron stores (at most {runopts.INT64_MAX:,})"
+                    raise yaml.constructor.ConstructorError(None, None, msg, node.start_mark)
         return super().construct_yaml_int(node)
 
 
@@ -227,10 +216,7 @@ def apply(cfg, pairs: list[tuple[str, str]]) -> list[tuple[str, object, object]]
     for key, raw in pairs:
         holder, leaf = _holder(cfg, keys, key)
         old, new = getattr(holder, leaf), convert(key, raw, holder, leaf)
-        nested = new
-        for part in reversed(key.split(".")):
-            nested = {part: nested}
-        apply_overrides(cfg, nested, {})
+        apply_overrides(cfg, reduce(lambda inner, part: {part: inner}, reversed(key.split(".")), new), {})
         changes.append((key, old, new))
     return changes
 

@@ -36,14 +36,11 @@ def render_plan(plan, con: Console) -> None:
     for line in stack.version_drift():  # a drifted install: the plan stands, Bridge's resolution may differ
         con.print(f"[yellow]warning[/] {escape(line)}")
     lay, vpp = d["layout"], d["layout"]["vpp"] or "-"
-    moe = "ep" in lay  # MoE: expert parallelism, expert-DP, and parameters active per token
-    ep = f" EP{lay['ep']} ETP{lay['etp']} expert-DP{lay['expert_dp']}" if moe else ""
-    active = (
-        f" ({lay['active_params_b']}B active per token without the embedding lookup, top-{lay['topk']} of "
-        f"{lay['experts']} experts)"
-        if moe
-        else ""
-    )
+    ep = active = ""
+    if "ep" in lay:  # MoE: expert parallelism, expert-DP, and parameters active per token
+        ep = f" EP{lay['ep']} ETP{lay['etp']} expert-DP{lay['expert_dp']}"
+        active = f" ({lay['active_params_b']}B active per token without the embedding lookup, top-{lay['topk']} of "
+        active += f"{lay['experts']} experts)"
     con.print(
         f"{lay['gpus']} GPUs = {lay['nodes']} nodes × 8 · TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} "
         f"VP{vpp}{ep} DP{lay['dp']} · MBS {lay['mbs']} GBS {lay['gbs']} · seq {lay['seq']} · "

@@ -95,19 +95,13 @@ def _checkpoint_findings(ck, opts: RunOptions) -> list[Finding]:
         return [Finding("error", "checkpoint_not_a_directory", msg)]
     out = []
     if opts.job_dir and ck.save and not Path(ck.save).resolve().is_relative_to(Path(opts.job_dir).resolve()):
-        msg = f"checkpoint.save={ck.save} is outside the profile's shared job_dir {opts.job_dir}"
-        out.append(
-            Finding("error", "checkpoint_outside_job_dir", f"{msg}: it would be lost with the job; use RUN_NAME=<name>")
-        )
+        msg = f"checkpoint.save={ck.save} is outside the profile's shared job_dir {opts.job_dir}: it would be lost"
+        out.append(Finding("error", "checkpoint_outside_job_dir", f"{msg} with the job; use RUN_NAME=<name>"))
     if opts.segments > 1 and not (ck.save and ck.load == ck.save):
         msg = "SEGMENTS>1 needs checkpoint.save = checkpoint.load (RUN_NAME sets both): a later segment would start"
         out.append(Finding("error", "segments_without_checkpoints", f"{msg} from iteration 0"))
-    if (
-        ck.save
-        and ck.async_save
-        and ck.async_strategy == "nvrx"
-        and not importlib.util.find_spec("nvidia_resiliency_ext")
-    ):
+    nvrx = ck.async_save and ck.async_strategy == "nvrx"
+    if ck.save and nvrx and not importlib.util.find_spec("nvidia_resiliency_ext"):
         msg = (
             "checkpoint.async_save with async_strategy=nvrx needs nvidia-resiliency-ext, not importable here (the NeMo "
             "container ships it; Bridge falls back to mcore without it): SET checkpoint.async_strategy=mcore to be "
@@ -126,6 +120,7 @@ def summary(plan, opts: RunOptions) -> dict:
     # The expected step time is the plan's throughput prediction (sizing/throughput.py), its one home.
     step_s = plan.throughput.step_s if getattr(plan, "throughput", None) is not None else None
     loss_min = round(step_s * ck.save_interval / 60, 1) if step_s and ck.save and ck.save_interval else None
+    trace = {"steps": list(opts.torch_profile), "ranks": list(opts.torch_profile_ranks)} if opts.torch_profile else None
     return {
         "run_name": opts.run_name or None,
         "checkpoint_dir": ck.save,
@@ -145,9 +140,7 @@ def summary(plan, opts: RunOptions) -> dict:
         "load_optim": ck.load_optim,
         "finetune": ck.finetune,
         "nsys": {"steps": list(opts.nsys), "ranks": list(opts.nsys_ranks)} if opts.nsys else None,
-        "torch_profile": {"steps": list(opts.torch_profile), "ranks": list(opts.torch_profile_ranks)}
-        if opts.torch_profile
-        else None,
+        "torch_profile": trace,
     }
 
 
@@ -155,15 +148,13 @@ def lines(d: dict) -> list[str]:
     """The plan's data / checkpoint / segment lines (plain text; report.render_plan prints them)."""
     data, run = d.get("data") or {"mock": True}, d.get("run") or {}
     n = 0 if data["mock"] else len(data["blend"] or [p for ps in data["blend_per_split"].values() for p in ps])
-    out = (
-        ["data: mock (benchmark)"]
-        if data["mock"]
-        else [
+    out = ["data: mock (benchmark)"]
+    if not data["mock"]:
+        out = [
             f"data: {n} dataset prefix{'es' if n != 1 else ''}, "
             f"{data['tokens']:,} tokens ({data['train_tokens']:,} in the train split); the run reads "
             f"{data['consumed_tokens']:,} = {data['epochs']} epochs; tokenizer {data['tokenizer']}"
         ]
-    )
     for p in data.get("blend") or []:
         out.append(f"  {p['path']}  weight {p['weight']:g}  {p['tokens']:,} tokens {p['dtype']}")
     for split, ps in (data.get("blend_per_split") or {}).items():
@@ -179,18 +170,16 @@ def lines(d: dict) -> list[str]:
         out.append("checkpoints: off (benchmark); RUN_NAME=<name> saves to <job_dir>/checkpoints/<name> and resumes")
         return out
     gpu_h = run["crash_loss_min"] * d["layout"]["gpus"] / 60 if run["crash_loss_min"] else 0
-    loss = (
-        f" ≈ {run['crash_loss_min']} min ({gpu_h:,.0f} GPU-hours) at the predicted step time {run['expected_step_s']} s"
-        if gpu_h
-        else " (no step-time prediction for this plan)"
-    )
+    loss = " (no step-time prediction for this plan)"
+    if gpu_h:
+        loss = f" ≈ {run['crash_loss_min']} min ({gpu_h:,.0f} GPU-hours) at the predicted step time "
+        loss += f"{run['expected_step_s']} s"
     out.append(
         f"checkpoints: {run['checkpoint_dir']} every {run['save_interval']} iterations; a crash loses up to "
         f"{run['save_interval']} iterations{loss}"
     )
-    out.append(
-        f"tensorboard: {run['tensorboard_dir']}" + (f"; W&B project {run['wandb']['project']}" if run["wandb"] else "")
-    )
+    wandb = f"; W&B project {run['wandb']['project']}" if run["wandb"] else ""
+    out.append(f"tensorboard: {run['tensorboard_dir']}{wandb}")
     if run["exit_duration_in_mins"]:
         out.append(
             f"segments: {run['segments']} chained job(s) (afterany), SIGTERM {PREEMPT_S} s before each limit "
