@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from overlapkit import names
+from overlapkit import names, paths
 from overlapkit.bridge import registry, stack
 from overlapkit.bridge.build import Plan, plan_for, prediction_inputs, write_run_dir
 from overlapkit.bridge.request import from_record, loose
@@ -20,6 +20,7 @@ from overlapkit.cluster.profiles import load_profile
 from overlapkit.spec import request, runopts
 from overlapkit.spec.profile import ClusterProfile
 from overlapkit.spec.request import PlanRequest
+from overlapkit.spec.topology import GPUS_PER_NODE
 
 
 def bind(req: PlanRequest, profile: ClusterProfile) -> PlanRequest:
@@ -57,9 +58,17 @@ def submission(
 
 
 def run_local(plan: Plan, *, preflight_only: bool = False, checks: str = "full", dryrun=False):
-    """make run-local: the run directory under runs/local, then one node through nemo_run; returns the directory."""
+    """make run-local: the run directory under runs/local, then one 8-GPU node with torchrun through nemo_run's
+    LocalExecutor (no Slurm); returns the directory."""
+    import nemo_run as run
+
     run_dir = write_run_dir(plan, submit.local_runs())
-    submit.run_local(plan, run_dir, plugins_for(plan), preflight_only=preflight_only, checks=checks, dryrun=dryrun)
+    executor = run.LocalExecutor(ntasks_per_node=GPUS_PER_NODE, launcher="torchrun")
+    # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
+    script, args = str(paths.REPO_ROOT / submit.ENTRY), submit.entry_args(plan, run_dir, preflight_only, checks)
+    with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
+        exp.add(run.Script(path=script, args=args, entrypoint="python"), name="train", plugins=plugins_for(plan))
+        exp.dryrun(log=True) if dryrun else exp.run(sequential=True, tail_logs=True)
     return run_dir
 
 

@@ -65,23 +65,22 @@ def rank_checks(plan: dict, ledger: dict[str, str], secrets=(), environ=os.envir
     }
 
 
-def collect(run_dir: Path, world: int, timeout: float) -> list[dict]:
+def until(ready, timeout: float, every: float = 0.5):
+    """`ready()`'s first true answer, asked every `every` s for up to `timeout` s; its last (false) one after that."""
     deadline = time.monotonic() + timeout
-    files = []
-    while time.monotonic() < deadline:
-        files = sorted((run_dir / "preflight").glob("rank-*.json"))
-        if len(files) >= world:
-            break
-        time.sleep(0.5)
-    return [json.loads(f.read_text()) for f in files]
+    while not (got := ready()) and time.monotonic() < deadline:
+        time.sleep(every)
+    return got
+
+
+def collect(run_dir: Path, world: int, timeout: float) -> list[dict]:
+    until(lambda: len(list((run_dir / "preflight").glob("rank-*.json"))) >= world, timeout)
+    return [json.loads(f.read_text()) for f in sorted((run_dir / "preflight").glob("rank-*.json"))]
 
 
 def wait_for_summary(path: Path, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return bool(json.loads(path.read_text())["ok"])
-        time.sleep(0.5)
+    if until(path.exists, timeout):
+        return bool(json.loads(path.read_text())["ok"])
     print(f"preflight: no verdict from rank 0 in {timeout:.0f} s ({path})", file=sys.stderr)
     return False
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 
+from overlapkit.cluster.preflight import until
 from overlapkit.errors import BadInput, ClusterFailure
 from overlapkit.spec.runopts import minutes  # the time-limit rule's home: a segment's guards are there too
 from overlapkit.spec.submission import job_id_problem
@@ -69,13 +69,8 @@ def live_jobs(job_ids: list[str]) -> list[tuple[str, str]] | None:
 
 def wait_for(job_id: str, timeout: float = 900, poll: float = 2) -> str:
     """The job's terminal state, or TIMEOUT_WAITING after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = job_state(job_id)
-        if state.startswith(TERMINAL):
-            return state
-        time.sleep(poll)
-    return "TIMEOUT_WAITING"
+    state = until(lambda: (said := job_state(job_id)).startswith(TERMINAL) and said, timeout, poll)
+    return state or "TIMEOUT_WAITING"
 
 
 def partition_info(partition: str) -> dict | None:

@@ -343,18 +343,10 @@ def _experiment(sub: Submission):
             for seg in range(1, n + 1):
                 executor = slurm_executor(sub)
                 executor.dependency_type = "afterany"
-                task = run.Script(
-                    path=ENTRY,
-                    args=entry_args(sub.plan, sub.run_dir, sub.preflight_only, sub.checks, seg),
-                    entrypoint=python_for(sub.profile),
-                )
-                prev = exp.add(
-                    task,
-                    executor=executor,
-                    name="train" if n == 1 else f"train-seg{seg}",
-                    plugins=sub.plugins(),
-                    dependencies=[prev] if prev else None,
-                )
+                args = entry_args(sub.plan, sub.run_dir, sub.preflight_only, sub.checks, seg)
+                task = run.Script(path=ENTRY, args=args, entrypoint=python_for(sub.profile))
+                name, after = "train" if n == 1 else f"train-seg{seg}", [prev] if prev else None
+                prev = exp.add(task, executor=executor, name=name, plugins=sub.plugins(), dependencies=after)
             yield exp
 
 
@@ -401,19 +393,6 @@ def submit(sub: Submission) -> dict:
             mark(sub.run_dir, "submitted", **info)
             record_jobs(ids)
     return info
-
-
-def run_local(plan, run_dir: Path, plugins, *, preflight_only: bool = False, checks: str = "full", dryrun=False):
-    """One 8-GPU node with torchrun through nemo_run's LocalExecutor (no Slurm), from its written run directory."""
-    import nemo_run as run
-
-    executor = run.LocalExecutor(ntasks_per_node=GPUS_PER_NODE, launcher="torchrun")
-    # This checkout, by absolute path: torchx's local scheduler runs the script from its own working directory.
-    script = str(paths.REPO_ROOT / ENTRY)
-    task = run.Script(path=script, args=entry_args(plan, run_dir, preflight_only, checks), entrypoint="python")
-    with run.Experiment(plan.recipe.name, executor=executor, log_level="ERROR") as exp:
-        exp.add(task, name="train", plugins=list(plugins))
-        exp.dryrun(log=True) if dryrun else exp.run(sequential=True, tail_logs=True)
 
 
 # --- status / logs / cancel for a run directory -----------------------------------------------------------------

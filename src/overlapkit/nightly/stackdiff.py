@@ -17,12 +17,8 @@ ABSENT = "(no such field)"  # a field one stack's config does not have (None is 
 STEP_NOISE = 0.0005  # a step time within 0.05 %: rounding of the record, not a change
 
 
-def _rows(rec: dict) -> dict:
-    return rec.get("audit", {}).get("rows", {})
-
-
 def overlap_flips(a: dict, b: dict) -> list[dict]:
-    ra, rb = _rows(a), _rows(b)
+    ra, rb = (rec.get("audit", {}).get("rows", {}) for rec in (a, b))
     return [
         {"row": n, "pinned": ra.get(n), "candidate": rb.get(n)}
         for n in sorted(set(ra) | set(rb), key=lambda n: (n not in ra, n))
@@ -30,13 +26,9 @@ def overlap_flips(a: dict, b: dict) -> list[dict]:
     ]
 
 
-def _env(rec: dict) -> dict:
-    return {e["name"]: e for e in (rec.get("env") or {}).get("env", [])}
-
-
 def env_changes(a: dict, b: dict) -> list[dict]:
     """Each launch variable added, removed or changed: its value and layer on each side (None where absent)."""
-    ea, eb = _env(a), _env(b)
+    ea, eb = ({e["name"]: e for e in (rec.get("env") or {}).get("env", [])} for rec in (a, b))
     out = []
     for name in sorted(set(ea) | set(eb)):
         pa, pb = ((e["value"], e["layer"]) if e else None for e in (ea.get(name), eb.get(name)))
@@ -69,13 +61,8 @@ def bridge_changes(a: dict, b: dict) -> list[dict]:
     whether the resolved plan still differs there (False: the recipe sets the field itself)."""
     ba, bb = (r.get("bridge_config") or {} for r in (a, b))
     if "error" in ba or "error" in bb:
-        failed = {
-            "field": "(recipe function)",
-            "pinned": ba.get("error"),
-            "candidate": bb.get("error"),
-            "reaches": None,
-        }
-        return [failed]
+        errors = {"pinned": ba.get("error"), "candidate": bb.get("error")}
+        return [{"field": "(recipe function)", **errors, "reaches": None}]
     fa, fb = ba.get("fields", {}), bb.get("fields", {})
     ca, cb = a.get("config", {}), b.get("config", {})
     return [
