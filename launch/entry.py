@@ -97,12 +97,6 @@ def claim(args) -> int:
     return 0
 
 
-def out_dir(args) -> Path:
-    """Where this job's preflight records go: the run directory, or segment-N/ in it for a chain (each segment's
-    ranks must not read the records of the one before)."""
-    return args.run_dir if args.segments == 1 else args.run_dir / f"segment-{args.segment}"
-
-
 def _args(argv):
     ap = argparse.ArgumentParser(prog="launch.entry", description=__doc__)
     ap.add_argument("--recipe", required=True)
@@ -153,23 +147,25 @@ def main(argv=None) -> int:
     ledger = json.loads((args.run_dir / "ledger.json").read_text())
     rec = preflight.rank_checks(plan, ledger["values"], ledger.get("secrets", ()))
     rec["checkpoint_dir"] = run_options(args.run_dir).checkpoint_dir
-    (out_dir(args) / "preflight").mkdir(parents=True, exist_ok=True)
-    write_json(out_dir(args) / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
+    # this job's preflight records: a chain's segment-N/ (each segment's ranks must not read the records of the last)
+    out = args.run_dir if args.segments == 1 else args.run_dir / f"segment-{args.segment}"
+    (out / "preflight").mkdir(parents=True, exist_ok=True)
+    write_json(out / "preflight" / f"rank-{rec['rank'] or 0:05d}.json", rec)
     if rec["failures"]:
         print(f"preflight failed on rank {rec['rank']}: " + "; ".join(rec["failures"]), file=sys.stderr)
     ok, rebuilt = rec["ok"], None
     if rec["rank"] == 0:
         rebuilt = rebuild(args) if args.checks == "full" else None  # built once: re-audited, then trained
         # rank 0's verdict: the re-audit (when rebuilt), every rank's record, and the run's preflight.json
-        ranks = preflight.collect(out_dir(args), rec["world_size"] or 1, timeout=120)
+        ranks = preflight.collect(out, rec["world_size"] or 1, timeout=120)
         verdict = preflight.summary(plan, rec, ranks, rebuilt, args.checks)
-        write_json(out_dir(args) / "preflight.json", verdict)
+        write_json(out / "preflight.json", verdict)
         print(f"preflight: {'OK' if verdict['ok'] else 'FAILED'} ({len(ranks)}/{rec['world_size']} ranks)")
         ok = verdict["ok"]
     elif ok:
         # Wait for rank 0's verdict: srun ends a step 60 s (--wait) after the first task exits, and rank 0's
         # Bridge re-audit can take longer than that on a loaded node. All ranks then exit with the same verdict.
-        ok = preflight.wait_for_summary(out_dir(args) / "preflight.json", timeout=900)
+        ok = preflight.wait_for_summary(out / "preflight.json", timeout=900)
     if not ok:
         return 1
     if args.preflight_only:

@@ -29,10 +29,9 @@ MAKE_SPECIAL += ("MAKE_TERMOUT", "MAKE_TERMERR", ".EXTRA_PREREQS", "SUFFIXES")
 def make_own() -> set[str]:
     """The variables GNU make itself defines (its defaults, automatic and special ones), from make's own database."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}  # no variable of ours in its answer
+    database = ["make", "-p", "-f", "/dev/null"]
     try:
-        out = subprocess.run(
-            ["make", "-p", "-f", "/dev/null"], env=env, capture_output=True, text=True, timeout=10
-        ).stdout
+        out = subprocess.run(database, env=env, capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         out = ""
     names = re.findall(r"^# (?:default|automatic|makefile|'override' directive)\n([^\s:?+!]+) [:?+!]?=", out, re.M)

@@ -7,6 +7,7 @@ killed: overlapkit.makewatch): no data.toml, and the work directory is removed.
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 
@@ -42,15 +43,8 @@ def handlers() -> None:
 
 def run(args) -> int:
     try:
-        spec = dataprep.prep(
-            args.in_path,
-            args.tokenizer,
-            args.out,
-            args.key,
-            args.workers,
-            args.force,
-            log=lambda m: print(m, flush=True),
-        )
+        say = functools.partial(print, flush=True)
+        spec = dataprep.prep(args.in_path, args.tokenizer, args.out, args.key, args.workers, args.force, log=say)
     except (KeyboardInterrupt, makewatch.Interrupted) as exc:
         why = exc if isinstance(exc, makewatch.Interrupted) else "interrupted"
         print(f"error: {why}: no data.toml written; the partial output was removed", file=sys.stderr)

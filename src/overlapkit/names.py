@@ -19,22 +19,17 @@ _NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_LEN - 1}}}", re.ASCII)
 RULE = f"letters, digits, '.', '_' or '-', up to {MAX_LEN}, starting with a letter or digit, no '..'"
 
 
-def name_problem(value) -> str | None:
-    """Why `value` is not a name (None when it is one)."""
-    if not isinstance(value, str) or not value:
-        return "empty" if value == "" else f"not a string ({type(value).__name__})"
-    if not _NAME.fullmatch(value) or ".." in value:
-        return RULE
-    return None
-
-
 def checked_name(value, what: str, fix: str = "") -> str:
     """`value` if it is a name, else BadInput in one line: `what` (e.g. "RUN_NAME", "slurm/profiles/x.toml: name"),
-    the value, the rule, and `fix` (default: it names a directory)."""
-    if problem := name_problem(value):
-        shown = value if isinstance(value, str) else repr(value)
-        raise BadInput(one_line(f"{what}={shown!r}: {problem}: {fix or 'it names a file or directory'}"))
-    return value
+    the value, why not (empty, not a string, or the rule), and `fix` (default: it names a directory)."""
+    if not isinstance(value, str) or not value:
+        problem = "empty" if value == "" else f"not a string ({type(value).__name__})"
+    elif not _NAME.fullmatch(value) or ".." in value:
+        problem = RULE
+    else:
+        return value
+    shown = value if isinstance(value, str) else repr(value)
+    raise BadInput(one_line(f"{what}={shown!r}: {problem}: {fix or 'it names a file or directory'}"))
 
 
 def inside(root: Path, *parts: str | Path) -> Path:

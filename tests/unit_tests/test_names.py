@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from overlapkit.errors import BadInput
-from overlapkit.names import MAX_LEN, checked_name, inside, name_problem
+from overlapkit.names import MAX_LEN, checked_name, inside
 
 
 @pytest.mark.parametrize("good", ["eos", "local", "a", "llama3_8b", "run-1.2", "X" * MAX_LEN, "7b"])
 def test_a_name_passes(good):
-    assert name_problem(good) is None and checked_name(good, "RUN_NAME") == good
+    assert checked_name(good, "RUN_NAME") == good
 
 
 @pytest.mark.parametrize(
@@ -19,7 +19,6 @@ def test_a_name_passes(good):
     ["", ".", "..", "../x", "a/b", "/abs", ".hidden", "-rf", "a..b", "a b", "x\n", "é", "X" * (MAX_LEN + 1), "a\\b"],
 )
 def test_anything_else_is_one_line_naming_the_rule_and_the_fix(bad):
-    assert name_problem(bad)
     with pytest.raises(BadInput) as err:
         checked_name(bad, "slurm/profiles/x.toml: name", "name the cluster with letters, digits, '.', '_' or '-'")
     msg = str(err.value)
@@ -28,7 +27,9 @@ def test_anything_else_is_one_line_naming_the_rule_and_the_fix(bad):
 
 
 def test_a_non_string_is_not_a_name():
-    assert name_problem(3) == "not a string (int)" and name_problem(None) == "not a string (NoneType)"
+    for value, kind in ((3, "int"), (None, "NoneType")):
+        with pytest.raises(BadInput, match=rf"^RUN_NAME='{value!r}': not a string \({kind}\): it names a file"):
+            checked_name(value, "RUN_NAME")
 
 
 def test_inside_keeps_a_path_in_its_folder_and_names_a_link_or_dotdot_that_leaves(tmp_path):
