@@ -105,10 +105,17 @@ def run(args) -> int:
             case "submit":
                 preflight_only, checks = preflight_mode(args.preflight)
                 side = bridge()
-                opts = {key: getattr(args, key) for key in ("iters", "min_dp", "max_nodes", "goldens")}
-                opts |= {"preflight_only": preflight_only, "checks": checks, "dryrun": bool(args.dryrun)}
-                opts |= {"bridge": side, "versions": side.stack.versions()}
-                req = nightly.NightRequest(profile_of(args), names, REPORT_COMMAND, **opts)
+                req = nightly.NightRequest(
+                    profile=profile_of(args),
+                    recipes=names,
+                    report_command=REPORT_COMMAND,
+                    **{key: getattr(args, key) for key in ("iters", "min_dp", "max_nodes", "goldens")},
+                    preflight_only=preflight_only,
+                    checks=checks,
+                    dryrun=bool(args.dryrun),
+                    bridge=side,
+                    versions=side.stack.versions(),
+                )
                 diff = stack_diff.compare(args.candidate, names) if args.candidate else None  # before submitting
                 night_dir = nightly.submit_night(req, _say)
                 lines = [stack_diff.keep(diff, night_dir)] if diff else []

@@ -164,7 +164,8 @@ def check(args) -> bool:
     return args.action != "run-local"
 
 
-handlers = submit.install_signal_handlers  # a submission ends marked (failed or submitted), even if make is killed
+def handlers() -> None:
+    submit.install_signal_handlers()  # a submission ends marked (failed or submitted), even if make is killed
 
 
 def run(args) -> int:

@@ -114,7 +114,8 @@ def status_lines(run_dir: Path, info: dict) -> list[str]:
 
 def job_line(job: dict, of: int) -> str:
     """`segment 2/3: job 341 FAILED; preflight OK (8/8 ranks); first error: ...`: one line."""
-    label = (f"segment {job['segment']}/{of}: " if of > 1 else "") + f"job {job['job_id']} {job['state']}"
+    label = f"job {job['job_id']} {job['state']}"
+    label = f"segment {job['segment']}/{of}: {label}" if of > 1 else label
     if (pre := job["preflight"]) is not None:
         verdict = {True: "OK", False: "FAILED"}.get(pre["ok"], "unreadable")
         ranks = f" ({pre['ranks'][0]}/{pre['ranks'][1]} ranks)" if None not in pre.get("ranks", [None]) else ""

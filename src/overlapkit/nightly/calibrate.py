@@ -174,14 +174,17 @@ def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
 
 def find_runs(roots: list[Path], cluster: str, replan) -> tuple[list[Run], list[str]]:
     """(the usable runs under `roots`, 'run dir: why not' for the others and the directories not searched)."""
-    dirs, unreadable = set(), []
+    runs, skipped, dirs, unreadable = [], [], set(), []
     for root in roots:
-        found, bad = run_dirs(root)
-        dirs |= set(found)
+        got, bad = run_dirs(root)
+        dirs |= set(got)
         unreadable += bad
-    got = {run_dir: read_run(run_dir, cluster, replan) for run_dir in sorted(dirs)}
-    runs = [run for run in got.values() if isinstance(run, Run)]
-    skipped = [f"{run_dir}: {why}" for run_dir, why in got.items() if not isinstance(why, Run)]
+    for run_dir in sorted(dirs):
+        got = read_run(run_dir, cluster, replan)
+        if isinstance(got, Run):
+            runs.append(got)
+        else:
+            skipped.append(f"{run_dir}: {got}")
     if unreadable:
         skipped.append(f"{len(unreadable)} directories could not be searched (first {unreadable[0]})")
     return runs, skipped

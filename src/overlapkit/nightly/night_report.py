@@ -73,9 +73,16 @@ def evaluate(entry: dict, state: str, logs: list[Path], goldens_dir: Path, prefl
     predicted = plan.get("throughput") or {}  # sizing/throughput.py; a plan.json from before it has none of its keys
     worth, step_s = predicted.get("overlap_worth"), predicted.get("step_time_s")  # worth: sizing/worth.py
     golden = regress.load_golden(entry["recipe"], goldens_dir)
-    judged = {"preflight_only": preflight_only, "preflight_ok": bool(pre and pre.get("ok")), "worth": worth}
-    overlap = (comm.pop("report"), comm["missing"])
-    verdict = regress.classify(parsed, state, golden, attempt=entry.get("attempt", 0), overlap=overlap, **judged)
+    verdict = regress.classify(
+        parsed,
+        state,
+        golden,
+        preflight_only=preflight_only,
+        preflight_ok=bool(pre and pre.get("ok")),
+        attempt=entry.get("attempt", 0),
+        overlap=(comm.pop("report"), comm["missing"]),
+        worth=worth,
+    )
     if parsed is not None:
         jsonio.write_text(run_dir / "parsed.json", logparse.to_json(parsed) + "\n")  # what make bless reads
     return {

@@ -162,8 +162,16 @@ def _submit_one(req: NightRequest, name: str, stamp: str, limit: int | None, say
 
 def _prepare(bridge, entry: dict, profile, preflight_only: bool, checks: str, **more):
     """A night entry's run prepared through the Bridge side (bridge/submission.py prepare), as make submit would."""
-    where = {"nodes": entry["nodes"], "sets": entry["sets"], "run": run_options(entry)}
-    return bridge.prepare(entry["recipe"], profile, preflight_only=preflight_only, checks=checks, **where, **more)
+    return bridge.prepare(
+        entry["recipe"],
+        profile,
+        nodes=entry["nodes"],
+        sets=entry["sets"],
+        preflight_only=preflight_only,
+        checks=checks,
+        run=run_options(entry),
+        **more,
+    )
 
 
 def submit_night(req: NightRequest, say) -> Path | None:
