@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -15,9 +16,9 @@ from pathlib import Path
 import make_targets
 import pytest
 
-from launch import commands, plan_server
+from launch import commands, plan_server, stack_diff
 from overlapkit import paths
-from overlapkit.bridge import stack
+from overlapkit.bridge import stack, stackenv
 
 sys.addaudithook(make_targets.record)  # every make a test starts, recorded: the docs' rule is judged on them
 
@@ -143,10 +144,11 @@ def isolated_environ():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The night this session started, ended if no test waited for it; the plan server it started, stopped."""
-    if (night := NIGHT["proc"]) and night.poll() is None:  # the session ended before a test waited for it
-        night.terminate()
-        night.wait(timeout=120)
+    """What this session started early (EARLY), ended if no test waited for it; the plan server it started, stopped."""
+    for started in STARTED.values():  # the session ended before a test waited for it
+        if started["proc"].poll() is None:
+            os.killpg(started["proc"].pid, signal.SIGTERM)
+            started["proc"].wait(timeout=120)
     _, lock, _ = plan_server.paths()
     if pid := plan_server.holder(lock):  # 0: one is starting, its pid not yet written
         os.kill(pid, signal.SIGTERM)
@@ -200,26 +202,62 @@ def make_here(capsys):
     return run
 
 
-# `make nightly CLUSTER=local PREFLIGHT=1` for the tests that read a night: typed once, as soon as the session knows it
-# runs one of them (pytest_collection_finish), so that Slurm runs the night's jobs while the tests before them run.
-NIGHT = {"proc": None}
-NIGHT_FIXTURE = "preflight_night"
+# Commands typed once, as soon as the session knows it runs a test that reads them (pytest_collection_finish), so
+# that they run while the tests before them do (pytest itself keeps one CPU busy): a fixture's name → the make
+# target and variables, in a folder of the session's own (`d`), with the environment variables it adds.
+# The night: Slurm runs its jobs meanwhile. The pinned stack against itself: about a minute of uv and two Bridge
+# imports (the candidate's compiled from source), niced so that it takes what the tests before it leave.
+PINNED = " ".join(f"{n}=={stackenv.locked()[n]}" for n in ("megatron-bridge", "megatron-core"))  # uv.lock's
+EARLY = {
+    "preflight_night": (
+        lambda d: ["nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={d / 'jobs'}"],
+        lambda d: {},
+        0,
+    ),
+    "pinned_stack_diff": (
+        lambda d: ["stack-diff", f"STACK={PINNED}", "RECIPES=llama3_8b_pretrain_8gpu_h100_bf16", "FORMAT=json"],
+        lambda d: {stackenv.STACKS_VAR: str(d / "stacks"), stack_diff.OFFLINE_VAR: "1"},
+        10,
+    ),
+}
+STARTED: dict[str, dict] = {}  # fixture name → {"proc", "dir", "out"}
 
 
-def _start_night(tmp_path_factory: pytest.TempPathFactory) -> subprocess.Popen:
-    if NIGHT["proc"] is None:
-        NIGHT["jobs"] = (d := tmp_path_factory.mktemp("night")) / "jobs"
-        cmd = ["make", "-s", "nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={NIGHT['jobs']}"]
-        NIGHT["out"] = [open(d / name, "w+") for name in ("stdout", "stderr")]  # noqa: SIM115 (read once make ends)
-        NIGHT["proc"] = subprocess.Popen(cmd, cwd=paths.REPO_ROOT, stdout=NIGHT["out"][0], stderr=NIGHT["out"][1])
-    return NIGHT["proc"]
+def _start(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    if name not in STARTED:
+        variables, env, nice = EARLY[name]
+        d = tmp_path_factory.mktemp(name)
+        out = [open(d / f, "w+") for f in ("stdout", "stderr")]  # noqa: SIM115 (read once make ends)
+        proc = subprocess.Popen(
+            ["make", "-s", *variables(d)],
+            cwd=paths.REPO_ROOT,
+            env={**os.environ, **env(d)},
+            stdout=out[0],
+            stderr=out[1],
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+            start_new_session=True,  # one process group: given its priority back, or ended, as one
+        )
+        STARTED[name] = {"proc": proc, "dir": d, "out": out}
+    return STARTED[name]
+
+
+def early_result(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """(CompletedProcess, its folder) of EARLY[name] once make has returned (started now if it was not)."""
+    started = _start(name, tmp_path_factory)
+    # A test waits for it now: niced no more (only root may raise a priority; a group already gone has none).
+    with contextlib.suppress(PermissionError, ProcessLookupError):
+        os.setpriority(os.PRIO_PGRP, started["proc"].pid, 0)
+    code = started["proc"].wait(timeout=1800)
+    out, err = (f.seek(0) or f.read() for f in started["out"])
+    return subprocess.CompletedProcess(started["proc"].args, code, out, err), started["dir"]
 
 
 def pytest_collection_finish(session):
-    if not session.config.option.collectonly and any(
-        NIGHT_FIXTURE in i.fixturenames and not i.get_closest_marker("skip") for i in session.items
-    ):
-        _start_night(session.config._tmp_path_factory)
+    if session.config.option.collectonly:
+        return
+    for name in EARLY:
+        if any(name in i.fixturenames and not i.get_closest_marker("skip") for i in session.items):
+            _start(name, session.config._tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)
@@ -227,23 +265,30 @@ def slurm_after_the_night(request):
     """A Slurm test starts once the night's jobs have ended, on the idle cluster it had when the night was typed in
     the test that reads it: its jobs would otherwise queue behind the night's (its timeouts, its squeue
     before/after)."""
-    if NIGHT["proc"] is not None and request.node.get_closest_marker("slurm") and not NIGHT.get("over"):
+    night = STARTED.get("preflight_night")
+    if night is not None and request.node.get_closest_marker("slurm") and not night.get("over"):
         from overlapkit.cluster import slurm
 
-        NIGHT["proc"].wait(timeout=1800)
-        for record in (NIGHT["jobs"] / "nightly").glob("*/night.json"):
+        night["proc"].wait(timeout=1800)
+        for record in (night["dir"] / "jobs" / "nightly").glob("*/night.json"):
             night = json.loads(record.read_text())
             for job in [e.get("job_id") for e in night["entries"]] + [night.get("report_job_id")]:
                 if job:
                     slurm.wait_for(job, timeout=1800)
-        NIGHT["over"] = True
+        night["over"] = True
 
 
 @pytest.fixture(scope="session")
 def preflight_night(tmp_path_factory):
     """`make nightly CLUSTER=local PREFLIGHT=1` typed once for the tests that read a night (the nightly e2e, the
     70B run of the Slurm e2e): (CompletedProcess, JOB_DIR) once make has returned. Its jobs may still run."""
-    proc = _start_night(tmp_path_factory)
-    code = proc.wait(timeout=1800)
-    out, err = (f.seek(0) or f.read() for f in NIGHT["out"])
-    return subprocess.CompletedProcess(proc.args, code, out, err), NIGHT["jobs"]
+    done, d = early_result("preflight_night", tmp_path_factory)
+    return done, d / "jobs"
+
+
+@pytest.fixture(scope="session")
+def pinned_stack_diff(tmp_path_factory):
+    """`make stack-diff STACK=<the pinned stack> RECIPES=<Llama3 8B> FORMAT=json`, offline, its candidate built in
+    its own stacks folder: (CompletedProcess, that folder)."""
+    done, d = early_result("pinned_stack_diff", tmp_path_factory)
+    return done, d / "stacks"

@@ -119,9 +119,14 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("okps"))
+    # The plain path on a terminal (plain_on_a_terminal), begun now: its Bridge import runs beside the server's first.
+    off = {plan_server.SWITCH: "0", plan_server.DIR_VAR: str(tmp_path_factory.mktemp("plain") / "off")}
+    s.plain = Terminal(terminal_argv(s), {**s.env, **off}), Path(off[plan_server.DIR_VAR])
     yield s
     if pid := plan_server.holder(s.lock):
         os.kill(pid, signal.SIGTERM)
+    if s.plain[0].proc.poll() is None:  # no test read it
+        s.plain[0].proc.kill()
 
 
 def gone(pid: int, timeout: float = 20) -> bool:
@@ -225,11 +230,11 @@ def terminal_argv(served: Served) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def plain_on_a_terminal(served, tmp_path_factory):
+def plain_on_a_terminal(served):
     """The plain path on a terminal, the server off, its directory one of its own (a Bridge import in a new process,
-    shared by the two tests that read it): (what it printed, that directory)."""
-    off = {plan_server.SWITCH: "0", plan_server.DIR_VAR: str(tmp_path_factory.mktemp("plain") / "off")}
-    return Terminal(terminal_argv(served), {**served.env, **off}).text(), Path(off[plan_server.DIR_VAR])
+    begun with `served`, shared by the two tests that read it): (what it printed, that directory)."""
+    terminal, off = served.plain
+    return terminal.text(), off
 
 
 def test_a_served_plan_on_a_terminal_prints_what_the_plain_path_prints(served, plain_on_a_terminal):

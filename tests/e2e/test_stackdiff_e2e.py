@@ -14,27 +14,19 @@ from overlapkit import paths
 from overlapkit.bridge import stackenv
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
-PINNED = "megatron-bridge==0.6.2 megatron-core==0.19.2"
 
 
 def _env(tmp_path) -> dict:
     return {**os.environ, stackenv.STACKS_VAR: str(tmp_path / "stacks"), stack_diff.OFFLINE_VAR: "1"}
 
 
-def test_the_pinned_stack_against_itself_is_unchanged_and_exits_0(tmp_path):
-    out = subprocess.run(
-        ["make", "-s", "stack-diff", f"STACK={PINNED}", f"RECIPES={R8}", "FORMAT=json"],
-        cwd=paths.REPO_ROOT,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+def test_the_pinned_stack_against_itself_is_unchanged_and_exits_0(pinned_stack_diff):
+    out, stacks = pinned_stack_diff  # typed at collection (tests/conftest.py EARLY): its minute overlaps other tests
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert [(r["recipe"], r["verdict"]) for r in d["recipes"]] == [(R8, "unchanged")]
     assert d["pinned"] == d["candidate"] and d["packages"] == []
-    assert d["environment"]["built"] and str(tmp_path / "stacks") in d["environment"]["path"]
+    assert d["environment"]["built"] and str(stacks) in d["environment"]["path"]
     assert "building the candidate stack" in out.stderr  # said once, before the minutes it takes
 
 
