@@ -207,7 +207,6 @@ def make_here(capsys):
 # target and variables, in a folder of the session's own (`d`), with the environment variables it adds.
 # The night: Slurm runs its jobs meanwhile. The pinned stack against itself: about a minute of uv and two Bridge
 # imports (the candidate's compiled from source), niced so that it takes what the tests before it leave.
-PINNED = " ".join(f"{n}=={stackenv.locked()[n]}" for n in ("megatron-bridge", "megatron-core"))  # uv.lock's
 EARLY = {
     "preflight_night": (
         lambda d: ["nightly", "CLUSTER=local", "PREFLIGHT=1", f"JOB_DIR={d / 'jobs'}"],
@@ -215,12 +214,17 @@ EARLY = {
         0,
     ),
     "pinned_stack_diff": (
-        lambda d: ["stack-diff", f"STACK={PINNED}", "RECIPES=llama3_8b_pretrain_8gpu_h100_bf16", "FORMAT=json"],
+        lambda d: ["stack-diff", f"STACK={_pinned()}", "RECIPES=llama3_8b_pretrain_8gpu_h100_bf16", "FORMAT=json"],
         lambda d: {stackenv.STACKS_VAR: str(d / "stacks"), stack_diff.OFFLINE_VAR: "1"},
         10,
     ),
 }
 STARTED: dict[str, dict] = {}  # fixture name → {"proc", "dir", "out"}
+
+
+def _pinned() -> str:
+    """uv.lock's Bridge and Core, as STACK= pins (read only when the stack-diff is typed)."""
+    return " ".join(f"{n}=={stackenv.locked()[n]}" for n in ("megatron-bridge", "megatron-core"))
 
 
 def _start(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
@@ -271,8 +275,8 @@ def slurm_after_the_night(request):
 
         night["proc"].wait(timeout=1800)
         for record in (night["dir"] / "jobs" / "nightly").glob("*/night.json"):
-            night = json.loads(record.read_text())
-            for job in [e.get("job_id") for e in night["entries"]] + [night.get("report_job_id")]:
+            ran = json.loads(record.read_text())
+            for job in [e.get("job_id") for e in ran["entries"]] + [ran.get("report_job_id")]:
                 if job:
                     slurm.wait_for(job, timeout=1800)
         night["over"] = True
