@@ -24,7 +24,7 @@ def parse(argv):
 
 
 def check(args) -> bool:
-    """CLUSTER's profile and every RUNS directory before the Bridge import; each found run is re-planned (Bridge)."""
+    """CLUSTER's profile and every RUNS directory; the fit reads the runs' records alone, so no Bridge (False)."""
     from overlapkit.cluster.profiles import load_profile
     from overlapkit.sizing import calibration
 
@@ -36,17 +36,15 @@ def check(args) -> bool:
         split = " (RUNS is split at spaces)" if len(given) > 1 else ""
         raise BadInput(f"RUNS: no directory {', '.join(missing)}{split}: give directories that hold run directories")
     args.roots = given or [r for r in (paths.runs_root(), args.profile.job_path) if r.is_dir()]
-    return True
+    return False
 
 
 def run(args) -> int:
-    from overlapkit.bridge import stack, submission
     from overlapkit.nightly import calibrate
     from overlapkit.sizing import calibration
 
-    stack.import_bridge()
     name = args.profile.name
-    runs, skipped = calibrate.find_runs(args.roots, name, submission.replanned)
+    runs, skipped = calibrate.find_runs(args.roots, name)
     result = calibrate.calibrate(runs, name, dt.datetime.now(dt.UTC).date())
     if result is not None and result.refused:  # the table says which run; nothing written, the old fit stands
         print(calibrate.report(result, runs, skipped, name, None))

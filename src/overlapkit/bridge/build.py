@@ -260,9 +260,9 @@ def model_inputs(cfg, res: Resolved, rows, target: Target, cal: calibration.Cali
 
 
 def write_run_dir(plan: Plan, root: Path, stamp: str | None = None) -> Path:
-    """runs/<recipe>-<UTC time>/{plan.json,config.yaml,ledger.json,overrides.json}; never overwrites an earlier run.
-    A folder that cannot take it (read-only, full, not ours to write) is one line naming the fix, and the run
-    directory begun is removed: never half a run."""
+    """runs/<recipe>-<UTC time>/{plan.json,config.yaml,ledger.json,overrides.json,inputs.json}; never overwrites an
+    earlier run. A folder that cannot take it (read-only, full, not ours to write) is one line naming the fix, and the
+    run directory begun is removed: never half a run."""
     stamp = stamp or dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = None
     try:
@@ -306,6 +306,7 @@ def _write_run_files(plan: Plan, run_dir: Path) -> None:
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}
     jsonio.write_json(run_dir / "ledger.json", ledger)
     jsonio.write_json(run_dir / OVERRIDES, overrides_record(plan))
+    jsonio.write_json(run_dir / throughput.INPUTS, throughput.inputs_record(prediction_inputs(plan)))
 
 
 def overrides_record(plan: Plan) -> dict:

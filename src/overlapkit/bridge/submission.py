@@ -13,8 +13,8 @@ import functools
 
 from overlapkit import names, paths
 from overlapkit.bridge import registry, stack
-from overlapkit.bridge.build import Plan, plan_for, prediction_inputs, write_run_dir
-from overlapkit.bridge.request import from_record, loose
+from overlapkit.bridge.build import Plan, plan_for, write_run_dir
+from overlapkit.bridge.request import loose
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import load_profile
 from overlapkit.spec import request, runopts
@@ -114,10 +114,3 @@ def layout_of(name: str) -> dict:
         "ep": m.expert_model_parallel_size or 1,
         "etp": m.expert_tensor_parallel_size or 1,
     }
-
-
-def replanned(rec: dict):
-    """make calibrate: a run directory's overrides.json planned again (nightly/calibrate.py rebuilt checks it is the
-    plan that ran): its layout and its model inputs."""
-    plan = plan_for(from_record(rec, rec["recipe"], rec.get("nodes")))
-    return plan.layout, prediction_inputs(plan)

@@ -1,10 +1,10 @@
 """`make calibrate`: the throughput model's constants fitted on a cluster's own finished runs and nights.
 
-Each run directory under the given roots holds plan.json and overrides.json, from which the plan is rebuilt as the
-job built it (bridge/request.py `from_record`). Its step time is the steady-state mean of Bridge's `elapsed time per
-iteration (ms)` in the job's logs (nightly/logparse.py). A run counts only as the plan it ran (the log's launch facts
-are the plan's, the recipe rebuilt today plans the same layout) with a step some physical constants can give it;
-every problem of one run's files is that run's skip line, never the others' (read_run).
+Each run directory under the given roots holds plan.json and the model inputs its plan predicted from (inputs.json,
+sizing/throughput.py `read_inputs`): the fit re-predicts what ran, without Bridge. Its step time is the steady-state
+mean of Bridge's `elapsed time per iteration (ms)` in the job's logs (nightly/logparse.py). A run counts only as the
+plan it ran (the log's launch facts and the inputs' layout are plan.json's) with a step some physical constants can
+give it; every problem of one run's files is that run's skip line, never the others' (read_run).
 
 Which constants the runs can move is read off the model: the sensitivity of every run's step time to a 5% change of
 each constant, in a pivoted QR; constants are taken in pivot order while their pivot is at least MOVE and fewer than
@@ -26,7 +26,6 @@ from overlapkit.errors import BadInput, one_line
 from overlapkit.nightly import logparse, rules
 from overlapkit.sizing import calibration, throughput
 from overlapkit.spec import planfile
-from overlapkit.spec.runopts import OVERRIDES
 
 MIN_RUNS = 3  # fewer: nothing to fit with a run left over for leave-one-out
 MIN_STEADY = 5  # steady-state iterations (after logparse's warm-up) a log needs to give a step time
@@ -36,8 +35,6 @@ STEP = 0.05  # the relative change of a constant the sensitivity is read at
 # runs/local/<run>, <job_dir>/runs/<run> (and runs/slurm/runs/<run>, the local profile's job_dir inside runs/).
 MAX_DEPTH = 3
 EXPERIMENT = "_CONFIG"  # nemo_run marks its experiment directory with it (cluster/submit.py log_files)
-RECORD_ROLE = "the run's record that make plan writes beside plan.json"
-RECORD_FIX = "plan and run it again (make plan / make submit): the fit rebuilds the plan from it"
 
 
 @dataclass(frozen=True)
@@ -46,27 +43,32 @@ class Run:
     recipe: str
     measured_s: float  # Bridge's steady-state mean step time
     steady: int  # iterations it is the mean of
-    inputs: throughput.Inputs  # the rebuilt plan's model inputs (published constants)
+    inputs: throughput.Inputs  # the plan's recorded model inputs (published constants)
 
     @property
     def kind(self) -> str:
         return calibration.kind(bool(self.inputs.moe.experts), self.inputs.w.dtype)
 
 
-def read_run(run_dir: Path, cluster: str, replan) -> Run | str:
-    """The run, or why it does not count (one line). `replan`: bridge/submission.py replanned (launch/calibrate.py)."""
+def read_run(run_dir: Path, cluster: str) -> Run | str:
+    """The run, or why it does not count (one line)."""
     try:
-        got = _read_run(Path(run_dir), cluster, replan)
-    except BadInput as exc:  # jsonio's FileProblem/Unreadable, a broken record, submit's log lookup, the rebuild
+        got = _read_run(Path(run_dir), cluster)
+    except BadInput as exc:  # jsonio's FileProblem/Unreadable, a broken record, submit's log lookup
         got = str(exc)
     return got if isinstance(got, Run) else one_line(got)  # values from the files: shown escaped, one line
 
 
-def _read_run(run_dir: Path, cluster: str, replan) -> Run | str:
+def _read_run(run_dir: Path, cluster: str) -> Run | str:
     plan = planfile.read_plan(run_dir)  # a broken plan.json: its own one line (file, field, fix)
     if plan.get("cluster") not in (None, cluster):
         return f"planned for cluster {plan.get('cluster')}"
-    rec = record(run_dir, plan)
+    inputs = throughput.read_inputs(run_dir)
+    was, w = plan["layout"], inputs.w
+    shared = [k for k in planfile.SIZES + planfile.OPTIONAL_SIZES if k in was and hasattr(w, k)]
+    if moved := [k for k in shared if was[k] != getattr(w, k)]:
+        k = moved[0]
+        return f"its {throughput.INPUTS} has {k}={getattr(w, k)}, its plan.json {k}={was[k]}: not this plan's inputs"
     if not (logs := job_logs(run_dir)):
         return "no log"
     parsed = logparse.parse_files(logs, exclude=logparse.profiled_iterations(plan))
@@ -75,32 +77,10 @@ def _read_run(run_dir: Path, cluster: str, replan) -> Run | str:
     if wrong := rules.launch_disagreements(plan, parsed.get("launch") or {}, "fit"):
         return wrong[0]  # a log of another run: fitted against this plan it would move the constants anywhere
     summary = parsed["summary"]
-    inputs = rebuilt(run_dir, rec, plan, replan)
     measured = summary["step_time_ms"] / 1e3
     if why := calibration.beyond_physics(lambda k: inputs.predict(k).step_s, measured):
         return why
-    return Run(run_dir, rec["recipe"], measured, summary["steady_iterations"], inputs)
-
-
-def record(run_dir: Path, plan: dict) -> dict:
-    """overrides.json, of the shape make plan writes (bridge/build.py overrides_record) and of this plan's recipe: a
-    record that is not is this run's one line (request.from_record trusts its fields)."""
-    path = run_dir / OVERRIDES
-    rec = jsonio.read_json(path, role=RECORD_ROLE, fix=RECORD_FIX, keys=("recipe", "set", "run"))
-    nodes, sets = rec.get("nodes"), rec["set"]
-    if rec["recipe"] != plan["recipe"]:
-        what = f"recipe is {str(rec['recipe'])[:80]!r}, not plan.json's {plan['recipe']}"
-    elif nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
-        what = f"nodes is {nodes!r}, not a whole number ≥ 1"
-    elif not isinstance(sets, list) or not all(
-        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in sets
-    ):
-        what = "set is not a list of [key, value] text pairs"
-    elif not isinstance(rec["run"], dict) or not isinstance(rec.get("gpu", ""), str):
-        what = "run is not an object of run options, or gpu is not a name"
-    else:
-        return rec
-    raise jsonio.file_problem(path, what, RECORD_ROLE, RECORD_FIX)
+    return Run(run_dir, plan["recipe"], measured, summary["steady_iterations"], inputs)
 
 
 def job_logs(run_dir: Path) -> list[Path]:
@@ -108,7 +88,7 @@ def job_logs(run_dir: Path) -> list[Path]:
     submission record that is not the project's, or names a directory that is not nemo_run's: BadInput."""
     from overlapkit.cluster import chain
 
-    info = jsonio.read_json(run_dir / chain.MARKER, role=chain.ROLE, fix=RECORD_FIX, missing_ok=True)
+    info = jsonio.read_json(run_dir / chain.MARKER, role=chain.ROLE, fix=throughput.INPUTS_FIX, missing_ok=True)
     info = chain.checked_marker(run_dir, info) if info else {}  # each path field text, or its one line
     logs = chain.log_files(info) if info.get("experiment_dir") or info.get("log") else []
     return logs + sorted(run_dir.glob("*.log"))
@@ -128,26 +108,6 @@ def step_problem(parsed: dict) -> str | None:
     if steady < MIN_STEADY:
         return f"{steady} steady-state iterations in its log (needs {MIN_STEADY}): let the run train longer"
     return None
-
-
-def rebuilt(run_dir: Path, rec: dict, plan: dict, replan) -> throughput.Inputs:
-    """The model inputs of the plan rebuilt from the record (published constants), which must be the plan it ran:
-    a recipe edited or renamed since cannot be fitted on, the other runs still count (BadInput)."""
-    try:
-        now, inputs = replan(rec)
-    except BadInput as exc:  # UnknownRecipe, OverrideError, PlanError: the plan's own one line
-        raise BadInput(f"its plan no longer builds: {exc}") from None
-    except (KeyError, TypeError, ValueError) as exc:  # request/runopts take the record's fields on trust
-        what = f"does not rebuild a plan ({type(exc).__name__}: {exc})"
-        raise jsonio.file_problem(run_dir / OVERRIDES, what, RECORD_ROLE, RECORD_FIX) from None
-    was = plan["layout"]
-    if moved := [k for k in planfile.SIZES + planfile.OPTIONAL_SIZES if was.get(k) != now.get(k)]:
-        k = moved[0]
-        raise BadInput(
-            f"its recipe {rec['recipe']} plans {k}={now.get(k)} today, the run ran {k}={was.get(k)} (plan.json): "
-            "the recipe changed since; the fit needs the plan that ran: plan and run it again"
-        )
-    return inputs
 
 
 def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
@@ -172,7 +132,7 @@ def run_dirs(root: Path) -> tuple[list[Path], list[str]]:
     return found, unreadable
 
 
-def find_runs(roots: list[Path], cluster: str, replan) -> tuple[list[Run], list[str]]:
+def find_runs(roots: list[Path], cluster: str) -> tuple[list[Run], list[str]]:
     """(the usable runs under `roots`, 'run dir: why not' for the others and the directories not searched)."""
     runs, skipped, dirs, unreadable = [], [], set(), []
     for root in roots:
@@ -180,7 +140,7 @@ def find_runs(roots: list[Path], cluster: str, replan) -> tuple[list[Run], list[
         dirs |= set(got)
         unreadable += bad
     for run_dir in sorted(dirs):
-        got = read_run(run_dir, cluster, replan)
+        got = read_run(run_dir, cluster)
         if isinstance(got, Run):
             runs.append(got)
         else:

@@ -8,13 +8,20 @@ sizing/calibration.py's; what the model does not price, sizing/knobs.py names.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from pydantic import TypeAdapter, ValidationError
+
+from overlapkit import jsonio
 from overlapkit.sizing import calibration, moe_time
-from overlapkit.sizing.calibration import Constants
+from overlapkit.sizing.calibration import Calibration, Constants
 from overlapkit.sizing.hardware import Hardware, hardware
 from overlapkit.sizing.memory import Workload, first_stage_layers
 from overlapkit.sizing.moe_time import Moe
+from overlapkit.spec import model
 from overlapkit.spec.overlap import Overlap
 from overlapkit.spec.topology import DEFAULT_GPU, GPUS_PER_NODE, expert_group
 
@@ -357,7 +364,7 @@ class Inputs:
     moe: Moe = field(default_factory=Moe)
     bucket: int | None = None
     gpu: str = DEFAULT_GPU
-    calibration: calibration.Calibration = calibration.PUBLISHED  # the cluster's (make calibrate) or the published
+    calibration: Calibration = calibration.PUBLISHED  # the cluster's (make calibrate) or the published
 
     def predict(self, constants: Constants | None = None, overlaps: Overlaps | None = None) -> Prediction:
         """Step time of the workload (its layout, dtype, recompute) with `overlaps` (else the plan's) on its GPU (a
@@ -383,3 +390,34 @@ class Inputs:
             pred.calibration = self.calibration.label
             pred.band = self.calibration.band(bool(self.moe.experts), w.dtype)
         return pred
+
+
+# The plan's model inputs, written beside plan.json (bridge/build.py): what make calibrate re-predicts under trial
+# constants, read without Bridge. Its calibration is not recorded: which constants predict is the reader's.
+INPUTS = "inputs.json"
+INPUTS_ROLE = "the model inputs that make plan writes beside plan.json"
+INPUTS_FIX = "plan and run it again (make plan / make submit): the fit re-predicts the inputs its plan recorded"
+
+
+def inputs_record(inputs: Inputs) -> dict:
+    record = dataclasses.asdict(inputs)
+    del record["calibration"]
+    return record
+
+
+def read_inputs(run_dir: Path) -> Inputs:
+    """The run directory's recorded inputs (the published calibration); a file that is not a record of them: its
+    one line (FileProblem). The dataclasses above are its schema, read strictly as JSON (no "8" for 8); a record
+    edited past what the model can price (a zero size, an unknown dtype) is refused here, not mid-fit."""
+    path = run_dir / INPUTS
+    data = jsonio.read_json(path, role=INPUTS_ROLE, fix=INPUTS_FIX, keys=("w", "flops", "overlaps"))
+    try:
+        inputs = TypeAdapter(Inputs).validate_json(json.dumps(data), strict=True)
+        inputs.predict()
+    except ValidationError as exc:
+        raise jsonio.file_problem(path, model.problem(exc, data, {}), INPUTS_ROLE, INPUTS_FIX) from None
+    except (ArithmeticError, LookupError) as exc:  # the model's formulas met a value no plan writes
+        raise jsonio.file_problem(
+            path, f"gives no step ({type(exc).__name__}: {exc})", INPUTS_ROLE, INPUTS_FIX
+        ) from None
+    return inputs

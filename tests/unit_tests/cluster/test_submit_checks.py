@@ -118,7 +118,9 @@ def test_a_dry_run_writes_only_under_the_checkouts_runs_and_keeps_nemo_runs_bann
     out, err = capfd.readouterr()
     assert not fs.exists()
     (run_dir,) = (tmp_path / "checkout" / "runs" / "dryrun" / "mycluster" / "runs").glob(f"{R8}-*")
-    assert {"plan.json", "ledger.json", "overrides.json", "submission.json"} <= {p.name for p in run_dir.iterdir()}
+    assert {"plan.json", "ledger.json", "overrides.json", "inputs.json", "submission.json"} <= {
+        p.name for p in run_dir.iterdir()
+    }
     assert "Entering Experiment" in (run_dir / submit.NEMO_RUN_LOG).read_text()
     assert "Entering Experiment" not in out + err  # nemo_run's banner, kept off the console
     assert "#SBATCH --account=ml-infra" in out and f"dry run: nothing submitted; plan and ledger in {run_dir}" in out

@@ -19,10 +19,9 @@ from nightly_fixtures import bridge_log, curve
 
 from overlapkit import paths
 from overlapkit.bridge import stack
-from overlapkit.bridge.submission import replanned
 from overlapkit.errors import BadInput
 from overlapkit.nightly import calibrate
-from overlapkit.sizing import calibration
+from overlapkit.sizing import calibration, throughput
 
 # The constants the synthetic cluster runs at: its BF16 and FP8 GEMMs 10% slower than the published fit, its
 # per-layer overhead 25% larger (another container, another NCCL); the rest as published.
@@ -43,7 +42,7 @@ RUNS = [  # (recipe, SET): layouts that tell the GEMM rates from the per-layer o
 
 @pytest.fixture(scope="module")
 def runs_root(tmp_path_factory):
-    """Six finished runs: plan.json + overrides.json as make plan writes them, and the job's log."""
+    """Six finished runs: plan.json + inputs.json as make plan writes them, and the job's log."""
     stack.import_bridge()
     from overlapkit.bridge.build import make_plan, prediction_inputs, write_run_dir
 
@@ -60,7 +59,7 @@ def runs_root(tmp_path_factory):
 
 
 def test_the_fit_recovers_the_constants_the_runs_ran_at(runs_root):
-    runs, skipped = calibrate.find_runs([runs_root], "local", replanned)
+    runs, skipped = calibrate.find_runs([runs_root], "local")
     assert len(runs) == len(RUNS) and len(skipped) == 1 and "no-log-run" in skipped[0]
     result = calibrate.calibrate(runs, "local", dt.date(2026, 12, 3))
     got = result.calibration.constants
@@ -77,26 +76,29 @@ def test_the_fit_recovers_the_constants_the_runs_ran_at(runs_root):
 
 
 def test_too_few_runs_keep_the_published_constants_and_name_them(runs_root):
-    runs, _ = calibrate.find_runs([runs_root], "local", replanned)
+    runs, _ = calibrate.find_runs([runs_root], "local")
     assert calibrate.calibrate(runs[: calibrate.MIN_RUNS - 1], "local", dt.date(2026, 12, 3)) is None
     text = calibrate.report(None, runs[:2], [], "nowhere", None)
     assert "nothing fitted" in text and all(n in text for n in calibration.NAMES) and "published" in text
 
 
 def test_a_run_of_another_cluster_does_not_count(runs_root, tmp_path):
-    plan = json.loads((runs_root / "llama3_8b_pretrain_8gpu_h100_bf16-run0" / "plan.json").read_text())
+    plan = json.loads((runs_root / RUN0 / "plan.json").read_text())
     assert plan["cluster"] is None  # make plan's own run directories count for the cluster they are fitted for
-    other = tmp_path / "r"
-    other.mkdir()
-    for f in ("plan.json", "overrides.json", "train.log"):
-        (other / f).write_bytes((runs_root / "llama3_8b_pretrain_8gpu_h100_bf16-run0" / f).read_bytes())
+    other = copy_run(runs_root, tmp_path, "r")
     (other / "plan.json").write_text(json.dumps(plan | {"cluster": "example-eos"}))
-    assert calibrate.read_run(other, "local", replanned) == "planned for cluster example-eos"
-    record = json.loads((other / "overrides.json").read_text())
-    (other / "overrides.json").write_text(json.dumps(record | {"recipe": "gone_pretrain_8gpu_h100_bf16"}))
-    gone = plan | {"cluster": "example-eos", "recipe": "gone_pretrain_8gpu_h100_bf16"}
-    (other / "plan.json").write_text(json.dumps(gone))
-    assert calibrate.read_run(other, "example-eos", replanned).startswith("its plan no longer builds: ")
+    assert calibrate.read_run(other, "local") == "planned for cluster example-eos"
+    assert isinstance(calibrate.read_run(other, "example-eos"), calibrate.Run)
+
+
+def test_a_run_counts_by_its_recorded_inputs_though_its_recipe_is_gone(runs_root, tmp_path):
+    """The fit re-predicts the inputs the plan recorded, not a re-plan of today's recipes: a run of a recipe renamed
+    or deleted since still counts, at the step it was planned with."""
+    gone = copy_run(runs_root, tmp_path, "gone")
+    edit_json(gone / "plan.json", lambda p: p.update(recipe="gone_pretrain_8gpu_h100_bf16"))
+    run = calibrate.read_run(gone, "local")
+    assert isinstance(run, calibrate.Run) and run.recipe == "gone_pretrain_8gpu_h100_bf16"
+    assert run.inputs == calibrate.read_run(runs_root / RUN0, "local").inputs
 
 
 def test_a_plain_sbatch_run_counts_by_the_log_its_job_recorded(runs_root, tmp_path):
@@ -104,14 +106,14 @@ def test_a_plain_sbatch_run_counts_by_the_log_its_job_recorded(runs_root, tmp_pa
     run0 = runs_root / "llama3_8b_pretrain_8gpu_h100_bf16-run0"
     plain = tmp_path / "plain"
     plain.mkdir()
-    for f in ("plan.json", "overrides.json"):
+    for f in ("plan.json", throughput.INPUTS):
         (plain / f).write_bytes((run0 / f).read_bytes())
     (plain / "slurm-7.out").write_bytes((run0 / "train.log").read_bytes())
     record = {"state": "submitted", "job_id": "7", "job_ids": ["7"], "log": str(plain / "slurm-7.out")}
     (plain / "submission.json").write_text(json.dumps(record))
-    run = calibrate.read_run(plain, "local", replanned)
+    run = calibrate.read_run(plain, "local")
     assert isinstance(run, calibrate.Run), run
-    assert run.measured_s == calibrate.read_run(run0, "local", replanned).measured_s
+    assert run.measured_s == calibrate.read_run(run0, "local").measured_s
 
 
 def make(target: str, *args: str, env: dict) -> subprocess.CompletedProcess:
@@ -142,14 +144,15 @@ def test_make_calibrate_then_make_plan_predicts_with_the_fit(runs_root, tmp_path
 # --- hostile run directories (issue 43, hostile-sweep-5 area 2): each is skipped with its reason, the others count ---
 
 RUN0 = R8 + "bf16-run0"
+INPUTS = throughput.INPUTS
 STEP_MS = re.compile(r"(elapsed time per iteration \(ms\): )([-+\d.eE]+)")
 
 
 def copy_run(runs_root, where, name: str = "bad"):
-    """run0's plan.json, overrides.json and log in `where`/<name>: a good run until a case spoils it."""
+    """run0's plan.json, inputs.json and log in `where`/<name>: a good run until a case spoils it."""
     run_dir = where / name
     run_dir.mkdir(parents=True)
-    for f in ("plan.json", "overrides.json", "train.log"):
+    for f in ("plan.json", throughput.INPUTS, "train.log"):
         (run_dir / f).write_bytes((runs_root / RUN0 / f).read_bytes())
     return run_dir
 
@@ -194,30 +197,38 @@ HOSTILE = {  # sweep case (and variants): how the run directory is spoiled, what
     "C010 a FIFO *.log": (lambda d: os.mkfifo(d / "x.log"), "is not a regular file"),
     "C010 a directory *.log": (lambda d: (d / "x.log").mkdir(), "Is a directory"),
     "C011 a *.log linked to /dev/zero": (lambda d: (d / "x.log").symlink_to("/dev/zero"), "is not a regular file"),
-    "C024 overrides.json without set": (lambda d: edit_json(d / "overrides.json", lambda r: r.pop("set")), "'set'"),
-    "C024 overrides.json set not pairs": (
-        lambda d: edit_json(d / "overrides.json", lambda r: r.update(set="x")),
-        "set is not a list",
+    "C024 inputs.json without its workload": (lambda d: edit_json(d / INPUTS, lambda r: r.pop("w")), "lacks 'w'"),
+    "C024 inputs.json's FLOPs not an object": (
+        lambda d: edit_json(d / INPUTS, lambda r: r.update(flops="x")),
+        "flops is 'x'",
     ),
-    "C025 an unknown run option": (
-        lambda d: edit_json(d / "overrides.json", lambda r: r.update(run={"bogus": 1})),
-        "does not rebuild a plan (TypeError",
+    "C025 a size as text": (lambda d: edit_json(d / INPUTS, lambda r: r["w"].update(tp="1")), "w.tp is '1'"),
+    "C025 a flag as a number": (
+        lambda d: edit_json(d / INPUTS, lambda r: r["overlaps"].update(grad_reduce=1)),
+        "overlaps.grad_reduce is 1",
     ),
-    "C025 a run option of the wrong shape": (
-        lambda d: edit_json(d / "overrides.json", lambda r: r["run"].update(nsys=5)),
-        "does not rebuild a plan (TypeError",
+    "C026 a size negative": (
+        lambda d: edit_json(d / INPUTS, lambda r: r["w"].update(dp=-1)),
+        "its inputs.json has dp=-1, its plan.json dp=4: not this plan's inputs",
     ),
-    "C025 run options not an object": (
-        lambda d: edit_json(d / "overrides.json", lambda r: r.update(run=[1])),
-        "run is not an object",
+    "C025 a size the model cannot price": (
+        lambda d: edit_json(d / INPUTS, lambda r: r["w"]["shape"].update(layers=0)),
+        "gives no step (ZeroDivisionError",
     ),
-    "C026 nodes as text": (lambda d: edit_json(d / "overrides.json", lambda r: r.update(nodes="abc")), "nodes is"),
-    "C026 nodes negative": (lambda d: edit_json(d / "overrides.json", lambda r: r.update(nodes=-1)), "nodes is -1"),
-    "overrides.json of another recipe": (
-        lambda d: edit_json(d / "overrides.json", lambda r: r.update(recipe=R8 + "fp8cs")),
-        "not plan.json's",
+    "C025 a dtype the model does not know": (
+        lambda d: edit_json(d / INPUTS, lambda r: r["w"]["shape"].update(dtype="fp4")),
+        "gives no step (KeyError: 'fp4')",
     ),
-    "overrides.json not JSON": (lambda d: (d / "overrides.json").write_text("{"), "is not JSON"),
+    "C025 negative FLOPs": (
+        lambda d: edit_json(d / INPUTS, lambda r: r["flops"].update(total=-1e15)),
+        "not a step of this plan",
+    ),
+    "inputs.json not JSON": (lambda d: (d / INPUTS).write_text("{"), "is not JSON"),
+    "a FIFO inputs.json": (lambda d: replace_by_fifo(d / INPUTS), "is not a regular file"),
+    "a run planned before inputs.json was recorded": (
+        lambda d: (d / INPUTS).unlink(),
+        f"{INPUTS}: no such file; it should be {throughput.INPUTS_ROLE}: {throughput.INPUTS_FIX}",
+    ),
     "C027 submission.json log a number": (lambda d: submission(d, log=123), "log is 123, not text"),
     "C027 submission.json experiment_dir a list": (lambda d: submission(d, experiment_dir=[1]), "not text"),
     "C028 submission.json names /etc": (
@@ -241,11 +252,10 @@ HOSTILE = {  # sweep case (and variants): how the run directory is spoiled, what
         "the log's recipe llama3_70b_pretrain_64gpu_h100_bf16 != the plan's",
     ),
     "C036 a FIFO plan.json": (lambda d: replace_by_fifo(d / "plan.json"), "is not a regular file"),
-    "a FIFO overrides.json": (lambda d: replace_by_fifo(d / "overrides.json"), "is not a regular file"),
     "a FIFO submission.json": (lambda d: os.mkfifo(d / "submission.json"), "is not a regular file"),
-    "the recipe changed since the run": (
+    "the inputs of another layout than plan.json's": (
         lambda d: edit_json(d / "plan.json", lambda p: p["layout"].update(mbs=2)),
-        "plans mbs=1 today, the run ran mbs=2",
+        "its inputs.json has mbs=1, its plan.json mbs=2: not this plan's inputs",
     ),
 }
 
@@ -254,10 +264,10 @@ HOSTILE = {  # sweep case (and variants): how the run directory is spoiled, what
 def test_a_bad_run_directory_is_skipped_with_its_reason(runs_root, tmp_path, case, within):
     spoil, says = HOSTILE[case]
     bad = copy_run(runs_root, tmp_path)
-    assert isinstance(calibrate.read_run(bad, "local", replanned), calibrate.Run)  # good until spoiled
+    assert isinstance(calibrate.read_run(bad, "local"), calibrate.Run)  # good until spoiled
     spoil(bad)
     with within(10):
-        why = calibrate.read_run(bad, "local", replanned)
+        why = calibrate.read_run(bad, "local")
     assert isinstance(why, str) and says in why and "\n" not in why, why
     assert "Traceback" not in why
 
@@ -268,7 +278,7 @@ def test_bad_run_directories_never_abort_the_others(runs_root, tmp_path, within)
     for i, (spoil, _) in enumerate(HOSTILE.values()):
         spoil(copy_run(runs_root, bad, f"r{i:02}"))
     with within(60):
-        runs, skipped = calibrate.find_runs([runs_root, bad], "local", replanned)
+        runs, skipped = calibrate.find_runs([runs_root, bad], "local")
     assert len(runs) == len(RUNS)
     for i, (_, says) in enumerate(HOSTILE.values()):
         mine = [s for s in skipped if s.startswith(f"{bad / f'r{i:02}'}: ")]
@@ -280,9 +290,9 @@ def test_an_iteration_number_past_int64_is_no_iteration_and_the_run_counts(runs_
     run = copy_run(runs_root, tmp_path)
     log_append(run, f" iteration {'9' * 5000}/      20 | elapsed time per iteration (ms): 1.0 |")
     log_append(run, f" iteration        21/{'9' * 5000} | elapsed time per iteration (ms): 1.0 |")
-    got = calibrate.read_run(run, "local", replanned)
+    got = calibrate.read_run(run, "local")
     assert isinstance(got, calibrate.Run), got
-    assert got.measured_s == calibrate.read_run(runs_root / RUN0, "local", replanned).measured_s
+    assert got.measured_s == calibrate.read_run(runs_root / RUN0, "local").measured_s
 
 
 def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, tmp_path, within):
@@ -299,7 +309,7 @@ def test_only_run_directories_are_searched_not_nemo_runs_code_copies(runs_root, 
     shutil.copytree(fixture, root / ".hidden" / "x")
     (root / "link").symlink_to(runs_root)
     with within(30):
-        runs, skipped = calibrate.find_runs([root], "local", replanned)
+        runs, skipped = calibrate.find_runs([root], "local")
     assert [r.run_dir.name for r in runs] == ["real"] and skipped == []
 
 
@@ -334,7 +344,7 @@ def test_a_fit_no_constants_explain_is_refused_and_nothing_is_written(runs_root,
     root = tmp_path / "runs"
     for i in range(len(RUNS)):
         (root / f"r{i}").mkdir(parents=True)
-        for f in ("plan.json", "overrides.json", "train.log"):
+        for f in ("plan.json", INPUTS, "train.log"):
             (root / f"r{i}" / f).write_bytes((runs_root / f"{RUNS[i][0]}-run{i}" / f).read_bytes())
     code, out, err = calibrate_in_process(capsys, "--cluster", "local", "--runs", str(root))
     assert code == 0 and "written to" in out, err
@@ -370,7 +380,7 @@ def test_runs_as_one_directory_with_a_space_or_a_list(runs_root, tmp_path):
     spaced = tmp_path / "my runs"
     spaced.mkdir()
     args = cmd.parse(["--runs", str(spaced)])
-    assert cmd.check(args) and args.roots == [spaced]
+    assert cmd.check(args) is False and args.roots == [spaced]  # False: the fit needs no Bridge (nor a plan server)
     args = cmd.parse(["--runs", f"{runs_root} {tmp_path / 'my'}"])
     with pytest.raises(BadInput, match=r"no directory '.*/my' \(RUNS is split at spaces\)"):
         cmd.check(args)

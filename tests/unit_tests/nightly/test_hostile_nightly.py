@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from overlapkit.bridge import submission
 from overlapkit.cluster import slurm
 from overlapkit.nightly import calibrate, schedule
 from overlapkit.spec import planfile
@@ -124,7 +123,7 @@ def test_a_broken_plan_json_is_one_line_for_every_reader_of_a_run(
     assert code == 2 and not out
     _named(err, run_dir, said)
     # make calibrate: this run skipped with its line, the rest count
-    skipped = calibrate.read_run(run_dir, "local", submission.replanned)
+    skipped = calibrate.read_run(run_dir, "local")
     _named(f"error: {skipped}\n", run_dir, said)
 
 
