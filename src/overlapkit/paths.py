@@ -34,9 +34,13 @@ def runs_root() -> Path:
 
 
 def in_checkout(path: str | Path) -> Path:
-    """A checkout-relative path made absolute: runs/... under runs_root(), anything else under the checkout."""
-    parts = Path(path).parts
-    return runs_root().joinpath(*parts[1:]) if parts[:1] == ("runs",) else REPO_ROOT / path
+    """A path as a profile or a record gives it, made absolute: ~ expanded, and a relative one in the checkout, where
+    runs/... is under runs_root(). The one rule of where a job directory is: the jobs, the nights and their history
+    (a night that ran under OVERLAPKIT_RUNS keeps its history there too)."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    return runs_root().joinpath(*p.parts[1:]) if p.parts[:1] == ("runs",) else REPO_ROOT / p
 
 
 def repo_relative(path: Path) -> str:

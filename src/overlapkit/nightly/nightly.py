@@ -280,9 +280,8 @@ def report_night(
         res = night_report.evaluate(e, slurm.job_state(e["job_id"]), logs, goldens, night["preflight_only"])
         res["unreadable_logs"] = [problem] * bool(problem) + res["unreadable_logs"]
         results.append(res)
-    job_dir = Path(night["job_dir"])
-    job_root = job_dir if job_dir.is_absolute() else paths.REPO_ROOT / job_dir
-    report = night_report.write_report(night_dir, night, results, job_root / "nightly" / "history.jsonl")
+    history = paths.in_checkout(night["job_dir"]) / "nightly" / "history.jsonl"  # beside the nights of that job_dir
+    report = night_report.write_report(night_dir, night, results, history)
     say(jsonio.read_bytes(report).decode("utf-8", "replace"))  # what write_report just wrote
     say(f"junit: {junit.write(night_dir, night, results)}")  # for CI dashboards (Jenkins, GitLab)
     if retry and (again := to_retry(night, results)):

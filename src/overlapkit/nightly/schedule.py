@@ -295,8 +295,7 @@ def unschedule(profile, cluster: str, now: dt.datetime | None = None) -> list[st
 
 
 def _nightly_root(sched: dict) -> Path:
-    root = Path(sched["job_dir"]).expanduser()
-    return (root if root.is_absolute() else paths.REPO_ROOT / root) / "nightly"
+    return paths.in_checkout(sched["job_dir"]) / "nightly"
 
 
 def scheduler_log(sched: dict, job_id: str) -> str:

@@ -131,8 +131,7 @@ class ClusterProfile:
 
     @property
     def job_path(self) -> Path:
-        p = Path(self.job_dir).expanduser()
-        return p if p.is_absolute() else in_checkout(p)
+        return in_checkout(self.job_dir)
 
     @property
     def source(self) -> str:

@@ -12,6 +12,7 @@ import pytest
 from nightly_fixtures import bridge_log, curve
 
 from launch import commands
+from overlapkit import paths
 from overlapkit.cluster import slurm
 from overlapkit.nightly import junit, logparse, night_report
 from overlapkit.nightly import rules as regress
@@ -112,3 +113,20 @@ def test_the_summary_job_writes_junit_and_exits_1_when_a_recipe_regressed(tmp_pa
     without_slow = [e for e in meta["entries"] if e["recipe"] != "slow"]
     (night_dir / "night.json").write_text(json.dumps({**meta, "entries": without_slow}))
     assert commands.call("nightly-report", ["--night", str(night_dir), "--no-retry"]) == 0
+
+
+def test_a_night_of_a_relative_job_dir_keeps_its_history_where_its_nights_ran(tmp_path, night, monkeypatch):
+    """The local profile's job_dir is runs/slurm: under OVERLAPKIT_RUNS its nights run in <that>/slurm/nightly, and
+    the report appends their history there too, never to the checkout's runs/ (it once did: two rules of one path)."""
+    meta, _ = night
+    monkeypatch.setattr(slurm, "job_state", lambda job_id: "COMPLETED")
+    monkeypatch.setenv("OVERLAPKIT_RUNS", str(tmp_path / "elsewhere"))
+    nightly_dir = tmp_path / "elsewhere" / "slurm" / "nightly"
+    (nightly_dir / meta["stamp"]).mkdir(parents=True)
+    (nightly_dir / meta["stamp"] / "night.json").write_text(json.dumps({**meta, "job_dir": "runs/slurm"}))
+    in_checkout = paths.REPO_ROOT / "runs" / "slurm" / "nightly" / "history.jsonl"
+    before = in_checkout.read_bytes() if in_checkout.exists() else None
+    assert commands.call("nightly-report", ["--night", str(nightly_dir / meta["stamp"]), "--no-retry"]) == 1
+    history = night_report.read_history(nightly_dir / "history.jsonl")
+    assert sorted(r["recipe"] for r in history) == ["fast", "slow"]
+    assert (in_checkout.read_bytes() if in_checkout.exists() else None) == before
