@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from launch import plan_server
 from overlapkit import paths
+from overlapkit.cluster import plan_server
 
 BARE = "from overlapkit.bridge import stack; stack.import_bridge()"
 COLD_GOAL = 0.7

@@ -17,6 +17,7 @@ import sys
 from overlapkit import jsonio
 from overlapkit.errors import one_line
 from overlapkit.secrets import FIX, credential_kind
+from overlapkit.spec.runopts import switch as switch  # re-exported: the entry points' --dryrun, --force take it here
 from overlapkit.spec.runopts import whole
 
 # What a shell or make would expand: $NAME, ${...}, $(...) (POSIX sh "Parameter Expansion", "Command Substitution";
@@ -90,21 +91,6 @@ class Parser(argparse.ArgumentParser):
                 f"it: {quoted}"
             )
         return ns, extra
-
-
-# A yes/no make variable (DRYRUN=, FORCE=): these words, any case, empty off; nothing guessed (FORCE=off once
-# overwrote data.toml).
-ON, OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
-
-
-def switch(text: str) -> bool:
-    """An argparse `type=`: a yes/no value as ON or OFF say, else argparse's one-line error naming the option."""
-    word = text.strip().lower()
-    if word in ON or word in OFF:
-        return word in ON
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is neither on ({', '.join(ON)}) nor off ({', '.join(OFF[1:])}, or empty)"
-    )
 
 
 def positive_int(text: str) -> int:

@@ -9,10 +9,10 @@ module says, once each:
 - `run(args)`: the work, returning the exit status;
 - optionally `handlers()`: the signal handlers of its command line (an in-process caller keeps its own).
 
-The dispatcher: check → serve (launch/plan_server.py, when one is on and `check` said Bridge) or import → run →
-exit status, by our own error classes only (overlapkit/errors.py): BadInput 2, AuditFailed 1, ClusterFailure 3,
-a signal 128+N; anything else is a bug and shows its traceback. To add a command: a module with those functions,
-one row below, one Makefile line `@$(PY) -m launch <name> --flag="$$VAR" ...`.
+The dispatcher: check → serve (overlapkit/cluster/plan_server.py, when one is on and `check` said Bridge) or
+import → run → exit status, by our own error classes only (overlapkit/errors.py): BadInput 2, AuditFailed 1,
+ClusterFailure 3, a signal 128+N; anything else is a bug and shows its traceback. To add a command: a module with
+those functions, one row below, one Makefile line `@$(PY) -m launch <name> --flag="$$VAR" ...`.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     try:
         module, args, bridge = prepare(name, rest)
         if bridge:
-            from launch import plan_server
+            from overlapkit.cluster import plan_server
 
             if (code := plan_server.forward(name, args)) is not None:
                 return code

@@ -17,9 +17,10 @@ import os
 import sys
 from pathlib import Path
 
-from launch import plan_server, stack_diff
+from launch import stack_diff
 from launch.args import Parser, add_gpu_option, positive_int, switch
 from overlapkit.bridge import stackenv
+from overlapkit.cluster import plan_server
 from overlapkit.cluster.submit import install_signal_handlers, preflight_mode
 from overlapkit.errors import BadInput
 from overlapkit.makewatch import Interrupted

@@ -1,6 +1,7 @@
-"""The plan server (`python -m launch plan-server`, started by a client: launch/plan_server.py). It loads Bridge, then
-forks a worker per command (socketserver) that takes the client's terminal (socket.recv_fds), environment, working
-directory and umask, says "accepted", runs the command and sends its exit status. docs/plan.md: what it guarantees."""
+"""The plan server (`python -m launch plan-server`, started by a client: overlapkit/cluster/plan_server.py). It loads
+Bridge, then forks a worker per command (socketserver) that takes the client's terminal (socket.recv_fds),
+environment, working directory and umask, says "accepted", runs the command and sends its exit status. docs/plan.md:
+what it guarantees."""
 
 import ast
 import contextlib
@@ -19,9 +20,9 @@ import time
 from pathlib import Path
 
 from launch import commands
-from launch.plan_server import ROOT, differs, idle_seconds, peer_uid, stamp
 from overlapkit import jsonio
 from overlapkit.bridge import stack
+from overlapkit.cluster.plan_server import ROOT, differs, idle_seconds, peer_uid, stamp
 
 
 def mtime(path: str) -> int | None:

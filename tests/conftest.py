@@ -16,9 +16,10 @@ from pathlib import Path
 import make_targets
 import pytest
 
-from launch import commands, plan_server, stack_diff
+from launch import commands, stack_diff
 from overlapkit import paths
 from overlapkit.bridge import stack, stackenv
+from overlapkit.cluster import plan_server
 
 sys.addaudithook(make_targets.record)  # every make a test starts, recorded: the docs' rule is judged on them
 

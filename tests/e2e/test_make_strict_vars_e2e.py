@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import plan_server
 from overlapkit import paths
+from overlapkit.cluster import plan_server
 
 ROOT = paths.REPO_ROOT
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"

@@ -1,8 +1,9 @@
-"""The plan server (launch/plan_server.py) as `make` uses it, in new processes, in a directory of this module's own:
-a served plan prints and writes what the plain path does (JSON and the text on a terminal), with the client's umask
-and TMPDIR; an edited recipe shows in the next served plan; a stale client stops it; kill -9 of the server
-or of the client leaves no worker behind, and a command the server accepted is never run twice; with the server
-off nothing is left running. Whether the server is on for the rest of the suite does not matter here.
+"""The plan server (its client overlapkit/cluster/plan_server.py, the server launch/serve.py) as `make` uses it, in
+new processes, in a directory of this module's own: a served plan prints and writes what the plain path does (JSON
+and the text on a terminal), with the client's umask and TMPDIR; an edited recipe shows in the next served plan; a
+stale client stops it; kill -9 of the server or of the client leaves no worker behind, and a command the server
+accepted is never run twice; with the server off nothing is left running. Whether the server is on for the rest of
+the suite does not matter here.
 
 The recipe these tests plan is written into their own RECIPES_PATH directory: it builds Llama3 8B and, when asked
 through the environment, records what its process sees (PROBE) or blocks reading a FIFO (a command that is slow).
@@ -30,9 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from launch import commands, plan_server, serve
+from launch import commands, serve
 from overlapkit import paths
 from overlapkit.bridge import registry
+from overlapkit.cluster import plan_server
 
 ROOT = paths.REPO_ROOT
 NAME = "llama3_8b_pretrain_8gpu_h100_bf16_okps"

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launch import plan_server
+from overlapkit.cluster import plan_server
 from overlapkit.errors import BadInput
 
 NOBODY = 65534

@@ -29,7 +29,7 @@ SETUP_COMMANDS = ("make plan RECIPE=llama3_70b_pretrain_64gpu_h100_bf16", "make 
 ALLOWED_PATHS = {
     "/tmp/overlapkit-slurm": "slurm/local/start.sh",  # the local dev Slurm's default LOCAL_SLURM_DIR
     # the plan server's socket directory without XDG_RUNTIME_DIR
-    "/tmp/overlapkit-<uid>": "launch/plan_server.py",
+    "/tmp/overlapkit-<uid>": "src/overlapkit/cluster/plan_server.py",
     "/tmp/site": "tools/gpu_check_on_device.sh",  # where the lent GPU machine's carried wheels are installed
 }
 # Directories that only exist on the machine a doc was written on: a home, a workspace, pytest's or any temp dir.

@@ -21,8 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from launch import commands, plan_server, serve
+from launch import commands, serve
 from overlapkit import jsonio, paths
+from overlapkit.cluster import plan_server
 from overlapkit.errors import BadInput
 
 R8 = "llama3_8b_pretrain_8gpu_h100_bf16"
@@ -233,7 +234,8 @@ def test_a_server_directory_that_is_a_file_is_named(tmp_path):  # P008: "[Errno 
 
 
 STAMP_PROBE = (
-    f"{sys.executable} -c 'import os; from launch import plan_server as p; print(p.digest(p.stamp(os.environ)))'"
+    f"{sys.executable} -c 'import os; from overlapkit.cluster import plan_server as p; "
+    "print(p.digest(p.stamp(os.environ)))'"
 )
 
 

@@ -10,8 +10,9 @@ import signal
 
 import pytest
 
-from launch import commands, plan_server, serve
+from launch import commands, serve
 from overlapkit import makewatch
+from overlapkit.cluster import plan_server
 from overlapkit.errors import BadInput
 
 

@@ -52,6 +52,7 @@ COVERED_BY = {
     "bridge/submission": "cluster/test_sbatch.py",
     "spec/runopts": "bridge/test_runopts.py",
     "cluster/slurm": "../e2e/test_slurm_e2e.py",
+    "cluster/plan_server": "test_plan_server_bounded.py",  # beside the server's tests (launch/serve.py)
     "bridge/dataprep": "bridge/test_data.py",
     "nightly/night_report": "nightly/test_rules.py",
     "nightly/chain_status": "nightly/test_schedule.py",

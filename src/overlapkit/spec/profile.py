@@ -80,8 +80,8 @@ class ClusterProfile:
     # W&B for RUN_NAME runs: project (and entity) here, the key by name only (secrets = ["WANDB_API_KEY"]).
     wandb_project: str | None = None
     wandb_entity: str | None = None
-    # Keep Bridge loaded in a plan server on the machine where make runs (launch/plan_server.py, docs/plan.md):
-    # off unless the profile says so, since that machine is often a cluster's shared login node.
+    # Keep Bridge loaded in a plan server on the machine where make runs (overlapkit/cluster/plan_server.py,
+    # docs/plan.md): off unless the profile says so, since that machine is often a cluster's shared login node.
     plan_server: bool = False
     # What the nightly profiles its runs with (nightly/nightly.py): Nsight Systems, or Bridge's PyTorch profiler on a
     # cluster without nsys (`profiler = "torch"`); either leaves the overlap report the night reads.

@@ -7,6 +7,7 @@ audits them there.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -77,6 +78,21 @@ def whole(text: str) -> int | None:
     would reach Python's digit limit: none of them is something a user meant to type)."""
     t = (text or "").strip()
     return jsonio.integer(t) if t[:1] != "-" else None
+
+
+# A yes/no make variable (DRYRUN=, FORCE=): these words, any case, empty off; nothing guessed (FORCE=off once
+# overwrote data.toml).
+ON, OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def switch(text: str) -> bool:
+    """An argparse `type=`: a yes/no value as ON or OFF say, else argparse's one-line error naming the option."""
+    word = text.strip().lower()
+    if word in ON or word in OFF:
+        return word in ON
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither on ({', '.join(ON)}) nor off ({', '.join(OFF[1:])}, or empty)"
+    )
 
 
 def parse_window(text: str, ranks: str, knob: str) -> tuple[tuple[int, int] | None, tuple[int, ...]]:
