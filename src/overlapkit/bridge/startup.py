@@ -95,7 +95,7 @@ def check(cfg, target: Target, res: Resolved) -> Said:
                 for f in kept:
                     setattr(cfg.model, f.name, f.default_factory())
                 runtime_config_update(cfg)
-                _dispatcher_preconditions(cfg.model, target)
+                _dispatcher_preconditions(cfg.model)
             except Exception as exc:  # noqa: BLE001 - whatever the stack raises at start is the finding
                 raised = (_where(exc), f"{type(exc).__name__}: {exc}")
     finally:
@@ -107,7 +107,7 @@ def check(cfg, target: Target, res: Resolved) -> Said:
     return Said(raised, tuple(dict.fromkeys(warned)))
 
 
-def _dispatcher_preconditions(model, target: Target) -> None:
+def _dispatcher_preconditions(model) -> None:
     """Core's _NCCLEPManager checks its config before touching a process group or a buffer: construct it with none."""
     if not (model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend == "ncclep"):
         return
