@@ -129,7 +129,10 @@ class Plan(Sized):
             "gpu": self.target.gpu,
             "gpu_note": hardware.retarget_note(self.recipe.name, self.target.gpu),  # GPU=h200 on an h100 recipe
             "throughput": self.throughput.to_dict()
-            | {"overlap_worth": worth.to_dict(self.worth), "not_modelled": [k.to_dict() for k in self.not_modelled]},
+            | {
+                "overlap_worth": {k: w.to_dict() for k, w in self.worth.items()},  # largest worth first
+                "not_modelled": [dataclasses.asdict(k) for k in self.not_modelled],
+            },
             "cluster": self.site.name if self.site else None,
             "env": self.ledger.to_dict(),
             "run_dir": str(run_dir) if run_dir else None,

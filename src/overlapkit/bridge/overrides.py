@@ -65,8 +65,7 @@ def _kinds(tp) -> tuple[list[str], list]:
     if tp is type(None):
         return ["none"], []
     if origin in (typing.Union, types.UnionType):
-        parts = [_kinds(a) for a in args]
-        return sorted({k for p, _ in parts for k in p}), []
+        return sorted({k for a in args for k in _kinds(a)[0]}), []
     if origin is typing.Literal:
         return sorted({kind_of(v) for v in args}), list(args)
     if tp in (bool, int, float, str):

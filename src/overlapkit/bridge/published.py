@@ -194,8 +194,7 @@ def refit(points: list[Point], inputs: dict, leave_out: str | None = None) -> ca
     used = {p.key: p.tokens for p in points if p.key != leave_out and p.key not in UNSTEADY}
 
     def predict(k):
-        raw = {p.key: inputs[p.key].predict(k).tokens_per_gpu_s for p in points}
-        return {key: v for key, v in leveled(points, raw, set(used)).items() if key in used}
+        return {key: v for key, v in _predicted(points, inputs, k, set(used)).items() if key in used}
 
     return calibration.fit(predict, used, start=calibration.NEUTRAL)
 

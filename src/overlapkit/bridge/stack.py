@@ -18,14 +18,12 @@ from overlapkit.bridge import te_stub
 PINNED = {"megatron-bridge": "0.6.2", "megatron-core": "0.19.2", "nemo-run": "0.11.1"}
 
 
-def offline_env(environ: dict | None = None) -> dict:
+def offline_env() -> None:
     """Hub offline + repo-local cache, unless the caller already chose a cache."""
-    env = os.environ if environ is None else environ
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("HF_HUB_CACHE", str(paths.HF_CACHE))
-    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    return env
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_CACHE", str(paths.HF_CACHE))
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 def quiet_logs() -> None:

@@ -69,10 +69,10 @@ def parse(text: str, lock: Path | None = None) -> Stack:
     return Stack(pins)
 
 
-def pinned_stack(lock: Path | None = None, names=("megatron-bridge", "megatron-core")) -> Stack:
-    """The checkout's own pins of `names`, as a Stack (the identical-stack case)."""
-    have = locked(lock)
-    return Stack({n: have[n] for n in names})
+def pinned_stack() -> Stack:
+    """The checkout's own pins of Bridge and Core, as a Stack (the identical-stack case)."""
+    have = locked()
+    return Stack({n: have[n] for n in ("megatron-bridge", "megatron-core")})
 
 
 def cache_root() -> Path:
@@ -174,9 +174,9 @@ def changed_packages(a: Path, b: Path) -> list[dict]:
     ]
 
 
-def pythonpath(env: dict | None = None) -> dict:
+def pythonpath() -> dict:
     """The environment a stack's python plans in: this checkout's src/ and root (recipes/, launch/) first."""
-    env = dict(os.environ if env is None else env)
+    env = dict(os.environ)
     here = [str(paths.REPO_ROOT / "src"), str(paths.REPO_ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(here + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.pop("VIRTUAL_ENV", None)

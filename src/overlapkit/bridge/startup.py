@@ -95,7 +95,7 @@ def check(cfg, target: Target, res: Resolved) -> Said:
                 for f in kept:
                     setattr(cfg.model, f.name, f.default_factory())
                 runtime_config_update(cfg)
-                _dispatcher_preconditions(cfg.model, target)
+                _dispatcher_preconditions(cfg.model)
             except Exception as exc:  # noqa: BLE001 - whatever the stack raises at start is the finding
                 raised = (_where(exc), f"{type(exc).__name__}: {exc}")
     finally:
@@ -107,7 +107,7 @@ def check(cfg, target: Target, res: Resolved) -> Said:
     return Said(raised, tuple(dict.fromkeys(warned)))
 
 
-def _dispatcher_preconditions(model, target: Target) -> None:
+def _dispatcher_preconditions(model) -> None:
     """Core's _NCCLEPManager checks its config before touching a process group or a buffer: construct it with none."""
     if not (model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend == "ncclep"):
         return
@@ -148,7 +148,10 @@ def _target_stack(target: Target):
     for obj, name, value in patches:
         setattr(obj, name, value)
     if target.te_available and "transformer_engine" not in sys.modules and not te_stub.real_te_available():
-        _serve_te_optimizers()
+        # TE's optimizers module, FusedAdam only (the finally below drops it with every module first imported inside)
+        for name in ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.optimizers"):
+            sys.modules[name] = types.ModuleType(name)
+        sys.modules["transformer_engine.pytorch.optimizers"].FusedAdam = _FusedAdam
     try:
         with te_flag(target.te_available, target.te_version):
             yield
@@ -189,13 +192,6 @@ class _FusedAdam:
         self, params, *, master_weight_dtype=None, exp_avg_dtype=None, exp_avg_sq_dtype=None, use_decoupled_grad=False
     ):
         raise RuntimeError("TE's FusedAdam stand-in: the start-up check builds no optimizer")
-
-
-def _serve_te_optimizers() -> None:
-    """Put `transformer_engine.pytorch.optimizers` (FusedAdam only) into sys.modules (_target_stack drops it after)."""
-    for name in ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.optimizers"):
-        sys.modules[name] = types.ModuleType(name)
-    sys.modules["transformer_engine.pytorch.optimizers"].FusedAdam = _FusedAdam
 
 
 @cache

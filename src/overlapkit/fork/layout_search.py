@@ -166,7 +166,7 @@ def _class(c: Candidate) -> tuple[bool, bool]:
     return tight(c), c.dp == 1
 
 
-def _rank(c: Candidate, s: ModelShape, best_tflops: float) -> tuple:
+def _rank(c: Candidate, best_tflops: float) -> tuple:
     """The sort key, best first: the class (_class); then the predicted throughput, outside the tie band of the
     leading class's best (`best_tflops`); then the rules of thumb, in order (_RULE_NAMES), which break the ties."""
     tied = c.tflops >= best_tflops * (1 - TIE_FRACTION)
@@ -188,9 +188,9 @@ _RULE_NAMES = (
 )
 
 
-def why_loses(c: Candidate, best: Candidate, s: ModelShape, best_tflops: float) -> str:
+def why_loses(c: Candidate, best: Candidate, best_tflops: float) -> str:
     """One phrase: the first part of the sort key (_rank) on which `c` ranks after `best`."""
-    key, best_key = _rank(c, s, best_tflops), _rank(best, s, best_tflops)
+    key, best_key = _rank(c, best_tflops), _rank(best, best_tflops)
     first = next((i for i, (a, b) in enumerate(zip(key, best_key, strict=True)) if a != b), None)
     if first is None:
         return "ties on every rule"
@@ -279,9 +279,9 @@ def search(recipe: Recipe, gpus: int, *, gbs: int, fixed: dict | None = None, to
         raise LayoutSearchError(f"no layout of {s.describe()} on {gpus} GPUs{pinned} divides: {reasons}")
     lead = min(_class(c) for c in fitting)
     best_tflops = max(c.tflops for c in fitting if _class(c) == lead)  # the tie band is the leading class's
-    fitting.sort(key=lambda c: _rank(c, s, best_tflops))
+    fitting.sort(key=lambda c: _rank(c, best_tflops))
     min_pp = min(c.pp for c in fitting)
     return [
-        replace(c, why=_why(c, s, min_pp), loses=why_loses(c, fitting[0], s, best_tflops) if i else "")
+        replace(c, why=_why(c, s, min_pp), loses=why_loses(c, fitting[0], best_tflops) if i else "")
         for i, c in enumerate(fitting[:top])
     ]

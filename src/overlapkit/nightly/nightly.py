@@ -77,7 +77,6 @@ def shape_for(
     *,
     iters: int = NIGHTLY_ITERS,
     min_dp: int = MIN_DP,
-    seed: int = NIGHTLY_SEED,
     profiler: str = "nsys",
 ) -> NightlyRun:
     """TP/PP/CP/VPP/EP/ETP stay (same overlap paths, an MoE run keeps its expert all-to-all). DP shrinks to
@@ -97,7 +96,7 @@ def shape_for(
         f"train.global_batch_size={gbs}",
         f"scheduler.lr_warmup_iters={max(1, iters // 10)}",  # Megatron asserts warm-up < decay iters (= train_iters)
         "dataset.blend=null",  # Bridge's mock data (GPTDatasetConfig with no blend)
-        f"rng.seed={seed}",
+        f"rng.seed={NIGHTLY_SEED}",
         "logger.log_interval=1",
         "logger.log_throughput=true",  # the TFLOP/s/GPU field is printed only with it
         "checkpoint.save=null",
@@ -261,7 +260,6 @@ def report_night(
     *,
     goldens: Path = regress.GOLDENS_DIR,
     retry: bool = True,
-    say=print,
     bridge=None,
 ) -> bool:
     """Judge each entry of the night, write the report, junit.xml and history, and resubmit infrastructure failures
@@ -282,8 +280,8 @@ def report_night(
         results.append(res)
     history = paths.in_checkout(night["job_dir"]) / "nightly" / "history.jsonl"  # beside the nights of that job_dir
     report = night_report.write_report(night_dir, night, results, history)
-    say(jsonio.read_bytes(report).decode("utf-8", "replace"))  # what write_report just wrote
-    say(f"junit: {junit.write(night_dir, night, results)}")  # for CI dashboards (Jenkins, GitLab)
+    print(jsonio.read_bytes(report).decode("utf-8", "replace"))  # what write_report just wrote
+    print(f"junit: {junit.write(night_dir, night, results)}")  # for CI dashboards (Jenkins, GitLab)
     if retry and (again := to_retry(night, results)):
         from overlapkit.cluster.profiles import load_profile
 
@@ -295,7 +293,7 @@ def report_night(
             info = submit.submit(sub)
             e.update(attempt=e.get("attempt", 0) + 1, job_id=info["job_id"], run_dir=str(sub.run_dir))
             ids.append(info["job_id"])
-            say(f"retry {e['recipe']} (infrastructure failure): job {info['job_id']}")
+            print(f"retry {e['recipe']} (infrastructure failure): job {info['job_id']}")
         night["report_job_id"] = submit_report(profile, night_dir, ids, report_command)
         jsonio.write_json(night_dir / "night.json", night)
     return all(r.get("skipped") or r["verdict"]["ok"] for r in results)

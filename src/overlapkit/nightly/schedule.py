@@ -272,7 +272,7 @@ def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
     return scheduled_lines(sched, path, replaced, req.commands.night)
 
 
-def unschedule(profile, cluster: str, now: dt.datetime | None = None) -> list[str]:
+def unschedule(profile, cluster: str) -> list[str]:
     """Cancel the chain's queued scheduler jobs and mark the chain off; what `make nightly-unschedule` prints. A
     scheduler running now is named: before the lock it finds the chain off, past it it launches its night."""
     path = schedule_path(profile)
@@ -281,7 +281,7 @@ def unschedule(profile, cluster: str, now: dt.datetime | None = None) -> list[st
         queued = _queued_or_fail(path, "nothing cancelled")
         cancelled = [j for j in queued if j["state"] == "PENDING" and _cancel(j["job_id"])]
         if sched:
-            sched.update(active=False, unscheduled_at=iso(now or local_now()), job_id=None)
+            sched.update(active=False, unscheduled_at=iso(local_now()), job_id=None)
             jsonio.write_json(path, sched)
     running = [j for j in queued if j["state"] != "PENDING"]
     lines = [f"cancelled: {SCHEDULER_NAME} job {j['job_id']} (was to begin {j['begin']})" for j in cancelled]

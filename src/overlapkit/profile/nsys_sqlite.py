@@ -252,7 +252,7 @@ def is_trace(path: Path) -> bool:
     return Path(path).name.endswith(TRACE_SUFFIXES)
 
 
-def path_kind(path: Path, what: str = "PROFILE") -> str:
+def path_kind(path: Path) -> str:
     """ "file" or "dir": `path` stat'ed (following links), or one line saying why it cannot be read. A file must
     pass the project's one guard for planted files (jsonio.open_regular: a regular file, opened without blocking):
     a FIFO or a device would block the reader for ever."""
@@ -262,15 +262,15 @@ def path_kind(path: Path, what: str = "PROFILE") -> str:
         why = "a symbolic link loop" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
         if exc.errno == errno.ENOENT:
             why = "no such file or directory"
-        raise ProfileError(f"{what}={path}: {why}") from None
+        raise ProfileError(f"PROFILE={path}: {why}") from None
     if stat.S_ISDIR(st.st_mode):
         return "dir"
     try:
         jsonio.open_regular(path).close()
     except FileNotFoundError:
-        raise ProfileError(f"{what}={path}: no such file or directory") from None
+        raise ProfileError(f"PROFILE={path}: no such file or directory") from None
     except jsonio.Unreadable as exc:
-        raise ProfileError(f"{what}={path} {exc.what}") from None
+        raise ProfileError(f"PROFILE={path} {exc.what}") from None
     return "file"
 
 

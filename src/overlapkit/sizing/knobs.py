@@ -24,9 +24,6 @@ class Knob:
     direction: str  # "faster", "slower", "either way"
     why: str
 
-    def to_dict(self) -> dict:
-        return {"setting": self.setting, "direction": self.direction, "why": self.why}
-
 
 def not_modelled(m, train) -> list[Knob]:
     """What the plan's model config `m` (as Bridge resolved it) and `train` set that moves the step and the model does

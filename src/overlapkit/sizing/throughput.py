@@ -316,7 +316,7 @@ def dp_terms(c: _Ctx, ov: Overlaps, per_mb_s: float, bucket: int | None) -> list
     return out
 
 
-def straggler_terms(c: _Ctx, per_mb_s: float) -> list:
+def straggler_terms(c: _Ctx) -> list:
     """The wait for the slowest rank at the step's synchronising collectives (the DP gradient sync and the optimizer's
     norm): each rank's step varies by `jitter` of a microbatch, independently per microbatch (σ·√m over the step),
     and the step ends when the slowest of the independent ranks (TP and CP ranks move in lockstep) arrives: the
@@ -380,7 +380,7 @@ class Inputs:
         per_mb = sum(t for _, t, _ in terms) / w.microbatches
         terms += pipeline_terms(c, ov.p2p, per_mb)
         terms += dp_terms(c, ov, per_mb, self.bucket)
-        terms += straggler_terms(c, per_mb)
+        terms += straggler_terms(c)
         step = sum(t for _, t, _ in terms)
         tflops = flops.total * w.gbs / c.gpus / step / 1e12
         tokens = w.gbs * w.seq / c.gpus / step

@@ -49,8 +49,3 @@ def overlap_worth(inputs: throughput.Inputs, base: throughput.Prediction | None 
             off = inputs.predict(overlaps=dataclasses.replace(inputs.overlaps, **{f.name: False}))
             out.append(Worth(f.name, base.step_s, off.step_s))
     return {x.overlap: x for x in sorted(out, key=lambda x: -x.delta_s)}
-
-
-def to_dict(worth: dict[str, Worth]) -> dict:
-    """The plan.json form: {field: {row, off_step_s, delta_s, delta_pct}}, largest worth first."""
-    return {k: v.to_dict() for k, v in worth.items()}
