@@ -17,7 +17,6 @@ import sys
 from overlapkit import jsonio
 from overlapkit.errors import one_line
 from overlapkit.secrets import FIX, credential_kind
-from overlapkit.spec.runopts import switch as switch  # re-exported: the entry points' --dryrun, --force take it here
 from overlapkit.spec.runopts import whole
 
 # What a shell or make would expand: $NAME, ${...}, $(...) (POSIX sh "Parameter Expansion", "Command Substitution";

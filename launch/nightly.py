@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from launch import stack_diff
-from launch.args import Parser, add_gpu_option, positive_int, switch
+from launch.args import Parser, add_gpu_option, positive_int
 from overlapkit.bridge import stackenv
 from overlapkit.cluster import plan_server
 from overlapkit.cluster.submit import install_signal_handlers, preflight_mode
@@ -26,6 +26,7 @@ from overlapkit.errors import BadInput
 from overlapkit.makewatch import Interrupted
 from overlapkit.nightly import chain_status, nightly, schedule
 from overlapkit.nightly import rules as regress
+from overlapkit.spec.runopts import switch
 
 # The commands Slurm jobs run (launch/commands.py's names; the library appends their options): the summary job under
 # the profile's python (a site may name its container's), the scheduler job and its night under this one.

@@ -17,9 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from launch.args import Parser, add_gpu_option, switch
+from launch.args import Parser, add_gpu_option
 from overlapkit import paths
 from overlapkit.errors import BadInput, one_line
+from overlapkit.spec.runopts import switch
 
 
 def parse(argv):

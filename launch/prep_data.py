@@ -11,9 +11,10 @@ import functools
 import signal
 import sys
 
-from launch.args import Parser, switch
+from launch.args import Parser
 from overlapkit import makewatch
 from overlapkit.bridge import dataprep
+from overlapkit.spec.runopts import switch
 
 
 def parse(argv):

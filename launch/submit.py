@@ -13,11 +13,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from launch.args import Parser, add_run_options, request_of, switch
+from launch.args import Parser, add_run_options, request_of
 from overlapkit import jsonio, makewatch, paths
 from overlapkit.cluster import chain, runlock, sbatch, slurm, submit
 from overlapkit.cluster.profiles import load_profile, placeholder_problem
 from overlapkit.errors import BadInput, one_line
+from overlapkit.spec.runopts import switch
 
 
 def parse(argv):

@@ -13,11 +13,11 @@ import time
 import pytest
 from data_fixtures import corpus_docs, make_tokenizer, write_corpus
 
-from launch.args import switch
 from overlapkit import makewatch
 from overlapkit.bridge import dataprep
 from overlapkit.cluster.profiles import parse_profile
 from overlapkit.spec.profile import ProfileError
+from overlapkit.spec.runopts import switch
 
 
 @pytest.fixture(scope="module")
