@@ -76,7 +76,9 @@ def resume_guard(args, plan: dict) -> int | None:
     for line in chain.cancel_after(args.run_dir, args.segment) if verdict.finished and rank0 else ():
         print(line)
     args.ckpt_step, args.resume = verdict.ckpt_step, verdict.resume
-    return verdict.code
+    # A failure is rank 0's to exit with: another rank exiting non-zero first has srun (--kill-on-bad-exit) cancel
+    # the step, rank 0 too, often before it has printed why; rank 0's status fails the step and the job all the same.
+    return verdict.code if rank0 or not verdict.code else 0
 
 
 def run_options(run_dir: Path) -> runopts.RunOptions:

@@ -36,6 +36,15 @@ def test_a_later_segment_without_a_checkpoint_fails_loudly(tmp_path, capsys):
     assert _guard(tmp_path, 2)[0] == 1
 
 
+def test_only_rank_0_fails_the_segment_so_that_its_reason_is_printed(tmp_path, capsys, monkeypatch):
+    """srun --kill-on-bad-exit cancels the step at the first non-zero exit: a silent rank exiting 1 first once killed
+    rank 0 before it printed why (the job's log said only CANCELLED). The others exit 0; rank 0's 1 fails the job."""
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert _guard(tmp_path, 2)[0] == 0 and capsys.readouterr().err == ""
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert _guard(tmp_path, 2)[0] == 1 and "segment 2/3: no checkpoint to resume from" in capsys.readouterr().err
+
+
 def test_a_later_segment_resumes_and_one_after_the_end_exits_zero(tmp_path, capsys):
     save_iteration(tmp_path / "ck", 40)
     code, args = _guard(tmp_path, 2)
