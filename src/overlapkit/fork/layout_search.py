@@ -96,16 +96,6 @@ def layout_errors(
 
 
 @dataclass(frozen=True)
-class At:
-    """The recipe at one layout: its config, the intent it registers, the target and the memory estimate."""
-
-    cfg: object  # Bridge ConfigContainer, the overlap stack applied
-    intent: OverlapIntent
-    target: Target
-    memory: MemoryEstimate
-
-
-@dataclass(frozen=True)
 class Recipe:
     """What the search ranks the layouts of: a model of `shape` whose `build(layout, preset)` returns the config the
     recipe's file builds at `layout` and the OverlapIntent it registers (None: the default), for the userbuffers
@@ -117,17 +107,17 @@ class Recipe:
     gpu: str = DEFAULT_GPU
     cal: calibration.Calibration = calibration.PUBLISHED
 
-    def at(self, layout: Layout, preset: str | None, gpus: int) -> At:
+    def at(self, layout: Layout, preset: str | None, gpus: int) -> tuple[object, OverlapIntent, Target]:
+        """The recipe at `layout`: its config (the overlap stack applied), the intent it registers, the target."""
         with stack.silenced():  # the build's notices only: resolve's warnings are the audit's evidence
             cfg, intent = self.build(layout, preset)
-        target = Target(nodes=gpus // GPUS_PER_NODE, gpu=self.gpu)
-        return At(cfg, intent or OverlapIntent(), target, memory.estimate(cfg, target))
+        return cfg, intent or OverlapIntent(), Target(nodes=gpus // GPUS_PER_NODE, gpu=self.gpu)
 
-    def predict(self, at: At) -> throughput.Prediction:
+    def predict(self, cfg, intent: OverlapIntent, target: Target) -> throughput.Prediction:
         """plan.build's prediction of the config: Bridge's resolve, the audit's overlap table, model_inputs."""
-        res = resolve(at.cfg, at.target)
-        rows = audit(at.cfg, at.target, res, at.intent).rows
-        return model_inputs(at.cfg, res, rows, at.target, self.cal).predict()
+        res = resolve(cfg, target)
+        rows = audit(cfg, target, res, intent).rows
+        return model_inputs(cfg, res, rows, target, self.cal).predict()
 
 
 def divisors(n: int) -> list[int]:
@@ -258,12 +248,13 @@ def search(recipe: Recipe, gpus: int, *, gbs: int, fixed: dict | None = None, to
             except presets.PresetError:
                 preset = presets.DEFAULT_TP_CONFIG
         layout = Layout(tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs, seq=s.seq, ep=ep, etp=1 if s.is_moe else None)
-        at = recipe.at(layout, preset, gpus)
-        w = memory.workload_of(at.cfg, at.target)
-        c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, at.memory, ep=ep, layout=layout, workload=w)
-        if at.memory.fits:
-            fitting.append(replace(c, prediction=recipe.predict(at)))
-        elif best_unfit is None or at.memory.total_gb < best_unfit.memory.total_gb:
+        cfg, intent, target = recipe.at(layout, preset, gpus)
+        w = memory.workload_of(cfg, target)
+        est = memory.estimate_workload(w, target.gpu)  # memory.estimate of the config, its workload read once
+        c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, est, ep=ep, layout=layout, workload=w)
+        if est.fits:
+            fitting.append(replace(c, prediction=recipe.predict(cfg, intent, target)))
+        elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:
             best_unfit = c
     pinned = f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""
     if not fitting and best_unfit is not None:
