@@ -9,6 +9,7 @@ bridge/build.py model_inputs, on the cluster's calibration), so the number the s
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -133,16 +134,14 @@ def _splits(s: ModelShape, gpus: int, fixed: dict):
     units = s.pipeline_units
     # EP sizes: powers of two that divide the experts (>1: the EP all-to-all overlap path); 1 for dense.
     eps = [e for e in (2**i for i in range(1, 11)) if s.experts % e == 0] if s.is_moe else [1]
-    for tp in [fixed["tp"]] if "tp" in fixed else TPS:
-        for cp in [fixed["cp"]] if "cp" in fixed else CPS:
-            per = gpus // (tp * cp) if gpus % (tp * cp) == 0 else 0
-            pps = [fixed["pp"]] if "pp" in fixed else [p for p in divisors(per) if p <= units] if per else []
-            for pp in pps:
-                vpps = [None] if pp == 1 else [v for v in divisors(max(units // pp, 1)) if v >= 2]
-                for vpp in [fixed["vpp"]] if "vpp" in fixed else vpps:
-                    for mbs in [fixed["mbs"]] if "mbs" in fixed else MBSS:
-                        for ep in [fixed["ep"]] if "ep" in fixed else eps:
-                            yield tp, pp, (vpp if pp > 1 else None), cp, mbs, ep
+    # Each size's values to try; a pinned size, its one value.
+    choices = {"tp": TPS, "cp": CPS, "mbs": MBSS, "ep": eps} | {k: [v] for k, v in fixed.items()}
+    for tp, cp in itertools.product(choices["tp"], choices["cp"]):
+        per = gpus // (tp * cp) if gpus % (tp * cp) == 0 else 0  # 0 has no divisors: no PP
+        for pp in choices.get("pp", [p for p in divisors(per) if p <= units]):
+            vpps = [None] if pp == 1 else [v for v in divisors(max(units // pp, 1)) if v >= 2]
+            for vpp, mbs, ep in itertools.product(choices.get("vpp", vpps), choices["mbs"], choices["ep"]):
+                yield tp, pp, (vpp if pp > 1 else None), cp, mbs, ep
 
 
 def tight(c: Candidate) -> bool:
