@@ -161,12 +161,8 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         # The field that decides `section.leaf`: Bridge's comm-overlap setup writes its own defaults, overridden by
         # any comm_overlap field the user set, over ddp/model/optimizer (CommOverlapConfig._override_user_cfgs), and
         # its mixed-precision setup does the same from cfg.mixed_precision.
-        winner = None
-        for name in ("comm_overlap", "mixed_precision"):
-            src = getattr(cfg, name, None)
-            if name != section and is_dataclass(src) and leaf in {f.name for f in fields(src)}:
-                winner = f"{name}.{leaf}"
-                break
+        setters = [n for n in ("comm_overlap", "mixed_precision") if n != section and is_dataclass(getattr(cfg, n))]
+        winner = next((f"{n}.{leaf}" for n in setters if leaf in {f.name for f in fields(getattr(cfg, n))}), None)
         value = new
         if leaf == "bucket_size" and isinstance(new, int):
             chunk, width = _chunk_params(cfg), _grad_dtype(res.ddp)[1]
