@@ -95,8 +95,6 @@ def preset_object(name: str):
 
 def name_of(obj) -> str | None:
     """The exported name of a preset object (identity, then equality), or None for a custom/None config."""
-    if obj is None:
-        return None
     same = next((name for name in exported_presets() if preset_object(name) is obj), None)
     return same or next((name for name in exported_presets() if preset_object(name) == obj), None)
 
