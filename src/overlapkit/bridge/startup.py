@@ -80,8 +80,7 @@ def check(cfg, target: Target, res: Resolved) -> Said:
     with stack.silenced():  # TE absent here: "Fusion disabled"
         kept = [f for f in probed if getattr(cfg.model, f.name) == f.default_factory()]
     if res.bridge_asserts and cfg.comm_overlap is not None:
-        cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
-        cfg.comm_overlap.delay_wgrad_compute = False
+        cfg.comm_overlap.overlap_moe_expert_parallel_comm = cfg.comm_overlap.delay_wgrad_compute = False
     raised, warned, capture = None, [], logging.handlers.BufferingHandler(capacity=sys.maxsize)
     capture.setLevel(logging.WARNING)
     root, saved_env = logging.getLogger(), dict(os.environ)
