@@ -21,6 +21,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 from overlapkit import paths
@@ -67,7 +68,6 @@ class UnknownRecipe(BadInput, KeyError):
 
 REGISTRY: dict[str, Recipe] = {}
 _ERRORS: dict[str, str] = {}  # module name → one-line import error naming its file
-_DISCOVERED = False
 
 
 def register(*, model: str, source: str, nodes: int | None = None, time_limit: str = "04:00:00", env=None, intent=None):
@@ -96,13 +96,10 @@ def _extra_dirs() -> list[str]:
     return [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
 
 
+@cache
 def discover() -> None:
     """Import every module of the `recipes` package (and RECIPES_PATH) once per process; never raises: a module that
     fails to import registers nothing and leaves one line naming its file (load_errors)."""
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
-    _DISCOVERED = True
     stack.import_bridge()
     pkg = importlib.import_module(PACKAGE)
     for d in _extra_dirs():  # RECIPES_PATH's directories join the package's path
