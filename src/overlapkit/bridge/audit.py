@@ -264,14 +264,14 @@ def _p2p_overlap(a: _Audit) -> None:
         a.row(Overlap.P2P, ON, f"PP={pp} × VPP={vpp}: interleaved schedule overlaps p2p")
     elif (not vpp or vpp == 1) and (kept := a.intent.why_off(Overlap.P2P)):
         a.row(Overlap.P2P, OFF, f"PP={pp} without VPP, kept off: {kept}")
-    else:
-        if not vpp or vpp == 1:
-            why = f"PP={pp} without VPP: Bridge selects batch_p2p_comm (no overlap)"
-            fix = "set model.virtual_pipeline_model_parallel_size>1"
-        else:
-            why, fix = f"{Overlap.P2P.field}=false overrides Bridge", f"set {Overlap.P2P.field}=true"
+    elif not vpp or vpp == 1:
+        why = f"PP={pp} without VPP: Bridge selects batch_p2p_comm (no overlap)"
         a.row(Overlap.P2P, OFF, why)
-        a.err("p2p_overlap_off", f"{why}; {fix}", fix.removeprefix("set ") if "=" in fix and ">" not in fix else None)
+        a.err("p2p_overlap_off", f"{why}; set model.virtual_pipeline_model_parallel_size>1")  # no one value to SET
+    else:
+        why, fix = f"{Overlap.P2P.field}=false overrides Bridge", f"{Overlap.P2P.field}=true"
+        a.row(Overlap.P2P, OFF, why)
+        a.err("p2p_overlap_off", f"{why}; set {fix}", fix)
 
 
 def _grad_dtype(rddp) -> tuple[str, int]:
