@@ -369,8 +369,7 @@ def _precision(a: _Audit) -> None:
             a.err("fp8_param_gather_bf16", f"fp8_param_gather on a BF16 run: set {fix}", fix)
         return
     a.row(Overlap.FP8_AG, ON if fp8_pg else OFF, "FP8 params all-gathered in FP8")
-    dist_opt = bool(rddp.use_distributed_optimizer)
-    if fp8_pg and (not dist_opt or (dp > 1 and not rddp.overlap_param_gather)):
+    if fp8_pg and (not rddp.use_distributed_optimizer or (dp > 1 and not rddp.overlap_param_gather)):
         how = "ddp.use_distributed_optimizer=true and comm_overlap.overlap_param_gather=true"
         msg = "fp8_param_gather needs the distributed optimizer with param-gather overlap"
         a.err("fp8_param_gather_without_dp_overlap", f"{msg}: set {how}")

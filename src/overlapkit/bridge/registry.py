@@ -139,8 +139,7 @@ def discover() -> None:
 
 def finds(path: Path) -> bool:
     """Would a new process's discover() import the recipe file at `path`?"""
-    dirs = [RECIPES_DIR, *map(Path, _extra_dirs())]
-    return any(Path(path).resolve().parent == d.resolve() for d in dirs)
+    return any(Path(path).resolve().parent == d.resolve() for d in [RECIPES_DIR, *map(Path, _extra_dirs())])
 
 
 def load_errors() -> list[str]:

@@ -77,8 +77,7 @@ def render_plan(plan, con: Console) -> None:
     for f in [*plan.report.warnings, *plan.report.errors]:
         style = "red" if f.level == "error" else "yellow"
         con.print(f"[{style}]{f.level}[/] {escape(f'[{f.code}]')} {escape(f.message)}")
-    verdict = "[green]audit: OK[/]" if plan.report.ok else f"[red]audit: {len(plan.report.errors)} error(s)[/]"
-    con.print(verdict)
+    con.print("[green]audit: OK[/]" if plan.report.ok else f"[red]audit: {len(plan.report.errors)} error(s)[/]")
 
 
 def recipes_table(rows: list[dict]) -> Table:

@@ -201,8 +201,7 @@ def locked_te() -> str:
 
 def _module_of(filename: str) -> str:
     """megatron/core/transformer/transformer_config.py → megatron.core.transformer.transformer_config."""
-    tail = filename.replace("\\", "/").split("site-packages/")[-1]
-    return tail.removesuffix(".py").replace("/", ".")
+    return filename.replace("\\", "/").split("site-packages/")[-1].removesuffix(".py").replace("/", ".")
 
 
 def _where(exc: BaseException) -> str:
