@@ -238,8 +238,7 @@ def nearest_fix(msg: str, cfg) -> str | None:
     sets = []
     for dotted, raw in ASSIGNMENT.findall(msg):
         section, _, name = dotted.rpartition(".")
-        if not section:
-            section = next((s for s in _SECTIONS if hasattr(getattr(cfg, s, None), name)), "")
+        section = section or next((s for s in _SECTIONS if hasattr(getattr(cfg, s, None), name)), "")
         if not hasattr(getattr(cfg, section, None), name):
             continue
         value = raw.strip("'\"")
