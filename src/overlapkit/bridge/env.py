@@ -202,8 +202,7 @@ def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
                 msg = f"{name} has a literal value in the {layer} layer and {why}: {FIX}"
                 led.conflicts.append(Conflict(name, (layer,), ("<redacted>",), "error", msg))
                 continue
-            prev = merged.get(name)
-            if prev is None:
+            if (prev := merged.get(name)) is None:
                 merged[name] = Entry(name, value, layer, reason)
                 continue
             tuned = (prev.layer, layer) == ("derived", "recipe")  # a recipe's measured value over the generic rule

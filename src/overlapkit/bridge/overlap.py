@@ -136,8 +136,7 @@ def resolve(cfg, target: Target) -> Resolved:
     saved_handlers, saved_level = root.handlers[:], root.level
     root.handlers, root.level = [cap], logging.WARNING
     try:
-        mp = cfg.mixed_precision
-        if mp is not None and not isinstance(mp, str):
+        if (mp := cfg.mixed_precision) is not None and not isinstance(mp, str):
             mp = copy.deepcopy(mp)
             mp.finalize()
             mp.setup(model, opt, ddp)

@@ -116,8 +116,7 @@ def nearest(key: PresetKey, k: int = 3) -> list[str]:
 
 def select(key: PresetKey) -> str:
     """The exported pretraining preset matching `key` (a CP-specific one first), else a one-line PresetError."""
-    fits = [p for p in exported_presets().values() if not p.lora and mismatches(p, key) == ([], [])]
-    if fits:
+    if fits := [p for p in exported_presets().values() if not p.lora and mismatches(p, key) == ([], [])]:
         return sorted(fits, key=lambda p: (p.key.cp is None, p.name))[0].name
     raise PresetError(
         f"no Bridge userbuffers preset for {key.gpu} {key.dtype} h{key.hidden} tp{key.tp} cp{key.cp} "

@@ -168,8 +168,7 @@ def _unknown(name: str, known) -> str:
 def check_declared(name: str) -> None:
     """Before the Bridge import: raise UnknownRecipe when no recipe is declared as `name` (declared_nodes). A module
     that is neither in the table nor named for its recipe makes the answer unknown, and the full check decides."""
-    declared = declared_nodes()
-    if declared and name not in declared:
+    if (declared := declared_nodes()) and name not in declared:
         raise UnknownRecipe(_unknown(name, declared))
 
 
