@@ -117,8 +117,7 @@ class Recipe:
     def predict(self, cfg, intent: OverlapIntent, target: Target) -> throughput.Prediction:
         """plan.build's prediction of the config: Bridge's resolve, the audit's overlap table, model_inputs."""
         res = resolve(cfg, target)
-        rows = audit(cfg, target, res, intent).rows
-        return model_inputs(cfg, res, rows, target, self.cal).predict()
+        return model_inputs(cfg, res, audit(cfg, target, res, intent).rows, target, self.cal).predict()
 
 
 def divisors(n: int) -> list[int]:
