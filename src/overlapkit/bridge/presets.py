@@ -48,7 +48,6 @@ class PresetKey:
 
 
 def key_of(cfg, gpu: str = DEFAULT_GPU) -> PresetKey:
-    """The key a Bridge config needs."""
     m = cfg.model
     return PresetKey.of(
         ModelShape.of(cfg),
