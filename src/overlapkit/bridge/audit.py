@@ -161,12 +161,8 @@ def replaced_overrides(cfg, res: Resolved, changes) -> AuditReport:
         # The field that decides `section.leaf`: Bridge's comm-overlap setup writes its own defaults, overridden by
         # any comm_overlap field the user set, over ddp/model/optimizer (CommOverlapConfig._override_user_cfgs), and
         # its mixed-precision setup does the same from cfg.mixed_precision.
-        winner = None
-        for name in ("comm_overlap", "mixed_precision"):
-            src = getattr(cfg, name, None)
-            if name != section and is_dataclass(src) and leaf in {f.name for f in fields(src)}:
-                winner = f"{name}.{leaf}"
-                break
+        setters = [n for n in ("comm_overlap", "mixed_precision") if n != section and is_dataclass(getattr(cfg, n))]
+        winner = next((f"{n}.{leaf}" for n in setters if leaf in {f.name for f in fields(getattr(cfg, n))}), None)
         value = new
         if leaf == "bucket_size" and isinstance(new, int):
             chunk, width = _chunk_params(cfg), _grad_dtype(res.ddp)[1]
@@ -268,14 +264,14 @@ def _p2p_overlap(a: _Audit) -> None:
         a.row(Overlap.P2P, ON, f"PP={pp} × VPP={vpp}: interleaved schedule overlaps p2p")
     elif (not vpp or vpp == 1) and (kept := a.intent.why_off(Overlap.P2P)):
         a.row(Overlap.P2P, OFF, f"PP={pp} without VPP, kept off: {kept}")
-    else:
-        if not vpp or vpp == 1:
-            why = f"PP={pp} without VPP: Bridge selects batch_p2p_comm (no overlap)"
-            fix = "set model.virtual_pipeline_model_parallel_size>1"
-        else:
-            why, fix = f"{Overlap.P2P.field}=false overrides Bridge", f"set {Overlap.P2P.field}=true"
+    elif not vpp or vpp == 1:
+        why = f"PP={pp} without VPP: Bridge selects batch_p2p_comm (no overlap)"
         a.row(Overlap.P2P, OFF, why)
-        a.err("p2p_overlap_off", f"{why}; {fix}", fix.removeprefix("set ") if "=" in fix and ">" not in fix else None)
+        a.err("p2p_overlap_off", f"{why}; set model.virtual_pipeline_model_parallel_size>1")  # no one value to SET
+    else:
+        why, fix = f"{Overlap.P2P.field}=false overrides Bridge", f"{Overlap.P2P.field}=true"
+        a.row(Overlap.P2P, OFF, why)
+        a.err("p2p_overlap_off", f"{why}; set {fix}", fix)
 
 
 def _grad_dtype(rddp) -> tuple[str, int]:
@@ -373,8 +369,7 @@ def _precision(a: _Audit) -> None:
             a.err("fp8_param_gather_bf16", f"fp8_param_gather on a BF16 run: set {fix}", fix)
         return
     a.row(Overlap.FP8_AG, ON if fp8_pg else OFF, "FP8 params all-gathered in FP8")
-    dist_opt = bool(rddp.use_distributed_optimizer)
-    if fp8_pg and (not dist_opt or (dp > 1 and not rddp.overlap_param_gather)):
+    if fp8_pg and (not rddp.use_distributed_optimizer or (dp > 1 and not rddp.overlap_param_gather)):
         how = "ddp.use_distributed_optimizer=true and comm_overlap.overlap_param_gather=true"
         msg = "fp8_param_gather needs the distributed optimizer with param-gather overlap"
         a.err("fp8_param_gather_without_dp_overlap", f"{msg}: set {how}")

@@ -162,8 +162,7 @@ def make_plan(
 ) -> Plan:
     """`plan_for` a request made of loose values (tests, listings, forks, published runs): `nodes` None for the
     recipe's, `sets` SET text or KEY=VALUE tokens, `run` None for a benchmark."""
-    req = dataclasses.replace(loose(name, nodes, sets, run, gpu=gpu), cluster=cluster)
-    return plan_for(req, caller_env=caller_env)
+    return plan_for(dataclasses.replace(loose(name, nodes, sets, run, gpu=gpu), cluster=cluster), caller_env=caller_env)
 
 
 def plan_for(req: PlanRequest, *, caller_env=None) -> Plan:

@@ -178,8 +178,7 @@ def apply(cfg, spec: DataSpec) -> None:
     """Point `cfg` at the data: GPTDatasetConfig blend/split/path_to_cache, a HuggingFaceTokenizer TokenizerConfig."""
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
-    model_vocab = getattr(cfg.model, "vocab_size", None)
-    if model_vocab and spec.vocab > model_vocab:
+    if (model_vocab := getattr(cfg.model, "vocab_size", None)) and spec.vocab > model_vocab:
         raise DataError(
             f"DATA={spec.source}: tokenizer vocabulary {spec.vocab} > the model's {model_vocab}: "
             "use the model's tokenizer, or SET model.vocab_size"

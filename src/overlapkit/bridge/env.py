@@ -131,8 +131,7 @@ def derived_env(plan) -> dict[str, EnvEntry]:
         raise ValueError(f"derived_env knows Hopper GPUs only ({', '.join(HOPPER)}), not {gpu!r}: add its rules")
     need = connections(plan)
     env = {PINNED: EnvEntry(need.value, need.reason)}
-    overlap = rm.tp_comm_overlap or rm.overlap_p2p_comm or rddp.overlap_grad_reduce or rddp.overlap_param_gather
-    if overlap or cp > 1:
+    if rm.tp_comm_overlap or rm.overlap_p2p_comm or rddp.overlap_grad_reduce or rddp.overlap_param_gather or cp > 1:
         margin = f"leave 20 SMs to the overlapped comm kernels during LayerNorm ({PERF}, all H100 layouts)"
         env["NVTE_FWD_LAYERNORM_SM_MARGIN"] = EnvEntry("20", margin)
         env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = EnvEntry("20", margin)
@@ -203,8 +202,7 @@ def build_ledger(plan, profile=None, caller_env=None) -> Ledger:
                 msg = f"{name} has a literal value in the {layer} layer and {why}: {FIX}"
                 led.conflicts.append(Conflict(name, (layer,), ("<redacted>",), "error", msg))
                 continue
-            prev = merged.get(name)
-            if prev is None:
+            if (prev := merged.get(name)) is None:
                 merged[name] = Entry(name, value, layer, reason)
                 continue
             tuned = (prev.layer, layer) == ("derived", "recipe")  # a recipe's measured value over the generic rule

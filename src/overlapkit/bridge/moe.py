@@ -120,8 +120,7 @@ def backend_problem(model, gpu_node: bool, have=importable) -> tuple[str, str] |
     GPU node (the job would fail at its first MoE layer), a note on a CPU planning machine (the container has it).
     `have(module)` answers whether a package is importable; tests pass the answer, whatever this machine has."""
     backend = model.moe_flex_dispatcher_backend if model.moe_token_dispatcher_type == "flex" else None
-    module = BACKEND_MODULE.get(backend or "")
-    if module is None or have(module):
+    if (module := BACKEND_MODULE.get(backend)) is None or have(module):
         return None
     fix = "model.moe_token_dispatcher_type=alltoall model.moe_flex_dispatcher_backend=null"
     if gpu_node:

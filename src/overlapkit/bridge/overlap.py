@@ -69,10 +69,8 @@ def _dp_overlap(cfg, intent: OverlapIntent) -> None:
     """DP overlap lives in Megatron DDP + the distributed optimizer; Bridge switches it on when DP>1."""
     pp = cfg.model.pipeline_model_parallel_size
     vpp = cfg.model.virtual_pipeline_model_parallel_size or 1
-    cfg.ddp.use_distributed_optimizer = True
-    cfg.optimizer.use_distributed_optimizer = True
-    cfg.ddp.overlap_grad_reduce = True
-    cfg.ddp.overlap_param_gather = True
+    cfg.ddp.use_distributed_optimizer = cfg.optimizer.use_distributed_optimizer = True
+    cfg.ddp.overlap_grad_reduce = cfg.ddp.overlap_param_gather = True
     cfg.ddp.align_param_gather = pp > 1 and vpp > 1
     if intent.why_off(Overlap.RS):  # Bridge's setup would switch it back on for DP>1 unless comm says no
         cfg.ddp.overlap_grad_reduce = cfg.comm_overlap.overlap_grad_reduce = False
@@ -138,8 +136,7 @@ def resolve(cfg, target: Target) -> Resolved:
     saved_handlers, saved_level = root.handlers[:], root.level
     root.handlers, root.level = [cap], logging.WARNING
     try:
-        mp = cfg.mixed_precision
-        if mp is not None and not isinstance(mp, str):
+        if (mp := cfg.mixed_precision) is not None and not isinstance(mp, str):
             mp = copy.deepcopy(mp)
             mp.finalize()
             mp.setup(model, opt, ddp)

@@ -48,7 +48,6 @@ class PresetKey:
 
 
 def key_of(cfg, gpu: str = DEFAULT_GPU) -> PresetKey:
-    """The key a Bridge config needs."""
     m = cfg.model
     return PresetKey.of(
         ModelShape.of(cfg),
@@ -95,8 +94,6 @@ def preset_object(name: str):
 
 def name_of(obj) -> str | None:
     """The exported name of a preset object (identity, then equality), or None for a custom/None config."""
-    if obj is None:
-        return None
     same = next((name for name in exported_presets() if preset_object(name) is obj), None)
     return same or next((name for name in exported_presets() if preset_object(name) == obj), None)
 
@@ -118,8 +115,7 @@ def nearest(key: PresetKey, k: int = 3) -> list[str]:
 
 def select(key: PresetKey) -> str:
     """The exported pretraining preset matching `key` (a CP-specific one first), else a one-line PresetError."""
-    fits = [p for p in exported_presets().values() if not p.lora and mismatches(p, key) == ([], [])]
-    if fits:
+    if fits := [p for p in exported_presets().values() if not p.lora and mismatches(p, key) == ([], [])]:
         return sorted(fits, key=lambda p: (p.key.cp is None, p.name))[0].name
     raise PresetError(
         f"no Bridge userbuffers preset for {key.gpu} {key.dtype} h{key.hidden} tp{key.tp} cp{key.cp} "

@@ -240,11 +240,7 @@ def verdict(table_rows: list[dict]) -> list[str]:
     is not fitted on, so its prediction is held out already)."""
     error = {r["point"].key: r["error"] if r["steady_error"] is None else r["steady_error"] for r in table_rows}
     bad = [f"{key}: {e:+.1%}" for key, e in error.items() if abs(e) > FIT_TOL]
-    held = [
-        r
-        for r in table_rows
-        if r["steady_error"] is None and r["loo_error"] is not None and abs(r["loo_error"]) > LOO_TOL
-    ]
+    held = [r for r in table_rows if r["steady_error"] is None and abs(r["loo_error"] or 0) > LOO_TOL]  # None: no LOO
     return bad + [f"{r['point'].key}: leave-one-out {r['loo_error']:+.1%}" for r in held]
 
 

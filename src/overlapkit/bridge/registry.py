@@ -21,6 +21,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 from overlapkit import paths
@@ -67,7 +68,6 @@ class UnknownRecipe(BadInput, KeyError):
 
 REGISTRY: dict[str, Recipe] = {}
 _ERRORS: dict[str, str] = {}  # module name → one-line import error naming its file
-_DISCOVERED = False
 
 
 def register(*, model: str, source: str, nodes: int | None = None, time_limit: str = "04:00:00", env=None, intent=None):
@@ -96,13 +96,10 @@ def _extra_dirs() -> list[str]:
     return [d for d in os.environ.get(PATH_VAR, "").split(os.pathsep) if d.strip()]
 
 
+@cache
 def discover() -> None:
     """Import every module of the `recipes` package (and RECIPES_PATH) once per process; never raises: a module that
     fails to import registers nothing and leaves one line naming its file (load_errors)."""
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
-    _DISCOVERED = True
     stack.import_bridge()
     pkg = importlib.import_module(PACKAGE)
     for d in _extra_dirs():  # RECIPES_PATH's directories join the package's path
@@ -142,8 +139,7 @@ def discover() -> None:
 
 def finds(path: Path) -> bool:
     """Would a new process's discover() import the recipe file at `path`?"""
-    dirs = [RECIPES_DIR, *map(Path, _extra_dirs())]
-    return any(Path(path).resolve().parent == d.resolve() for d in dirs)
+    return any(Path(path).resolve().parent == d.resolve() for d in [RECIPES_DIR, *map(Path, _extra_dirs())])
 
 
 def load_errors() -> list[str]:
@@ -172,8 +168,7 @@ def _unknown(name: str, known) -> str:
 def check_declared(name: str) -> None:
     """Before the Bridge import: raise UnknownRecipe when no recipe is declared as `name` (declared_nodes). A module
     that is neither in the table nor named for its recipe makes the answer unknown, and the full check decides."""
-    declared = declared_nodes()
-    if declared and name not in declared:
+    if (declared := declared_nodes()) and name not in declared:
         raise UnknownRecipe(_unknown(name, declared))
 
 

@@ -15,7 +15,7 @@ from overlapkit.bridge.env import LAYERS
 from overlapkit.bridge.runopts import lines as run_lines
 from overlapkit.spec.overlap import Overlap
 
-STYLE = {"on": "green", "off": "red", "n/a": "dim"}
+STYLE = {"on": "green", "off": "red", "n/a": "dim", "error": "red", "warning": "yellow"}  # row states, finding levels
 LABELLED = set(Overlap)
 
 
@@ -75,10 +75,8 @@ def render_plan(plan, con: Console) -> None:
         con.print(escape(line))
     render_ledger(plan.ledger, con)
     for f in [*plan.report.warnings, *plan.report.errors]:
-        style = "red" if f.level == "error" else "yellow"
-        con.print(f"[{style}]{f.level}[/] {escape(f'[{f.code}]')} {escape(f.message)}")
-    verdict = "[green]audit: OK[/]" if plan.report.ok else f"[red]audit: {len(plan.report.errors)} error(s)[/]"
-    con.print(verdict)
+        con.print(f"[{STYLE[f.level]}]{f.level}[/] {escape(f'[{f.code}]')} {escape(f.message)}")
+    con.print("[green]audit: OK[/]" if plan.report.ok else f"[red]audit: {len(plan.report.errors)} error(s)[/]")
 
 
 def recipes_table(rows: list[dict]) -> Table:
@@ -120,8 +118,7 @@ def render_ledger(ledger, con: Console) -> None:
         t.add_row(*(escape(c) for c in (name, value, layer, reason + (f" [over {lower}]" if lower else ""))))
     con.print(t)
     for c in ledger.conflicts:
-        style = "red" if c.level == "error" else "yellow"
-        con.print(f"[{style}]{c.level}[/] {escape(f'[env:{c.name}]')} {escape(c.message)}")
+        con.print(f"[{STYLE[c.level]}]{c.level}[/] {escape(f'[env:{c.name}]')} {escape(c.message)}")
     for s in ledger.shell_overrides:
         con.print(f"[yellow]shell[/] {escape(s.message)}")
     for name in ledger.missing_secrets:

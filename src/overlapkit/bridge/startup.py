@@ -80,8 +80,7 @@ def check(cfg, target: Target, res: Resolved) -> Said:
     with stack.silenced():  # TE absent here: "Fusion disabled"
         kept = [f for f in probed if getattr(cfg.model, f.name) == f.default_factory()]
     if res.bridge_asserts and cfg.comm_overlap is not None:
-        cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
-        cfg.comm_overlap.delay_wgrad_compute = False
+        cfg.comm_overlap.overlap_moe_expert_parallel_comm = cfg.comm_overlap.delay_wgrad_compute = False
     raised, warned, capture = None, [], logging.handlers.BufferingHandler(capacity=sys.maxsize)
     capture.setLevel(logging.WARNING)
     root, saved_env = logging.getLogger(), dict(os.environ)
@@ -202,8 +201,7 @@ def locked_te() -> str:
 
 def _module_of(filename: str) -> str:
     """megatron/core/transformer/transformer_config.py → megatron.core.transformer.transformer_config."""
-    tail = filename.replace("\\", "/").split("site-packages/")[-1]
-    return tail.removesuffix(".py").replace("/", ".")
+    return filename.replace("\\", "/").split("site-packages/")[-1].removesuffix(".py").replace("/", ".")
 
 
 def _where(exc: BaseException) -> str:
@@ -240,8 +238,7 @@ def nearest_fix(msg: str, cfg) -> str | None:
     sets = []
     for dotted, raw in ASSIGNMENT.findall(msg):
         section, _, name = dotted.rpartition(".")
-        if not section:
-            section = next((s for s in _SECTIONS if hasattr(getattr(cfg, s, None), name)), "")
+        section = section or next((s for s in _SECTIONS if hasattr(getattr(cfg, s, None), name)), "")
         if not hasattr(getattr(cfg, section, None), name):
             continue
         value = raw.strip("'\"")

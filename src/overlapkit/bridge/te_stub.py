@@ -91,8 +91,7 @@ class _TEStubFinder(importlib.abc.MetaPathFinder):
             if _importer_name() in ALLOWED_IMPORTERS:
                 return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
             return None
-        if _SERVED:
-            purge()  # any other module imported meanwhile must not see the placeholder
+        purge()  # any other module imported meanwhile must not see the placeholder (none served: a no-op)
         if fullname in ALLOWED_IMPORTERS:
             spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:

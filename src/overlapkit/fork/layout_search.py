@@ -9,6 +9,7 @@ bridge/build.py model_inputs, on the cluster's calibration), so the number the s
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -96,16 +97,6 @@ def layout_errors(
 
 
 @dataclass(frozen=True)
-class At:
-    """The recipe at one layout: its config, the intent it registers, the target and the memory estimate."""
-
-    cfg: object  # Bridge ConfigContainer, the overlap stack applied
-    intent: OverlapIntent
-    target: Target
-    memory: MemoryEstimate
-
-
-@dataclass(frozen=True)
 class Recipe:
     """What the search ranks the layouts of: a model of `shape` whose `build(layout, preset)` returns the config the
     recipe's file builds at `layout` and the OverlapIntent it registers (None: the default), for the userbuffers
@@ -117,17 +108,16 @@ class Recipe:
     gpu: str = DEFAULT_GPU
     cal: calibration.Calibration = calibration.PUBLISHED
 
-    def at(self, layout: Layout, preset: str | None, gpus: int) -> At:
+    def at(self, layout: Layout, preset: str | None, gpus: int) -> tuple[object, OverlapIntent, Target]:
+        """The recipe at `layout`: its config (the overlap stack applied), the intent it registers, the target."""
         with stack.silenced():  # the build's notices only: resolve's warnings are the audit's evidence
             cfg, intent = self.build(layout, preset)
-        target = Target(nodes=gpus // GPUS_PER_NODE, gpu=self.gpu)
-        return At(cfg, intent or OverlapIntent(), target, memory.estimate(cfg, target))
+        return cfg, intent or OverlapIntent(), Target(nodes=gpus // GPUS_PER_NODE, gpu=self.gpu)
 
-    def predict(self, at: At) -> throughput.Prediction:
+    def predict(self, cfg, intent: OverlapIntent, target: Target) -> throughput.Prediction:
         """plan.build's prediction of the config: Bridge's resolve, the audit's overlap table, model_inputs."""
-        res = resolve(at.cfg, at.target)
-        rows = audit(at.cfg, at.target, res, at.intent).rows
-        return model_inputs(at.cfg, res, rows, at.target, self.cal).predict()
+        res = resolve(cfg, target)
+        return model_inputs(cfg, res, audit(cfg, target, res, intent).rows, target, self.cal).predict()
 
 
 def divisors(n: int) -> list[int]:
@@ -143,16 +133,14 @@ def _splits(s: ModelShape, gpus: int, fixed: dict):
     units = s.pipeline_units
     # EP sizes: powers of two that divide the experts (>1: the EP all-to-all overlap path); 1 for dense.
     eps = [e for e in (2**i for i in range(1, 11)) if s.experts % e == 0] if s.is_moe else [1]
-    for tp in [fixed["tp"]] if "tp" in fixed else TPS:
-        for cp in [fixed["cp"]] if "cp" in fixed else CPS:
-            per = gpus // (tp * cp) if gpus % (tp * cp) == 0 else 0
-            pps = [fixed["pp"]] if "pp" in fixed else [p for p in divisors(per) if p <= units] if per else []
-            for pp in pps:
-                vpps = [None] if pp == 1 else [v for v in divisors(max(units // pp, 1)) if v >= 2]
-                for vpp in [fixed["vpp"]] if "vpp" in fixed else vpps:
-                    for mbs in [fixed["mbs"]] if "mbs" in fixed else MBSS:
-                        for ep in [fixed["ep"]] if "ep" in fixed else eps:
-                            yield tp, pp, (vpp if pp > 1 else None), cp, mbs, ep
+    # Each size's values to try; a pinned size, its one value.
+    choices = {"tp": TPS, "cp": CPS, "mbs": MBSS, "ep": eps} | {k: [v] for k, v in fixed.items()}
+    for tp, cp in itertools.product(choices["tp"], choices["cp"]):
+        per = gpus // (tp * cp) if gpus % (tp * cp) == 0 else 0  # 0 has no divisors: no PP
+        for pp in choices.get("pp", [p for p in divisors(per) if p <= units]):
+            vpps = [None] if pp == 1 else [v for v in divisors(max(units // pp, 1)) if v >= 2]
+            for vpp, mbs, ep in itertools.product(choices.get("vpp", vpps), choices["mbs"], choices["ep"]):
+                yield tp, pp, (vpp if pp > 1 else None), cp, mbs, ep
 
 
 def tight(c: Candidate) -> bool:
@@ -258,12 +246,13 @@ def search(recipe: Recipe, gpus: int, *, gbs: int, fixed: dict | None = None, to
             except presets.PresetError:
                 preset = presets.DEFAULT_TP_CONFIG
         layout = Layout(tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs, seq=s.seq, ep=ep, etp=1 if s.is_moe else None)
-        at = recipe.at(layout, preset, gpus)
-        w = memory.workload_of(at.cfg, at.target)
-        c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, at.memory, ep=ep, layout=layout, workload=w)
-        if at.memory.fits:
-            fitting.append(replace(c, prediction=recipe.predict(at)))
-        elif best_unfit is None or at.memory.total_gb < best_unfit.memory.total_gb:
+        cfg, intent, target = recipe.at(layout, preset, gpus)
+        w = memory.workload_of(cfg, target)
+        est = memory.estimate_workload(w, target.gpu)  # memory.estimate of the config, its workload read once
+        c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, est, ep=ep, layout=layout, workload=w)
+        if est.fits:
+            fitting.append(replace(c, prediction=recipe.predict(cfg, intent, target)))
+        elif best_unfit is None or est.total_gb < best_unfit.memory.total_gb:
             best_unfit = c
     pinned = f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""
     if not fitting and best_unfit is not None:

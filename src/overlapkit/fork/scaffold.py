@@ -79,13 +79,10 @@ def check_request(req: ForkRequest) -> tuple[str, int, str]:
     and what it implies (GPUs, dtype), the directory, a name already taken, a FROM none declares. Returns (model
     prefix, GPUs, dtype); ForkError (one line) otherwise. A name only a module's import knows is refused after the
     import (fork)."""
-    m = registry.NAME_RE.fullmatch(req.name)
-    if not m:
+    if not (m := registry.NAME_RE.fullmatch(req.name)):
         raise ForkError(f"recipe name {req.name!r} must be <model>_pretrain_<N>gpu_h100_<bf16|fp8cs>")
-    try:  # the pattern holds: what the one rule for names adds is the length a file name may have
-        checked_name(req.name, "NAME", "a recipe's name is its file's and its run directories' name")
-    except BadInput as exc:
-        raise ForkError(str(exc)) from None
+    # The pattern holds: what the one rule for names adds is the length a file name may have (its BadInput: exit 2).
+    checked_name(req.name, "NAME", "a recipe's name is its file's and its run directories' name")
     gpus, dtype = int(m["gpus"]), m["dtype"]
     if req.gpus is not None and req.gpus != gpus:
         raise ForkError(f"--gpus {req.gpus} contradicts the name's {gpus}gpu: rename or change --gpus")
