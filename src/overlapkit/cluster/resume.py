@@ -160,10 +160,8 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
 LAYOUTS_ROLE = "the layouts each run trained with, which the job records beside its checkpoints"
 
 
-def layouts(directory: str | None) -> list[dict]:
+def layouts(directory: str) -> list[dict]:
     """The layout record beside the checkpoints (none yet: []), each entry checked, or a FileProblem naming it."""
-    if not directory:
-        return []
     path = Path(directory) / LAYOUTS
     fix = "restore it (or remove it to resume without the layout check)"
     entries = jsonio.read_json(path, list, role=LAYOUTS_ROLE, fix=fix, missing_ok=True) or []
@@ -176,7 +174,7 @@ def layouts(directory: str | None) -> list[dict]:
     return entries
 
 
-def layout_problem(directory: str | None, iteration: int, layout: dict, run: dict) -> str | None:
+def layout_problem(directory: str, iteration: int, layout: dict, run: dict) -> str | None:
     """Why resuming `iteration` under `layout` is refused (one line naming the fix), or None."""
     before = [e for e in layouts(directory) if e.get("from_iteration", 0) < iteration]  # the runs started before it
     saved = before[-1].get("layout") if before else None  # the last one's, which saved it
