@@ -10,7 +10,6 @@ each was saved with. No torch: launch/entry.py asks before anything imports it.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from overlapkit import jsonio
+from overlapkit.cluster import runlock
 from overlapkit.errors import BadInput
 from overlapkit.spec import model, submission
 from overlapkit.spec.runopts import directory_problem
@@ -202,7 +202,7 @@ def record_layout(directory: str, layout: dict, from_iteration: int | None, job_
         "from_iteration": from_iteration or 0,
         "layout": {k: layout.get(k) for k in LAYOUT_KEYS},
         "slurm_job_id": job_id,
-        "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "at": runlock.now(),
     }
     earlier = layouts(directory)
     if earlier and earlier[-1].get("layout") == entry["layout"]:
