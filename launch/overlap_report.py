@@ -78,7 +78,6 @@ def check(args) -> bool:
 def run(args) -> int:
     from overlapkit.profile import overlap_render, overlap_report
 
-    out = overlap_render.console()
     if args.request is None:  # RUN=: the run's own plan and profiles; the report and its picture go into it
         run_dir = _run_dir(args.run)
         files, plan = overlap_report.run_inputs(run_dir)
@@ -87,7 +86,6 @@ def run(args) -> int:
         from overlapkit.bridge.build import plan_for
 
         stack.import_bridge()
-
         plan = plan_for(args.request).to_dict()
         files, run_dir = args.files, None
     report, warning = overlap_report.write(files, plan, args.png_path, run_dir)
@@ -96,7 +94,7 @@ def run(args) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        overlap_render.render(report, out)
+        overlap_render.render(report, overlap_render.console())
     errors = [f for f in report["findings"] if f["level"] == "error"]
     for f in errors:
         print(one_line(f"error: [{f['code']}] {f['message']}"), file=sys.stderr)

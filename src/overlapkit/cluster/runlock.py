@@ -76,10 +76,9 @@ def held(directory: Path, wait_s: float = WAIT_S, poll: float = 0.5):
     """The checkpoint directory's lock for the block: waits `wait_s` for a live holder, takes over a stale one, and is
     released only if it is still ours."""
     directory.mkdir(parents=True, exist_ok=True)
-    path, me = directory / LOCK, {"host": socket.gethostname(), "pid": os.getpid(), "at": now()}
-    me["token"] = uuid.uuid4().hex
+    path, breaker = directory / LOCK, directory / f"{LOCK}.break"
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "at": now(), "token": uuid.uuid4().hex}
     deadline = time.monotonic() + wait_s
-    breaker = path.with_name(path.name + ".break")
     while not _create(path, me):
         holder = jsonio.read_json(path)
         if stale(path, holder):  # removed if it still holds `holder`, under the breaker's lock (the module docstring)

@@ -69,8 +69,7 @@ def live_jobs(job_ids: list[str]) -> list[tuple[str, str]] | None:
 
 def wait_for(job_id: str, timeout: float = 900, poll: float = 2) -> str:
     """The job's terminal state, or TIMEOUT_WAITING after `timeout` seconds."""
-    state = until(lambda: (said := job_state(job_id)).startswith(TERMINAL) and said, timeout, poll)
-    return state or "TIMEOUT_WAITING"
+    return until(lambda: (said := job_state(job_id)).startswith(TERMINAL) and said, timeout, poll) or "TIMEOUT_WAITING"
 
 
 def partition_info(partition: str) -> dict | None:

@@ -142,12 +142,6 @@ def restart_command(sched: dict) -> str:
     return " ".join(words)
 
 
-def _where(sched: dict) -> str:
-    """CLUSTER= (and JOB_DIR= when one was given) for the hints."""
-    job_dir = f" JOB_DIR={shlex.quote(sched['job_dir_given'])}" if sched.get("job_dir_given") else ""
-    return f"CLUSTER={shlex.quote(sched['cluster'])}{job_dir}"
-
-
 def night_argv(sched: dict, command: tuple[str, ...]) -> list[str]:
     """What the scheduler runs for the night: `make nightly`'s command (Commands.night), with the same options."""
     keys = ("profile", "job_dir", "preflight", "recipes", "iters", "min_dp")
@@ -356,6 +350,8 @@ def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime |
 def scheduled_lines(sched: dict, path: Path, replaced: list[dict], command: tuple[str, ...]) -> list[str]:
     """What `make nightly-schedule` prints (`command`: Commands.night, for the scrontab alternative)."""
     daily = parse_iso(sched["begin"]).strftime("%H:%M:%S")
+    job_dir = f" JOB_DIR={shlex.quote(sched['job_dir_given'])}" if sched.get("job_dir_given") else ""
+    where = f"CLUSTER={shlex.quote(sched['cluster'])}{job_dir}"  # and JOB_DIR= when one was given, for the hints
     lines = [
         f"scheduled: {SCHEDULER_NAME} job {sched['job_id']} on partition {sched['partition']} begins "
         f"{sched['begin']} (AT={sched['at']}), then every day at {daily}",
@@ -364,7 +360,7 @@ def scheduled_lines(sched: dict, path: Path, replaced: list[dict], command: tupl
         *(f"replaced: job {j['job_id']} (was to begin {j['begin']})" for j in replaced),
         f"chain state: {paths.repo_relative(path)}; scheduler log: {paths.repo_relative(path.parent)}/"
         "scheduler-<job>.out",
-        f"check: make nightly-status {_where(sched)}; stop: make nightly-unschedule {_where(sched)}",
+        f"check: make nightly-status {where}; stop: make nightly-unschedule {where}",
     ]
     if shutil.which("scrontab"):
         lines += [
