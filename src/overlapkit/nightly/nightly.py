@@ -224,8 +224,7 @@ def submit_report(profile, night_dir: Path, ids: list[str], command: tuple[str, 
 
 def latest_night(root: Path) -> Path | None:
     """The newest night directory under `root` (their names are their start times); None before the first night."""
-    nights = sorted(root.glob("*/night.json"))
-    return nights[-1].parent if nights else None
+    return max((night.parent for night in root.glob("*/night.json")), default=None)
 
 
 NIGHT_KEYS = ("job_dir", "preflight_only", "entries")  # what the report reads from night.json

@@ -301,9 +301,8 @@ def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime |
     the bookkeeping), record both. Exit status: the night's launch (non-zero also without a successor). The night
     runs as if from a login shell: srun reads SLURM_* as options, so this job's SLURM_NTASKS=1 would reach every run
     (SLURM_CONF stays: which cluster)."""
-    for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
-        if name != "SLURM_CONF":
-            del os.environ[name]
+    for name in {n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))} - {"SLURM_CONF"}:
+        del os.environ[name]
     path, now = schedule_path(profile), now or local_now()
     with _locked(path):
         sched = read(path)
