@@ -15,6 +15,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, paths
 from overlapkit.cluster import chain, joblog, slurm, submit
+from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import BadInput
 from overlapkit.nightly import junit, logparse, night_report
 from overlapkit.nightly import rules as regress
@@ -282,8 +283,6 @@ def report_night(
     print(jsonio.read_bytes(report).decode("utf-8", "replace"))  # what write_report just wrote
     print(f"junit: {junit.write(night_dir, night, results)}")  # for CI dashboards (Jenkins, GitLab)
     if retry and (again := to_retry(night, results)):
-        from overlapkit.cluster.profiles import load_profile
-
         side = bridge()
         profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
         ids = []
