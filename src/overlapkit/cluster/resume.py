@@ -48,7 +48,6 @@ DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "�
 class State:
     """A checkpoint directory: is there a tracker, which iteration it names, and what each iteration lacks."""
 
-    directory: str | None = None
     tracker: bool = False
     named: int | None = None  # the tracker's iteration
     missing: dict[int, tuple[str, ...]] = field(default_factory=dict)  # iteration → files it lacks (none: complete)
@@ -66,9 +65,9 @@ class State:
 
 def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
     if directory and (problem := directory_problem(directory)):
-        return State(directory, problem=problem)
+        return State(problem=problem)
     if not directory or not Path(directory).is_dir():
-        return State(directory)
+        return State()
     d, need = Path(directory), COMPLETE.get(ckpt_format, COMPLETE_OTHER)
     missing = {}
     for p in d.glob("iter_*"):
@@ -88,7 +87,7 @@ def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
     tracked = any((d / t).is_file() for t in TRACKERS)
     if text and not DIGITS.fullmatch(text):  # -5, "²", junk: never ignored for another iteration
         problem = f"{legacy} holds {text[:40]!r}, not an iteration number (Bridge writes one, e.g. 50)"
-    return State(directory, tracked, named, missing, problem)
+    return State(tracked, named, missing, problem)
 
 
 @dataclass
