@@ -334,8 +334,7 @@ def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime |
     except OSError as exc:
         say(f"error: could not start the night: {exc}")
         rc = 127
-    new = sorted(set(root.glob("*/night.json")) - before)
-    night = str(new[-1].parent) if new else None
+    night = max((str(new.parent) for new in set(root.glob("*/night.json")) - before), default=None)
     with _locked(path):
         latest = read(path) or sched
         for entry in latest.get("history", []):
