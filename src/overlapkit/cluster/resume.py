@@ -94,11 +94,10 @@ def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
 class Verdict:
     """What a run about to start does with its checkpoint directory."""
 
-    code: int | None = None  # exit now with this status; None: go on
+    code: int | None = None  # exit now with this status (0: the run is finished); None: go on
     lines: list[tuple[str, bool]] = field(default_factory=list)  # (line, is an error)
     ckpt_step: int | None = None  # load this iteration, not the tracker's (checkpoint.ckpt_step)
     resume: int | None = None  # the iteration it resumes from; None: a fresh start
-    finished: bool = False
 
 
 def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> Verdict:
@@ -141,7 +140,7 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
         v.lines.append((f"note: {where}: iter_{it:07d} is a save cut short (missing {lack}): not resumed", False))
     iters = run.get("train_iters")
     if iters and at >= iters and not run.get("finetune"):
-        v.code, v.finished = 0, True
+        v.code = 0
         v.lines.append((f"{where}: training finished at iteration {at} (train_iters {iters}): nothing to run", False))
         return v
     try:
