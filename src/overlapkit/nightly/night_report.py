@@ -254,6 +254,4 @@ def write_report(night_dir: Path, night: dict, results: list[dict], history_path
     plots = nightly_plots.draw(night_dir / "plots", results, read_history(history_path))
     rel = {title: str(Path(p).relative_to(night_dir)) for title, p in plots.items()}
     jsonio.write_text(night_dir / "results.json", logparse.to_json(results) + "\n")
-    out = night_dir / "report.md"
-    jsonio.write_text(out, render(night, results, rel, night_dir))
-    return out
+    return jsonio.write_text(night_dir / "report.md", render(night, results, rel, night_dir))

@@ -330,8 +330,7 @@ def bless(
     out, golden = names.inside(goldens_dir, f"{recipe}.json"), make_golden(parsed, plan, meta, overlap)
     if not force and (replaced := replace_problem(out, golden)):
         raise BlessError(f"{replaced}: make bless RUN={run_dir} FORCE=1 replaces it")
-    jsonio.write_json(out, golden)
-    return out
+    return jsonio.write_json(out, golden)
 
 
 def _script(path: Path) -> bytes:
