@@ -20,6 +20,9 @@ from pathlib import Path
 from launch.args import Parser, add_gpu_option, switch
 from overlapkit import paths
 from overlapkit.errors import BadInput, one_line
+from overlapkit.profile.nsys_sqlite import profile_files
+from overlapkit.profile.overlap_render import png_target
+from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG
 
 
 def parse(argv):
@@ -47,10 +50,6 @@ def _run_dir(text: str) -> Path:
 def check(args) -> bool:
     """Everything checked before the Bridge import: which input, the profiles' presence, the request. PROFILE= plans
     the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
-    from overlapkit.profile.nsys_sqlite import profile_files
-    from overlapkit.profile.overlap_render import png_target
-    from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG
-
     if args.run and args.profile:
         raise BadInput("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
     if not args.run and not args.profile:
