@@ -13,7 +13,9 @@ from pathlib import Path
 
 from launch.args import Parser
 from overlapkit import paths
+from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import BadInput
+from overlapkit.sizing import calibration
 
 
 def parse(argv):
@@ -25,9 +27,6 @@ def parse(argv):
 
 def check(args) -> bool:
     """CLUSTER's profile and every RUNS directory; the fit reads the runs' records alone, so no Bridge (False)."""
-    from overlapkit.cluster.profiles import load_profile
-    from overlapkit.sizing import calibration
-
     args.profile = load_profile(args.cluster)
     calibration.path_of(args.profile.name)  # a name that would write outside runs/calibration: refused here
     whole = args.runs.strip()  # one directory whose path has spaces, else a space-separated list of them
@@ -41,7 +40,6 @@ def check(args) -> bool:
 
 def run(args) -> int:
     from overlapkit.nightly import calibrate
-    from overlapkit.sizing import calibration
 
     name = args.profile.name
     runs, skipped = calibrate.find_runs(args.roots, name)

@@ -73,7 +73,7 @@ def resume_guard(args, plan: dict) -> int | None:
     verdict = resume.guard(plan.get("run") or {}, plan["layout"], where, later_segment=args.segment > 1)
     for line, error in verdict.lines if rank0 else ():
         print(line, file=sys.stderr if error else sys.stdout)
-    for line in chain.cancel_after(args.run_dir, args.segment) if verdict.finished and rank0 else ():
+    for line in chain.cancel_after(args.run_dir, args.segment) if verdict.code == 0 and rank0 else ():
         print(line)
     args.ckpt_step, args.resume = verdict.ckpt_step, verdict.resume
     # A failure is rank 0's to exit with: another rank exiting non-zero first has srun (--kill-on-bad-exit) cancel

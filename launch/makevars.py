@@ -45,10 +45,8 @@ def answer(given: list[str], known: list[str]) -> str:
         unknown = [name for name in unknown if name not in make_own()]
     if not unknown:
         return ""
-    parts = []
-    for name in unknown:
-        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
-        parts.append(f"{name}= (did you mean {close[0]}=?)" if close else f"{name}=")
+    nearest = [(name, difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)) for name in unknown]
+    parts = [f"{name}= (did you mean {close[0]}=?)" if close else f"{name}=" for name, close in nearest]
     what = "is not a variable of this Makefile (make would ignore it)" if len(unknown) == 1 else "are not variables"
     what += "" if len(unknown) == 1 else " of this Makefile (make would ignore them)"
     fix = "fix the name, or set an environment variable before make: NAME=value make <target>"

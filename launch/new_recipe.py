@@ -17,7 +17,11 @@ from pathlib import Path
 
 from launch.args import Parser, add_gpu_option, positive_int
 from overlapkit import paths
-from overlapkit.bridge import stack
+from overlapkit.bridge import registry, stack
+from overlapkit.cluster.profiles import load_profile
+from overlapkit.fork.scaffold import LAYOUT_FIELDS, SHAPE_FIELDS, ForkRequest, check_request, fork
+from overlapkit.sizing import calibration
+from overlapkit.sizing.hardware import HARDWARE, parse_gpu
 
 
 def parse(argv):
@@ -43,10 +47,6 @@ def parse(argv):
 def check(args) -> bool:
     """GPU=, CLUSTER=, NAME and FROM before the Bridge import (a minute here); the shape and layout need the FROM
     recipe built. The fork request (overlapkit.fork.scaffold, which imports no Bridge) is made from the flags."""
-    from overlapkit.cluster.profiles import load_profile
-    from overlapkit.fork.scaffold import LAYOUT_FIELDS, SHAPE_FIELDS, ForkRequest, check_request
-    from overlapkit.sizing.hardware import parse_gpu
-
     args.gpu = parse_gpu(args.gpu)
     load_profile(args.cluster)  # CLUSTER= names a profile (its calibration ranks the layouts): a typo is refused
     args.request = ForkRequest(
@@ -60,14 +60,9 @@ def check(args) -> bool:
 
 
 def run(args) -> int:
-    from overlapkit.fork.scaffold import fork
-
     stack.import_bridge()
-    from overlapkit.bridge import registry
     from overlapkit.bridge.report import render_plan
     from overlapkit.profile.overlap_render import console
-    from overlapkit.sizing import calibration
-    from overlapkit.sizing.hardware import HARDWARE
 
     res = fork(args.request)
     out = console()

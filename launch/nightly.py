@@ -21,6 +21,7 @@ from launch import stack_diff
 from launch.args import Parser, add_gpu_option, positive_int
 from overlapkit.bridge import stackenv
 from overlapkit.cluster import plan_server
+from overlapkit.cluster.profiles import load_profile, with_job_dir
 from overlapkit.cluster.submit import install_signal_handlers, preflight_mode
 from overlapkit.errors import BadInput
 from overlapkit.makewatch import Interrupted
@@ -62,8 +63,6 @@ def parse(argv):
 
 
 def profile_of(args):
-    from overlapkit.cluster.profiles import load_profile, with_job_dir
-
     return with_job_dir(load_profile(args.cluster), args.job_dir)
 
 

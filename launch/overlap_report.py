@@ -20,7 +20,9 @@ from pathlib import Path
 from launch.args import Parser, add_gpu_option
 from overlapkit import paths
 from overlapkit.errors import BadInput, one_line
-from overlapkit.spec.runopts import switch
+from overlapkit.profile.nsys_sqlite import profile_files
+from overlapkit.profile.overlap_render import png_target
+from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG, switch
 
 
 def parse(argv):
@@ -48,10 +50,6 @@ def _run_dir(text: str) -> Path:
 def check(args) -> bool:
     """Everything checked before the Bridge import: which input, the profiles' presence, the request. PROFILE= plans
     the recipe (Bridge); RUN= reads the run's plan.json and needs none."""
-    from overlapkit.profile.nsys_sqlite import profile_files
-    from overlapkit.profile.overlap_render import png_target
-    from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG
-
     if args.run and args.profile:
         raise BadInput("give RUN=<run dir> or PROFILE=<file or dir> RECIPE=<name>, not both")
     if not args.run and not args.profile:
@@ -79,7 +77,6 @@ def check(args) -> bool:
 def run(args) -> int:
     from overlapkit.profile import overlap_render, overlap_report
 
-    out = overlap_render.console()
     if args.request is None:  # RUN=: the run's own plan and profiles; the report and its picture go into it
         run_dir = _run_dir(args.run)
         files, plan = overlap_report.run_inputs(run_dir)
@@ -88,7 +85,6 @@ def run(args) -> int:
         from overlapkit.bridge.build import plan_for
 
         stack.import_bridge()
-
         plan = plan_for(args.request).to_dict()
         files, run_dir = args.files, None
     report, warning = overlap_report.write(files, plan, args.png_path, run_dir)
@@ -97,7 +93,7 @@ def run(args) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        overlap_render.render(report, out)
+        overlap_render.render(report, overlap_render.console())
     errors = [f for f in report["findings"] if f["level"] == "error"]
     for f in errors:
         print(one_line(f"error: [{f['code']}] {f['message']}"), file=sys.stderr)

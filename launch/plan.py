@@ -13,6 +13,7 @@ from pathlib import Path
 from launch.args import Parser, add_run_options, request_of
 from overlapkit import paths
 from overlapkit.bridge import stack
+from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import BadInput
 
 
@@ -74,8 +75,6 @@ def list_recipes(con, gpu: str, cluster=None) -> int:  # cluster: spec/request.p
 def check(args) -> bool:
     """NODES, the recipe's name, SET, GPU, the run options and CLUSTER's profile, before the Bridge import; every plan
     needs Bridge."""
-    from overlapkit.cluster.profiles import load_profile
-
     req = request_of(args, listing=args.list)  # parsed once: the value run() plans
     # CLUSTER's profile (a typo refused): its calibration predicts, RUN_NAME's checkpoints go under its job_dir, its
     # limit sets the guards. Resolved here, so bridge/ only reads it; bound by plan_for, not laid out for it

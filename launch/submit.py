@@ -165,8 +165,7 @@ def check(args) -> bool:
     return args.action != "run-local"
 
 
-def handlers() -> None:
-    submit.install_signal_handlers()  # a submission ends marked (failed or submitted), even if make is killed
+handlers = submit.install_signal_handlers  # a submission ends marked (failed or submitted), even if make is killed
 
 
 def run(args) -> int:

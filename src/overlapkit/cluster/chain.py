@@ -106,7 +106,6 @@ def checkpoints(run_dir: Path, info: dict) -> dict | None:
 
 
 def status_lines(run_dir: Path, info: dict) -> list[str]:
-    """One line per segment (job_line), then the checkpoints' (checkpoint_line)."""
     record = status(run_dir, info)
     out = [job_line(job, len(record["jobs"])) for job in record["jobs"]]
     return out + ([checkpoint_line(record["checkpoints"])] if record["checkpoints"] else [])

@@ -10,7 +10,6 @@ each was saved with. No torch: launch/entry.py asks before anything imports it.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from overlapkit import jsonio
+from overlapkit.cluster import runlock
 from overlapkit.errors import BadInput
 from overlapkit.spec import model, submission
 from overlapkit.spec.runopts import directory_problem
@@ -48,7 +48,6 @@ DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "�
 class State:
     """A checkpoint directory: is there a tracker, which iteration it names, and what each iteration lacks."""
 
-    directory: str | None = None
     tracker: bool = False
     named: int | None = None  # the tracker's iteration
     missing: dict[int, tuple[str, ...]] = field(default_factory=dict)  # iteration → files it lacks (none: complete)
@@ -66,9 +65,9 @@ class State:
 
 def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
     if directory and (problem := directory_problem(directory)):
-        return State(directory, problem=problem)
+        return State(problem=problem)
     if not directory or not Path(directory).is_dir():
-        return State(directory)
+        return State()
     d, need = Path(directory), COMPLETE.get(ckpt_format, COMPLETE_OTHER)
     missing = {}
     for p in d.glob("iter_*"):
@@ -88,18 +87,17 @@ def state(directory: str | None, ckpt_format: str = "torch_dist") -> State:
     tracked = any((d / t).is_file() for t in TRACKERS)
     if text and not DIGITS.fullmatch(text):  # -5, "²", junk: never ignored for another iteration
         problem = f"{legacy} holds {text[:40]!r}, not an iteration number (Bridge writes one, e.g. 50)"
-    return State(directory, tracked, named, missing, problem)
+    return State(tracked, named, missing, problem)
 
 
 @dataclass
 class Verdict:
     """What a run about to start does with its checkpoint directory."""
 
-    code: int | None = None  # exit now with this status; None: go on
+    code: int | None = None  # exit now with this status (0: the run is finished); None: go on
     lines: list[tuple[str, bool]] = field(default_factory=list)  # (line, is an error)
     ckpt_step: int | None = None  # load this iteration, not the tracker's (checkpoint.ckpt_step)
     resume: int | None = None  # the iteration it resumes from; None: a fresh start
-    finished: bool = False
 
 
 def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> Verdict:
@@ -142,7 +140,7 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
         v.lines.append((f"note: {where}: iter_{it:07d} is a save cut short (missing {lack}): not resumed", False))
     iters = run.get("train_iters")
     if iters and at >= iters and not run.get("finetune"):
-        v.code, v.finished = 0, True
+        v.code = 0
         v.lines.append((f"{where}: training finished at iteration {at} (train_iters {iters}): nothing to run", False))
         return v
     try:
@@ -160,10 +158,8 @@ def guard(run: dict, layout: dict, where: str, later_segment: bool = False) -> V
 LAYOUTS_ROLE = "the layouts each run trained with, which the job records beside its checkpoints"
 
 
-def layouts(directory: str | None) -> list[dict]:
+def layouts(directory: str) -> list[dict]:
     """The layout record beside the checkpoints (none yet: []), each entry checked, or a FileProblem naming it."""
-    if not directory:
-        return []
     path = Path(directory) / LAYOUTS
     fix = "restore it (or remove it to resume without the layout check)"
     entries = jsonio.read_json(path, list, role=LAYOUTS_ROLE, fix=fix, missing_ok=True) or []
@@ -176,7 +172,7 @@ def layouts(directory: str | None) -> list[dict]:
     return entries
 
 
-def layout_problem(directory: str | None, iteration: int, layout: dict, run: dict) -> str | None:
+def layout_problem(directory: str, iteration: int, layout: dict, run: dict) -> str | None:
     """Why resuming `iteration` under `layout` is refused (one line naming the fix), or None."""
     before = [e for e in layouts(directory) if e.get("from_iteration", 0) < iteration]  # the runs started before it
     saved = before[-1].get("layout") if before else None  # the last one's, which saved it
@@ -204,7 +200,7 @@ def record_layout(directory: str, layout: dict, from_iteration: int | None, job_
         "from_iteration": from_iteration or 0,
         "layout": {k: layout.get(k) for k in LAYOUT_KEYS},
         "slurm_job_id": job_id,
-        "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "at": runlock.now(),
     }
     earlier = layouts(directory)
     if earlier and earlier[-1].get("layout") == entry["layout"]:

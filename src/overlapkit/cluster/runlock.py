@@ -39,7 +39,7 @@ class LiveRun(BadInput):
     """One line: another run is live on this checkpoint directory (or the lock cannot be had)."""
 
 
-def _now() -> str:
+def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
@@ -76,16 +76,15 @@ def held(directory: Path, wait_s: float = WAIT_S, poll: float = 0.5):
     """The checkpoint directory's lock for the block: waits `wait_s` for a live holder, takes over a stale one, and is
     released only if it is still ours."""
     directory.mkdir(parents=True, exist_ok=True)
-    path, me = directory / LOCK, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}
-    me["token"] = uuid.uuid4().hex
+    path, breaker = directory / LOCK, directory / f"{LOCK}.break"
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "at": now(), "token": uuid.uuid4().hex}
     deadline = time.monotonic() + wait_s
-    breaker = path.with_name(path.name + ".break")
     while not _create(path, me):
         holder = jsonio.read_json(path)
         if stale(path, holder):  # removed if it still holds `holder`, under the breaker's lock (the module docstring)
             if breaker.exists() and _age(breaker) > BREAK_STALE_S:
                 breaker.unlink(missing_ok=True)
-            if not _create(breaker, {"host": socket.gethostname(), "pid": os.getpid(), "at": _now()}):
+            if not _create(breaker, {"host": socket.gethostname(), "pid": os.getpid(), "at": now()}):
                 continue
             try:
                 if jsonio.read_json(path) == holder:
@@ -116,7 +115,7 @@ def submissions(directory: Path) -> list[dict]:
 
 def record(directory: Path, run_dir: Path, job_ids: list[str]) -> None:
     """Append a submission (call while holding the lock: the record is read, extended and replaced)."""
-    entry = {"run_dir": str(run_dir), "job_ids": list(job_ids), "at": _now(), "host": socket.gethostname()}
+    entry = {"run_dir": str(run_dir), "job_ids": list(job_ids), "at": now(), "host": socket.gethostname()}
     Path(directory).mkdir(parents=True, exist_ok=True)
     jsonio.write_json(Path(directory) / RECORD, [*submissions(directory), entry])
 

@@ -69,8 +69,7 @@ def live_jobs(job_ids: list[str]) -> list[tuple[str, str]] | None:
 
 def wait_for(job_id: str, timeout: float = 900, poll: float = 2) -> str:
     """The job's terminal state, or TIMEOUT_WAITING after `timeout` seconds."""
-    state = until(lambda: (said := job_state(job_id)).startswith(TERMINAL) and said, timeout, poll)
-    return state or "TIMEOUT_WAITING"
+    return until(lambda: (said := job_state(job_id)).startswith(TERMINAL) and said, timeout, poll) or "TIMEOUT_WAITING"
 
 
 def partition_info(partition: str) -> dict | None:
@@ -182,10 +181,7 @@ def queued(name: str) -> list[dict] | None:
     out = _run(["squeue", "--me", "-h", "-n", name, "-O", fmt], timeout=20)
     if out is None or out.returncode != 0:
         return None
-    jobs = []
-    for line in out.stdout.splitlines():
-        parts = line.split("|", len(_QUEUED_FIELDS) - 1)
-        if len(parts) == len(_QUEUED_FIELDS):
-            job = dict(zip(("job_id", "state", "begin", "reason", "comment"), map(str.strip, parts), strict=True))
-            jobs.append(job | {"comment": job["comment"].removesuffix("|").strip()})
-    return jobs
+    rows = [line.split("|", len(_QUEUED_FIELDS) - 1) for line in out.stdout.splitlines()]
+    keys = ("job_id", "state", "begin", "reason", "comment")
+    jobs = [dict(zip(keys, map(str.strip, row), strict=True)) for row in rows if len(row) == len(_QUEUED_FIELDS)]
+    return [job | {"comment": job["comment"].removesuffix("|").strip()} for job in jobs]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import os
 import re
 import shlex
@@ -65,8 +64,7 @@ def _critical():
 
 
 def mark(run_dir: Path, state: str, /, **info) -> None:
-    at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    jsonio.write_json(run_dir / MARKER, {"state": state, "at": at, **info})
+    jsonio.write_json(run_dir / MARKER, {"state": state, "at": runlock.now(), **info})
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ Jenkins xUnit plugin's junit-10.xsd, as pytest's junitxml does. A night records 
 from __future__ import annotations
 
 import datetime as dt
-import io
 import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -59,8 +58,6 @@ def to_xml(night: dict, results: list[dict]) -> ET.Element:
 
 def write(night_dir: Path, night: dict, results: list[dict]) -> Path:
     """`<night>/junit.xml`, written atomically (jsonio.write_text): a dashboard never reads half a file."""
-    tree = ET.ElementTree(to_xml(night, results))
-    ET.indent(tree)
-    buf = io.BytesIO()
-    tree.write(buf, encoding="utf-8", xml_declaration=True)
-    return jsonio.write_text(Path(night_dir) / "junit.xml", buf.getvalue())
+    root = to_xml(night, results)
+    ET.indent(root)
+    return jsonio.write_text(Path(night_dir) / "junit.xml", ET.tostring(root, encoding="utf-8", xml_declaration=True))

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from overlapkit import jsonio
+from overlapkit.spec import runopts
 
 WARMUP_ITERS = 10  # one-off costs (NCCL and userbuffers set-up, allocator growth, autotuning): not steady state
 LINE_LIMIT = 8 << 20  # characters; a real log line is < 1 kB, so only a newline-free binary file meets it
@@ -117,8 +118,6 @@ def summarize(iters, memory: list[dict], warmup: int = WARMUP_ITERS, exclude=())
 
 def profiled_iterations(plan: dict) -> range:
     """The iterations plan.json's profiler window slowed (runopts.perturbed_iterations; none for an unprofiled run)."""
-    from overlapkit.spec import runopts
-
     if (planned := runopts.planned_window(plan.get("run"))) is None or not planned[1].get("steps"):
         return range(0)
     return runopts.perturbed_iterations(tuple(planned[1]["steps"]), planned[0])

@@ -17,6 +17,7 @@ from pathlib import Path
 from overlapkit import jsonio
 from overlapkit.cluster import joblog
 from overlapkit.nightly import exposed, logparse, stackdiff
+from overlapkit.nightly import plots as nightly_plots
 from overlapkit.nightly import rules as regress
 from overlapkit.spec import planfile
 from overlapkit.spec.runopts import OVERLAP_JSON, OVERLAP_PNG, PROFILERS, planned_window
@@ -239,8 +240,6 @@ def render(night: dict, results: list[dict], plots: dict[str, str], night_dir: P
 
 def write_report(night_dir: Path, night: dict, results: list[dict], history_path: Path) -> Path:
     """The judged runs' history lines, then plots (of the whole history), results.json and report.md (returned)."""
-    from overlapkit.nightly import plots as nightly_plots
-
     recorded_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     measured = ("step_time_ms", "tflops_per_gpu", "last_loss")  # of the summary; a history line's keys are sorted
     records = [
@@ -255,6 +254,4 @@ def write_report(night_dir: Path, night: dict, results: list[dict], history_path
     plots = nightly_plots.draw(night_dir / "plots", results, read_history(history_path))
     rel = {title: str(Path(p).relative_to(night_dir)) for title, p in plots.items()}
     jsonio.write_text(night_dir / "results.json", logparse.to_json(results) + "\n")
-    out = night_dir / "report.md"
-    jsonio.write_text(out, render(night, results, rel, night_dir))
-    return out
+    return jsonio.write_text(night_dir / "report.md", render(night, results, rel, night_dir))

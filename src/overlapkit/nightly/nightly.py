@@ -15,6 +15,7 @@ from pathlib import Path
 
 from overlapkit import jsonio, paths
 from overlapkit.cluster import chain, joblog, slurm, submit
+from overlapkit.cluster.profiles import load_profile
 from overlapkit.errors import BadInput
 from overlapkit.nightly import junit, logparse, night_report
 from overlapkit.nightly import rules as regress
@@ -224,8 +225,7 @@ def submit_report(profile, night_dir: Path, ids: list[str], command: tuple[str, 
 
 def latest_night(root: Path) -> Path | None:
     """The newest night directory under `root` (their names are their start times); None before the first night."""
-    nights = sorted(root.glob("*/night.json"))
-    return nights[-1].parent if nights else None
+    return max((night.parent for night in root.glob("*/night.json")), default=None)
 
 
 NIGHT_KEYS = ("job_dir", "preflight_only", "entries")  # what the report reads from night.json
@@ -283,8 +283,6 @@ def report_night(
     print(jsonio.read_bytes(report).decode("utf-8", "replace"))  # what write_report just wrote
     print(f"junit: {junit.write(night_dir, night, results)}")  # for CI dashboards (Jenkins, GitLab)
     if retry and (again := to_retry(night, results)):
-        from overlapkit.cluster.profiles import load_profile
-
         side = bridge()
         profile = dataclasses.replace(load_profile(night["profile_path"]), job_dir=night["job_dir"])
         ids = []

@@ -62,5 +62,4 @@ def _save(fig, path: Path) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
-    jsonio.write_text(path, buf.getvalue())
-    return str(path)
+    return str(jsonio.write_text(path, buf.getvalue()))

@@ -110,8 +110,7 @@ def _rel(value, golden) -> float | None:
 def compare(parsed: dict, golden: dict) -> list[dict]:
     """One check per metric: value, golden, relative delta, and 'ok' | 'worse' | 'better'."""
     s, checks = parsed["summary"], []
-    # (name, run value, golden value, sign: +1 when larger is worse)
-    for name, sign, tol in (
+    for name, sign, tol in (  # sign: +1 when larger is worse
         ("step_time_ms", +1, PERF_TOL),
         ("tflops_per_gpu", -1, PERF_TOL),
         ("peak_mem_gb", +1, MEM_TOL),
@@ -331,8 +330,7 @@ def bless(
     out, golden = names.inside(goldens_dir, f"{recipe}.json"), make_golden(parsed, plan, meta, overlap)
     if not force and (replaced := replace_problem(out, golden)):
         raise BlessError(f"{replaced}: make bless RUN={run_dir} FORCE=1 replaces it")
-    jsonio.write_json(out, golden)
-    return out
+    return jsonio.write_json(out, golden)
 
 
 def _script(path: Path) -> bytes:

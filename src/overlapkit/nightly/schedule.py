@@ -142,12 +142,6 @@ def restart_command(sched: dict) -> str:
     return " ".join(words)
 
 
-def _where(sched: dict) -> str:
-    """CLUSTER= (and JOB_DIR= when one was given) for the hints."""
-    job_dir = f" JOB_DIR={shlex.quote(sched['job_dir_given'])}" if sched.get("job_dir_given") else ""
-    return f"CLUSTER={shlex.quote(sched['cluster'])}{job_dir}"
-
-
 def night_argv(sched: dict, command: tuple[str, ...]) -> list[str]:
     """What the scheduler runs for the night: `make nightly`'s command (Commands.night), with the same options."""
     keys = ("profile", "job_dir", "preflight", "recipes", "iters", "min_dp")
@@ -307,9 +301,8 @@ def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime |
     the bookkeeping), record both. Exit status: the night's launch (non-zero also without a successor). The night
     runs as if from a login shell: srun reads SLURM_* as options, so this job's SLURM_NTASKS=1 would reach every run
     (SLURM_CONF stays: which cluster)."""
-    for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
-        if name != "SLURM_CONF":
-            del os.environ[name]
+    for name in {n for n in os.environ if n.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))} - {"SLURM_CONF"}:
+        del os.environ[name]
     path, now = schedule_path(profile), now or local_now()
     with _locked(path):
         sched = read(path)
@@ -341,8 +334,7 @@ def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime |
     except OSError as exc:
         say(f"error: could not start the night: {exc}")
         rc = 127
-    new = sorted(set(root.glob("*/night.json")) - before)
-    night = str(new[-1].parent) if new else None
+    night = max((str(new.parent) for new in set(root.glob("*/night.json")) - before), default=None)
     with _locked(path):
         latest = read(path) or sched
         for entry in latest.get("history", []):
@@ -356,6 +348,8 @@ def fire(profile, job_id: str, commands: Commands, say=print, now: dt.datetime |
 def scheduled_lines(sched: dict, path: Path, replaced: list[dict], command: tuple[str, ...]) -> list[str]:
     """What `make nightly-schedule` prints (`command`: Commands.night, for the scrontab alternative)."""
     daily = parse_iso(sched["begin"]).strftime("%H:%M:%S")
+    job_dir = f" JOB_DIR={shlex.quote(sched['job_dir_given'])}" if sched.get("job_dir_given") else ""
+    where = f"CLUSTER={shlex.quote(sched['cluster'])}{job_dir}"  # and JOB_DIR= when one was given, for the hints
     lines = [
         f"scheduled: {SCHEDULER_NAME} job {sched['job_id']} on partition {sched['partition']} begins "
         f"{sched['begin']} (AT={sched['at']}), then every day at {daily}",
@@ -364,7 +358,7 @@ def scheduled_lines(sched: dict, path: Path, replaced: list[dict], command: tupl
         *(f"replaced: job {j['job_id']} (was to begin {j['begin']})" for j in replaced),
         f"chain state: {paths.repo_relative(path)}; scheduler log: {paths.repo_relative(path.parent)}/"
         "scheduler-<job>.out",
-        f"check: make nightly-status {_where(sched)}; stop: make nightly-unschedule {_where(sched)}",
+        f"check: make nightly-status {where}; stop: make nightly-unschedule {where}",
     ]
     if shutil.which("scrontab"):
         lines += [
