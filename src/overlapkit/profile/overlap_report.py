@@ -30,19 +30,14 @@ from overlapkit.spec.runopts import NSYS_DIR, OVERLAP_JSON, TORCH_DIR, planned_w
 def union(intervals) -> list[tuple[int, int]]:
     """Sorted, disjoint, non-touching intervals covering exactly the given half-open [start, end) ns ones."""
     out: list[tuple[int, int]] = []
-    cur_s = cur_e = None
     for s, e in sorted(intervals):
         if e <= s:
             continue
-        if cur_e is not None and s <= cur_e:
-            if e > cur_e:
-                cur_e = e
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
         else:
-            if cur_e is not None:
-                out.append((cur_s, cur_e))
-            cur_s, cur_e = s, e
-    if cur_e is not None:
-        out.append((cur_s, cur_e))
+            out.append((s, e))
     return out
 
 
@@ -117,13 +112,10 @@ def steps_of(prof: Profile, device: int) -> tuple[str, list[tuple[int, int]]]:
             cur, ts, te, fs, ls = tid, starts.get(tid), ends.get(tid), first.get(tid), last.get(tid)
         if ts is None or (i := right(ts, t) - 1) < 0 or te[i] < t:
             continue
-        if (f := fs[i]) is None:
-            fs[i], ls[i] = a[0], a[1]
-        else:
-            if a[0] < f:
-                fs[i] = a[0]
-            if a[1] > ls[i]:
-                ls[i] = a[1]
+        if (f := fs[i]) is None or a[0] < f:
+            fs[i] = a[0]
+        if (e := ls[i]) is None or a[1] > e:
+            ls[i] = a[1]
     spans = sorted((f, e) for tid in first for f, e in zip(first[tid], last[tid], strict=True) if f is not None)
     if spans:
         # A step's tail (its last grad reduce-scatter) may still run when the next step's first kernels start: the
