@@ -16,6 +16,7 @@ profile/torch_trace.py).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import operator
 import os
@@ -151,11 +152,8 @@ def read(path: Path) -> Profile:
     if head != SQLITE_MAGIC:
         raise ProfileError(f"{path} is not an SQLite file: give the export of `nsys export --type sqlite`")
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
             return _load(con, path)
-        finally:
-            con.close()
     except sqlite3.DatabaseError as exc:
         raise ProfileError(f"{path} is corrupt ({exc}): export the report again") from None
 
