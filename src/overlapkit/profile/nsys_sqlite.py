@@ -296,7 +296,6 @@ def profile_files(target: Path, skip: tuple[str, ...] = ()) -> list[Path]:
 
 
 def load(path: Path) -> Profile:
-    """A profile of either kind: a PyTorch-profiler trace, or an Nsight export (read)."""
     if is_trace(path):
         from overlapkit.profile import torch_trace
 
