@@ -148,8 +148,7 @@ def fit_free(
     lo = [BOUNDS[n][0] / s for n, s in zip(free, scale, strict=True)]
     hi = [BOUNDS[n][1] / s for n, s in zip(free, scale, strict=True)]
     x0 = [min(max(getattr(base, n) / s, a), b) for n, s, a, b in zip(free, scale, lo, hi, strict=True)]
-    result = least_squares(residuals, x0, bounds=(lo, hi), xtol=1e-10, ftol=1e-10, diff_step=1e-4)
-    return of(result.x)
+    return of(least_squares(residuals, x0, bounds=(lo, hi), xtol=1e-10, ftol=1e-10, diff_step=1e-4).x)
 
 
 def rounded(k: Constants) -> Constants:
