@@ -116,9 +116,7 @@ FITTED_ON = {
 
 
 def fit(
-    predict: Callable[[Constants], dict[str, float]],
-    published: dict[str, float],
-    start: Constants = FITTED,
+    predict: Callable[[Constants], dict[str, float]], published: dict[str, float], start: Constants = FITTED
 ) -> Constants:
     """The constants that minimise Σ log(predicted/published)² over the rows of `published` (tokens/s/GPU by key),
     each within BOUNDS: scipy's bounded least squares (trust-region reflective) on the constants scaled to their
