@@ -190,18 +190,18 @@ def measure(paths: list[Path], plan: dict) -> Measured:
                 )
             files[label] = path
             drawn = m.timeline is None or _order(label) < _order(m.timeline.rank)
-            trace, lanes = _device_trace(label, prof, dev, decisions, m, lanes=drawn)
+            trace, streams, exposed = _device_trace(label, prof, dev, decisions, m, lanes=drawn)
             m.traces.append(trace)
             if drawn:
-                m.timeline = _timeline(trace, lanes)
+                m.timeline = _timeline(trace, streams, exposed)
         del prof, decisions
     m.traces.sort(key=lambda t: _order(t.rank))
     return m
 
 
-def _device_trace(label, prof, dev, decisions, m: Measured, lanes: bool = True) -> tuple[DeviceTrace, dict]:
-    """The device's trace measured, and (`lanes`: for the timeline) its raw intervals per stream and class. The one
-    pass over every activity of the profile that the figures need: kept to a few operations per activity."""
+def _device_trace(label, prof, dev, decisions, m: Measured, lanes: bool = True) -> tuple[DeviceTrace, dict, dict]:
+    """The device's trace measured, its raw intervals per stream and class (`lanes`: for the timeline) and its exposed
+    ones per class. The one pass over every activity of the profile that the figures need: a few operations each."""
     compute, comm, kernels = [], defaultdict(list), Counter()
     streams: dict = defaultdict(lambda: defaultdict(list))
     comm_like: dict[str, bool] = {}  # each distinct name searched once: a profile repeats each thousands of times
@@ -240,15 +240,14 @@ def _device_trace(label, prof, dev, decisions, m: Measured, lanes: bool = True) 
             fig[cls] = (c, e)
         comm[cls] = exposed  # what the timeline marks
     gpu = prof.gpus[0] if prof.gpus else None
-    trace = DeviceTrace(label, prof.path.name, dev, gpu, kernels, source, steps, figures)
-    return trace, {"streams": streams, "exposed": comm}
+    return DeviceTrace(label, prof.path.name, dev, gpu, kernels, source, steps, figures), streams, comm
 
 
 MAX_LANES = 24  # streams drawn one lane each; the rest share one
 PIXELS = 2000  # the figure is 990 px wide (11 in at 90 dpi): a gap under 1/2000 of the step cannot be seen
 
 
-def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
+def _timeline(trace: DeviceTrace, streams: dict, exposed: dict) -> Timeline:
     """What to draw of `trace`: its profiled step with the most exposed communication (the first of equals)."""
     worst = [sum(e for _, e in fig.values()) for fig in trace.figures]
     step = worst.index(max(worst))
@@ -260,7 +259,7 @@ def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
         inside = union([iv for iv in intervals if iv[1] > lo and iv[0] < hi])
         return coarse([(max(s, lo), min(e, hi)) for s, e in inside], gap)
 
-    per_stream = {st: {c: drawn(ivs) for c, ivs in by_cls.items()} for st, by_cls in raw["streams"].items()}
+    per_stream = {st: {c: drawn(ivs) for c, ivs in by_cls.items()} for st, by_cls in streams.items()}
     per_stream = {st: {c: ivs for c, ivs in d.items() if ivs} for st, d in per_stream.items()}
     load = {st: sum(length(v) for v in d.values()) for st, d in per_stream.items() if d}
     busy = sorted(load, key=lambda st: -load[st])
@@ -271,7 +270,7 @@ def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
             for c, ivs in per_stream[st].items():
                 merged[c] += ivs
         lanes.append((f"{len(rest)} other streams", {c: coarse(union(v), gap) for c, v in merged.items()}))
-    exposed = {c: drawn(ivs) for c, ivs in raw["exposed"].items()}
+    exposed = {c: drawn(ivs) for c, ivs in exposed.items()}
     return Timeline(trace.rank, step, len(trace.steps), trace.step_source, (lo, hi), lanes, exposed)
 
 
