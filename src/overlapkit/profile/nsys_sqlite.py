@@ -160,8 +160,7 @@ def read(path: Path) -> Profile:
 
 def _need(con, path: Path, table: str, cols: tuple[str, ...]) -> bool:
     """Whether `table` is there; a table that is there without the columns Nsight writes is a wrong schema."""
-    have = {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
-    if not have:
+    if not (have := {row[1] for row in con.execute(f"PRAGMA table_info({table})")}):
         return False
     if missing := [c for c in cols if c not in have]:
         raise ProfileError(f"{path}: {table} lacks {', '.join(missing)}: {NOT_NSYS}")

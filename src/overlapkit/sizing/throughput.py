@@ -321,8 +321,7 @@ def straggler_terms(c: _Ctx) -> list:
     and the step ends when the slowest of the independent ranks (TP and CP ranks move in lockstep) arrives: the
     expected maximum of N normal draws (moe_time.expected_max, ≈ √(2 ln N)), so it grows with the world."""
     ranks = c.gpus // (c.w.tp * c.w.cp)
-    z = moe_time.expected_max(ranks)
-    if not z:
+    if not (z := moe_time.expected_max(ranks)):
         return []
     how = f"{ranks} independent ranks, step spread σ = {c.k.jitter * 1e3:.0f} ms: the slowest arrives {z:.2f}σ late"
     return [("slowest of N ranks", z * c.k.jitter, how)]
