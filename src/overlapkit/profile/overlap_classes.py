@@ -223,8 +223,7 @@ def _first_rule(prof: Profile, a: Activity, kind: str, lay: Layout, ranges: Rang
         return Decision("tp", f"name: {what} (TP comm overlap's ring exchange / reduce-scatter / all-gather)")
     if kind == "deepep":
         return Decision("ep", "name: DeepEP-family dispatch or combine kernel (deep_ep, hybrid_ep, dpsk::ep)")
-    cands = lay.candidates(kind)
-    if not cands:
+    if not (cands := lay.candidates(kind)):
         return Decision(NATURAL[kind], f"name: NCCL {kind}, which no parallelism of this layout issues")
     if len(cands) == 1:
         return Decision(cands[0], f"plan: only {cands[0].upper()} issues NCCL {kind} in this layout")

@@ -360,8 +360,7 @@ def run_inputs(run_dir: Path) -> tuple[list[Path], dict]:
     one reader of it), or one line saying what is missing or broken."""
     run_dir = Path(run_dir)
     plan = read_plan(run_dir)
-    dirs = [run_dir / d for d in (NSYS_DIR, TORCH_DIR) if (run_dir / d).is_dir()]
-    if not dirs:
+    if not (dirs := [run_dir / d for d in (NSYS_DIR, TORCH_DIR) if (run_dir / d).is_dir()]):
         hint = "has the job run?" if planned_window(plan.get("run")) else PROFILE_HINT
         raise ProfileError(f"RUN={run_dir}: no {NSYS_DIR}/ or {TORCH_DIR}/ directory of profiles ({hint})")
     return [f for d in dirs for f in profile_files(d)], plan
