@@ -18,15 +18,14 @@ LAYOUT = Layout(tp=1, pp=1, cp=1, vpp=None, mbs=1, gbs=1024, seq=4096, ep=16, et
 KNOBS = MoE(dispatcher="flex", backend="hybridep")
 base = bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config  # what `make new-recipe FROM=` one of these forks
 FP8_NO_EP_OVERLAP = f"NVIDIA's measured FP8 baseline runs HybridEP without the 1F1B all-to-all overlap ({SRC})"
+FP8_INTENT = OverlapIntent(off=((Overlap.EP, FP8_NO_EP_OVERLAP),))
 
 
 @register(model="Qwen3 30B-A3B", perf=SRC, env=HYBRIDEP_ENV)
 def qwen3_30b_a3b_pretrain_16gpu_h100_bf16():
-    return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config, "bf16", LAYOUT, KNOBS)
+    return moe_pretrain(base, "bf16", LAYOUT, KNOBS)
 
 
-@register(
-    model="Qwen3 30B-A3B", perf=SRC, env=HYBRIDEP_ENV, intent=OverlapIntent(off=((Overlap.EP, FP8_NO_EP_OVERLAP),))
-)
+@register(model="Qwen3 30B-A3B", perf=SRC, env=HYBRIDEP_ENV, intent=FP8_INTENT)
 def qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs():
     return moe_pretrain(bridge.qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "fp8cs", LAYOUT, KNOBS)

@@ -85,8 +85,7 @@ def is_ancestor(pid: int) -> bool:
             return True
         if current <= 1:
             return False
-        stat = proc_stat(current)
-        if stat is None or not re.fullmatch(r"[0-9]+", stat[1]):
+        if (stat := proc_stat(current)) is None or not re.fullmatch(r"[0-9]+", stat[1]):
             return False
         current = int(stat[1])
     return False

@@ -16,6 +16,7 @@ profile/torch_trace.py).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import operator
 import os
@@ -151,19 +152,15 @@ def read(path: Path) -> Profile:
     if head != SQLITE_MAGIC:
         raise ProfileError(f"{path} is not an SQLite file: give the export of `nsys export --type sqlite`")
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
             return _load(con, path)
-        finally:
-            con.close()
     except sqlite3.DatabaseError as exc:
         raise ProfileError(f"{path} is corrupt ({exc}): export the report again") from None
 
 
 def _need(con, path: Path, table: str, cols: tuple[str, ...]) -> bool:
     """Whether `table` is there; a table that is there without the columns Nsight writes is a wrong schema."""
-    have = {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
-    if not have:
+    if not (have := {row[1] for row in con.execute(f"PRAGMA table_info({table})")}):
         return False
     if missing := [c for c in cols if c not in have]:
         raise ProfileError(f"{path}: {table} lacks {', '.join(missing)}: {NOT_NSYS}")
@@ -298,7 +295,6 @@ def profile_files(target: Path, skip: tuple[str, ...] = ()) -> list[Path]:
 
 
 def load(path: Path) -> Profile:
-    """A profile of either kind: a PyTorch-profiler trace, or an Nsight export (read)."""
     if is_trace(path):
         from overlapkit.profile import torch_trace
 

@@ -156,12 +156,10 @@ class Ranges:
     KEYS = (NVTX_PP, *NVTX_CP, *NVTX_EP)
 
     def __init__(self, prof: Profile):
+        deciding = [r for r in prof.ranges if any(k in r.text for k in self.KEYS)]
         self.by_tid = defaultdict(list)
-        for r in prof.ranges:
-            if any(k in r.text for k in self.KEYS):
-                self.by_tid[r.tid].append(r)
-        for rs in self.by_tid.values():
-            rs.sort(key=lambda r: r.start)
+        for r in sorted(deciding, key=lambda r: r.start):
+            self.by_tid[r.tid].append(r)
         self.starts = {tid: [r.start for r in rs] for tid, rs in self.by_tid.items()}
         self.longest = {tid: max(r.end - r.start for r in rs) for tid, rs in self.by_tid.items()}
         self.megatron = any(NVTX_PP in r.text for r in prof.ranges)
@@ -225,8 +223,7 @@ def _first_rule(prof: Profile, a: Activity, kind: str, lay: Layout, ranges: Rang
         return Decision("tp", f"name: {what} (TP comm overlap's ring exchange / reduce-scatter / all-gather)")
     if kind == "deepep":
         return Decision("ep", "name: DeepEP-family dispatch or combine kernel (deep_ep, hybrid_ep, dpsk::ep)")
-    cands = lay.candidates(kind)
-    if not cands:
+    if not (cands := lay.candidates(kind)):
         return Decision(NATURAL[kind], f"name: NCCL {kind}, which no parallelism of this layout issues")
     if len(cands) == 1:
         return Decision(cands[0], f"plan: only {cands[0].upper()} issues NCCL {kind} in this layout")

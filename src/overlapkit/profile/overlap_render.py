@@ -124,8 +124,7 @@ def draw(t, out: Path) -> Path:
     for cls in classes:  # one lane per class: the exposed part of its communication, hatched
         if spans := t.exposed.get(cls):
             bars = [((s - lo) * to_ms, (e - s) * to_ms) for s, e in spans]
-            y = len(names)
-            ax.broken_barh(bars, (y - 0.4, 0.8), color=COLORS[cls], hatch="//", edgecolor="red")
+            ax.broken_barh(bars, (len(names) - 0.4, 0.8), color=COLORS[cls], hatch="//", edgecolor="red")
             names.append(f"{cls} exposed")
     ax.set_yticks(range(len(names)), names)
     where = f"step {t.step} of {t.steps}, the most exposed" if t.source != "window" else "the window"

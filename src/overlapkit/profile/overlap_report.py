@@ -30,19 +30,14 @@ from overlapkit.spec.runopts import NSYS_DIR, OVERLAP_JSON, TORCH_DIR, planned_w
 def union(intervals) -> list[tuple[int, int]]:
     """Sorted, disjoint, non-touching intervals covering exactly the given half-open [start, end) ns ones."""
     out: list[tuple[int, int]] = []
-    cur_s = cur_e = None
     for s, e in sorted(intervals):
         if e <= s:
             continue
-        if cur_e is not None and s <= cur_e:
-            if e > cur_e:
-                cur_e = e
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
         else:
-            if cur_e is not None:
-                out.append((cur_s, cur_e))
-            cur_s, cur_e = s, e
-    if cur_e is not None:
-        out.append((cur_s, cur_e))
+            out.append((s, e))
     return out
 
 
@@ -117,13 +112,10 @@ def steps_of(prof: Profile, device: int) -> tuple[str, list[tuple[int, int]]]:
             cur, ts, te, fs, ls = tid, starts.get(tid), ends.get(tid), first.get(tid), last.get(tid)
         if ts is None or (i := right(ts, t) - 1) < 0 or te[i] < t:
             continue
-        if (f := fs[i]) is None:
-            fs[i], ls[i] = a[0], a[1]
-        else:
-            if a[0] < f:
-                fs[i] = a[0]
-            if a[1] > ls[i]:
-                ls[i] = a[1]
+        if (f := fs[i]) is None or a[0] < f:
+            fs[i] = a[0]
+        if (e := ls[i]) is None or a[1] > e:
+            ls[i] = a[1]
     spans = sorted((f, e) for tid in first for f, e in zip(first[tid], last[tid], strict=True) if f is not None)
     if spans:
         # A step's tail (its last grad reduce-scatter) may still run when the next step's first kernels start: the
@@ -198,18 +190,18 @@ def measure(paths: list[Path], plan: dict) -> Measured:
                 )
             files[label] = path
             drawn = m.timeline is None or _order(label) < _order(m.timeline.rank)
-            trace, lanes = _device_trace(label, prof, dev, decisions, m, lanes=drawn)
+            trace, streams, exposed = _device_trace(label, prof, dev, decisions, m, lanes=drawn)
             m.traces.append(trace)
             if drawn:
-                m.timeline = _timeline(trace, lanes)
+                m.timeline = _timeline(trace, streams, exposed)
         del prof, decisions
     m.traces.sort(key=lambda t: _order(t.rank))
     return m
 
 
-def _device_trace(label, prof, dev, decisions, m: Measured, lanes: bool = True) -> tuple[DeviceTrace, dict]:
-    """The device's trace measured, and (`lanes`: for the timeline) its raw intervals per stream and class. The one
-    pass over every activity of the profile that the figures need: kept to a few operations per activity."""
+def _device_trace(label, prof, dev, decisions, m: Measured, lanes: bool = True) -> tuple[DeviceTrace, dict, dict]:
+    """The device's trace measured, its raw intervals per stream and class (`lanes`: for the timeline) and its exposed
+    ones per class. The one pass over every activity of the profile that the figures need: a few operations each."""
     compute, comm, kernels = [], defaultdict(list), Counter()
     streams: dict = defaultdict(lambda: defaultdict(list))
     comm_like: dict[str, bool] = {}  # each distinct name searched once: a profile repeats each thousands of times
@@ -248,15 +240,14 @@ def _device_trace(label, prof, dev, decisions, m: Measured, lanes: bool = True) 
             fig[cls] = (c, e)
         comm[cls] = exposed  # what the timeline marks
     gpu = prof.gpus[0] if prof.gpus else None
-    trace = DeviceTrace(label, prof.path.name, dev, gpu, kernels, source, steps, figures)
-    return trace, {"streams": streams, "exposed": comm}
+    return DeviceTrace(label, prof.path.name, dev, gpu, kernels, source, steps, figures), streams, comm
 
 
 MAX_LANES = 24  # streams drawn one lane each; the rest share one
 PIXELS = 2000  # the figure is 990 px wide (11 in at 90 dpi): a gap under 1/2000 of the step cannot be seen
 
 
-def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
+def _timeline(trace: DeviceTrace, streams: dict, exposed: dict) -> Timeline:
     """What to draw of `trace`: its profiled step with the most exposed communication (the first of equals)."""
     worst = [sum(e for _, e in fig.values()) for fig in trace.figures]
     step = worst.index(max(worst))
@@ -268,7 +259,7 @@ def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
         inside = union([iv for iv in intervals if iv[1] > lo and iv[0] < hi])
         return coarse([(max(s, lo), min(e, hi)) for s, e in inside], gap)
 
-    per_stream = {st: {c: drawn(ivs) for c, ivs in by_cls.items()} for st, by_cls in raw["streams"].items()}
+    per_stream = {st: {c: drawn(ivs) for c, ivs in by_cls.items()} for st, by_cls in streams.items()}
     per_stream = {st: {c: ivs for c, ivs in d.items() if ivs} for st, d in per_stream.items()}
     load = {st: sum(length(v) for v in d.values()) for st, d in per_stream.items() if d}
     busy = sorted(load, key=lambda st: -load[st])
@@ -279,7 +270,7 @@ def _timeline(trace: DeviceTrace, raw: dict) -> Timeline:
             for c, ivs in per_stream[st].items():
                 merged[c] += ivs
         lanes.append((f"{len(rest)} other streams", {c: coarse(union(v), gap) for c, v in merged.items()}))
-    exposed = {c: drawn(ivs) for c, ivs in raw["exposed"].items()}
+    exposed = {c: drawn(ivs) for c, ivs in exposed.items()}
     return Timeline(trace.rank, step, len(trace.steps), trace.step_source, (lo, hi), lanes, exposed)
 
 
@@ -369,8 +360,7 @@ def run_inputs(run_dir: Path) -> tuple[list[Path], dict]:
     one reader of it), or one line saying what is missing or broken."""
     run_dir = Path(run_dir)
     plan = read_plan(run_dir)
-    dirs = [run_dir / d for d in (NSYS_DIR, TORCH_DIR) if (run_dir / d).is_dir()]
-    if not dirs:
+    if not (dirs := [run_dir / d for d in (NSYS_DIR, TORCH_DIR) if (run_dir / d).is_dir()]):
         hint = "has the job run?" if planned_window(plan.get("run")) else PROFILE_HINT
         raise ProfileError(f"RUN={run_dir}: no {NSYS_DIR}/ or {TORCH_DIR}/ directory of profiles ({hint})")
     return [f for d in dirs for f in profile_files(d)], plan

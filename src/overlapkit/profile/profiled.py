@@ -59,8 +59,7 @@ def report_base(run_dir: Path, rank: int) -> Path:
 def exports(run_dir: Path, ranks, where: str = NSYS_DIR) -> list[Path]:
     """Each profiled rank's file the report reads: nsys/rank<R>.sqlite, or torch_profile/rank-<R>.json.gz (Bridge's
     name for its trace)."""
-    d = Path(run_dir) / where
-    return [d / (f"rank{r}.sqlite" if where == NSYS_DIR else f"rank-{r}.json.gz") for r in ranks]
+    return [Path(run_dir) / where / (f"rank{r}.sqlite" if where == NSYS_DIR else f"rank-{r}.json.gz") for r in ranks]
 
 
 def profiles_rank(run_dir: Path, plan: dict, rank: int | None) -> bool:
@@ -135,10 +134,8 @@ def _say(text: str) -> None:
 def run_profiled(run_dir: Path, rank: int, plan: dict, program: list[str]) -> int:
     """This rank's training under nsys (`program`: the entry again), then its export; the first profiled rank then
     writes the overlap report and every other rank waits for it. Returns the training's exit status."""
-    nsys = shutil.which("nsys")
-    if nsys is None:
-        host = socket.gethostname()
-        _say(f"error: NSYS profiles rank {rank}, but nsys is not on the PATH on {host}: {NSYS_FIX}")
+    if (nsys := shutil.which("nsys")) is None:
+        _say(f"error: NSYS profiles rank {rank}, but nsys is not on the PATH on {socket.gethostname()}: {NSYS_FIX}")
         return 1
     (Path(run_dir) / NSYS_DIR).mkdir(parents=True, exist_ok=True)
     ranks = plan["run"]["nsys"]["ranks"]

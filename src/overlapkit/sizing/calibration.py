@@ -116,9 +116,7 @@ FITTED_ON = {
 
 
 def fit(
-    predict: Callable[[Constants], dict[str, float]],
-    published: dict[str, float],
-    start: Constants = FITTED,
+    predict: Callable[[Constants], dict[str, float]], published: dict[str, float], start: Constants = FITTED
 ) -> Constants:
     """The constants that minimise Σ log(predicted/published)² over the rows of `published` (tokens/s/GPU by key),
     each within BOUNDS: scipy's bounded least squares (trust-region reflective) on the constants scaled to their
@@ -148,8 +146,7 @@ def fit_free(
     lo = [BOUNDS[n][0] / s for n, s in zip(free, scale, strict=True)]
     hi = [BOUNDS[n][1] / s for n, s in zip(free, scale, strict=True)]
     x0 = [min(max(getattr(base, n) / s, a), b) for n, s, a, b in zip(free, scale, lo, hi, strict=True)]
-    result = least_squares(residuals, x0, bounds=(lo, hi), xtol=1e-10, ftol=1e-10, diff_step=1e-4)
-    return of(result.x)
+    return of(least_squares(residuals, x0, bounds=(lo, hi), xtol=1e-10, ftol=1e-10, diff_step=1e-4).x)
 
 
 def rounded(k: Constants) -> Constants:

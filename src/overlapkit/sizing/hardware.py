@@ -52,7 +52,6 @@ def parse_gpu(text: str | None) -> str:
 
 
 def hardware(gpu: str | None) -> Hardware:
-    """The Hardware row of `gpu` (as GPU= takes it: case-insensitive, empty the default); GpuError otherwise."""
     return HARDWARE[parse_gpu(gpu)]
 
 

@@ -65,8 +65,7 @@ def not_modelled(m, train) -> list[Knob]:
             why += "runs force it"
             out.append(Knob("model.moe_router_force_load_balancing=False", "slower", why))
     if m.recompute_granularity == "selective":
-        mods = sorted(set(m.recompute_modules or ["core_attn"]) - PRICED_RECOMPUTE)
-        if mods:
+        if mods := sorted(set(m.recompute_modules or ["core_attn"]) - PRICED_RECOMPUTE):
             why = "their forward re-runs in the backward; not priced"
             out.append(Knob(f"model.recompute_modules={mods}", "slower", why))
     if getattr(train, "manual_gc", False):

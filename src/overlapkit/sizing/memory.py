@@ -314,11 +314,10 @@ def estimate_workload(w: Workload, gpu: str = DEFAULT_GPU, hbm_gb: float | None 
         "comm_buffers": f"{len(UB_BUFFERS)} userbuffers of {tokens}×{w.hidden}" if ub else "no TP overlap",
         "reserve": "CUDA context, NCCL communicators, cuBLAS/TE workspaces",
     }
-    dense = params - experts
     return MemoryEstimate(
         weights_gb=((layer_params * wbytes + emb * 2) / w.tp + experts * wbytes) / GB if fp8 else params * 2 / GB,
         grads_gb=params * gbytes / GB,
-        optimizer_gb=(dense * 12 / shard + experts * 12 / eshard) / GB,
+        optimizer_gb=((params - experts) * 12 / shard + experts * 12 / eshard) / GB,
         activations_gb=act / GB,
         logits_gb=logits / GB,
         comm_buffers_gb=ub / GB,

@@ -38,11 +38,10 @@ def mlp_terms(w, lin: int) -> dict[str, float]:
     """The MLP's stored tensors per layer, averaged over dense and MoE layers, in (tokens·h) units."""
     h, k = w.hidden, w.topk
     share = w.moe_layers / w.layers
-    dense = 1 - share
     f, ef, sf = w.ffn / h, w.moe_ffn / h, w.shared_ffn / h
     act = 4 if w.gated else 2
     mods = w.recompute_modules
-    d = 0 if "mlp" in mods else dense  # dense MLPs recomputed
+    d = 0 if "mlp" in mods else 1 - share  # dense MLPs recomputed
     e = 0 if "moe_act" in mods else 1  # expert activations recomputed
     return {
         "FC1 input": 0 if "layernorm" in mods else lin,  # the pre-MLP norm's output: router, shared experts, dense FC1

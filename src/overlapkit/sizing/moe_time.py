@@ -46,8 +46,7 @@ class Moe:
 
     @classmethod
     def of_model(cls, m) -> Moe:
-        experts = getattr(m, "num_moe_experts", None) or 0
-        if not experts:
+        if not (experts := getattr(m, "num_moe_experts", None) or 0):
             return cls()
         freq = getattr(m, "moe_layer_freq", 1)
         pattern = freq if isinstance(freq, list) else [int(i % (freq or 1) == 0) for i in range(m.num_layers)]

@@ -105,8 +105,7 @@ class Prediction:
     def summary(self) -> str:
         """Two lines: the prediction, then its band and the constants it used."""
         band = "no band"
-        if self.band:
-            b = self.band
+        if b := self.band:
             band = (
                 f"band {self.step_s * (1 + b.low):.2f}–{self.step_s * (1 + b.high):.2f} s/step (leave-one-out "
                 f"{b.low:+.0%}…{b.high:+.0%} on {b.of})"
@@ -321,10 +320,8 @@ def straggler_terms(c: _Ctx) -> list:
     norm): each rank's step varies by `jitter` of a microbatch, independently per microbatch (σ·√m over the step),
     and the step ends when the slowest of the independent ranks (TP and CP ranks move in lockstep) arrives: the
     expected maximum of N normal draws (moe_time.expected_max, ≈ √(2 ln N)), so it grows with the world."""
-    w = c.w
-    ranks = c.gpus // (w.tp * w.cp)
-    z = moe_time.expected_max(ranks)
-    if not z:
+    ranks = c.gpus // (c.w.tp * c.w.cp)
+    if not (z := moe_time.expected_max(ranks)):
         return []
     how = f"{ranks} independent ranks, step spread σ = {c.k.jitter * 1e3:.0f} ms: the slowest arrives {z:.2f}σ late"
     return [("slowest of N ranks", z * c.k.jitter, how)]

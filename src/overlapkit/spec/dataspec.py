@@ -20,8 +20,7 @@ _SHARE = re.compile(r"\s*\d+(\.\d*)?\s*", re.ASCII)  # a non-negative number in 
 
 def _weight(w, info: ValidationInfo) -> float:
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
-        prefix = info.data.get("prefix")
-        raise ValueError(f"weight {w!r} of {prefix}: weights must be positive numbers below infinity")
+        raise ValueError(f"weight {w!r} of {info.data.get('prefix')}: weights must be positive numbers below infinity")
     return float(w)
 
 

@@ -155,10 +155,7 @@ PROFILERS = {"nsys": ("NSYS", NSYS_DIR), "torch_profile": ("TORCH_PROFILE", TORC
 def planned_window(run: dict | None) -> tuple[str, dict] | None:
     """A plan's profiled window, whichever profiler: (its key in PROFILERS, {"steps": [start, end], "ranks": [...]}),
     or None for a run that profiles nothing."""
-    for key in PROFILERS:
-        if (run or {}).get(key):
-            return key, run[key]
-    return None
+    return next(((key, run[key]) for key in PROFILERS if (run or {}).get(key)), None)
 
 
 def perturbed_iterations(window: tuple[int, int] | None, profiler: str = "nsys") -> range:

@@ -22,10 +22,8 @@ DEFAULT_GPU = "h100"  # what every recipe was written and published for (its nam
 def env_int(*names: str, environ=os.environ) -> int | None:
     """Which rank this process is, and of how many: the first of `names` set to a whole number (Slurm's variable,
     then torchrun's), else None."""
-    for n in names:
-        if re.fullmatch(r"[0-9]{1,9}", environ.get(n, "")):  # ASCII: "²".isdigit() holds, int("²") fails
-            return int(environ[n])
-    return None
+    # ASCII digits: "²".isdigit() holds, int("²") fails
+    return next((int(environ[n]) for n in names if re.fullmatch(r"[0-9]{1,9}", environ.get(n, ""))), None)
 
 
 class LayoutError(BadInput):
