@@ -30,14 +30,19 @@ from overlapkit.spec.runopts import NSYS_DIR, OVERLAP_JSON, TORCH_DIR, planned_w
 def union(intervals) -> list[tuple[int, int]]:
     """Sorted, disjoint, non-touching intervals covering exactly the given half-open [start, end) ns ones."""
     out: list[tuple[int, int]] = []
+    cur_s = cur_e = None
     for s, e in sorted(intervals):
         if e <= s:
             continue
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], e)
+        if cur_e is not None and s <= cur_e:
+            if e > cur_e:
+                cur_e = e
         else:
-            out.append((s, e))
+            if cur_e is not None:
+                out.append((cur_s, cur_e))
+            cur_s, cur_e = s, e
+    if cur_e is not None:
+        out.append((cur_s, cur_e))
     return out
 
 
