@@ -19,13 +19,14 @@ from overlapkit.bridge.request import loose
 from overlapkit.errors import BadInput
 from overlapkit.names import inside
 from overlapkit.sizing import calibration, hardware, knobs, memory, throughput, worth
+from overlapkit.sizing.memory import Workload
 from overlapkit.spec import request
 from overlapkit.spec.findings import Finding
 from overlapkit.spec.overlap import OverlapIntent
 from overlapkit.spec.request import Cluster, PlanRequest
 from overlapkit.spec.runopts import OVERRIDES, RunOptions
 from overlapkit.spec.shape import ModelShape, dtype_of
-from overlapkit.spec.topology import Target, expert_data_parallel_size
+from overlapkit.spec.topology import Target, data_parallel_size, expert_data_parallel_size
 
 
 class PlanError(BadInput):
@@ -210,7 +211,7 @@ def audited(b: Built, caller_env=None) -> Audited:
 def sized(a: Audited) -> Sized:
     """The memory per GPU; the step predicted with the calibration of the request's cluster where make calibrate
     wrote one (else the published constants), and what each overlap is worth."""
-    est = memory.estimate(a.cfg, a.target)
+    est = memory.estimate_workload(workload_of(a.cfg, a.target), a.target.gpu)
     cal = calibration.for_cluster(a.request.cluster.name if a.request.cluster else None)
     model_in = prediction_inputs(a, cal)  # gathered once: the prediction and each overlap's worth read the same
     pred = model_in.predict()
@@ -238,6 +239,46 @@ def memory_findings(est: memory.MemoryEstimate) -> list[Finding]:
     return [Finding("warning", "memory_tight", f"{est.summary()}: one allocator spike from an OOM; {MEMORY_FIX}")]
 
 
+def workload_of(cfg, target: Target) -> Workload:
+    """The Workload a Bridge ConfigContainer describes on `target` (DP from topology.data_parallel_size)."""
+    m, mp, comm = cfg.model, cfg.mixed_precision, cfg.comm_overlap
+    real_mp = mp is not None and not isinstance(mp, str)
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    # Decoder layers in each model chunk of pipeline rank 0 when the recipe gives an explicit layout (DeepSeek-V3's
+    # `Et|(tt|)*30mL`), parsed by Megatron Core's own PipelineParallelLayerLayout; None for an even split.
+    first_chunks = None
+    if m.pipeline_model_parallel_layout is not None and pp > 1:
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+        stages = PipelineParallelLayerLayout(m.pipeline_model_parallel_layout, pp).layout[0]
+        first_chunks = tuple(sum(getattr(x, "name", x) == "decoder" for x in chunk) for chunk in stages)
+    return Workload(
+        ModelShape.of(cfg),
+        tp=tp,
+        pp=pp,
+        vpp=m.virtual_pipeline_model_parallel_size,
+        cp=m.context_parallel_size or 1,
+        dp=data_parallel_size(cfg, target.world_size),
+        mbs=cfg.train.micro_batch_size,
+        gbs=cfg.train.global_batch_size,
+        sequence_parallel=bool(m.sequence_parallel or tp == 1),
+        tp_overlap=bool(comm is not None and comm.tp_comm_overlap and tp > 1 and target.te_available),  # else no UB
+        fp8_param_gather=bool(real_mp and mp.fp8_param_gather),
+        grad_fp32=bool(mp.grad_reduce_in_fp32 if real_mp else cfg.ddp.grad_reduce_in_fp32),  # mp overwrites ddp
+        distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer),
+        recompute=m.recompute_granularity,
+        recompute_method=m.recompute_method,
+        recompute_num_layers=m.recompute_num_layers,
+        mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None),
+        ep=m.expert_model_parallel_size or 1,
+        etp=m.expert_tensor_parallel_size or 1,
+        expert_dp=expert_data_parallel_size(m, target.world_size),
+        recompute_modules=tuple(m.recompute_modules or ()) if m.recompute_granularity == "selective" else (),
+        first_chunks=first_chunks,
+        fp8_recipe=(mp.fp8_recipe if real_mp and mp.fp8 else None) or "tensorwise",
+    )
+
+
 def prediction_inputs(plan: Audited, cal: calibration.Calibration = calibration.PUBLISHED) -> throughput.Inputs:
     """What the throughput model reads of the plan (model_inputs), with the calibration `cal`."""
     return model_inputs(plan.cfg, plan.resolved, plan.report.rows, plan.target, cal)
@@ -251,7 +292,7 @@ def model_inputs(cfg, res: Resolved, rows, target: Target, cal: calibration.Cali
         states, ep_default=bool(getattr(res.model, "overlap_moe_expert_parallel_comm", False))
     )
     return throughput.Inputs(
-        memory.workload_of(cfg, target),
+        workload_of(cfg, target),
         flops.flops_of_config(cfg),
         overlaps,
         throughput.Moe.of_model(cfg.model),

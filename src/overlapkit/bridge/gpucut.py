@@ -19,6 +19,7 @@ import importlib
 from dataclasses import dataclass
 
 from overlapkit.bridge import registry
+from overlapkit.bridge.build import workload_of
 from overlapkit.sizing import memory
 from overlapkit.spec.topology import DEFAULT_GPU, Layout, Target
 
@@ -126,7 +127,7 @@ def build(key: str, side: str, iters: int = ITERS):
 
 def estimate(cfg, gpu: str = DEFAULT_GPU, hbm_gb: float | None = None) -> memory.MemoryEstimate:
     """Memory estimate of a cut config on one GPU (unfused attention, native cross entropy, no userbuffers)."""
-    w = memory.workload_of(cfg, Target(nodes=1, gpus_per_node=1, te_available=False))  # no TE: no userbuffers
+    w = workload_of(cfg, Target(nodes=1, gpus_per_node=1, te_available=False))  # no TE: no userbuffers
     w = dataclasses.replace(w, attention="unfused", fused_cross_entropy=False)
     return memory.estimate_workload(w, gpu, hbm_gb)
 

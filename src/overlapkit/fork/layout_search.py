@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from overlapkit.bridge import presets, stack
 from overlapkit.bridge.audit import audit, split_violations
-from overlapkit.bridge.build import model_inputs
+from overlapkit.bridge.build import model_inputs, workload_of
 from overlapkit.bridge.moe import expert_split_violations
 from overlapkit.bridge.overlap import resolve
 from overlapkit.errors import BadInput
@@ -247,7 +247,7 @@ def search(recipe: Recipe, gpus: int, *, gbs: int, fixed: dict | None = None, to
                 preset = presets.DEFAULT_TP_CONFIG
         layout = Layout(tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs, seq=s.seq, ep=ep, etp=1 if s.is_moe else None)
         cfg, intent, target = recipe.at(layout, preset, gpus)
-        w = memory.workload_of(cfg, target)
+        w = workload_of(cfg, target)
         est = memory.estimate_workload(w, target.gpu)  # memory.estimate of the config, its workload read once
         c = Candidate(tp, pp, vpp, cp, w.dp, mbs, gbs, preset, est, ep=ep, layout=layout, workload=w)
         if est.fits:

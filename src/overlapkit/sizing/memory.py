@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from overlapkit.sizing import moe_memory
 from overlapkit.sizing.hardware import HARDWARE
 from overlapkit.spec.shape import ModelShape
-from overlapkit.spec.topology import DEFAULT_GPU, Target, data_parallel_size, expert_data_parallel_size
+from overlapkit.spec.topology import DEFAULT_GPU
 
 GB = 2**30
 MARGIN_GB = 4.0  # allocator fragmentation: about 5% of the card
@@ -159,46 +159,6 @@ class MemoryEstimate:
             f"memory (first pipeline stage, per GPU): {self.total_gb:.1f} GB of {self.budget_gb:.1f} GB budget "
             f"({self.gpu.upper()} {self.hbm_gb:.1f} GB − {self.margin_gb:.0f} GB margin): {self.verdict}"
         )
-
-
-def workload_of(cfg, target: Target) -> Workload:
-    """The Workload a Bridge ConfigContainer describes on `target` (DP from topology.data_parallel_size)."""
-    m, mp, comm = cfg.model, cfg.mixed_precision, cfg.comm_overlap
-    real_mp = mp is not None and not isinstance(mp, str)
-    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    # Decoder layers in each model chunk of pipeline rank 0 when the recipe gives an explicit layout (DeepSeek-V3's
-    # `Et|(tt|)*30mL`), parsed by Megatron Core's own PipelineParallelLayerLayout; None for an even split.
-    first_chunks = None
-    if m.pipeline_model_parallel_layout is not None and pp > 1:
-        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
-
-        stages = PipelineParallelLayerLayout(m.pipeline_model_parallel_layout, pp).layout[0]
-        first_chunks = tuple(sum(getattr(x, "name", x) == "decoder" for x in chunk) for chunk in stages)
-    return Workload(
-        ModelShape.of(cfg),
-        tp=tp,
-        pp=pp,
-        vpp=m.virtual_pipeline_model_parallel_size,
-        cp=m.context_parallel_size or 1,
-        dp=data_parallel_size(cfg, target.world_size),
-        mbs=cfg.train.micro_batch_size,
-        gbs=cfg.train.global_batch_size,
-        sequence_parallel=bool(m.sequence_parallel or tp == 1),
-        tp_overlap=bool(comm is not None and comm.tp_comm_overlap and tp > 1 and target.te_available),  # else no UB
-        fp8_param_gather=bool(real_mp and mp.fp8_param_gather),
-        grad_fp32=bool(mp.grad_reduce_in_fp32 if real_mp else cfg.ddp.grad_reduce_in_fp32),  # mp overwrites ddp
-        distributed_optimizer=bool(cfg.ddp.use_distributed_optimizer),
-        recompute=m.recompute_granularity,
-        recompute_method=m.recompute_method,
-        recompute_num_layers=m.recompute_num_layers,
-        mb_group=getattr(m, "microbatch_group_size_per_vp_stage", None),
-        ep=m.expert_model_parallel_size or 1,
-        etp=m.expert_tensor_parallel_size or 1,
-        expert_dp=expert_data_parallel_size(m, target.world_size),
-        recompute_modules=tuple(m.recompute_modules or ()) if m.recompute_granularity == "selective" else (),
-        first_chunks=first_chunks,
-        fp8_recipe=(mp.fp8_recipe if real_mp and mp.fp8 else None) or "tensorwise",
-    )
 
 
 def first_stage_layers(w: Workload) -> tuple[int, int]:
@@ -328,8 +288,3 @@ def estimate_workload(w: Workload, gpu: str = DEFAULT_GPU, hbm_gb: float | None 
         notes=notes,
         gpu=gpu,
     )
-
-
-def estimate(cfg, target: Target) -> MemoryEstimate:
-    """Per-GPU peak memory of recipe config `cfg` on `target` (see the module docstring for every term)."""
-    return estimate_workload(workload_of(cfg, target), target.gpu)

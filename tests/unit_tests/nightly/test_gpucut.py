@@ -20,6 +20,7 @@ from nightly_fixtures import bridge_log, curve
 
 from overlapkit import paths
 from overlapkit.bridge import gpucut
+from overlapkit.bridge.build import workload_of
 from overlapkit.sizing import memory
 from overlapkit.spec.shape import ModelShape, dtype_of
 from overlapkit.spec.topology import Target
@@ -98,7 +99,7 @@ def test_estimates_gate_the_card():
     assert gpucut.estimate(gpucut.build("llama31_405b", "ours"), "h200").fits
     assert not gpucut.estimate(gpucut.build("llama3_8b", "ours"), "h100", hbm_gb=24.0).fits  # measured card wins
     # Unfused attention is what makes the cut's activations large: the same cut with flash attention is smaller.
-    w = memory.workload_of(gpucut.build("llama3_70b", "ours"), Target(nodes=1, gpus_per_node=1))
+    w = workload_of(gpucut.build("llama3_70b", "ours"), Target(nodes=1, gpus_per_node=1))
     flash, unfused = (memory.estimate_workload(dataclasses.replace(w, attention=a)) for a in ("flash", "unfused"))
     assert unfused.activations_gb > 2 * flash.activations_gb
 

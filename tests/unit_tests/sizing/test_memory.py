@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from overlapkit.bridge import registry
+from overlapkit.bridge.build import workload_of
 from overlapkit.sizing.memory import (
     GB,
     UB_BUFFERS,
     Workload,
     activation_bytes,
-    estimate,
     estimate_workload,
     in_flight_chunks,
     layer_activation_bytes,
@@ -23,6 +23,11 @@ from overlapkit.spec.shape import ModelShape
 from overlapkit.spec.topology import Target
 
 _SHAPE_FIELDS = {f.name for f in fields(ModelShape)}
+
+
+def estimate(cfg, target: Target):
+    """A recipe config's estimate as make plan takes it (bridge/build.py sized): its workload on `target`."""
+    return estimate_workload(workload_of(cfg, target), target.gpu)
 
 
 def w_(base: Workload, **changes) -> Workload:

@@ -11,9 +11,9 @@ import re
 import pytest
 
 from overlapkit.bridge import flops, published
-from overlapkit.bridge.build import make_plan, prediction_inputs
+from overlapkit.bridge.build import make_plan, prediction_inputs, workload_of
 from overlapkit.bridge.registry import get, names
-from overlapkit.sizing import calibration, memory, throughput
+from overlapkit.sizing import calibration, throughput
 from overlapkit.spec.topology import Layout, Target
 
 R70 = "llama3_70b_pretrain_64gpu_h100_bf16"
@@ -200,7 +200,7 @@ def test_moe_fields_bring_the_ep_all_to_all_hidden_only_when_its_overlap_is_on()
     cfg = get(R70).build()
     cfg.model.num_moe_experts, cfg.model.moe_router_topk, cfg.model.expert_model_parallel_size = 8, 2, 2
     target = Target(nodes=8)
-    w, moe = memory.workload_of(cfg, target), throughput.Moe.of_model(cfg.model)
+    w, moe = workload_of(cfg, target), throughput.Moe.of_model(cfg.model)
     assert (moe.experts, moe.topk, moe.ep, moe.layers) == (8, 2, 2, 80)
     f = flops.flops_of_config(cfg)
     dense = flops.flops_of_config(get(R70).build())
