@@ -123,7 +123,7 @@ def imports_only() -> int:
 
     try:
         stack.import_bridge()
-        problem = preflight.training_import_problem()
+        problem = stack.training_import_problem()
     except Exception as exc:  # whatever stops Bridge's import in this Python (a missing module, a mismatched one)
         problem = f"cannot import megatron.bridge: {preflight.missing(exc)}"
     print(f"imports: {problem}" if problem else preflight.IMPORTS_OK)
@@ -173,7 +173,9 @@ def main(argv=None) -> int:
     if args.preflight_only:
         return 0
     cfg = (rebuilt or rebuild(args)).cfg  # first: rebuild imports Bridge (TE shim, offline)
-    forward_step, pretrain = preflight.training_entry()
+    from overlapkit.bridge import stack
+
+    forward_step, pretrain = stack.training_entry()
 
     if args.ckpt_step is not None:  # the resume guard's fallback: the tracker's iteration is incomplete
         cfg.checkpoint.ckpt_step = args.ckpt_step

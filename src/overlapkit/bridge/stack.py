@@ -7,11 +7,13 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import sys
 import warnings
 from functools import cache
 
 from overlapkit import paths
 from overlapkit.bridge import te_stub
+from overlapkit.cluster import preflight
 
 # Exact pins; a drifted install fails tests/unit_tests/test_stack.py and is a warning line under `make plan`'s header
 # (bridge/report.py render_plan: the plan stands, its numbers may not).
@@ -83,3 +85,28 @@ def version_drift() -> list[str]:
         for name, want in PINNED.items()
         if have.get(name) != want
     ]
+
+
+# What a rank imports to train once its preflight passed (launch/entry.py), in the order it imports them: Bridge's
+# forward step and pretrain, whose module imports nvidia-resiliency-ext unguarded (Bridge 0.6.2,
+# megatron/bridge/training/pretrain.py), a package the project's CPU environment leaves out (pyproject.toml).
+TRAINING_MODULES = ("megatron.bridge.training.gpt_step", "megatron.bridge.training.pretrain")
+
+
+def training_entry():
+    """(forward_step, pretrain): what a rank trains with, imported the one way the job imports them."""
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    return forward_step, pretrain
+
+
+def training_import_problem() -> str | None:
+    """Why this Python cannot import what a rank trains with (the module it stops on, and why), else None. Bridge must
+    be imported first, as in the job (import_bridge)."""
+    try:
+        training_entry()
+    except Exception as exc:  # a module missing, or one whose import fails (a mismatched version): either stops it
+        failed = next((m for m in TRAINING_MODULES if m not in sys.modules), TRAINING_MODULES[-1])
+        return f"cannot import {failed}: {preflight.missing(exc)}"
+    return None

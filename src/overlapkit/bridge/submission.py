@@ -50,7 +50,13 @@ def submission(
     refuses, then write the run directory (`dry`: a dry run's, under the checkout's runs/)."""
     plan = plan_for(dataclasses.replace(req, cluster=profile.resolved(laid_out=True)), caller_env=caller_env)
     where = submit.accepted(
-        plan, profile, preflight_only=preflight_only, caller_env=caller_env, check_partition=check_partition, dry=dry
+        plan,
+        profile,
+        preflight_only=preflight_only,
+        caller_env=caller_env,
+        check_partition=check_partition,
+        dry=dry,
+        imports=stack.training_import_problem,
     )
     run_dir = write_run_dir(plan, names.inside(where.job_path, "runs"))
     plugins = functools.partial(plugins_for, plan)  # made where a job is: nemo_run is imported only there

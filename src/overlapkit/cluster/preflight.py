@@ -106,30 +106,7 @@ def summary(plan: dict, rec: dict, ranks: list[dict], rebuilt, checks: str) -> d
     }
 
 
-# What a rank imports to train once its preflight passed (launch/entry.py), in the order it imports them: Bridge's
-# forward step and pretrain, whose module imports nvidia-resiliency-ext unguarded (Bridge 0.6.2,
-# megatron/bridge/training/pretrain.py), a package the project's CPU environment leaves out (pyproject.toml).
-TRAINING_MODULES = ("megatron.bridge.training.gpt_step", "megatron.bridge.training.pretrain")
-IMPORTS_OK = "imports: OK"
-
-
-def training_entry():
-    """(forward_step, pretrain): what a rank trains with, imported the one way the job imports them."""
-    from megatron.bridge.training.gpt_step import forward_step
-    from megatron.bridge.training.pretrain import pretrain
-
-    return forward_step, pretrain
-
-
-def training_import_problem() -> str | None:
-    """Why this Python cannot import what a rank trains with (the module it stops on, and why), else None. Bridge must
-    be imported first, as in the job (stack.import_bridge)."""
-    try:
-        training_entry()
-    except Exception as exc:  # a module missing, or one whose import fails (a mismatched version): either stops it
-        failed = next((m for m in TRAINING_MODULES if m not in sys.modules), TRAINING_MODULES[-1])
-        return f"cannot import {failed}: {missing(exc)}"
-    return None
+IMPORTS_OK = "imports: OK"  # what launch/entry.py --imports-only prints when the training imports load
 
 
 def missing(exc: Exception) -> str:

@@ -127,9 +127,12 @@ def preflight_mode(text: str) -> tuple[bool, str]:
     return pre in ("1", "env", "full"), "env" if pre == "env" else "full"
 
 
-def accepted(plan, profile: ClusterProfile, *, preflight_only, caller_env, check_partition, dry) -> ClusterProfile:
+def accepted(
+    plan, profile: ClusterProfile, *, preflight_only, caller_env, check_partition, dry, imports
+) -> ClusterProfile:
     """The planned request refused on audit errors and, for a real submission (`check_partition`), on what it would
-    refuse before anything is queued; returns the profile the run directory goes under (`dry`: under runs/)."""
+    refuse before anything is queued; returns the profile the run directory goes under (`dry`: under runs/).
+    `imports`: this Python's training imports checked in process (software_problem)."""
     if not plan.report.ok:
         first = plan.report.errors[0]
         raise AuditFailed(f"audit failed ({len(plan.report.errors)} error(s)), nothing submitted: {first.message}")
@@ -138,13 +141,13 @@ def accepted(plan, profile: ClusterProfile, *, preflight_only, caller_env, check
     if check_partition:
         limit = profile.time_limit or plan.recipe.time_limit
         why = unready(profile, plan.target.nodes, limit, caller_env) or (
-            not preflight_only and software_problem(profile)
+            not preflight_only and software_problem(profile, imports)
         )
         if why:
             raise SubmitError(f"{why}; nothing submitted")
         for line in resume_lines(plan):  # what the job's resume guard would stop on, said before anything is queued
             print(line, file=sys.stderr)
-    if dry and not preflight_only and (why := software_problem(profile)):  # what a submit of it would refuse
+    if dry and not preflight_only and (why := software_problem(profile, imports)):  # what a submit of it would refuse
         print(f"warning: make submit would refuse this: {why}", file=sys.stderr)
     if dry:  # nemo_run's experiment folder and the run directory: the profile's job directory where it is under
         # runs/ (the local Slurm's), else runs/dryrun/<profile>: nothing on the cluster's filesystem
@@ -175,10 +178,11 @@ SOFTWARE_FIX = (
 )
 
 
-def software_problem(profile: ClusterProfile) -> str | None:
-    """Why the job's Python cannot import what it trains with (launch/entry.py's imports): asked in this process when
-    it is this environment, else by `<python> launch/entry.py --imports-only`; a container's, or one this host lacks,
-    cannot be asked (a note on stderr says so)."""
+def software_problem(profile: ClusterProfile, imports) -> str | None:
+    """Why the job's Python cannot import what it trains with (launch/entry.py's imports): asked in this process by
+    `imports()` when it is this environment (bridge/stack.py training_import_problem: the Bridge side), else by
+    `<python> launch/entry.py --imports-only`; a container's, or one this host lacks, cannot be asked (a note on
+    stderr says so)."""
     python = python_for(profile)
     found = None if profile.container_image else shutil.which(python)
     if not found:
@@ -190,7 +194,7 @@ def software_problem(profile: ClusterProfile) -> str | None:
         )
         return None
     here = Path(found).absolute().parent.parent == Path(sys.prefix).absolute()  # a venv's bin/python: this one
-    problem = preflight.training_import_problem() if here else _imports_in(found)
+    problem = imports() if here else _imports_in(found)
     return f"the job's Python ({python}) cannot start training: {problem}: {SOFTWARE_FIX}" if problem else None
 
 

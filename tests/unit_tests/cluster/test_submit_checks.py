@@ -22,6 +22,7 @@ import pytest
 
 from launch import commands
 from overlapkit import paths
+from overlapkit.bridge import stack
 from overlapkit.bridge.build import make_plan, write_run_dir
 from overlapkit.cluster import submit
 from overlapkit.cluster.profiles import PROFILES_DIR, load_profile, placeholder_problem
@@ -156,7 +157,7 @@ def test_another_python_is_asked_through_the_entry_itself(tmp_path):
         name="x", account="a", partition="p", container_image=None, python=str(python)
     )
     entry = f"{python} {paths.REPO_ROOT / submit.ENTRY} --imports-only"
-    assert submit.software_problem(profile) == (
+    assert submit.software_problem(profile, stack.training_import_problem) == (
         f"the job's Python ({python}) cannot start training: {entry} fails: ModuleNotFoundError: No module named "
         f"'pydantic': {submit.SOFTWARE_FIX}"
     )
