@@ -139,6 +139,16 @@ def _loaded_by(modules: list[str]) -> list[str]:
     return ast.literal_eval(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize(
+    "path", [p for p in MODULES if p.relative_to(SRC).parts[0] != "bridge"], ids=lambda p: str(p.relative_to(SRC))
+)
+def test_only_the_bridge_room_names_megatron_torch_or_te_at_any_depth(path):
+    """A function-local import escapes the fresh-interpreter check below until the function runs: none outside
+    bridge/ (sizing once parsed a pipeline layout with Megatron Core, cluster imported Bridge's training entry)."""
+    named = [m for m, _ in _imports(ast.parse(path.read_text())) if m.split(".")[0] in BRIDGE_PACKAGES]
+    assert named == [], f"{path.relative_to(SRC)} imports {named}: that belongs in bridge/"
+
+
 def test_the_rooms_that_read_records_never_import_bridge():
     dotted = [
         "overlapkit." + str(p.relative_to(SRC).with_suffix("")).replace("/", ".")
