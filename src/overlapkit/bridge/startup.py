@@ -12,7 +12,8 @@ Mocked for the duration of the check only, because a CPU machine has none of the
   the target's container's, else uv.lock's), and the TE symbols Core's config checks look up (`FusedAdam`'s
   arguments, the fused RoPE and permutation kernels, TE's NCCL EP entry points);
 - the GPU: `torch.cuda.get_device_capability`/`get_device_properties` answer the target's (sm90 for H100/H200);
-- the process: WORLD_SIZE (Bridge's `get_world_size_safe`); os.environ is restored after (env_vars use setdefault).
+- the process: WORLD_SIZE (Bridge's `get_world_size_safe`), with no process group, as in the job before
+  `initialize_megatron`; os.environ is restored after (env_vars use setdefault).
 What cannot run on CPU: the process-group set-up, the dispatcher's buffers, TE's kernels (docs/plan.md).
 """
 
@@ -124,7 +125,8 @@ def _dispatcher_preconditions(model) -> None:
 
 @contextlib.contextmanager
 def _target_stack(target: Target):
-    """The target's TE and GPU; every module first imported inside is dropped after (none keeps the stand-ins)."""
+    """The target's TE and GPU, and no process group; every module first imported inside is dropped after (none keeps
+    the stand-ins)."""
     import torch
     from megatron.core import utils as core_utils
     from packaging.version import Version
@@ -138,6 +140,9 @@ def _target_stack(target: Target):
         (core_utils, "_te_version", Version(te) if target.te_available else Version("0.0.0")),
         (torch.cuda, "get_device_capability", lambda *_: (gpu.major, gpu.minor)),
         (torch.cuda, "get_device_properties", lambda *_: gpu),
+        # pretrain() runs runtime_config_update before initialize_megatron: no process group yet, so Bridge's
+        # get_world_size_safe reads WORLD_SIZE, whatever group the planning process holds (a test's one-rank group)
+        (torch.distributed, "is_initialized", lambda: False),
     ]
     if target.te_available:
         for module, names in TE_KERNELS.items():
