@@ -66,6 +66,7 @@ class Sized(Audited):
     memory: memory.MemoryEstimate  # first pipeline stage, per GPU
     throughput: throughput.Prediction  # step time, tokens/s, TFLOP/s on the target GPU
     worth: dict  # sizing/worth.py: each on overlap's step time when off
+    inputs: throughput.Inputs  # what the step was predicted from (inputs.json: what make calibrate re-predicts)
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def sized(a: Audited) -> Sized:
     cal = calibration.for_cluster(a.request.cluster.name if a.request.cluster else None)
     model_in = prediction_inputs(a, cal)  # gathered once: the prediction and each overlap's worth read the same
     pred = model_in.predict()
-    return _then(Sized, a, memory=est, throughput=pred, worth=worth.overlap_worth(model_in, base=pred))
+    return _then(Sized, a, memory=est, throughput=pred, worth=worth.overlap_worth(model_in, base=pred), inputs=model_in)
 
 
 def planned(s: Sized) -> Plan:
@@ -349,7 +350,7 @@ def _write_run_files(plan: Plan, run_dir: Path) -> None:
     ledger = {"values": plan.ledger.values(), "secrets": plan.ledger.secrets, **plan.ledger.to_dict()}
     jsonio.write_json(run_dir / "ledger.json", ledger)
     jsonio.write_json(run_dir / OVERRIDES, overrides_record(plan))
-    jsonio.write_json(run_dir / throughput.INPUTS, throughput.inputs_record(prediction_inputs(plan)))
+    jsonio.write_json(run_dir / throughput.INPUTS, throughput.inputs_record(plan.inputs))
 
 
 def overrides_record(plan: Plan) -> dict:

@@ -291,3 +291,14 @@ def test_config_yaml_is_bridges_dump_written_through_no_planted_link(tmp_path, m
 def test_recipes_list(capsys):
     code, out, _ = cli(capsys, "--list")
     assert code == 0 and all(n in out for n in registry.names()) and out.count(" OK") == len(registry.names())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_recorded_model_inputs_predict_the_plans_step(name, planned, tmp_path):
+    """inputs.json, read back as make calibrate reads it (no Bridge), predicts exactly the step plan.json quotes: the
+    record holds every input the model reads (the MoE settings, DeepSeek-V3's first-stage chunks among them)."""
+    from overlapkit.sizing import throughput
+
+    plan = planned(name)
+    inputs = throughput.read_inputs(write_run_dir(plan, tmp_path))
+    assert inputs.predict().step_s == plan.throughput.step_s
