@@ -100,6 +100,12 @@ def test_a_flood_never_has_more_workers_than_max_children(tmp_path):  # P011: 50
             conn.close()
         os.close(r)
         os.close(w)
+        # The connections still in the backlog are each taken in turn, by a worker of their own that ends at once:
+        # between two, no worker lives. A last client, taken after all of them (the backlog is first in, first
+        # out), is the sign that no connection is left to take.
+        with probe(sock, timeout=30) as last:
+            last.shutdown(socket.SHUT_WR)
+            assert last.recv(1) == b""  # its worker has ended
         deadline = time.monotonic() + 30
         while children(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
