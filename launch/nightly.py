@@ -86,7 +86,7 @@ def check(args) -> bool:
     nightly.check_gpu(args.gpu)
     if args.action == "schedule":
         schedule.check_partition(profile_of(args))
-        schedule.first_begin(profile_of(args), args.at, schedule.local_now())
+        schedule.first_begin(profile_of(args), args.at)
         return bool(args.recipes.strip())
     if args.action == "submit":
         profile_of(args)  # CLUSTER= and JOB_DIR= before the import

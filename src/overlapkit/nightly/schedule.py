@@ -70,9 +70,11 @@ def local_now() -> dt.datetime:
     return dt.datetime.now().replace(microsecond=0)
 
 
-def first_begin(profile, at: str, now: dt.datetime) -> dt.datetime:
+def first_begin(profile, at: str) -> dt.datetime:
     """When the first night starts, as Slurm reads AT on the profile's partition (`sbatch --test-only`, nothing
-    queued: a time of day already past today means tomorrow, a past date means at once), within MAX_AHEAD."""
+    queued: a time of day already past today means tomorrow, a past date means at once), within MAX_AHEAD of the
+    moment sbatch read it: the clock read after its answer, never before it (AT=now+366days is the bound itself, and
+    a second that ticks between a clock read earlier and sbatch's own would put it past the bound)."""
     shown = at if len(at) <= 60 else at[:40] + "…"
     if not at.strip():
         raise ScheduleError(f"AT='': give the time the nightly starts every day; use {FORMS}")
@@ -83,7 +85,7 @@ def first_begin(profile, at: str, now: dt.datetime) -> dt.datetime:
     except BadInput as exc:
         raise ScheduleError(f"AT={shown!r} is not a start time: sbatch says: {exc}; use {FORMS}") from None
     begin = parse_iso(said)  # None: past the year 9999 a datetime holds
-    if begin is None or begin - now > MAX_AHEAD:
+    if begin is None or begin - local_now() > MAX_AHEAD:
         raise ScheduleError(f"AT={shown!r} is more than {MAX_AHEAD.days} days ahead (sbatch reads {said}): {_WITHIN}")
     return begin
 
@@ -249,14 +251,14 @@ def schedule(req: ScheduleRequest, now: dt.datetime | None = None) -> list[str]:
         night = f"RECIPES={req.recipes}" if req.recipes else "every recipe"
         return [
             f"dry run: would queue {SCHEDULER_NAME} on partition {req.profile.partition}, held until "
-            f"{iso(first_begin(req.profile, req.at, now))}, then one a day; each runs make nightly ({night}) and "
+            f"{iso(first_begin(req.profile, req.at))}, then one a day; each runs make nightly ({night}) and "
             f"records {path}",
             "dry run: nothing queued, nothing written",
         ]
     with _locked(path):
         sched = new_schedule(req, read(path), now)
         queued = _queued_or_fail(path, "nothing scheduled")
-        expected = iso(first_begin(req.profile, req.at, now))
+        expected = iso(first_begin(req.profile, req.at))
         job_id = submit_scheduler(sched, path, req.at, req.commands.fire)
         # the begin Slurm set (EligibleTime), where test-only's estimate could be later on a busy partition
         held = [j["begin"] for j in chain_jobs(path) or [] if j["job_id"] == job_id and parse_iso(j["begin"])]

@@ -49,7 +49,7 @@ def test_at_is_read_by_slurm_itself(chain, text, expected):
     busy)."""
     profile, path, _ = chain
     now = schedule.local_now()
-    estimate = schedule.first_begin(profile, text, now)
+    estimate = schedule.first_begin(profile, text)
     schedule.schedule(_request(profile, text))
     begin = schedule.parse_iso(json.loads(path.read_text())["begin"])
     assert abs((begin - expected(now)).total_seconds()) <= 5, (text, begin)
@@ -60,7 +60,7 @@ def test_at_is_read_by_slurm_itself(chain, text, expected):
 @pytest.mark.parametrize("text", ["25:00", "13:00PM", "0200", "now+5fortnights", "0 2 * * *", "02:00; rm -rf /", "--x"])
 def test_at_sbatch_refuses_is_one_line_with_sbatchs_words(text):
     with pytest.raises(schedule.ScheduleError) as exc:
-        schedule.first_begin(load_profile("local"), text, schedule.local_now())
+        schedule.first_begin(load_profile("local"), text)
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith(f"AT={text!r} is not a start time: sbatch says: ") and "Invalid" in msg
     assert msg.endswith(schedule.FORMS), msg
@@ -74,14 +74,28 @@ def test_a_begin_past_a_year_is_one_line_with_the_allowed_range(text):
     """Past the bound, as Slurm reads it; and a count Slurm's parse_time would wrap to now (2**64 + 1 seconds reads
     as now there) is refused before sbatch sees it."""
     with pytest.raises(schedule.ScheduleError) as exc:
-        schedule.first_begin(load_profile("local"), text, schedule.local_now())
+        schedule.first_begin(load_profile("local"), text)
     msg = str(exc.value)
     assert "\n" not in msg and len(msg) < 300 and "more than 366 days ahead" in msg and "now+366days" in msg, msg
 
 
+def test_the_bound_itself_is_kept_when_the_clock_ticks_before_sbatch_reads_it(monkeypatch):
+    """AT=now+366days read by sbatch a second after the command read the clock (a loaded machine: CI refused it, sbatch
+    reading 2027-12-07T05:09:08 against a now of 05:09:07): the bound is measured from sbatch's reading, not before."""
+    before = schedule.local_now()
+
+    def sbatch_reads_a_second_later(at, **_):
+        assert at == "now+366days"
+        return schedule.iso(before + dt.timedelta(days=366, seconds=1))
+
+    monkeypatch.setattr(slurm, "begin_time", sbatch_reads_a_second_later)
+    monkeypatch.setattr(schedule, "local_now", lambda: before + dt.timedelta(seconds=1))  # the clock has ticked
+    assert schedule.first_begin(load_profile("local"), "now+366days") == before + dt.timedelta(days=366, seconds=1)
+
+
 def test_an_empty_at_names_the_forms():
     with pytest.raises(schedule.ScheduleError, match=r"^AT='': give the time the nightly starts every day"):
-        schedule.first_begin(load_profile("local"), "  ", NOW)
+        schedule.first_begin(load_profile("local"), "  ")
 
 
 @pytest.mark.parametrize(
