@@ -1,4 +1,11 @@
-"""Shared test set-up: Bridge is imported once per pytest process (≈30 s on CPU), offline, with the TE shim."""
+"""Shared test set-up: Bridge is imported once per pytest worker (≈30 s on CPU), offline, with the TE shim.
+
+The suite runs in two pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`), one per CPU here: the
+Slurm tests are one group, run in turn on one worker (their jobs share the one local Slurm, and each waits for the
+night below), while the other worker runs the rest, module by module (a module's fixtures are made once). What the
+session does once for all its workers (EARLY's commands, the docs' judge) goes through SHARED, a folder the first
+process makes. `make test PYTEST_ARGS="-n 0"` runs it all in one process.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import make_targets
@@ -30,6 +39,15 @@ sys.addaudithook(make_targets.record)  # every make a test starts, recorded: the
 for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
     os.environ.pop(_var, None)
 
+# "gw0", "gw1", ... in an xdist worker; "" in the process that starts them, or in a run of one process (-n 0)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+# The session's folder for what its workers share, made by the first process (its workers inherit the variable)
+SHARED_VAR = "OVERLAPKIT_TEST_SESSION"
+if not WORKER:
+    os.environ[SHARED_VAR] = tempfile.mkdtemp(prefix="oksession-", dir="/tmp")
+SHARED = Path(os.environ[SHARED_VAR])
+make_targets.LEDGER = SHARED / "ran"
+
 # No test uses your plan server, and none leaves one behind: every process a test starts finds its server, if any,
 # in this session's own directory (started by the first command that needs Bridge, as yours is; stopped at the end).
 # Whether there is one is decided as for you: OVERLAPKIT_PLAN_SERVER=0|1, else the profile's plan_server (local:
@@ -45,14 +63,24 @@ os.environ[paths.RUNS_VAR] = str(RUNS_DIR)
 # Bytecode, cached once for the session's processes. Under PYTHONDONTWRITEBYTECODE=1 (this machine's shells, CI's)
 # every new Python compiles torch, Bridge and what they import from source: half of a Bridge import's CPU (~20 s of
 # 40), paid again by each make, plan server and planner a test starts. Here they share one cache in /tmp
-# (PYTHONPYCACHEPREFIX: nothing is written in the checkout or .venv), filled by this process's import below; a shell
+# (PYTHONPYCACHEPREFIX: nothing is written in the checkout or .venv), filled by the first Bridge import; a shell
 # that writes bytecode already keeps its own. The product is untouched; Slurm's jobs get PATH only, as a user's do.
+# Made before the workers start, which inherit it.
 PYCACHE_DIR = None
 if sys.dont_write_bytecode:
     PYCACHE_DIR = sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="okpyc-", dir="/tmp")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
-stack.import_bridge()
+
+
+def _starts_workers(config) -> bool:
+    """This process hands the tests to xdist workers and runs none itself."""
+    return not WORKER and config.getoption("dist", "no") != "no"
+
+
+def pytest_configure(config):
+    if not _starts_workers(config):  # the process that only hands out tests never needs Bridge
+        stack.import_bridge()
 
 
 def _cuda_available() -> bool:
@@ -93,6 +121,18 @@ def planned():
     return get
 
 
+def pytest_itemcollected(item):
+    """Each test's xdist group (--dist loadgroup hands out a group whole, in the order its first test comes): the
+    Slurm tests one group, the docs' judge one of its own, every other test its module's."""
+    if item.get_closest_marker("slurm"):
+        group = "slurm"
+    elif item.name == make_targets.JUDGE:
+        group = "judge"
+    else:
+        group = item.nodeid.split("::")[0]
+    item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(trylast=True)  # after any shuffle (--random-order): the docs' judge is put last below
 def pytest_collection_modifyitems(config, items):
     need_gpu = [i for i in items if "gpu" in i.keywords]
@@ -107,9 +147,12 @@ def pytest_collection_modifyitems(config, items):
         for item in need_slurm:
             item.add_marker(pytest.mark.skip(reason=reason))
     make_targets.WHOLE["args"] = [str(Path(a.split("::")[0]).resolve()) for a in config.args]
-    if not _shuffled(config):
-        # The Slurm tests last: the night (started at collection) runs while the rest of the suite uses the CPU, and
-        # a Slurm test waits for it (slurm_after_the_night). Only the time changes: any order passes.
+    # A Slurm test waits for the night (started at collection, slurm_after_the_night) while the rest uses the CPU.
+    # In workers, the Slurm group first: its worker waits while the other works, in any order. In one process, the
+    # Slurm tests last, unless shuffled. Only the time changes: any order passes.
+    if WORKER:
+        items.sort(key=lambda i: "slurm" not in i.keywords)
+    elif not _shuffled(config):
         items.sort(key=lambda i: "slurm" in i.keywords)
     items.sort(key=lambda item: item.name == make_targets.JUDGE)  # stable: every other test keeps its order
 
@@ -131,6 +174,8 @@ def pytest_deselected(items):
 def pytest_runtest_logreport(report):
     if report.skipped and "gpu" not in report.keywords:
         make_targets.WHOLE["partial"].append(f"{report.nodeid} skipped")
+    if report.when == "teardown":  # (run after a failed or skipped setup too)
+        make_targets.ended(report.nodeid)  # that it ended, and what this worker ran: for the judge, in any worker
 
 
 @pytest.fixture(autouse=True)
@@ -145,16 +190,26 @@ def isolated_environ():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """What this session started early (EARLY), ended if no test waited for it; the plan server it started, stopped."""
-    for started in STARTED.values():  # the session ended before a test waited for it
-        if started["proc"].poll() is None:
+    """What this session started early (EARLY), ended if no test can wait for it any more (a worker's waits for the
+    other workers' tests); the plan server it started, stopped; the first process's folders, removed."""
+    for started in STARTED.values():
+        if started["proc"].poll() is None and (WORKER and not session.shouldstop):
+            started["proc"].wait(timeout=1800)  # another worker's test may read it yet
+        if started["proc"].poll() is None:  # the session ended before a test waited for it
             os.killpg(started["proc"].pid, signal.SIGTERM)
             started["proc"].wait(timeout=120)
+        started["thread"].join(timeout=60)
     _, lock, _ = plan_server.paths()
     if pid := plan_server.holder(lock):  # 0: one is starting, its pid not yet written
         os.kill(pid, signal.SIGTERM)
     shutil.rmtree(SERVER_DIR, ignore_errors=True)
     shutil.rmtree(RUNS_DIR.parent, ignore_errors=True)
+    if WORKER:
+        return
+    for pgid in SHARED.glob("*/pgid"):  # a worker that died left its early command running
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.killpg(int(pgid.read_text()), signal.SIGTERM)
+    shutil.rmtree(SHARED, ignore_errors=True)
     if PYCACHE_DIR:
         sys.dont_write_bytecode = True  # this process's last imports (the summary's) would make it anew
         shutil.rmtree(PYCACHE_DIR, ignore_errors=True)
@@ -203,9 +258,10 @@ def make_here(capsys):
     return run
 
 
-# Commands typed once, as soon as the session knows it runs a test that reads them (pytest_collection_finish), so
-# that they run while the tests before them do (pytest itself keeps one CPU busy): a fixture's name → the make
-# target and variables, in a folder of the session's own (`d`), with the environment variables it adds.
+# Commands typed once a session, as soon as it knows it runs a test that reads them (pytest_collection_finish), so
+# that they run while the tests before them do: a fixture's name → the make target and variables, in a folder of
+# the session's own (`d`, in SHARED: the first worker to collect types it, any worker's test reads it), with the
+# environment variables it adds.
 # The night: Slurm runs its jobs meanwhile. The pinned stack against itself: about a minute of uv and two Bridge
 # imports (the candidate's compiled from source), niced so that it takes what the tests before it leave.
 EARLY = {
@@ -220,7 +276,7 @@ EARLY = {
         10,
     ),
 }
-STARTED: dict[str, dict] = {}  # fixture name → {"proc", "dir", "out"}
+STARTED: dict[str, dict] = {}  # fixture name → {"proc", "thread"}: those this process typed
 
 
 def _pinned() -> str:
@@ -228,33 +284,49 @@ def _pinned() -> str:
     return " ".join(f"{n}=={stackenv.locked()[n]}" for n in ("megatron-bridge", "megatron-core"))
 
 
-def _start(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if name not in STARTED:
-        variables, env, nice = EARLY[name]
-        d = tmp_path_factory.mktemp(name)
-        out = [open(d / f, "w+") for f in ("stdout", "stderr")]  # noqa: SIM115 (read once make ends)
+def _start(name: str) -> Path:
+    """EARLY[name] typed, unless a process of this session did (the first to get here makes its folder): its folder,
+    where `status` appears once make has returned."""
+    d = SHARED / name
+    try:
+        d.mkdir()
+    except FileExistsError:
+        return d
+    variables, env, nice = EARLY[name]
+    with open(d / "stdout", "w") as out, open(d / "stderr", "w") as err:
         proc = subprocess.Popen(
             ["make", "-s", *variables(d)],
             cwd=paths.REPO_ROOT,
             env={**os.environ, **env(d)},
-            stdout=out[0],
-            stderr=out[1],
+            stdout=out,
+            stderr=err,
             preexec_fn=(lambda: os.nice(nice)) if nice else None,
             start_new_session=True,  # one process group: given its priority back, or ended, as one
         )
-        STARTED[name] = {"proc": proc, "dir": d, "out": out}
-    return STARTED[name]
+    (d / "pgid").write_text(str(proc.pid))
+
+    def wait() -> None:  # its status, for a test in any worker: written whole, then renamed
+        (d / "status.part").write_text(str(proc.wait()))
+        (d / "status.part").rename(d / "status")
+
+    STARTED[name] = {"proc": proc, "thread": threading.Thread(target=wait, daemon=True)}
+    STARTED[name]["thread"].start()
+    return d
 
 
-def early_result(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
-    """(CompletedProcess, its folder) of EARLY[name] once make has returned (started now if it was not)."""
-    started = _start(name, tmp_path_factory)
+def early_result(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """(CompletedProcess, its folder) of EARLY[name] once make has returned (typed now if it was not)."""
+    d = _start(name)
     # A test waits for it now: niced no more (only root may raise a priority; a group already gone has none).
-    with contextlib.suppress(PermissionError, ProcessLookupError):
-        os.setpriority(os.PRIO_PGRP, started["proc"].pid, 0)
-    code = started["proc"].wait(timeout=1800)
-    out, err = (f.seek(0) or f.read() for f in started["out"])
-    return subprocess.CompletedProcess(started["proc"].args, code, out, err), started["dir"]
+    with contextlib.suppress(PermissionError, ProcessLookupError, FileNotFoundError, ValueError):
+        os.setpriority(os.PRIO_PGRP, int((d / "pgid").read_text()), 0)
+    deadline = time.monotonic() + 1800
+    while not (d / "status").exists():
+        assert time.monotonic() < deadline, f"make {EARLY[name][0](d)[0]} has not returned in 30 minutes"
+        time.sleep(0.5)
+    out, err = ((d / f).read_text() for f in ("stdout", "stderr"))
+    args = ["make", "-s", *EARLY[name][0](d)]
+    return subprocess.CompletedProcess(args, int((d / "status").read_text()), out, err), d
 
 
 def pytest_collection_finish(session):
@@ -262,7 +334,10 @@ def pytest_collection_finish(session):
         return
     for name in EARLY:
         if any(name in i.fixturenames and not i.get_closest_marker("skip") for i in session.items):
-            _start(name, session.config._tmp_path_factory)
+            _start(name)
+
+
+NIGHT_OVER = []  # [True] once this worker has seen the night's jobs end
 
 
 @pytest.fixture(autouse=True)
@@ -270,30 +345,29 @@ def slurm_after_the_night(request):
     """A Slurm test starts once the night's jobs have ended, on the idle cluster it had when the night was typed in
     the test that reads it: its jobs would otherwise queue behind the night's (its timeouts, its squeue
     before/after)."""
-    night = STARTED.get("preflight_night")
-    if night is not None and request.node.get_closest_marker("slurm") and not night.get("over"):
+    if request.node.get_closest_marker("slurm") and (SHARED / "preflight_night").exists() and not NIGHT_OVER:
         from overlapkit.cluster import slurm
 
-        night["proc"].wait(timeout=1800)
-        for record in (night["dir"] / "jobs" / "nightly").glob("*/night.json"):
+        _, d = early_result("preflight_night")
+        for record in (d / "jobs" / "nightly").glob("*/night.json"):
             ran = json.loads(record.read_text())
             for job in [e.get("job_id") for e in ran["entries"]] + [ran.get("report_job_id")]:
                 if job:
                     slurm.wait_for(job, timeout=1800)
-        night["over"] = True
+        NIGHT_OVER.append(True)
 
 
 @pytest.fixture(scope="session")
-def preflight_night(tmp_path_factory):
+def preflight_night():
     """`make nightly CLUSTER=local PREFLIGHT=1` typed once for the tests that read a night (the nightly e2e, the
     70B run of the Slurm e2e): (CompletedProcess, JOB_DIR) once make has returned. Its jobs may still run."""
-    done, d = early_result("preflight_night", tmp_path_factory)
+    done, d = early_result("preflight_night")
     return done, d / "jobs"
 
 
 @pytest.fixture(scope="session")
-def pinned_stack_diff(tmp_path_factory):
+def pinned_stack_diff():
     """`make stack-diff STACK=<the pinned stack> RECIPES=<Llama3 8B> FORMAT=json`, offline, its candidate built in
     its own stacks folder: (CompletedProcess, that folder)."""
-    done, d = early_result("pinned_stack_diff", tmp_path_factory)
+    done, d = early_result("pinned_stack_diff")
     return done, d / "stacks"

@@ -2,17 +2,21 @@
 `make <target>` a doc shows is a Makefile target that some test runs through make, or one UNTESTED names with the
 reason no test runs it.
 
-A test "runs" a target when this pytest process starts `make` on this repository's Makefile with that target, seen
-by an audit hook on every subprocess the process starts (`sys.addaudithook`, event "subprocess.Popen"); a test file
-that only mentions a target runs nothing. The rule is a test, JUDGE (tests/unit_tests/test_docs.py), which
-tests/conftest.py runs last (after any shuffle) and which judges a session that runs the whole suite: part of the
-suite (one file, -k, a machine whose Slurm is down) runs only part of the targets.
+A test "runs" a target when a pytest process of the session starts `make` on this repository's Makefile with that
+target, seen by an audit hook on every subprocess the process starts (`sys.addaudithook`, event "subprocess.Popen");
+a test file that only mentions a target runs nothing. The rule is a test, JUDGE (tests/unit_tests/test_docs.py),
+which tests/conftest.py hands out last (after any shuffle) and which judges a session that runs the whole suite: part
+of the suite (one file, -k, a machine whose Slurm is down) runs only part of the targets. The session's xdist workers
+each write, as each test ends, that it ended and the targets they have run (LEDGER); the judge waits until every
+other test of the session has ended, in any worker, and judges what they all ran.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,11 +51,37 @@ JUDGE = "test_every_make_target_the_docs_show_is_run_by_a_test"
 WHOLE = {"args": [], "partial": []}
 
 
-def whole_run() -> str | None:
+# The session's folder where each pytest process appends, as each test ends, one JSON line: the test, the targets that
+# process has run so far, why the run is partial (tests/conftest.py sets it; one file a process)
+LEDGER: Path | None = None
+
+
+def ended(nodeid: str) -> None:
+    LEDGER.mkdir(exist_ok=True)
+    with open(LEDGER / f"{os.getpid()}.jsonl", "a") as f:
+        f.write(json.dumps({"test": nodeid, "made": sorted(made), "partial": WHOLE["partial"]}) + "\n")
+
+
+def session_ran(others: set[str], timeout: float = 1800) -> tuple[set[str], list[str]]:
+    """Once every test in `others` has ended, in any process of the session: the targets they all ran, and why the
+    run is partial (empty for a whole run)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [json.loads(ln) for f in sorted(LEDGER.glob("*.jsonl")) for ln in f.read_text().splitlines()]
+        left = others - {ln["test"] for ln in lines}
+        if not left:
+            break
+        assert time.monotonic() < deadline, f"{len(left)} tests have not ended, e.g. {sorted(left)[:3]}"
+        time.sleep(1)
+    partial = sorted({p for ln in lines for p in ln["partial"]} | set(WHOLE["partial"]))
+    return made.union(*(ln["made"] for ln in lines)), partial
+
+
+def whole_run(partial: list[str]) -> str | None:
     """None when this session runs the whole suite; else why not, one line."""
     if WHOLE["args"] != [str(REPO / "tests")]:
         return f"only {' '.join(WHOLE['args'])} collected"
-    return "; ".join(WHOLE["partial"][:3]) or None
+    return "; ".join(partial[:3]) or None
 
 
 def code_of(text: str) -> list[str]:

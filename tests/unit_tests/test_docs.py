@@ -187,10 +187,13 @@ def test_the_docs_check_names_each_kind_of_break_and_make_docs_mends_them():
     assert docs.problems({"docs/plan.md": mended}, {"plan-worth-tp": "+6.0%"}) == []
 
 
-def test_every_make_target_the_docs_show_is_run_by_a_test():
+def test_every_make_target_the_docs_show_is_run_by_a_test(request):
     """The docs' rule on what this session ran (tests/make_targets.py): every `make <target>` a doc shows, some test
-    ran through make. tests/conftest.py puts this test last, after any shuffle, so it sees every other test's makes;
-    it judges only a whole run, since part of the suite runs part of the targets."""
-    if why := make_targets.whole_run():
+    ran through make. tests/conftest.py hands this test out last, after any shuffle, and it waits for every other
+    test of the session to end, in any worker, so it sees all their makes; it judges only a whole run, since part of
+    the suite runs part of the targets."""
+    others = {item.nodeid for item in request.session.items} - {request.node.nodeid}
+    ran, partial = make_targets.session_ran(others)
+    if why := make_targets.whole_run(partial):
         pytest.skip(f"not the whole suite ({why}): the docs' targets are judged on a whole run")
-    assert make_targets.judge(make_targets.shown_targets(), make_targets.made) == []
+    assert make_targets.judge(make_targets.shown_targets(), ran) == []
