@@ -1,10 +1,10 @@
 """Shared test set-up: Bridge is imported once per pytest worker (≈30 s on CPU), offline, with the TE shim.
 
-The suite runs in two pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`), one per CPU here: the
-Slurm tests are one group, run in turn on one worker (their jobs share the one local Slurm, and each waits for the
-night below), while the other worker runs the rest, module by module (a module's fixtures are made once). What the
-session does once for all its workers (EARLY's commands, the docs' judge) goes through SHARED, a folder the first
-process makes. `make test PYTEST_ARGS="-n 0"` runs it all in one process.
+The suite runs in two pytest-xdist workers (pyproject's addopts: `-n 2`), one per CPU here, handed out by group
+(pytest_xdist_make_scheduler below): the Slurm tests are one group, run in turn on one worker (their jobs share the
+one local Slurm, and each waits for the night below), while the other worker runs the rest, module by module (a
+module's fixtures are made once). What the session does once for all its workers (EARLY's commands, the docs' judge)
+goes through SHARED, a folder the first process makes. `make test PYTEST_ARGS="-n 0"` runs it all in one process.
 """
 
 from __future__ import annotations
@@ -121,16 +121,29 @@ def planned():
     return get
 
 
-def pytest_itemcollected(item):
-    """Each test's xdist group (--dist loadgroup hands out a group whole, in the order its first test comes): the
-    Slurm tests one group, the docs' judge one of its own, every other test its module's."""
+def group_of(item) -> str:
+    """A test's group, which one worker runs whole, handed out in the order its first test comes: the Slurm tests
+    one group, the docs' judge one of its own, every other test its module's."""
     if item.get_closest_marker("slurm"):
-        group = "slurm"
-    elif item.name == make_targets.JUDGE:
-        group = "judge"
-    else:
-        group = item.nodeid.split("::")[0]
-    item.add_marker(pytest.mark.xdist_group(group))
+        return "slurm"
+    return "judge" if item.name == make_targets.JUDGE else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduler by scope, the scopes our groups (the workers write them at collection). Not --dist
+    loadgroup: pytest-xdist 3.8 marks a group in `item._nodeid`, which pytest 9 no longer reads for the id."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        groups: dict[str, str] = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            if not self.groups:
+                self.groups.update(json.loads((SHARED / "groups.json").read_text()))
+            return self.groups[nodeid]
+
+    return ByGroup(config, log)
 
 
 @pytest.hookimpl(trylast=True)  # after any shuffle (--random-order): the docs' judge is put last below
@@ -329,7 +342,11 @@ def early_result(name: str) -> tuple[subprocess.CompletedProcess, Path]:
     return subprocess.CompletedProcess(args, int((d / "status").read_text()), out, err), d
 
 
+@pytest.hookimpl(tryfirst=True)  # before the worker tells xdist what it collected
 def pytest_collection_finish(session):
+    groups = SHARED / f"groups.{os.getpid()}"
+    groups.write_text(json.dumps({item.nodeid: group_of(item) for item in session.items}))
+    groups.rename(SHARED / "groups.json")  # every worker's are the same
     if session.config.option.collectonly:
         return
     for name in EARLY:
