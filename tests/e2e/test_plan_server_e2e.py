@@ -61,6 +61,9 @@ def llama3_8b_pretrain_8gpu_h100_bf16_okps():
     return h100_pretrain(base, "bf16", Layout(tp=1, pp=1, cp=2, vpp=None, mbs=1, gbs={gbs}, seq=8192))
 """
 COLS = 100  # not the 120 a pipe gets: the terminal's own width must reach rich through the passed descriptors
+# The run directory's stamp (20261206-053708, .N on a collision), where the terminal may wrap its line: between any
+# two of its characters (a pytest-xdist worker's longer temporary path put a wrap in it: "20261206-0\r\n53708")
+STAMP = re.compile("(?:\r\n)?".join([r"\d"] * 8 + ["-"] + [r"\d"] * 6) + r"(\.\d+)?")
 
 
 class Served:
@@ -224,7 +227,7 @@ class Terminal:
         assert self.proc.wait(timeout=timeout) == 0, self.out.decode()[-3000:]
         self.reader.join(timeout=30)
         os.close(self.master)
-        return re.sub(r"\d{8}-\d{6}(\.\d+)?", "<time>", self.out.decode())  # the run directory's stamp
+        return STAMP.sub("<time>", self.out.decode())
 
 
 def terminal_argv(served: Served) -> list[str]:
