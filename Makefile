@@ -102,7 +102,7 @@ help: ## list the targets
 setup: ## install the pinned stack into .venv (uv sync --frozen)
 	@$(UV) sync --frozen
 
-test: ## run the test suite (one pytest process; Bridge is imported once); PYTEST_ARGS= a path, -k, --random-order
+test: ## run the test suite (two pytest workers, one a CPU); PYTEST_ARGS= a path, -k, --random-order, -n 0 (one)
 	@PYTEST_ADDOPTS="$${PYTEST_ADDOPTS:-} $$PYTEST_ARGS" $(PY) -m pytest
 
 lint: ## ruff check + format check
