@@ -7,6 +7,7 @@ reason no test runs it, and every figure in a marked region is what the code pro
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -185,6 +186,18 @@ def test_the_docs_check_names_each_kind_of_break_and_make_docs_mends_them():
     mended = docs.rewrite(texts["docs/plan.md"], produced)
     assert mended == "TP overlap (<!-- make docs: plan-worth-tp -->+6.0%<!-- /make docs -->), then\n"
     assert docs.problems({"docs/plan.md": mended}, {"plan-worth-tp": "+6.0%"}) == []
+
+
+def test_the_judge_waits_for_every_other_test_and_takes_what_every_process_ran(tmp_path, monkeypatch):
+    """The ledger the judge reads (tests/make_targets.py): one file a process, a line a test that ended there."""
+    monkeypatch.setattr(make_targets, "LEDGER", tmp_path)
+    line = dict(test="t::a", made=["plan"], partial=[])
+    (tmp_path / "11.jsonl").write_text(json.dumps(line) + "\n")
+    (tmp_path / "12.jsonl").write_text(json.dumps(dict(test="t::b", made=["submit"], partial=["t::x skipped"])) + "\n")
+    ran, partial = make_targets.session_ran({"t::a", "t::b"})
+    assert {"plan", "submit"} <= ran and "t::x skipped" in partial
+    with pytest.raises(AssertionError, match=r"^1 tests have not ended, e.g. \['t::c'\]"):
+        make_targets.session_ran({"t::a", "t::c"}, timeout=0)
 
 
 def test_every_make_target_the_docs_show_is_run_by_a_test(request):
