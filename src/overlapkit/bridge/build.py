@@ -212,9 +212,9 @@ def audited(b: Built, caller_env=None) -> Audited:
 def sized(a: Audited) -> Sized:
     """The memory per GPU; the step predicted with the calibration of the request's cluster where make calibrate
     wrote one (else the published constants), and what each overlap is worth."""
-    est = memory.estimate_workload(workload_of(a.cfg, a.target), a.target.gpu)
     cal = calibration.for_cluster(a.request.cluster.name if a.request.cluster else None)
-    model_in = prediction_inputs(a, cal)  # gathered once: the prediction and each overlap's worth read the same
+    model_in = prediction_inputs(a, cal)  # gathered once: the memory, the prediction and each overlap's worth read it
+    est = memory.estimate_workload(model_in.w, a.target.gpu)
     pred = model_in.predict()
     return _then(Sized, a, memory=est, throughput=pred, worth=worth.overlap_worth(model_in, base=pred), inputs=model_in)
 
