@@ -84,7 +84,7 @@ def pytest_configure(config):
     night, whose start then comes about 40 s sooner); else each is typed by a worker that collects a test of it."""
     if not _starts_workers(config):
         stack.import_bridge()
-    elif collected(config) == [str(paths.REPO_ROOT / "tests")]:
+    elif collected(config) == make_targets.SUITE:
         for name in EARLY if _slurm_running() is None else ("pinned_stack_diff",):
             _start(name)
         make_targets.ended("")  # the makes it typed, for the judge
@@ -342,15 +342,15 @@ def _start(name: str) -> Path:
 def early_result(name: str) -> tuple[subprocess.CompletedProcess, Path]:
     """(CompletedProcess, its folder) of EARLY[name] once make has returned (typed now if it was not)."""
     d = _start(name)
+    args = ["make", "-s", *EARLY[name][0](d)]
     # A test waits for it now: niced no more (only root may raise a priority; a group already gone has none).
     with contextlib.suppress(PermissionError, ProcessLookupError, FileNotFoundError, ValueError):
         os.setpriority(os.PRIO_PGRP, int((d / "pgid").read_text()), 0)
     deadline = time.monotonic() + 1800
     while not (d / "status").exists():
-        assert time.monotonic() < deadline, f"make {EARLY[name][0](d)[0]} has not returned in 30 minutes"
+        assert time.monotonic() < deadline, f"{shlex.join(args)} has not returned in 30 minutes"
         time.sleep(0.5)
     out, err = ((d / f).read_text() for f in ("stdout", "stderr"))
-    args = ["make", "-s", *EARLY[name][0](d)]
     return subprocess.CompletedProcess(args, int((d / "status").read_text()), out, err), d
 
 

@@ -77,9 +77,12 @@ def session_ran(others: set[str], timeout: float = 1800) -> tuple[set[str], list
     return made.union(*(ln["made"] for ln in lines)), partial
 
 
+SUITE = [str(REPO / "tests")]  # what pytest collects for the whole suite: the tests/ root, resolved
+
+
 def whole_run(partial: list[str]) -> str | None:
     """None when this session runs the whole suite; else why not, one line."""
-    if WHOLE["args"] != [str(REPO / "tests")]:
+    if WHOLE["args"] != SUITE:
         return f"only {' '.join(WHOLE['args'])} collected"
     return "; ".join(partial[:3]) or None
 
